@@ -1,0 +1,29 @@
+"""`cudal1 check`: static analysis of a candidate (no code is run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cudal1.errors import SourceError
+
+
+def check_command(
+    candidate: Path = typer.Argument(..., help="Candidate module to analyse."),
+    ref: Path | None = typer.Option(None, "--ref", help="Reference module, to compare sizes and get_inputs."),
+    preset: str = typer.Option("strict", "--preset", help="strict, cuda-l1 or kernelbench-v0."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Classify a candidate (custom_cuda | triton | pytorch_only | flags_only) and list its flags."""
+    from cudal1.analysis import analyze_source, format_report
+
+    for path in (candidate, ref):
+        if path is not None and not path.is_file():
+            raise SourceError(f"no such file: {path}")
+    report = analyze_source(candidate.read_text(), reference_source=ref.read_text() if ref else None, preset=preset)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        typer.echo(format_report(report))

@@ -1,0 +1,78 @@
+"""`cudal1 eval`: evaluate one candidate, or a batch (a JSONL release or a folder of candidates)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cudal1.cli import common
+from cudal1.errors import SourceError
+from cudal1.eval import evaluate_candidate
+from cudal1.eval.config import resolve_device
+from cudal1.eval.types import EvalResult
+from cudal1.tasks import Task, find_task, load_tasks
+from cudal1.tasks.sources import load_candidates, load_file
+
+
+def eval_command(
+    candidate: Path | None = typer.Option(None, "--candidate", "-c", help="Candidate module (defines ModelNew)."),
+    ref: Path | None = typer.Option(None, "--ref", help="Reference module file (Model, get_inputs, get_init_inputs)."),
+    task: str | None = typer.Option(None, "--task", "-t", help="Task id instead of --ref."),
+    source: list[str] = typer.Option(["builtin"], "--source", "-s", help="Where --task ids are looked up."),
+    release: Path | None = typer.Option(None, "--release", help="Batch: every candidate of a JSONL release."),
+    candidates_dir: Path | None = typer.Option(None, "--candidates-dir",
+                                               help="Batch: a folder of NAME.py candidates for --source's tasks."),
+    limit: int | None = typer.Option(None, "--limit", help="Batch: at most this many candidates."),
+    level: list[int] = typer.Option([], "--level", help="Batch: only these levels."),
+    device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
+    sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
+    force: bool = common.ForceOpt,
+    round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
+    label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
+) -> None:
+    """Evaluate candidates: verdict, speedup vs eager (cold and warm L2), stability, flags."""
+    cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one)
+    pairs = _collect(candidate, ref, task, source, release, candidates_dir)
+    if level:
+        pairs = [(t, s) for t, s in pairs if t.level in level]
+    pairs = pairs[:limit] if limit else pairs
+    store = common.open_store(store_path, no_store)
+    run_id = store.start_run("eval", {"config": cfg.to_dict(), "n": len(pairs)}) if store and len(pairs) > 1 else None
+    rows: list[tuple[str, EvalResult]] = []
+    with common.progress_bar() as bar:
+        job = bar.add_task("evaluating", total=len(pairs), best="", visible=len(pairs) > 1 and not as_json)
+        for t, src in pairs:
+            result = evaluate_candidate(t, src, cfg, store=store, force=force, label=label, run_id=run_id)
+            rows.append((t.id, result))
+            if as_json:
+                typer.echo(json.dumps(result.to_dict()))
+            best = max((r.speedup for _, r in rows if r.speedup), default=None)
+            bar.update(job, advance=1, best=f"best {best:.2f}x" if best else "")
+    if store and run_id:
+        store.finish_run(run_id, {"n": len(rows), "correct": sum(r.status.is_success for _, r in rows)})
+    if not as_json:
+        common.console.print(common.result_table(rows, f"{len(rows)} candidate(s) on {resolve_device(cfg.device)}"))
+
+
+def _collect(candidate: Path | None, ref: Path | None, task_id: str | None, sources: list[str],
+             release: Path | None, candidates_dir: Path | None) -> list[tuple[Task, str]]:
+    if release is not None:
+        return [(t, c.source) for t, c in load_candidates(str(release)) if c is not None]
+    if candidates_dir is not None:
+        tasks = {t.name: t for spec in sources for t in load_tasks(spec)}
+        files = sorted(candidates_dir.glob("*.py"))
+        unmatched = [f.name for f in files if f.stem.split("__")[0] not in tasks]
+        if unmatched:
+            raise SourceError(f"no task named like {', '.join(unmatched[:5])} in {', '.join(sources)}")
+        return [(tasks[f.stem.split("__")[0]], f.read_text()) for f in files]
+    if candidate is None:
+        raise SourceError("give --candidate (with --ref or --task), or --release, or --candidates-dir")
+    if not candidate.is_file():
+        raise SourceError(f"no such candidate file: {candidate}")
+    if (ref is None) == (task_id is None):
+        raise SourceError("give exactly one of --ref FILE or --task ID with --candidate")
+    the_task = load_file(ref) if ref is not None else find_task(task_id, sources)
+    return [(the_task, candidate.read_text())]

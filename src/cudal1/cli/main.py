@@ -1,0 +1,65 @@
+"""`cudal1` entry point: registers the subcommands and turns user errors into one red line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+from rich.console import Console
+
+from cudal1.errors import Cudal1Error
+
+app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False,
+                  help="CUDA-L1 end to end: make PyTorch modules faster with LLM-written CUDA, verified.")
+err_console = Console(stderr=True)
+
+
+def _register() -> None:
+    from cudal1.cli import check_cmd, eval_cmd, quickstart_cmd, tasks_cmd
+
+    app.add_typer(tasks_cmd.app, name="tasks")
+    app.command("eval")(eval_cmd.eval_command)
+    app.command("check")(check_cmd.check_command)
+    app.command("quickstart")(quickstart_cmd.quickstart_command)
+    for optional in ("baseline_cmd", "report_cmd", "audit_cmd", "optimize_cmd", "augment_cmd", "train_cmd",
+                     "serve_cmd", "policy_cmd"):
+        try:
+            module = __import__(f"cudal1.cli.{optional}", fromlist=["register"])
+        except ModuleNotFoundError:
+            continue
+        module.register(app)
+
+
+_register()
+
+
+@app.callback()
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr.")) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 1 failed verdicts where a command says so, 2 user error)."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except Cudal1Error as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        err_console.print("aborted")
+        return 130
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""`cudal1 quickstart`: the main job on embedded defaults — evaluate the built-in example candidates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cudal1.cli import common
+from cudal1.eval import EvalConfig, evaluate_many
+from cudal1.eval.config import resolve_device
+from cudal1.tasks.sources import example_candidates
+
+
+def quickstart_command(
+    device: str = common.DeviceOpt,
+    form: list[str] = typer.Option([], "--form", help="Example forms: cuda, torch, raw (default: all runnable)."),
+    store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt, force: bool = common.ForceOpt,
+) -> None:
+    """Evaluate cudal1's example candidates against their built-in tasks and print the verdicts.
+
+    Needs no GPU and no LLM: on a CPU-only machine it evaluates the PyTorch-level examples on the tasks'
+    small sizes; with a GPU it evaluates every example (custom CUDA kernels included) at full size.
+    """
+    resolved = resolve_device(device)
+    pairs = example_candidates(resolved.split(":")[0], form or None)
+    cfg = EvalConfig(device=resolved)
+    store = common.open_store(store_path, no_store)
+    common.console.print(f"Evaluating {len(pairs)} built-in example candidate(s) on {resolved} "
+                         f"(profile strict, sizes {cfg.resolved(resolved).sizes})")
+    rows = []
+    with common.progress_bar() as bar:
+        job = bar.add_task("evaluating", total=len(pairs), best="")
+
+        def on_result(task, result):
+            rows.append(result)
+            best = max((r.speedup for r in rows if r.speedup), default=None)
+            bar.update(job, advance=1, best=f"best {best:.2f}x" if best else "")
+
+        results = evaluate_many([(t, src) for t, _, src in pairs], cfg, store=store, force=force,
+                                label="quickstart", on_result=on_result)
+    names = [f"{t.id} [{label}]" for t, label, _ in pairs]
+    common.console.print(common.result_table(zip(names, results), "cudal1 quickstart"))
+    correct = sum(r.status.is_success for r in results)
+    common.console.print(f"{correct}/{len(results)} correct; results stored in "
+                         f"{store.path if store else 'nowhere (--no-store)'}")

@@ -1,0 +1,134 @@
+"""Configuration of one evaluation: device, correctness profile, timing protocol and limits.
+
+`EvalConfig.protocol()` is the part that changes measured numbers; it is recorded with every result and
+is part of the store's cache key, together with `PROTOCOL_VERSION` (bump it whenever the measuring code
+changes what it measures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from cudal1.errors import ConfigError
+
+PROTOCOL_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A correctness-and-policy profile: tolerances per dtype and the static-analysis preset to apply."""
+
+    name: str
+    tolerances: dict[str, Tolerance]  # dtype name -> tolerance; "default" for anything else
+    static_preset: str
+    reject_runtime_guards: bool = True  # whether runtime guard flags reject (hack_detected)
+
+    def tolerance(self, dtype_name: str) -> Tolerance:
+        return self.tolerances.get(dtype_name, self.tolerances["default"])
+
+
+# Rationale: `strict` holds fp32 tasks to 1e-4 so that fp16/bf16/TF32 downcasts fail; half types get the
+# tolerance their 8/11-bit mantissas allow. `kernelbench-v0` is the 1e-2 everywhere that published
+# KernelBench numbers used; `cuda-l1` mirrors CUDA-L1's harness (1e-2, no rejecting runtime guards).
+PROFILES: dict[str, Profile] = {
+    "strict": Profile("strict", {
+        "float32": Tolerance(1e-4, 1e-4), "float64": Tolerance(1e-6, 1e-6),
+        "float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(2e-2, 2e-2),
+        "default": Tolerance(1e-4, 1e-4)}, static_preset="strict"),
+    "kernelbench-v0": Profile("kernelbench-v0", {"default": Tolerance(1e-2, 1e-2)},
+                              static_preset="kernelbench-v0", reject_runtime_guards=False),
+    "cuda-l1": Profile("cuda-l1", {"default": Tolerance(1e-2, 1e-2)}, static_preset="cuda-l1",
+                       reject_runtime_guards=False),
+}
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything that decides how one candidate is evaluated."""
+
+    device: str = _f("auto", "auto (cuda if available, else cpu), cuda, cuda:N or cpu.")
+    profile: str = _f("strict", "Correctness/policy profile: strict, kernelbench-v0 or cuda-l1.")
+    correctness_trials: int = _f(5, "Correctness trials, each with fresh random inputs and a new seed.")
+    seed: int = _f(42, "Base seed; trial t uses seed + t.")
+    sizes: str = _f("auto", "Problem sizes: full, small (the task's SMALL_SIZES) or auto (small on cpu).")
+    buckets: int = _f(7, "Timing buckets; the speedup is the median of bucket speedups (CUDA-L1: 7).")
+    target_bucket_ms: float = _f(100.0, "Time each model should spend per bucket; sets iterations.")
+    min_iters_per_bucket: int = _f(3, "Lower bound on timed calls per model per bucket.")
+    max_iters_per_bucket: int = _f(100, "Upper bound on timed calls per model per bucket.")
+    warmup_iters: int = _f(3, "Untimed calls of each model before timing (absorbs JIT/autotuning).")
+    flush_l2: bool = _f(True, "Flush the L2 cache before every timed call (cold-cache timing, primary).")
+    warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
+    input_sets: int = _f(3, "Input sets rotated during timing (bounded by input_sets_max_bytes).")
+    input_sets_max_bytes: int = _f(4 * 2**30, "Memory budget for the rotated input sets.")
+    refresh_inputs_per_bucket: bool = _f(True, "Refill inputs with new values each bucket (defeats caches).")
+    round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
+    timeout_s: float = _f(600.0, "Wall-clock limit of the evaluation worker (build time excluded).")
+    build_timeout_s: float = _f(900.0, "Wall-clock limit of a candidate's CUDA build.")
+    memory_bytes: int | None = _f(64 * 2**30, "Host memory limit of the worker (None: no limit).")
+    skip_static: bool = _f(False, "Skip static analysis (not recommended; for debugging).")
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ConfigError(f"unknown profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+        if self.sizes not in ("auto", "full", "small"):
+            raise ConfigError(f"sizes must be auto, full or small, not {self.sizes!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        if self.correctness_trials < 1:
+            raise ConfigError("correctness_trials must be >= 1")
+        if self.buckets < 1 or self.min_iters_per_bucket < 1 or self.max_iters_per_bucket < self.min_iters_per_bucket:
+            raise ConfigError("need buckets >= 1 and 1 <= min_iters_per_bucket <= max_iters_per_bucket")
+        if self.input_sets < 1:
+            raise ConfigError("input_sets must be >= 1")
+
+    @property
+    def profile_obj(self) -> Profile:
+        return PROFILES[self.profile]
+
+    def resolved(self, device: str) -> EvalConfig:
+        """The config with `device` and `sizes` made concrete for the machine it runs on."""
+        sizes = self.sizes if self.sizes != "auto" else ("small" if device == "cpu" else "full")
+        return dataclasses.replace(self, device=device, sizes=sizes)
+
+    def protocol(self) -> dict[str, Any]:
+        """The fields that change what is measured, plus the protocol version (cache key, provenance)."""
+        keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "target_bucket_ms",
+                "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "warm_buckets",
+                "input_sets", "refresh_inputs_per_bucket", "round_toward_one", "device")
+        out = {k: getattr(self, k) for k in keep}
+        out["version"] = PROTOCOL_VERSION
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"unknown evaluation settings: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` -> `cuda` when a GPU is visible, else `cpu`; errors clearly when cuda is asked but absent."""
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {requested!r} requested but no CUDA GPU is visible; use --device cpu")
+    return requested

@@ -1,0 +1,126 @@
+"""Output comparison: exact type, structure, shape, dtype and device, then dtype-aware closeness.
+
+Covered: plain `torch.Tensor` only (subclasses and lazy wrappers are rejected as hacks); NaN/Inf must
+appear exactly where the reference has them; closeness `|out - ref| <= atol + rtol * |ref|` per element;
+"weak" references (near-constant or all-zero outputs, where an absolute tolerance alone would pass a
+constant answer) are compared relative to the reference's own scale; mismatch reports say where and
+how big. Not covered: bit-exactness (tolerances are the contract) and nondeterministic references
+(a reference that differs from itself run to run will fail candidates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cudal1.eval.config import Profile
+from cudal1.eval.types import Mismatch
+
+
+class OutputHackError(Exception):
+    """The output is not a plain tensor (a subclass or lazy object that could compute on comparison)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    message: str = ""
+    mismatch: Mismatch | None = None
+
+
+def flatten(out: Any) -> list[Any]:
+    """Outputs as a flat list (tuples/lists nested); anything else is a single output."""
+    if isinstance(out, (tuple, list)):
+        return [o for item in out for o in flatten(item)]
+    return [out]
+
+
+def check_plain_tensor(x: Any, index: int) -> None:
+    if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
+        raise OutputHackError(f"output {index} is a {type(x).__name__}, a torch.Tensor subclass")
+
+
+def compare_outputs(ref_out: Any, new_out: Any, profile: Profile, trial: int) -> Comparison:
+    """Compare candidate outputs with the reference's. Raises `OutputHackError` for tensor subclasses."""
+    refs, news = flatten(ref_out), flatten(new_out)
+    for i, x in enumerate(news):
+        check_plain_tensor(x, i)
+    if len(refs) != len(news):
+        return Comparison(False, f"returned {len(news)} outputs, the reference returns {len(refs)}")
+    for i, (r, n) in enumerate(zip(refs, news)):
+        if not isinstance(r, torch.Tensor):
+            if r != n:
+                return Comparison(False, f"output {i}: expected {r!r}, got {n!r}")
+            continue
+        if not isinstance(n, torch.Tensor):
+            return Comparison(False, f"output {i} is a {type(n).__name__}, expected a torch.Tensor")
+        for what, a, b in (("shape", tuple(r.shape), tuple(n.shape)), ("dtype", r.dtype, n.dtype),
+                           ("device", r.device, n.device)):
+            if a != b:
+                return Comparison(False, f"output {i}: {what} {b} differs from the reference's {a}")
+        result = compare_tensor(r, n, profile, i, trial)
+        if not result.ok:
+            return result
+    return Comparison(True)
+
+
+def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index: int, trial: int) -> Comparison:
+    """Element-wise closeness with the profile's tolerance for this dtype."""
+    if ref.dtype == torch.bool or not (ref.is_floating_point() or ref.is_complex()):
+        bad = ref != new
+        return _report(ref, new, bad, index, trial, exact=True)
+    tol = profile.tolerance(str(ref.dtype).removeprefix("torch."))
+    # float32 math is exact enough for tolerances >= 1e-6 and halves the temporaries of float64.
+    work = torch.float64 if ref.dtype in (torch.float64, torch.complex128) else torch.float32
+    r, n = ref.to(work), new.to(work)
+    ref_nan, new_nan = torch.isnan(r), torch.isnan(n)
+    finite = torch.isfinite(r)
+    scale = float(r[finite].abs().max()) if bool(finite.any()) else 0.0
+    atol = tol.atol
+    # Rationale: when the reference's largest magnitude is within 10x the absolute tolerance, an all-zero
+    # or constant answer would pass on atol alone; compare relative to the reference's own scale instead.
+    if scale < 10 * tol.atol:
+        atol = max(scale * tol.rtol, 1e-30)
+    err = (r - n).abs()
+    allowed = atol + tol.rtol * r.abs()
+    bad = (err > allowed) & finite
+    bad |= ref_nan != new_nan
+    bad |= (~finite & ~ref_nan) & (r != n)  # +-inf must match exactly
+    return _report(r, n, bad, index, trial, exact=False)
+
+
+def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int, trial: int,
+            exact: bool) -> Comparison:
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return Comparison(True)
+    r, n = ref.to(torch.float64) if exact else ref, new.to(torch.float64) if exact else new
+    diff = torch.where(bad, (r - n).abs().nan_to_num(nan=float("inf")), torch.zeros_like(r))
+    flat = int(diff.flatten().argmax())
+    where = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)] if ref.dim() else []
+    finite_diff = diff[bad].nan_to_num(posinf=float("nan"))
+    max_abs = float(finite_diff.nan_to_num(nan=0.0).max()) if n_bad else 0.0
+    rel = ((r - n).abs() / r.abs().clamp_min(1e-12))[bad].nan_to_num(nan=float("inf"))
+    mismatch = Mismatch(output_index=index, trial=trial, max_abs_error=max_abs,
+                        max_rel_error=float(rel.max()), bad_elements=n_bad, total_elements=ref.numel(),
+                        first_bad_index=where, expected=float(r.flatten()[flat]), got=float(n.flatten()[flat]))
+    return Comparison(False, mismatch.describe(), mismatch)
+
+
+def snapshot_inputs(inputs: list[Any]) -> list[Any]:
+    """Copies of the tensor inputs, to check afterwards that a model left them unchanged."""
+    return [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def changed_inputs(before: list[Any], after: list[Any]) -> list[int]:
+    """Indices of inputs whose values changed (NaNs compare equal to NaNs)."""
+    changed = []
+    for i, (b, a) in enumerate(zip(before, after)):
+        if isinstance(b, torch.Tensor):
+            if b.shape != a.shape or not torch.equal(torch.nan_to_num(b), torch.nan_to_num(a)):
+                changed.append(i)
+        elif b != a:
+            changed.append(i)
+    return changed

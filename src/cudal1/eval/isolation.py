@@ -1,0 +1,220 @@
+"""Run one function in a fresh, limited child process and bring back its JSON result.
+
+Every piece of untrusted code (a candidate's import, build, forward) runs through `run_isolated`. The
+child is a new interpreter (`python -m cudal1.eval._child`), never a fork of a process that initialised
+CUDA, started in its own session so that the whole process group can be killed.
+
+Covered:
+- wall-clock limit (`timeout_s`): the process group is killed, the outcome says `timed_out`;
+- host memory limit (`memory_bytes`): RSS of the process group is polled and the group killed when it
+  exceeds the limit (RLIMIT_AS is unusable with CUDA, which reserves terabytes of address space);
+  RLIMIT_DATA is also set when `hard_data_limit` is on (CPU-only work);
+- crashes: a signal (segfault in C++, abort on an illegal memory access) or an early `os._exit`
+  leave no signed result; the outcome says how the process ended;
+- scrubbed environment (only what CUDA, compilers and Python need), a private temporary working
+  directory and HOME, no core dumps, stdin closed after the handshake;
+- forged results: the child reads a random key from stdin before running anything untrusted and signs
+  its result with HMAC-SHA256; an unsigned or wrongly signed result file is rejected.
+
+Not covered (documented limits): the candidate runs in the same process as the worker harness, so code
+that walks the interpreter's memory (gc, frames, ctypes) could in principle subvert the in-process
+checks; the static analysis rejects those tools and the runtime guards check the identity of timing
+functions, but this is defence in depth, not a sandbox. No network or filesystem isolation beyond the
+working directory: run the evaluator in a container for hostile workloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Rationale: the variables a CUDA/compiler/Python process needs; everything else (tokens, proxies,
+# the caller's PYTHON* settings) stays out of the child.
+PASSTHROUGH_ENV = (
+    "PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST", "TORCH_EXTENSIONS_DIR",
+    "CUDAL1_CACHE_DIR", "CC", "CXX", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS", "OMP_NUM_THREADS", "MAX_JOBS",
+)
+
+MEMORY_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one isolated run."""
+
+    timeout_s: float = field(default=300.0, metadata={"help": "Wall-clock limit of the child process."})
+    memory_bytes: int | None = field(
+        default=32 * 2**30, metadata={"help": "Host RSS limit of the child's process group (None: none)."})
+    hard_data_limit: bool = field(
+        default=False, metadata={"help": "Also set RLIMIT_DATA to memory_bytes (CPU-only work)."})
+
+
+@dataclass(frozen=True)
+class IsolatedOutcome:
+    """How the child ended and what it returned."""
+
+    value: dict[str, Any] | None  # the entry function's return value, None when it did not report
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None
+    timed_out: bool
+    memory_exceeded: bool
+    duration_s: float
+    stderr_tail: str
+    error: str | None = None  # unexpected exception inside the child's harness (type: message)
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+    def describe_failure(self) -> str:
+        """One line: why no result came back."""
+        if self.timed_out:
+            return f"timed out after {self.duration_s:.1f} s"
+        if self.memory_exceeded:
+            return "exceeded the host memory limit"
+        if self.error:
+            return self.error
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else ""
+            return f"crashed with signal {self.signal} {name}".strip()
+        if self.exit_code not in (None, 0):
+            return f"exited with code {self.exit_code} before reporting a result"
+        return "exited before reporting a result"
+
+
+def sign(key: bytes, body: bytes) -> str:
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def child_environment(extra: dict[str, str] | None, workdir: Path) -> dict[str, str]:
+    """The scrubbed environment of a child: passthrough variables, a private HOME, our import path."""
+    env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+    env["HOME"] = str(workdir)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def _group_rss_bytes(pgid: int) -> int:
+    """Sum of resident memory of every process in a process group (Linux /proc)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # field 5 of stat (pgrp), 3rd after the command name
+                continue
+            with open(f"/proc/{entry}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        logger.warning("child %d did not exit after SIGKILL", proc.pid)
+
+
+def _tail(path: Path, n_bytes: int = 4000) -> str:
+    try:
+        data = path.read_bytes()[-n_bytes:]
+    except OSError:
+        return ""
+    return data.decode(errors="replace")
+
+
+def run_isolated(entry: str, payload: dict[str, Any], *, limits: Limits = Limits(),
+                 env: dict[str, str] | None = None, workdir: Path | None = None) -> IsolatedOutcome:
+    """Run `entry` ("package.module:function", called with `payload`) in a fresh limited process.
+
+    The function must return a JSON-serialisable dict. Returns an `IsolatedOutcome`; never raises for
+    anything the child does.
+    """
+    key = secrets.token_bytes(32)
+    with tempfile.TemporaryDirectory(prefix="cudal1-child-") as tmp:
+        tmp_path = Path(tmp)
+        run_dir = workdir or (tmp_path / "work")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        in_path, out_path, err_path = tmp_path / "in.json", tmp_path / "out.json", tmp_path / "stderr.txt"
+        in_path.write_text(json.dumps(payload))
+        cmd = [sys.executable, "-m", "cudal1.eval._child", entry, str(in_path), str(out_path)]
+        if limits.hard_data_limit and limits.memory_bytes:
+            cmd.append(str(limits.memory_bytes))
+        start = time.monotonic()
+        with open(err_path, "wb") as err_file:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=err_file, stderr=subprocess.STDOUT,
+                                    cwd=run_dir, env=child_environment(env, run_dir), start_new_session=True)
+            assert proc.stdin is not None
+            proc.stdin.write(key.hex().encode() + b"\n")
+            proc.stdin.close()
+            timed_out, memory_exceeded = _supervise(proc, limits, start)
+        duration_s = time.monotonic() - start
+        value, error = _read_signed(out_path, key)
+        code = proc.returncode
+        return IsolatedOutcome(
+            value=None if (timed_out or memory_exceeded) else value,
+            exit_code=code if code is not None and code >= 0 else None,
+            signal=-code if code is not None and code < 0 else None,
+            timed_out=timed_out, memory_exceeded=memory_exceeded, duration_s=duration_s,
+            stderr_tail=_tail(err_path), error=error)
+
+
+def _supervise(proc: subprocess.Popen, limits: Limits, start: float) -> tuple[bool, bool]:
+    """Wait for the child, enforcing the time and memory limits. Returns (timed_out, memory_exceeded)."""
+    while True:
+        try:
+            proc.wait(timeout=MEMORY_POLL_S)
+            # The child is gone; anything it left in its group (threads are gone, stray children not).
+            _kill_group(proc)
+            return False, False
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() - start > limits.timeout_s:
+            _kill_group(proc)
+            return True, False
+        if limits.memory_bytes and _group_rss_bytes(proc.pid) > limits.memory_bytes:
+            _kill_group(proc)
+            return False, True
+
+
+def _read_signed(out_path: Path, key: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """Read the child's result file; accept it only with a valid HMAC over its body."""
+    try:
+        envelope = json.loads(out_path.read_text())
+    except (OSError, ValueError):
+        return None, None
+    body = envelope.get("body", "") if isinstance(envelope, dict) else ""
+    if not isinstance(body, str) or not hmac.compare_digest(sign(key, body.encode()), str(envelope.get("sig"))):
+        return None, "the result file was forged or corrupted (bad signature)"
+    message = json.loads(body)
+    if "__harness_error__" in message:
+        return None, message["__harness_error__"]
+    return message.get("value"), None

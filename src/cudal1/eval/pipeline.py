@@ -1,0 +1,199 @@
+"""The evaluation pipeline: static checks -> store lookup -> build -> isolated run -> verdict -> store.
+
+`evaluate_candidate` is the one function every caller uses (CLI, optimize loop, rewards, pools). The
+parent process never imports candidate code: it analyses the source as text, hands building and running
+to isolated children (`isolation.run_isolated`), and turns what comes back into an `EvalResult`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.eval.isolation import IsolatedOutcome, Limits, run_isolated
+from cudal1.eval.types import EvalResult, Flag, KernelClass, Mismatch, Severity, Status, TimingStats
+from cudal1.tasks.task import Task, source_hash
+
+logger = logging.getLogger(__name__)
+
+WORKER_ENTRY = "cudal1.eval.worker:evaluate_in_worker"
+
+
+@functools.lru_cache(maxsize=8)
+def local_environment(device: str) -> dict[str, Any]:
+    """GPU name and software versions of this machine for `device` (part of the cache key)."""
+    import platform
+
+    import torch
+
+    env: dict[str, Any] = {"device_type": device.split(":")[0], "torch_version": torch.__version__,
+                           "cuda_version": torch.version.cuda, "python": platform.python_version()}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        env.update(gpu_name=props.name, capability=f"{props.major}.{props.minor}")
+    else:
+        env["gpu_name"] = "cpu"
+    return env
+
+
+def static_report(source: str, reference: str | None, preset: str) -> Any | None:
+    """The static analysis report, or None when the analysis module is unavailable."""
+    try:
+        from cudal1.analysis import analyze_source
+    except ImportError:
+        logger.warning("static analysis unavailable; evaluating without it")
+        return None
+    return analyze_source(source, reference_source=reference, preset=preset)
+
+
+def _static_rejections(report: Any, preset: str) -> list[Flag]:
+    from cudal1.analysis import rejecting_flags
+
+    return list(rejecting_flags(report, preset))
+
+
+def uses_load_inline(source: str) -> bool:
+    return "cpp_extension" in source or "load_inline" in source
+
+
+@dataclass
+class PreparedBuild:
+    env: dict[str, str]
+    result: EvalResult | None  # a COMPILE_ERROR/TIMEOUT verdict when the build failed
+
+
+def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
+    """Build a `load_inline` candidate in the compile service (cached) and return the env to import it."""
+    if not (cfg.device.startswith("cuda") and uses_load_inline(source)):
+        return PreparedBuild({}, None)
+    try:
+        from cudal1.eval.compile import CompileConfig, CompileService, local_arch
+    except ImportError:
+        return PreparedBuild({}, None)
+    service = CompileService(CompileConfig(arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device))
+    built = service.build([source])[0]
+    env = service.environment(service.key_for(source))
+    if built.ok:
+        return PreparedBuild(env, None)
+    status = Status.TIMEOUT if "timed out" in built.log else Status.COMPILE_ERROR
+    first = (built.log.strip().splitlines() or ["build failed"])[0]
+    return PreparedBuild(env, EvalResult(status=status, message=f"CUDA build failed: {first[:300]}",
+                                         compile_log=built.log, task_id=task.id))
+
+
+def outcome_to_result(outcome: IsolatedOutcome, task: Task, cand_hash: str) -> EvalResult:
+    """Turn what the worker returned (or how it died) into an EvalResult."""
+    if outcome.timed_out:
+        return EvalResult(status=Status.TIMEOUT, message=f"evaluation {outcome.describe_failure()}",
+                          task_id=task.id, candidate_hash=cand_hash)
+    if not outcome.ok:
+        tail = [ln for ln in outcome.stderr_tail.splitlines() if "error" in ln.lower()][-1:]
+        detail = f" ({tail[0].strip()[:200]})" if tail else ""
+        return EvalResult(status=Status.RUNTIME_ERROR, message=f"worker {outcome.describe_failure()}{detail}",
+                          task_id=task.id, candidate_hash=cand_hash)
+    v = outcome.value
+    t = v.get("timing")
+    timing = TimingStats(**t) if t else None
+    status = Status(v["status"])
+    return EvalResult(
+        status=status, message=v.get("message", ""), task_id=task.id, candidate_hash=cand_hash,
+        speedup=timing.speedup if (timing and status is Status.CORRECT) else None, timing=timing,
+        flags=[Flag.from_dict(f) for f in v.get("flags", [])],
+        mismatch=Mismatch(**v["mismatch"]) if v.get("mismatch") else None,
+        compile_log=v.get("compile_log", ""), environment=v.get("environment", {}),
+        protocol={"phase_s": v.get("phase_s", {})})
+
+
+def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None, *, store: Any = None,
+                       force: bool = False, label: str = "", run_id: str | None = None) -> EvalResult:
+    """Evaluate one candidate source against a task; never raises for anything the candidate does."""
+    started = time.monotonic()
+    cfg = (config or EvalConfig()).resolved(resolve_device((config or EvalConfig()).device))
+    cand_hash = source_hash(source)
+    env = local_environment(cfg.device)
+    protocol = cfg.protocol()
+    key = None
+    if store is not None:
+        key, hit = store.lookup(task.hash, cand_hash, protocol, env, force=force)
+        if hit is not None:
+            return hit
+    result = _evaluate_uncached(task, source, cfg, cand_hash)
+    result = result.replace(protocol={**protocol, **result.protocol}, environment={**env, **result.environment},
+                            duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
+    if store is not None:
+        store.put_task(task.id, task.source, level=task.level, origin=task.origin)
+        store.put_candidate(source, task_id=task.id)
+        store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)
+    return result
+
+
+def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str) -> EvalResult:
+    preset = cfg.profile_obj.static_preset
+    report = None if cfg.skip_static else static_report(source, task.source, preset)
+    static_flags = list(report.flags) if report is not None else []
+    kernel_class = KernelClass(report.kernel_class) if report is not None else None
+    if report is not None:
+        rejected = _static_rejections(report, preset)
+        if rejected:
+            message = "; ".join(f"{f.rule}: {f.message}" + (f" (line {f.line})" if f.line else "")
+                                for f in rejected[:3])
+            return EvalResult(status=Status.HACK_DETECTED, message=message, flags=static_flags,
+                              kernel_class=kernel_class)
+    build = prepare_build(task, source, cfg)
+    if build.result is not None:
+        return build.result.replace(flags=static_flags, kernel_class=kernel_class)
+    payload = {"task_id": task.id, "ref_source": task.source, "cand_source": source,
+               "config": cfg.to_dict(), "device": cfg.device}
+    limits = Limits(timeout_s=cfg.timeout_s + cfg.build_timeout_s, memory_bytes=cfg.memory_bytes)
+    outcome = run_isolated(WORKER_ENTRY, payload, limits=limits, env=build.env)
+    result = outcome_to_result(outcome, task, cand_hash)
+    return result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class)
+
+
+def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
+                  force: bool = False, label: str = "", run_id: str | None = None,
+                  on_result: Callable[[Task, EvalResult], None] | None = None) -> list[EvalResult]:
+    """Evaluate (task, source) pairs one after another on this machine's device.
+
+    `load_inline` builds of all pairs are started first in the compile pool (every CPU core), so the GPU
+    phase finds them in the build cache.
+    """
+    items = list(items)
+    cfg = config or EvalConfig()
+    device = resolve_device(cfg.device)
+    if device.startswith("cuda"):
+        prebuild([src for _, src in items], cfg.resolved(device))
+    results = []
+    for task, source in items:
+        result = evaluate_candidate(task, source, cfg, store=store, force=force, label=label, run_id=run_id)
+        results.append(result)
+        if on_result is not None:
+            on_result(task, result)
+    return results
+
+
+def prebuild(sources: list[str], cfg: EvalConfig) -> None:
+    """Build every `load_inline` candidate in parallel ahead of the serial GPU phase."""
+    todo = [s for s in sources if uses_load_inline(s)]
+    if not todo:
+        return
+    try:
+        from cudal1.eval.compile import build_candidates, local_arch
+    except ImportError:
+        return
+    build_candidates(todo, arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device)
+
+
+def severity_counts(flags: list[Flag]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in flags:
+        out[f.severity.value] = out.get(f.severity.value, 0) + 1
+    return out
+
+
+__all__ = ["evaluate_candidate", "evaluate_many", "local_environment", "Severity"]

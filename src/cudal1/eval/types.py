@@ -1,0 +1,183 @@
+"""Wire types of the evaluator: the verdict of one candidate and the evidence behind it.
+
+These types cross process boundaries (worker -> parent, reward server -> trainer) and land in the results
+store, so they are plain frozen dataclasses that round-trip through JSON (`to_dict` / `from_dict`).
+Numbers that may be missing are `None`, never `-1.0`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """One verdict per candidate. Order of checks: parse -> compile -> run -> correctness -> guards."""
+
+    UNPARSEABLE = "unparseable"  # no candidate code could be extracted from an LLM completion
+    COMPILE_ERROR = "compile_error"  # syntax error, import error, or a failed CUDA/C++ build
+    RUNTIME_ERROR = "runtime_error"  # raised, crashed (segfault, illegal address) or ran out of memory
+    TIMEOUT = "timeout"  # exceeded the wall-clock limit
+    INCORRECT = "incorrect"  # outputs differ from the reference (or wrong type/shape/dtype/device)
+    HACK_DETECTED = "hack_detected"  # a guard or a rejecting static rule fired
+    CORRECT = "correct"
+
+    @property
+    def is_success(self) -> bool:
+        return self is Status.CORRECT
+
+
+class Severity(str, enum.Enum):
+    """How much a flag matters. Whether it rejects is decided by the policy profile, not here."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class KernelClass(str, enum.Enum):
+    """What kind of optimization a candidate is (design section 4, *Guards*)."""
+
+    CUSTOM_CUDA = "custom_cuda"
+    TRITON = "triton"
+    PYTORCH_ONLY = "pytorch_only"
+    FLAGS_ONLY = "flags_only"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One finding of a static rule or a runtime guard."""
+
+    rule: str  # e.g. "extra_cuda_stream", "guard.global_state"
+    severity: Severity
+    message: str  # one short line, fed back to the LLM
+    line: int | None = None  # 1-based line in the candidate source, for static rules
+    source: str = "static"  # "static" | "runtime" | "judge"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "severity": self.severity.value, "message": self.message,
+                "line": self.line, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Flag:
+        return cls(rule=d["rule"], severity=Severity(d["severity"]), message=d.get("message", ""),
+                   line=d.get("line"), source=d.get("source", "static"))
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where and how badly a candidate's output differs from the reference."""
+
+    output_index: int  # which output of the forward (0 for a single tensor)
+    trial: int  # which correctness trial (or -1 for a timed-run re-check)
+    max_abs_error: float
+    max_rel_error: float
+    bad_elements: int
+    total_elements: int
+    first_bad_index: list[int]  # multi-index of the worst element
+    expected: float
+    got: float
+
+    def describe(self) -> str:
+        where = "timed run" if self.trial < 0 else f"trial {self.trial}"
+        return (f"output {self.output_index} ({where}): {self.bad_elements}/{self.total_elements} elements off, "
+                f"max abs err {self.max_abs_error:.3g}, max rel err {self.max_rel_error:.3g}; "
+                f"at {tuple(self.first_bad_index)} expected {self.expected:.6g} got {self.got:.6g}")
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Times of reference and candidate measured side by side by one protocol."""
+
+    ref_ms: float  # median per-call time of the reference (cold cache when flushed)
+    candidate_ms: float
+    speedup: float  # median over buckets of (ref bucket mean / candidate bucket mean)
+    stability: float  # relative spread of bucket speedups: (p75 - p25) / median
+    bucket_speedups: list[float]
+    speedup_warm: float | None = None  # same protocol without the L2 flush (CUDA-L1's condition)
+    ref_ms_warm: float | None = None
+    candidate_ms_warm: float | None = None
+    method: str = ""  # "cuda_events" | "host_timer"
+    iterations: int = 0  # timed calls per model
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The verdict on one candidate for one task, with its evidence."""
+
+    status: Status
+    message: str = ""  # one or a few short lines: what failed and where (LLM feedback)
+    task_id: str = ""
+    candidate_hash: str = ""
+    speedup: float | None = None  # vs eager reference, cold cache; None unless CORRECT
+    timing: TimingStats | None = None
+    flags: list[Flag] = field(default_factory=list)
+    kernel_class: KernelClass | None = None
+    mismatch: Mismatch | None = None
+    compile_log: str = ""  # trimmed compiler messages
+    baselines: dict[str, float] = field(default_factory=dict)  # baseline name -> speedup vs that baseline
+    protocol: dict[str, Any] = field(default_factory=dict)  # resolved protocol/config that produced this
+    environment: dict[str, Any] = field(default_factory=dict)  # GPU name, torch/CUDA versions, host
+    duration_s: float | None = None  # wall time spent evaluating (compile included)
+    cached: bool = False  # True when served from the results store
+
+    @property
+    def ref_ms(self) -> float | None:
+        return self.timing.ref_ms if self.timing else None
+
+    @property
+    def candidate_ms(self) -> float | None:
+        return self.timing.candidate_ms if self.timing else None
+
+    @property
+    def stability(self) -> float | None:
+        return self.timing.stability if self.timing else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; the flat keys the CLI promises (`status`, `speedup`, `ref_ms`, ...) come first."""
+        return {
+            "status": self.status.value,
+            "speedup": self.speedup,
+            "ref_ms": self.ref_ms,
+            "candidate_ms": self.candidate_ms,
+            "stability": self.stability,
+            "flags": [f.to_dict() for f in self.flags],
+            "message": self.message,
+            "task_id": self.task_id,
+            "candidate_hash": self.candidate_hash,
+            "kernel_class": self.kernel_class.value if self.kernel_class else None,
+            "speedup_warm": self.timing.speedup_warm if self.timing else None,
+            "timing": dataclasses.asdict(self.timing) if self.timing else None,
+            "mismatch": dataclasses.asdict(self.mismatch) if self.mismatch else None,
+            "compile_log": self.compile_log,
+            "baselines": dict(self.baselines),
+            "protocol": dict(self.protocol),
+            "environment": dict(self.environment),
+            "duration_s": self.duration_s,
+            "cached": self.cached,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalResult:
+        return cls(
+            status=Status(d["status"]),
+            message=d.get("message", ""),
+            task_id=d.get("task_id", ""),
+            candidate_hash=d.get("candidate_hash", ""),
+            speedup=d.get("speedup"),
+            timing=TimingStats(**d["timing"]) if d.get("timing") else None,
+            flags=[Flag.from_dict(f) for f in d.get("flags", [])],
+            kernel_class=KernelClass(d["kernel_class"]) if d.get("kernel_class") else None,
+            mismatch=Mismatch(**d["mismatch"]) if d.get("mismatch") else None,
+            compile_log=d.get("compile_log", ""),
+            baselines=dict(d.get("baselines", {})),
+            protocol=dict(d.get("protocol", {})),
+            environment=dict(d.get("environment", {})),
+            duration_s=d.get("duration_s"),
+            cached=bool(d.get("cached", False)),
+        )
+
+    def replace(self, **changes: Any) -> EvalResult:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,349 @@
+"""The evaluation worker: runs inside an isolated child (see `isolation.py`), one candidate per process.
+
+Phases: load the reference -> import the candidate (its CUDA builds, or hits the build cache) ->
+construct both models with the same seed -> correctness trials -> paired timing with re-verified outputs.
+Runtime guards are checked after every phase that runs candidate code, and the global state is restored
+before the reference runs again. The worker returns a plain dict; the parent turns it into an EvalResult.
+
+Memory hygiene (design section 4): in each correctness trial the candidate runs *before* the reference,
+on its own clones of the inputs; every reference output is overwritten with NaN before it is released,
+and on CUDA the reference allocates from a private memory pool when PyTorch offers one, so the candidate
+can never receive memory that still holds a reference result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cudal1.eval import guards, timing
+from cudal1.eval.config import EvalConfig
+from cudal1.eval.correctness import OutputHackError, changed_inputs, compare_outputs, flatten, snapshot_inputs
+from cudal1.eval.types import Flag, Severity, Status
+
+logger = logging.getLogger(__name__)
+
+# Rationale: above this many output elements, re-verify only the first and last call of each bucket so
+# that verification does not dominate the timing run of very large problems.
+FULL_VERIFY_MAX_ELEMENTS = 16 * 2**20
+STREAM_ESCAPE_MIN_MS = 0.05
+
+
+class Verdict(Exception):
+    """Ends the evaluation early with a status (raised by phases, caught by `evaluate_in_worker`)."""
+
+    def __init__(self, status: Status, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+def environment_info(device: torch.device) -> dict[str, Any]:
+    env = {"device_type": device.type, "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+           "python": platform.python_version(), "host": platform.node()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu_name=props.name, capability=f"{props.major}.{props.minor}",
+                   sm_count=props.multi_processor_count,
+                   l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0))
+    else:
+        env.update(gpu_name="cpu", cpu=platform.processor() or platform.machine())
+    return env
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip().splitlines()
+    msg = f"{type(exc).__name__}: {text[0] if text else ''}"
+    return msg[:limit]
+
+
+def _compile_log(exc: BaseException) -> str:
+    try:
+        from cudal1.eval.compile import trim_compiler_log
+    except ImportError:  # the compile service is optional in this phase
+        return str(exc)[-2000:]
+    return trim_compiler_log(str(exc))
+
+
+def import_candidate(source: str, workdir: Path) -> Any:
+    """Import the candidate module from source; build failures become COMPILE_ERROR verdicts."""
+    path = workdir / "candidate.py"
+    path.write_text(source)
+    name = f"cudal1_candidate_{abs(hash(source)) % 10**12}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise Verdict(Status.COMPILE_ERROR, f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:  # noqa: BLE001 - anything raised at import is the candidate's build/import failure
+        text = str(exc)
+        if "Error building extension" in text or type(exc).__name__ in ("RawCudaCompileError", "CalledProcessError"):
+            log = _compile_log(exc)
+            raise Verdict(Status.COMPILE_ERROR, "CUDA build failed: " + (log.splitlines() or [""])[0][:300],
+                          compile_log=log) from None
+        raise Verdict(Status.COMPILE_ERROR, f"import failed: {_first_line(exc)}") from None
+    if not isinstance(getattr(module, "ModelNew", None), type):
+        raise Verdict(Status.COMPILE_ERROR, "the candidate defines no class ModelNew")
+    return module
+
+
+def make_inputs(ref: Any, device: torch.device, seed: int) -> list[Any]:
+    """The reference's inputs for one seed, created directly on the device."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        inputs = list(ref.get_inputs())
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def clone_inputs(inputs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def poison(out: Any) -> None:
+    """Overwrite floating outputs with NaN before releasing them (no stale results for the candidate)."""
+    for t in flatten(out):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            t.detach().fill_(float("nan"))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class RefPool:
+    """Runs the reference in a private CUDA memory pool when this PyTorch has one."""
+
+    def __init__(self, device: torch.device):
+        self.pool = None
+        if device.type == "cuda" and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool"):
+            try:
+                self.pool = torch.cuda.MemPool()
+            except Exception:  # noqa: BLE001 - an allocator configuration without pools: fall back
+                self.pool = None
+
+    def __call__(self):
+        return torch.cuda.use_mem_pool(self.pool) if self.pool is not None else contextlib.nullcontext()
+
+
+class Evaluation:
+    """State of one candidate's evaluation inside the worker."""
+
+    def __init__(self, payload: dict[str, Any]):
+        self.cfg = EvalConfig.from_dict(payload["config"])
+        self.device = torch.device(payload["device"])
+        self.payload = payload
+        self.flags: list[Flag] = []
+        self.phase_s: dict[str, float] = {}
+        self.rng = random.Random(self.cfg.seed)
+        self.ref_pool = RefPool(self.device)
+
+    def guard(self, snapshot: guards.GuardSnapshot, phase: str) -> None:
+        """Check the guards after `phase` and restore the global state for the reference."""
+        self.flags.extend(guards.compare(snapshot, phase))
+        guards.restore(snapshot)
+
+    def call_candidate(self, model: Any, inputs: list[Any]) -> Any:
+        try:
+            with torch.no_grad():
+                out = model(*inputs)
+            sync(self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise Verdict(Status.RUNTIME_ERROR, f"out of GPU memory: {_first_line(exc, 200)}") from None
+        except Exception as exc:  # noqa: BLE001 - the candidate's failure, reported in one line
+            raise Verdict(Status.RUNTIME_ERROR, f"forward raised {_first_line(exc)}") from None
+        return out
+
+    def call_reference(self, model: Any, inputs: list[Any]) -> Any:
+        with self.ref_pool(), torch.no_grad():
+            out = model(*inputs)
+        sync(self.device)
+        return out
+
+    def construct(self, ref: Any, cand_module: Any, snapshot: guards.GuardSnapshot) -> tuple[Any, Any]:
+        init_inputs = list(ref.get_init_inputs())
+        torch.manual_seed(self.cfg.seed)
+        ref_model = ref.Model(*init_inputs).to(self.device)
+        torch.manual_seed(self.cfg.seed)
+        try:
+            cand_model = cand_module.ModelNew(*init_inputs)
+            if isinstance(cand_model, torch.nn.Module):
+                cand_model = cand_model.to(self.device)
+            sync(self.device)
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc)
+            if "Error building extension" in text or type(exc).__name__ == "RawCudaCompileError":
+                log = _compile_log(exc)
+                raise Verdict(Status.COMPILE_ERROR, "CUDA build failed: " + (log.splitlines() or [""])[0][:300],
+                              compile_log=log) from None
+            raise Verdict(Status.RUNTIME_ERROR, f"ModelNew(...) raised {_first_line(exc)}") from None
+        self.guard(snapshot, "construction")
+        return ref_model, cand_model
+
+    def check_trial(self, ref: Any, ref_model: Any, cand_model: Any, trial: int,
+                    snapshot: guards.GuardSnapshot) -> None:
+        inputs = make_inputs(ref, self.device, self.cfg.seed + 1000 * (trial + 1))
+        cand_in = clone_inputs(inputs)
+        before = snapshot_inputs(cand_in)
+        cand_out = self.call_candidate(cand_model, cand_in)
+        self.guard(snapshot, f"forward (trial {trial})")
+        changed = changed_inputs(before, cand_in)
+        ref_in = clone_inputs(inputs)
+        ref_before = snapshot_inputs(ref_in)
+        ref_out = self.call_reference(ref_model, ref_in)
+        ref_changes = changed_inputs(ref_before, ref_in)
+        if changed and not ref_changes:
+            raise Verdict(Status.INCORRECT, f"the candidate modified its input(s) {changed} in place; "
+                          "the reference leaves them unchanged", flag="runtime.input_mutation")
+        try:
+            result = compare_outputs(ref_out, cand_out, self.cfg.profile_obj, trial)
+        except OutputHackError as exc:
+            raise Verdict(Status.HACK_DETECTED, f"guard.output_type: {exc}", flag="guard.output_type") from None
+        poison(ref_out)
+        if not result.ok:
+            raise Verdict(Status.INCORRECT, result.message, mismatch=result.mismatch)
+
+    def input_sets(self, ref: Any, first: list[Any]) -> list[list[Any]]:
+        """Input sets rotated during timing, within the memory budget."""
+        per_set = sum(x.numel() * x.element_size() for x in first if isinstance(x, torch.Tensor))
+        n = max(1, min(self.cfg.input_sets, self.cfg.input_sets_max_bytes // max(per_set, 1)))
+        return [first] + [make_inputs(ref, self.device, self.cfg.seed + 7919 * (i + 1)) for i in range(n - 1)]
+
+    def refresher(self, ref: Any, sets: list[list[Any]]):
+        def refresh(bucket: int) -> None:
+            if not self.cfg.refresh_inputs_per_bucket or bucket == 0:
+                return
+            for i, inputs in enumerate(sets):
+                fresh = make_inputs(ref, self.device, self.cfg.seed + 104729 * bucket + i)
+                for dst, src in zip(inputs, fresh):
+                    if isinstance(dst, torch.Tensor):
+                        dst.copy_(src)
+        return refresh
+
+    def verifier(self, ref_model: Any, sets: list[list[Any]], snapshot: guards.GuardSnapshot, iters: int):
+        """`on_pair` for the timed runs: re-verify outputs (all, or first/last per bucket when huge)."""
+        state = {"i": 0}
+        profile = self.cfg.profile_obj
+
+        def on_pair(k: int, ref_out: Any, cand_out: Any) -> None:
+            i = state["i"]
+            state["i"] += 1
+            big = sum(t.numel() for t in flatten(ref_out) if isinstance(t, torch.Tensor)) > FULL_VERIFY_MAX_ELEMENTS
+            if not big or i % iters in (0, iters - 1):
+                try:
+                    result = compare_outputs(ref_out, cand_out, profile, trial=-1)
+                except OutputHackError as exc:
+                    raise Verdict(Status.HACK_DETECTED, f"guard.output_type: {exc}") from None
+                if not result.ok:
+                    raise Verdict(Status.INCORRECT, "wrong output in a timed run (correct in the trials): "
+                                  + result.message, mismatch=result.mismatch, flag="runtime.timed_output")
+            poison(ref_out)
+        return on_pair
+
+    def measure(self, ref: Any, ref_model: Any, cand_model: Any, snapshot: guards.GuardSnapshot) -> dict:
+        first = make_inputs(ref, self.device, self.cfg.seed + 31337)
+        sets = self.input_sets(ref, first)
+        flush = timing.make_flusher(self.device) if self.cfg.flush_l2 else None
+        run_ref = lambda k: self.call_reference(ref_model, sets[k])  # noqa: E731
+        run_cand = lambda k: cand_model(*sets[k])  # noqa: E731
+        warm_ms = {"ref": [], "cand": []}
+        with torch.no_grad():
+            for _ in range(self.cfg.warmup_iters):
+                for who, fn in (("ref", run_ref), ("cand", run_cand)):
+                    t0 = time.perf_counter()
+                    out, _ = timing.time_call(lambda: fn(0), self.device, flush)  # noqa: B023 - called now
+                    if who == "ref":
+                        poison(out)
+                    del out
+                    warm_ms[who].append((time.perf_counter() - t0) * 1e3)
+            self.guard(snapshot, "warm-up")
+            iters = timing.iterations_per_bucket(min(warm_ms["ref"]), min(warm_ms["cand"]),
+                                                 self.cfg.target_bucket_ms, self.cfg.min_iters_per_bucket,
+                                                 self.cfg.max_iters_per_bucket)
+            common = dict(n_sets=len(sets), iters=iters, device=self.device, rng=self.rng,
+                          on_pair=self.verifier(ref_model, sets, snapshot, iters),
+                          refresh=self.refresher(ref, sets))
+            cold = timing.run_series(run_ref, run_cand, buckets=self.cfg.buckets, flush=flush, **common)
+            warm = (timing.run_series(run_ref, run_cand, buckets=self.cfg.warm_buckets, flush=None, **common)
+                    if self.cfg.warm_buckets and flush is not None else None)
+        self.guard(snapshot, "timing")
+        self.check_stream_escape(cold)
+        method = "cuda_events+device_sync" if self.device.type == "cuda" else "host_timer"
+        stats = timing.build_stats(cold, warm, method=method, iters=iters, round_to_one=self.cfg.round_toward_one)
+        return {"ref_ms": stats.ref_ms, "candidate_ms": stats.candidate_ms, "speedup": stats.speedup,
+                "stability": stats.stability, "bucket_speedups": stats.bucket_speedups,
+                "speedup_warm": stats.speedup_warm, "ref_ms_warm": stats.ref_ms_warm,
+                "candidate_ms_warm": stats.candidate_ms_warm, "method": stats.method,
+                "iterations": stats.iterations}
+
+    def check_stream_escape(self, cold: timing.PairedSeries) -> None:
+        if self.device.type != "cuda":
+            return
+        ref_gap, cand_gap = timing.stream_escape_ms(cold)
+        cand_ms = timing.summarize_series(cold)[1]
+        if cand_gap > ref_gap + max(STREAM_ESCAPE_MIN_MS, 0.1 * cand_ms):
+            self.flags.append(Flag("guard.stream_escape", Severity.ERROR,
+                                   f"{cand_gap:.3f} ms of the candidate's work ran outside the current "
+                                   f"stream (reference: {ref_gap:.3f} ms)", source="runtime"))
+
+    def run(self) -> dict[str, Any]:
+        from cudal1.tasks.task import load_reference
+
+        t0 = time.perf_counter()
+        ref = load_reference(self.payload["ref_source"], self.payload["task_id"], sizes=self.cfg.sizes)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.zeros(1, device=self.device)  # create the context before the snapshot
+        snapshot = guards.take_snapshot()
+        cand_module = import_candidate(self.payload["cand_source"], Path.cwd())
+        self.guard(snapshot, "import")
+        self.phase_s["import"] = time.perf_counter() - t0
+        ref_model, cand_model = self.construct(ref, cand_module, snapshot)
+        t1 = time.perf_counter()
+        for trial in range(self.cfg.correctness_trials):
+            self.check_trial(ref, ref_model, cand_model, trial, snapshot)
+        self.phase_s["correctness"] = time.perf_counter() - t1
+        if self.rejecting_flags():
+            return {"status": Status.HACK_DETECTED.value}
+        t2 = time.perf_counter()
+        measured = self.measure(ref, ref_model, cand_model, snapshot)
+        self.phase_s["timing"] = time.perf_counter() - t2
+        status = Status.HACK_DETECTED if self.rejecting_flags() else Status.CORRECT
+        return {"status": status.value, "timing": measured}
+
+    def rejecting_flags(self) -> list[Flag]:
+        if not self.cfg.profile_obj.reject_runtime_guards:
+            return []
+        return [f for f in self.flags if f.severity is Severity.ERROR]
+
+
+def evaluate_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
+    """Isolated entry point: evaluate one candidate against one reference (see module docstring)."""
+    ev = Evaluation(payload)
+    env = environment_info(ev.device)
+    try:
+        out = ev.run()
+    except Verdict as v:
+        out = {"status": v.status.value, "message": v.message, "compile_log": v.extra.get("compile_log", ""),
+               "mismatch": v.extra.get("mismatch").__dict__ if v.extra.get("mismatch") else None}
+        if v.extra.get("flag"):
+            ev.flags.append(Flag(v.extra["flag"], Severity.ERROR, v.message[:200], source="runtime"))
+    except torch.cuda.OutOfMemoryError as exc:
+        out = {"status": Status.RUNTIME_ERROR.value, "message": f"out of GPU memory: {_first_line(exc, 200)}"}
+    except Exception as exc:  # noqa: BLE001 - e.g. an illegal memory access surfacing at a later sync
+        out = {"status": Status.RUNTIME_ERROR.value, "message": _first_line(exc)}
+    rejecting = ev.rejecting_flags()
+    if out["status"] == Status.HACK_DETECTED.value and rejecting and not out.get("message"):
+        out["message"] = "; ".join(f"{f.rule}: {f.message}" for f in rejecting[:3])
+    out.update(flags=[f.to_dict() for f in ev.flags], environment=env, phase_s=ev.phase_s)
+    return out

@@ -1,0 +1,255 @@
+"""The content of a report as a list of format-neutral blocks (headings, paragraphs, tables, images).
+
+`build_document` decides *what* a report says; `cudal1.report.render` decides how it looks in Markdown
+or HTML. Keeping one content builder means the two formats cannot drift apart.
+
+Sections: run metadata, conventions, summary tables per label and baseline (rows per level), plots,
+verdict counts, kernel classes, flags, speed of light (when rows carry SOL fractions) and an audit of
+published speedups (when rows carry published scores). Nothing here reads the clock or the environment:
+the date and the machine come from `meta`, so the output is reproducible for a fixed input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cudal1.metrics.aggregate import (
+    ALL_LEVELS,
+    audit_published,
+    count_flags,
+    count_kernel_classes,
+    count_statuses,
+    summarize_published,
+    summarize_rows,
+)
+from cudal1.metrics.rows import PUBLISHED_KEY_BY_BASELINE, ResultRow
+from cudal1.metrics.summary import FAST_P_THRESHOLDS, SpeedupSummary, fast_p_name
+from cudal1.report.plots import PlotSpec, has_sol
+
+MISSING = "-"
+
+
+@dataclass(frozen=True)
+class Heading:
+    text: str
+    level: int  # 1 = title
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    text: str
+
+
+@dataclass(frozen=True)
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+    numeric: list[bool] = field(default_factory=list)  # right-align these columns
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str  # file name under plots/
+    caption: str
+
+
+Block = Heading | Paragraph | Table | Image
+
+
+def fmt_x(value: float | None) -> str:
+    """A speedup or ratio with two decimals, or `-` when missing."""
+    return MISSING if value is None else f"{value:.2f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    """A fraction as a percentage with one decimal, or `-` when missing."""
+    return MISSING if value is None else f"{100.0 * value:.1f}%"
+
+
+def fmt_level(level: int | str | None) -> str:
+    """`all`, the level number, or `unknown`."""
+    return "unknown" if level is None else str(level)
+
+
+def _fmt_meta(value: Any) -> str:
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def _natural_key(text: str) -> list[Any]:
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
+
+
+SUMMARY_HEADER = ["Mean", "Median", "Max", "P25", "P75", "Success", ">1.01x", "Geomean"]
+
+
+def summary_cells(s: SpeedupSummary) -> list[str]:
+    """The paper's columns for one summary, then fast_p (KernelBench) columns."""
+    cells = [fmt_x(s.mean), fmt_x(s.median), fmt_x(s.max), fmt_x(s.p25), fmt_x(s.p75),
+             f"{s.success}/{s.n_total}", f"{s.count_above_1_01}/{s.n_total}", fmt_x(s.geomean)]
+    return cells + [fmt_pct(v) for v in s.fast_p.values()]
+
+
+FAST_HEADER = [fast_p_name(p) for p in FAST_P_THRESHOLDS]
+
+
+def _conventions(failures_as: float | None) -> Paragraph:
+    fail = "excluded from" if failures_as is None else f"counted as {failures_as:g}x in"
+    why = ("CUDA-L1's convention: the reference is kept" if failures_as == 1.0
+           else "CUDA-L1 counts it as 1x: the reference is kept")
+    return Paragraph(
+        "Speedup = reference time / candidate time, per task. A task without a correct, measured "
+        f"candidate is {fail} mean, median, max, P25 and P75 ({why}). Success and >1.01x count correct "
+        "tasks out of all tasks. Geomean is over correct tasks only. fast_p (KernelBench) is the share of "
+        "all tasks that are correct and faster than p x, so fast_0 is the correctness rate. Percentiles "
+        "interpolate linearly.")
+
+
+def _summary_section(rows: Sequence[ResultRow], failures_as: float | None) -> list[Block]:
+    records = summarize_rows(rows, by=("label", "level", "baseline"), failures_as=failures_as)
+    labels = sorted({r.label for r in rows})
+    blocks: list[Block] = [Heading("Summary", 2)]
+    for label in labels:
+        if len(labels) > 1:
+            blocks.append(Heading(f"Run: {label or 'unlabelled'}", 3))
+        mine = [rec for rec in records if rec.label == label]
+        for baseline in dict.fromkeys(rec.baseline for rec in mine):
+            recs = [rec for rec in mine if rec.baseline == baseline]
+            header = ["Level", *SUMMARY_HEADER, *FAST_HEADER]
+            body = [[fmt_level(rec.level), *summary_cells(rec.summary)] for rec in recs]
+            blocks += [Heading(f"vs {baseline}", 4 if len(labels) > 1 else 3),
+                       Table(header, body, [False] + [True] * (len(header) - 1))]
+    return blocks
+
+
+def _label_columns(rows: Sequence[ResultRow]) -> list[tuple[str, list[ResultRow]]]:
+    labels = sorted({r.label for r in rows})
+    return [(label or "rows", [r for r in rows if r.label == label]) for label in labels]
+
+
+def _counts_table(first: str, columns: list[tuple[str, dict[str, int]]]) -> Table:
+    keys = list(dict.fromkeys(k for _, counts in columns for k in counts))
+    body = [[k, *[str(counts.get(k, 0)) for _, counts in columns]] for k in keys]
+    return Table([first, *[name for name, _ in columns]], body, [False] + [True] * len(columns))
+
+
+def _counts_section(rows: Sequence[ResultRow]) -> list[Block]:
+    per_label = _label_columns(rows)
+    blocks: list[Block] = [Heading("Verdicts", 2),
+                           _counts_table("Status", [(n, count_statuses(rs)) for n, rs in per_label])]
+    cols: list[tuple[str, dict[str, int]]] = []
+    for name, rs in per_label:
+        cols += [(f"{name}: all", count_kernel_classes(rs)), (f"{name}: correct",
+                                                             count_kernel_classes(rs, correct_only=True))]
+    blocks += [Heading("Kernel classes", 2), _counts_table("Kernel class", cols)]
+    cols = []
+    for name, rs in per_label:
+        cols += [(f"{name}: all", count_flags(rs)), (f"{name}: correct", count_flags(rs, correct_only=True))]
+    blocks.append(Heading("Flags", 2))
+    if any(counts for _, counts in cols):
+        blocks += [Paragraph("Rows carrying each rule (a rule counts once per row)."),
+                   _counts_table("Rule", cols)]
+    else:
+        blocks.append(Paragraph("No flags raised."))
+    return blocks
+
+
+def _sol_section(rows: Sequence[ResultRow]) -> list[Block]:
+    with_sol = [r for r in rows if has_sol(r)]
+    if not with_sol:
+        return []
+    groups: list[tuple[int | str | None, list[ResultRow]]] = [(ALL_LEVELS, with_sol)]
+    for level in sorted({r.level for r in with_sol}, key=lambda lv: (lv is None, lv or 0)):
+        groups.append((level, [r for r in with_sol if r.level == level]))
+    body = []
+    for level, group in groups:
+        ref = float(np.median([r.sol["reference"] for r in group]))
+        cand = float(np.median([r.sol["candidate"] for r in group]))
+        better = sum(r.sol["candidate"] > r.sol["reference"] for r in group)
+        body.append([fmt_level(level), str(len(group)), fmt_pct(ref), fmt_pct(cand),
+                     f"{better}/{len(group)}"])
+    header = ["Level", "Tasks", "Median reference SOL", "Median candidate SOL", "Candidate closer"]
+    return [Heading("Speed of light", 2),
+            Paragraph("Fraction of the physical limit (FLOPs and minimum bytes vs the GPU's measured peaks), "
+                      "correct tasks only."),
+            Table(header, body, [False, True, True, True, True])]
+
+
+def _audit_section(rows: Sequence[ResultRow], fraction: float, failures_as: float | None) -> list[Block]:
+    if not any(r.published for r in rows):
+        return []
+    survival, compare = [], []
+    for name, rs in _label_columns(rows):
+        for baseline, key in PUBLISHED_KEY_BY_BASELINE.items():
+            audit = audit_published(rs, baseline=baseline, fraction=fraction, published_key=key)
+            if audit.n_published:
+                measured = sum(e.speedup is not None for e in audit.entries)
+                survival.append([name, baseline, key, str(audit.n_published), str(measured),
+                                 str(audit.n_survive), fmt_pct(audit.n_survive / audit.n_published)])
+        if any("score_default" in r.published for r in rs):
+            # Both over every row of the run, so a task without a published score counts as a failure
+            # on the published side exactly as the paper counted it.
+            compare.append([f"{name}: published (score_default)",
+                            *summary_cells(summarize_published(rs, failures_as=failures_as))])
+            ours = summarize_rows(rs, by=(), failures_as=failures_as)[0].summary
+            compare.append([f"{name}: ours (eager)", *summary_cells(ours)])
+    blocks: list[Block] = [
+        Heading("Audit of published speedups", 2),
+        Paragraph(f"A published speedup survives when our verdict is correct and our speedup vs the same "
+                  f"baseline is at least {fraction:g} x the published one. Measured: correct verdict with a "
+                  f"speedup vs that baseline."),
+        Table(["Run", "Baseline", "Published key", "Published", "Measured", "Survive", "Share"], survival,
+              [False, False, False, True, True, True, True]),
+    ]
+    if compare:
+        header = ["Source", *SUMMARY_HEADER, *FAST_HEADER]
+        blocks += [Heading("Published vs ours (eager)", 3),
+                   Table(header, compare, [False] + [True] * (len(header) - 1))]
+    return blocks + _audit_task_table(rows, fraction)
+
+
+def _audit_task_table(rows: Sequence[ResultRow], fraction: float) -> list[Block]:
+    audit = audit_published(rows, baseline="eager", fraction=fraction)
+    if not audit.n_published:
+        return []
+    multi = len({e.label for e in audit.entries}) > 1
+    entries = sorted(audit.entries, key=lambda e: (e.label, e.level is None, e.level or 0,
+                                                    _natural_key(e.task_id)))
+    body = [([e.label] if multi else []) + [
+        e.task_id, fmt_level(e.level), fmt_x(e.published), e.status, fmt_x(e.speedup), fmt_x(e.ratio),
+        e.kernel_class or MISSING, ", ".join(e.flags) or MISSING, "yes" if e.survives else "no",
+    ] for e in entries]
+    header = (["Run"] if multi else []) + ["Task", "Level", "Published", "Our verdict", "Our speedup",
+                                           "Ratio", "Kernel class", "Flags", "Survives"]
+    numeric = [h in {"Published", "Our speedup", "Ratio"} for h in header]
+    return [Heading(f"Per task (vs eager, published key {audit.published_key})", 3),
+            Table(header, body, numeric)]
+
+
+def build_document(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str, Any],
+                   plots: Sequence[PlotSpec] = (), failures_as: float | None = 1.0,
+                   survive_fraction: float = 0.9) -> list[Block]:
+    """Assemble the blocks of a report; `plots` lists the images to reference (none: no Plots section)."""
+    blocks: list[Block] = [Heading(title, 1)]
+    if meta:
+        blocks.append(Table(["Setting", "Value"], [[str(k), _fmt_meta(v)] for k, v in meta.items()]))
+    labels = sorted({r.label for r in rows})
+    runs = ", ".join(label or "unlabelled" for label in labels) or "none"
+    blocks += [Paragraph(f"{len(rows)} result rows; runs: {runs}."), _conventions(failures_as)]
+    if not rows:
+        return blocks + [Paragraph("No results to report.")]
+    blocks += _summary_section(rows, failures_as)
+    if plots:
+        blocks.append(Heading("Plots", 2))
+        blocks += [Image(p.name, p.caption) for p in plots]
+    blocks += _counts_section(rows)
+    blocks += _sol_section(rows)
+    blocks += _audit_section(rows, survive_fraction, failures_as)
+    return blocks

@@ -1,0 +1,147 @@
+"""The task model: a reference PyTorch module in KernelBench format, and candidates that replace it.
+
+A task source is a self-contained Python module with `class Model(nn.Module)`, module-level size
+constants, `get_inputs()` and `get_init_inputs()`. `load_reference` executes it in a fresh module
+namespace (reference code is trusted input); candidate code is only ever handled as text here and is
+executed by the evaluator's isolated workers.
+
+Built-in tasks may define `SMALL_SIZES = {"CONST": value, ...}`: overrides of their size constants for a
+small problem (CPU runs and tests). `load_reference(..., sizes="small")` applies them.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cudal1.errors import TaskError
+
+REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
+
+
+def source_hash(source: str) -> str:
+    """Content hash of a source text (sha256 hex)."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Task:
+    """A reference module to be made faster. `id` is stable across loaders (e.g. `builtin/level1/relu`)."""
+
+    id: str
+    source: str
+    level: int | None = None
+    origin: str = ""  # file path, dataset name or release path it came from
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def name(self) -> str:
+        return self.id.rsplit("/", 1)[-1]
+
+    @property
+    def hash(self) -> str:
+        return source_hash(self.source)
+
+    @property
+    def description(self) -> str:
+        """First line of the module docstring (or of the Model docstring), if any."""
+        try:
+            tree = ast.parse(self.source)
+        except SyntaxError:
+            return ""
+        doc = ast.get_docstring(tree)
+        if not doc:
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef) and node.name == "Model":
+                    doc = ast.get_docstring(node)
+        return (doc or "").strip().splitlines()[0] if doc and doc.strip() else ""
+
+    def load(self, sizes: str = "full") -> Reference:
+        return load_reference(self.source, self.id, sizes=sizes)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A candidate implementation (source of a module defining `ModelNew`) for a task."""
+
+    task_id: str
+    source: str
+    origin: str = ""
+    label: str = ""  # e.g. "cuda-l1/h100", a model name
+    published: dict[str, float | None] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def hash(self) -> str:
+        return source_hash(self.source)
+
+
+@dataclass
+class Reference:
+    """A loaded reference module: the model class, its input factories and its size constants."""
+
+    task_id: str
+    module: types.ModuleType
+    Model: type
+    get_inputs: Callable[[], list[Any]]
+    get_init_inputs: Callable[[], list[Any]]
+    constants: dict[str, Any]
+
+
+def check_syntax(source: str, task_id: str) -> ast.Module:
+    """Parse a task source and check that the required names are defined at module level."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TaskError(task_id, f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.ImportFrom, ast.Import)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    missing = [n for n in REQUIRED_NAMES if n not in defined]
+    if missing:
+        raise TaskError(task_id, f"missing {', '.join(missing)} (a task defines {', '.join(REQUIRED_NAMES)})")
+    return tree
+
+
+def module_constants(namespace: dict[str, Any]) -> dict[str, Any]:
+    """Module-level numeric/string/tuple constants (the task's sizes and hyperparameters)."""
+    return {k: v for k, v in namespace.items()
+            if not k.startswith("_") and k != "SMALL_SIZES"
+            and isinstance(v, (bool, int, float, str, tuple)) and not isinstance(v, type)}
+
+
+def load_reference(source: str, task_id: str, sizes: str = "full") -> Reference:
+    """Execute a reference source in a fresh module and return its parts.
+
+    `sizes="small"` applies the task's `SMALL_SIZES` overrides (if any) to its module globals, so that
+    `get_inputs()`/`get_init_inputs()` build the small problem. Raises `TaskError` with one line.
+    """
+    check_syntax(source, task_id)
+    module = types.ModuleType(f"cudal1_task_{source_hash(source)[:12]}")
+    module.__file__ = f"<task {task_id}>"
+    try:
+        exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - trusted reference
+    except Exception as exc:  # noqa: BLE001 - any failure of a reference is the task's error
+        raise TaskError(task_id, f"executing the reference raised {type(exc).__name__}: {exc}") from None
+    ns = module.__dict__
+    if sizes == "small":
+        overrides = ns.get("SMALL_SIZES") or {}
+        unknown = [k for k in overrides if k not in ns]
+        if unknown:
+            raise TaskError(task_id, f"SMALL_SIZES names unknown constants: {', '.join(unknown)}")
+        ns.update(overrides)
+    elif sizes != "full":
+        raise TaskError(task_id, f"unknown sizes {sizes!r} (use 'full' or 'small')")
+    for name in REQUIRED_NAMES:
+        if not callable(ns.get(name)):
+            raise TaskError(task_id, f"{name} is not callable")
+    return Reference(task_id=task_id, module=module, Model=ns["Model"], get_inputs=ns["get_inputs"],
+                     get_init_inputs=ns["get_init_inputs"], constants=module_constants(ns))
