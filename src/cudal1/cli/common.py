@@ -29,6 +29,8 @@ SizesOpt = typer.Option("auto", "--sizes", help="full, small (task's SMALL_SIZES
 StoreOpt = typer.Option(None, "--store", help="Results database (default: user data dir or $CUDAL1_STORE).")
 NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the results store.")
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
+BucketsOpt = typer.Option(7, "--buckets", help="Timing buckets (speedup = median of bucket speedups).")
+TimeoutOpt = typer.Option(600.0, "--timeout-s", help="Wall-clock limit per candidate (builds excluded).")
 
 
 def make_config(device: str, profile: str, trials: int, sizes: str, **extra: Any) -> EvalConfig:

@@ -149,7 +149,10 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str)
         return build.result.replace(flags=static_flags, kernel_class=kernel_class)
     payload = {"task_id": task.id, "ref_source": task.source, "cand_source": source,
                "config": cfg.to_dict(), "device": cfg.device}
-    limits = Limits(timeout_s=cfg.timeout_s + cfg.build_timeout_s, memory_bytes=cfg.memory_bytes)
+    # A build that did not happen in the compile service happens at import inside the worker.
+    build_in_worker = uses_load_inline(source) and not build.env
+    limits = Limits(timeout_s=cfg.timeout_s + (cfg.build_timeout_s if build_in_worker else 0.0),
+                    memory_bytes=cfg.memory_bytes)
     outcome = run_isolated(WORKER_ENTRY, payload, limits=limits, env=build.env)
     result = outcome_to_result(outcome, task, cand_hash)
     return result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class)

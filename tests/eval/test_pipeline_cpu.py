@@ -1,0 +1,124 @@
+"""The evaluator end to end on CPU: every verdict, from a real isolated worker.
+
+Each test runs the full pipeline (static analysis, isolated child, correctness, timing) on a tiny task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cudal1.eval import EvalConfig, Status, evaluate_candidate
+from cudal1.store import ResultsStore
+from cudal1.tasks.sources import load_file
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+FAST = dict(device="cpu", sizes="full", correctness_trials=2, buckets=2, target_bucket_ms=5.0,
+            warm_buckets=1, warmup_iters=1, timeout_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_file(FIXTURES / "tasks" / "tiny_scale_add.py")
+
+
+def run(task, name: str, **overrides):
+    source = (FIXTURES / "eval" / f"{name}.py").read_text()
+    return evaluate_candidate(task, source, EvalConfig(**{**FAST, **overrides}))
+
+
+def test_correct_candidate_is_timed(task):
+    r = run(task, "correct")
+    assert r.status is Status.CORRECT, r.message
+    assert r.speedup is not None and r.speedup > 0
+    assert r.timing.ref_ms > 0 and r.timing.candidate_ms > 0
+    assert len(r.timing.bucket_speedups) == 2
+    assert r.timing.speedup_warm is not None
+    assert r.timing.method == "host_timer"
+    assert r.protocol["version"] and r.environment["gpu_name"] == "cpu"
+
+
+def test_wrong_values_report_where_and_how_much(task):
+    r = run(task, "wrong_values")
+    assert r.status is Status.INCORRECT
+    assert r.speedup is None
+    assert r.mismatch is not None and r.mismatch.bad_elements > 0
+    assert "max abs err" in r.message and "trial 0" in r.message
+
+
+def test_wrong_shape(task):
+    r = run(task, "wrong_shape")
+    assert r.status is Status.INCORRECT
+    assert "shape" in r.message
+
+
+def test_raising_forward_is_runtime_error(task):
+    r = run(task, "raising")
+    assert r.status is Status.RUNTIME_ERROR
+    assert "ValueError: kernel launch failed" in r.message
+
+
+def test_hanging_forward_times_out(task):
+    r = run(task, "hanging", timeout_s=8.0)
+    assert r.status is Status.TIMEOUT
+    assert r.duration_s < 30
+
+
+def test_segfault_is_contained(task):
+    r = run(task, "segfault")
+    assert r.status is Status.RUNTIME_ERROR
+    assert "signal 11" in r.message
+
+
+def test_early_exit_is_contained(task):
+    r = run(task, "early_exit")
+    assert r.status is Status.RUNTIME_ERROR
+    assert "before reporting" in r.message
+
+
+def test_memory_bomb_is_killed(task):
+    r = run(task, "memory_bomb", memory_bytes=2 * 2**30)
+    assert r.status is Status.RUNTIME_ERROR
+    assert "memory" in r.message
+
+
+def test_syntax_error_and_missing_class_are_compile_errors(task):
+    assert run(task, "syntax_error").status is Status.COMPILE_ERROR
+    r = run(task, "no_modelnew", skip_static=True)
+    assert r.status is Status.COMPILE_ERROR and "ModelNew" in r.message
+
+
+@pytest.mark.parametrize("name, rule", [
+    ("flag_flip", "guard.global_state"),
+    ("patch_timer", "guard.timer_patching"),
+    ("tensor_subclass", "guard.output_type"),
+])
+def test_runtime_guards_catch_hacks_without_static_analysis(task, name, rule):
+    r = run(task, name, skip_static=True)
+    assert r.status is Status.HACK_DETECTED, (r.status, r.message)
+    assert rule in r.message or any(f.rule == rule for f in r.flags)
+
+
+def test_result_cache_fails_timed_reverification(task):
+    """Returning the first result forever passes trial 0 only; the fresh trial inputs expose it."""
+    r = run(task, "first_result_cache", skip_static=True)
+    assert r.status is Status.INCORRECT
+
+
+def test_input_mutation_is_rejected(task):
+    r = run(task, "input_mutation", skip_static=True)
+    assert r.status is Status.INCORRECT
+    assert "in place" in r.message
+
+
+def test_store_hit_on_identical_evaluation(task, tmp_path):
+    store = ResultsStore(tmp_path / "r.sqlite")
+    source = (FIXTURES / "eval" / "correct.py").read_text()
+    cfg = EvalConfig(**FAST)
+    first = evaluate_candidate(task, source, cfg, store=store)
+    second = evaluate_candidate(task, source, cfg, store=store)
+    assert not first.cached and second.cached
+    assert second.speedup == first.speedup
+    third = evaluate_candidate(task, source, cfg, store=store, force=True)
+    assert not third.cached

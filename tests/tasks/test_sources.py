@@ -1,0 +1,130 @@
+"""Task loaders: builtin, KernelBench folders, HF dataset files, JSONL releases, single files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cudal1.errors import SourceError, TaskError
+from cudal1.tasks import find_task, load_release, load_tasks
+from cudal1.tasks.inspect import inspect_task
+from cudal1.tasks.sources import load_file
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+TINY = (FIXTURES / "tasks" / "tiny_scale_add.py").read_text()
+RELEASE = Path(__file__).resolve().parents[3] / "shared" / "data" / "cuda-l1" / "h100.jsonl"
+
+
+def test_builtin_suite_has_three_levels():
+    tasks = load_tasks("builtin")
+    assert len(tasks) >= 24
+    assert {t.level for t in tasks} == {1, 2, 3}
+    assert all(t.id.startswith(f"builtin/level{t.level}/") for t in tasks)
+    assert len({t.id for t in tasks}) == len(tasks)
+
+
+def test_kernelbench_checkout_layout(tmp_path):
+    for level in (1, 2):
+        d = tmp_path / "KernelBench" / f"level{level}"
+        d.mkdir(parents=True)
+        (d / "10_Tiny.py").write_text(TINY)
+        (d / "2_Other.py").write_text(TINY)
+    tasks = load_tasks(str(tmp_path))
+    assert [t.id for t in tasks] == ["kernelbench/level1/2_Other", "kernelbench/level1/10_Tiny",
+                                     "kernelbench/level2/2_Other", "kernelbench/level2/10_Tiny"]
+    assert tasks[0].level == 1 and tasks[0].source == TINY
+
+
+def test_hf_dataset_from_local_file(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    path = tmp_path / "kb.parquet"
+    datasets.Dataset.from_dict({"code": [TINY, TINY], "level": [1, 2], "name": ["19_ReLU", "3_Gemm.py"],
+                                "problem_id": [19, 3]}).to_parquet(str(path))
+    tasks = load_tasks(f"hf:{path}")
+    assert [t.id for t in tasks] == ["kernelbench/level1/19_ReLU", "kernelbench/level2/3_Gemm"]
+
+
+def test_hf_without_network_is_one_clear_error(monkeypatch):
+    pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(SourceError, match="without network, pass a local file"):
+        load_tasks("hf:ScalingIntelligence/KernelBench-does-not-exist")
+
+
+def test_jsonl_release_tasks_and_candidates(tmp_path):
+    rows = [
+        {"level_id": 1, "task_id": 1, "ref_code": TINY, "custom_code": "class ModelNew: pass",
+         "cuda_graph_code": None, "cudnn_code": "None", "score_default": 2.5, "score_cuda_graph": "None"},
+        {"level_id": 1, "task_id": 2, "ref_code": TINY, "custom_code": "None", "score_default": None},
+        {"level_id": 2, "task_id": 7, "ref_code": TINY, "custom_code": None},
+    ]
+    path = tmp_path / "rel.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pairs = load_release(path)
+    assert [t.id for t, _ in pairs] == ["rel/level1/1", "rel/level1/2", "rel/level2/7"]
+    cand = pairs[0][1]
+    assert cand is not None and cand.published == {"score_default": 2.5, "score_cuda_graph": None}
+    assert pairs[1][1] is None and pairs[2][1] is None
+    assert len(load_tasks(f"jsonl:{path}")) == 3
+
+
+def test_jsonl_bad_line_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"level_id": 1, "task_id": 1, "ref_code": "x"}\n{not json\n')
+    with pytest.raises(SourceError, match=r"bad.jsonl:2"):
+        load_release(path)
+
+
+@pytest.mark.skipif(not RELEASE.is_file(), reason="CUDA-L1 release not present")
+def test_cuda_l1_release_counts():
+    pairs = load_release(RELEASE)
+    assert len(pairs) == 250
+    assert sum(c is not None for _, c in pairs) == 210
+
+
+@pytest.mark.parametrize("source, message", [
+    ("import torch\ndef get_inputs(:\n", "syntax error at line 2"),
+    ("import torch\ndef get_inputs(): return []\n", "missing Model, get_init_inputs"),
+])
+def test_single_file_errors_name_the_task(tmp_path, source, message):
+    path = tmp_path / "mine.py"
+    path.write_text(source)
+    with pytest.raises(TaskError, match=message) as info:
+        load_file(path)
+    assert str(info.value).startswith("file/mine: ")
+    assert "\n" not in str(info.value)
+
+
+def test_get_inputs_raising_is_a_task_error(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text(TINY.replace("return [torch.randn(BATCH, DIM)]", "raise RuntimeError('no data')"))
+    task = load_file(path)
+    with pytest.raises(TaskError, match="file/broken: get_inputs\\(\\) raised RuntimeError: no data"):
+        inspect_task(task)
+
+
+def test_inspect_full_sizes_on_meta_without_memory():
+    task = find_task("builtin/level1/matmul_square")
+    info = inspect_task(task)
+    assert info.shapes_known and info.inputs and info.outputs
+    assert all(s.dtype == "float32" for s in info.inputs)
+
+
+def test_small_sizes_override_constants():
+    task = load_tasks("builtin")[0]
+    small = task.load(sizes="small")
+    full = task.load(sizes="full")
+    overrides = full.module.SMALL_SIZES
+    assert overrides and all(small.constants[k] == v for k, v in overrides.items())
+
+
+def test_loading_never_executes_candidate_code(tmp_path):
+    rows = [{"level_id": 1, "task_id": 1, "ref_code": TINY,
+             "custom_code": "raise SystemExit('candidate code ran in the parent')"}]
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(rows[0]))
+    (task, cand), = load_release(path)
+    assert "SystemExit" in cand.source
