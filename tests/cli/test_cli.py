@@ -60,7 +60,7 @@ def test_eval_missing_file_is_one_line_error(capsys):
 def test_eval_statuses(name, status, capsys):
     argv = ["eval", "--ref", str(FIXTURES / "tasks" / "tiny_scale_add.py"),
             "--candidate", str(FIXTURES / "eval" / f"{name}.py"), "--device", "cpu", "--trials", "2",
-            "--buckets", "2", "--timeout-s", "8", "--json", "--no-store"]
+            "--buckets", "2", "--timeout-s", "8" if status == "timeout" else "120", "--json", "--no-store"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["status"] == status

@@ -51,12 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         err_console.print("aborted")
         return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:
+        # Usage errors come from click or from the click copy that newer typer vendors: same interface.
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
-            return exc.exit_code
+            return int(exc.exit_code)
         raise
     return 0
 

@@ -1,7 +1,9 @@
 """Entry point of an isolated child process (see `cudal1.eval.isolation`).
 
-Usage (by `run_isolated` only): python -m cudal1.eval._child MODULE:FUNC IN.json OUT.json [DATA_LIMIT_BYTES]
-The signing key arrives on stdin before any untrusted code runs and is kept in this module's closure.
+Usage (by `WorkerProcess` only): python -m cudal1.eval._child MODULE:FUNC OUT.json WARM_DEVICE DATA_LIMIT
+stdin carries two lines: the signing key (read before anything else), then the JSON payload. Between
+them the child imports the entry's module and, when WARM_DEVICE is not "-", creates the CUDA context,
+so that a pre-started worker is ready the moment its payload arrives.
 """
 
 from __future__ import annotations
@@ -27,26 +29,37 @@ def _make_writer(key: bytes, out_path: str):
     return write
 
 
+def _warm(module_name: str, device: str) -> None:
+    importlib.import_module(module_name)
+    if device != "-":
+        import torch
+
+        if torch.cuda.is_available():
+            torch.zeros(1, device=device)
+
+
 def main() -> None:
-    entry, in_path, out_path = sys.argv[1:4]
+    entry, out_path, warm_device, data_limit = sys.argv[1:5]
     key = bytes.fromhex(sys.stdin.readline().strip())
-    sys.stdin.close()
     write = _make_writer(key, out_path)
     del key
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if len(sys.argv) > 4:
-        limit = int(sys.argv[4])
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    with open(in_path) as f:
-        payload = json.load(f)
+    if int(data_limit):
+        resource.setrlimit(resource.RLIMIT_DATA, (int(data_limit), int(data_limit)))
     module_name, func_name = entry.split(":")
     try:
+        _warm(module_name, warm_device)
+        line = sys.stdin.readline()
+        sys.stdin.close()
+        if not line:
+            os._exit(0)  # discarded before a payload arrived
+        payload = json.loads(line)
+        os.environ.update(payload.pop("__env__", {}))
         func = getattr(importlib.import_module(module_name), func_name)
-        value = func(payload)
-        message = {"value": value}
+        message = {"value": func(payload)}
     except BaseException as exc:  # noqa: BLE001 - the harness reports anything, the parent decides
-        tb = traceback.format_exc(limit=4)
-        message = {"__harness_error__": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb}
+        message = {"__harness_error__": f"{type(exc).__name__}: {exc}"[:2000],
+                   "traceback": traceback.format_exc(limit=4)}
     sys.stdout.flush()
     write(message)
     # Skip interpreter teardown: CUDA contexts and candidate threads can hang or crash at exit.

@@ -151,40 +151,107 @@ def _tail(path: Path, n_bytes: int = 4000) -> str:
     return data.decode(errors="replace")
 
 
-def run_isolated(entry: str, payload: dict[str, Any], *, limits: Limits = Limits(),
-                 env: dict[str, str] | None = None, workdir: Path | None = None) -> IsolatedOutcome:
-    """Run `entry` ("package.module:function", called with `payload`) in a fresh limited process.
+class WorkerProcess:
+    """A child started ahead of its payload, so its interpreter start, imports and CUDA context creation
+    overlap with other work. `run` sends the payload and supervises from then on; a worker runs once.
 
-    The function must return a JSON-serialisable dict. Returns an `IsolatedOutcome`; never raises for
-    anything the child does.
+    The payload may carry `"__env__": {...}`: variables set in the child before the entry is called
+    (e.g. the build cache directory of the candidate it will import).
     """
-    key = secrets.token_bytes(32)
-    with tempfile.TemporaryDirectory(prefix="cudal1-child-") as tmp:
-        tmp_path = Path(tmp)
-        run_dir = workdir or (tmp_path / "work")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        in_path, out_path, err_path = tmp_path / "in.json", tmp_path / "out.json", tmp_path / "stderr.txt"
-        in_path.write_text(json.dumps(payload))
-        cmd = [sys.executable, "-m", "cudal1.eval._child", entry, str(in_path), str(out_path)]
-        if limits.hard_data_limit and limits.memory_bytes:
-            cmd.append(str(limits.memory_bytes))
+
+    def __init__(self, entry: str, *, env: dict[str, str] | None = None, warm_device: str | None = None,
+                 data_limit_bytes: int | None = None):
+        self.key = secrets.token_bytes(32)
+        self._tmp = tempfile.TemporaryDirectory(prefix="cudal1-child-")
+        tmp_path = Path(self._tmp.name)
+        self.run_dir = tmp_path / "work"
+        self.run_dir.mkdir()
+        self.out_path, self.err_path = tmp_path / "out.json", tmp_path / "stderr.txt"
+        cmd = [sys.executable, "-m", "cudal1.eval._child", entry, str(self.out_path), warm_device or "-",
+               str(data_limit_bytes or 0)]
+        self._err_file = open(self.err_path, "wb")  # noqa: SIM115 - closed in _finish
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self._err_file, stderr=subprocess.STDOUT,
+                                     cwd=self.run_dir, env=child_environment(env, self.run_dir),
+                                     start_new_session=True)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(self.key.hex().encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def run(self, payload: dict[str, Any], limits: Limits = Limits()) -> IsolatedOutcome:
+        """Send the payload, wait under `limits`, and return how the child ended and what it returned."""
         start = time.monotonic()
-        with open(err_path, "wb") as err_file:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=err_file, stderr=subprocess.STDOUT,
-                                    cwd=run_dir, env=child_environment(env, run_dir), start_new_session=True)
-            assert proc.stdin is not None
-            proc.stdin.write(key.hex().encode() + b"\n")
-            proc.stdin.close()
-            timed_out, memory_exceeded = _supervise(proc, limits, start)
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(payload).encode() + b"\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # the child already died; supervision reports how
+        timed_out, memory_exceeded = _supervise(self.proc, limits, start)
         duration_s = time.monotonic() - start
-        value, error = _read_signed(out_path, key)
-        code = proc.returncode
-        return IsolatedOutcome(
+        value, error = _read_signed(self.out_path, self.key)
+        code = self.proc.returncode
+        outcome = IsolatedOutcome(
             value=None if (timed_out or memory_exceeded) else value,
             exit_code=code if code is not None and code >= 0 else None,
             signal=-code if code is not None and code < 0 else None,
             timed_out=timed_out, memory_exceeded=memory_exceeded, duration_s=duration_s,
-            stderr_tail=_tail(err_path), error=error)
+            stderr_tail=_tail(self.err_path), error=error)
+        self._finish()
+        return outcome
+
+    def discard(self) -> None:
+        """Kill an unused worker and remove its files."""
+        _kill_group(self.proc)
+        self._finish()
+
+    def _finish(self) -> None:
+        self._err_file.close()
+        self._tmp.cleanup()
+
+
+class WorkerSupply:
+    """Hands out warm workers, starting a replacement each time one is taken."""
+
+    def __init__(self, entry: str, *, env: dict[str, str] | None = None, warm_device: str | None = None,
+                 spares: int = 1):
+        self.entry, self.env, self.warm_device, self.spares = entry, env, warm_device, spares
+        self._ready: list[WorkerProcess] = []
+
+    def take(self) -> WorkerProcess:
+        worker = self._ready.pop(0) if self._ready else self._spawn()
+        while len(self._ready) < self.spares:
+            self._ready.append(self._spawn())
+        return worker
+
+    def _spawn(self) -> WorkerProcess:
+        return WorkerProcess(self.entry, env=self.env, warm_device=self.warm_device)
+
+    def close(self) -> None:
+        for worker in self._ready:
+            worker.discard()
+        self._ready.clear()
+
+    def __enter__(self) -> WorkerSupply:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_isolated(entry: str, payload: dict[str, Any], *, limits: Limits = Limits(),
+                 env: dict[str, str] | None = None, worker: WorkerProcess | None = None) -> IsolatedOutcome:
+    """Run `entry` ("package.module:function", called with `payload`) in a fresh limited process.
+
+    The function must return a JSON-serialisable dict. Returns an `IsolatedOutcome`; never raises for
+    anything the child does. `worker` is a pre-started `WorkerProcess` for the same entry (its own `env`
+    then applies; pass per-run variables in `payload["__env__"]`).
+    """
+    if worker is None:
+        data_limit = limits.memory_bytes if limits.hard_data_limit else None
+        worker = WorkerProcess(entry, env=env, data_limit_bytes=data_limit)
+    elif env:
+        payload = {**payload, "__env__": {**payload.get("__env__", {}), **env}}
+    return worker.run(payload, limits)
 
 
 def _supervise(proc: subprocess.Popen, limits: Limits, start: float) -> tuple[bool, bool]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudal1.eval.config import EvalConfig, resolve_device
-from cudal1.eval.isolation import IsolatedOutcome, Limits, run_isolated
+from cudal1.eval.isolation import IsolatedOutcome, Limits, WorkerSupply, run_isolated
 from cudal1.eval.types import EvalResult, Flag, KernelClass, Mismatch, Severity, Status, TimingStats
 from cudal1.tasks.task import Task, source_hash
 
@@ -110,8 +110,13 @@ def outcome_to_result(outcome: IsolatedOutcome, task: Task, cand_hash: str) -> E
 
 
 def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None, *, store: Any = None,
-                       force: bool = False, label: str = "", run_id: str | None = None) -> EvalResult:
-    """Evaluate one candidate source against a task; never raises for anything the candidate does."""
+                       force: bool = False, label: str = "", run_id: str | None = None,
+                       workers: WorkerSupply | None = None) -> EvalResult:
+    """Evaluate one candidate source against a task; never raises for anything the candidate does.
+
+    `workers` supplies pre-started worker processes (see `evaluate_many`); without it a worker is
+    started for this candidate.
+    """
     started = time.monotonic()
     cfg = (config or EvalConfig()).resolved(resolve_device((config or EvalConfig()).device))
     cand_hash = source_hash(source)
@@ -122,7 +127,7 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
         key, hit = store.lookup(task.hash, cand_hash, protocol, env, force=force)
         if hit is not None:
             return hit
-    result = _evaluate_uncached(task, source, cfg, cand_hash)
+    result = _evaluate_uncached(task, source, cfg, cand_hash, workers)
     result = result.replace(protocol={**protocol, **result.protocol}, environment={**env, **result.environment},
                             duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
     if store is not None:
@@ -132,7 +137,8 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
     return result
 
 
-def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str) -> EvalResult:
+def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
+                       workers: WorkerSupply | None) -> EvalResult:
     preset = cfg.profile_obj.static_preset
     report = None if cfg.skip_static else static_report(source, task.source, preset)
     static_flags = list(report.flags) if report is not None else []
@@ -153,7 +159,8 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str)
     build_in_worker = uses_load_inline(source) and not build.env
     limits = Limits(timeout_s=cfg.timeout_s + (cfg.build_timeout_s if build_in_worker else 0.0),
                     memory_bytes=cfg.memory_bytes)
-    outcome = run_isolated(WORKER_ENTRY, payload, limits=limits, env=build.env)
+    worker = workers.take() if workers is not None else None
+    outcome = run_isolated(WORKER_ENTRY, payload, limits=limits, env=build.env, worker=worker)
     result = outcome_to_result(outcome, task, cand_hash)
     return result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class)
 
@@ -164,7 +171,8 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     """Evaluate (task, source) pairs one after another on this machine's device.
 
     `load_inline` builds of all pairs are started first in the compile pool (every CPU core), so the GPU
-    phase finds them in the build cache.
+    phase finds them in the build cache; the worker for the next candidate starts (interpreter, imports,
+    CUDA context) while the current one is evaluated.
     """
     items = list(items)
     cfg = config or EvalConfig()
@@ -172,11 +180,13 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     if device.startswith("cuda"):
         prebuild([src for _, src in items], cfg.resolved(device))
     results = []
-    for task, source in items:
-        result = evaluate_candidate(task, source, cfg, store=store, force=force, label=label, run_id=run_id)
-        results.append(result)
-        if on_result is not None:
-            on_result(task, result)
+    with WorkerSupply(WORKER_ENTRY, warm_device=device if device.startswith("cuda") else None) as workers:
+        for task, source in items:
+            result = evaluate_candidate(task, source, cfg, store=store, force=force, label=label, run_id=run_id,
+                                        workers=workers)
+            results.append(result)
+            if on_result is not None:
+                on_result(task, result)
     return results
 
 

@@ -141,7 +141,10 @@ class Evaluation:
 
     def __init__(self, payload: dict[str, Any]):
         self.cfg = EvalConfig.from_dict(payload["config"])
-        self.device = torch.device(payload["device"])
+        device = torch.device(payload["device"])
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.payload = payload
         self.flags: list[Flag] = []
         self.phase_s: dict[str, float] = {}

@@ -1,0 +1,85 @@
+"""`cudal1 audit RELEASE.jsonl`: re-evaluate a published kernel collection here, resumably, and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
+from cudal1.audit.run import report_audit
+from cudal1.baselines import parse_kinds
+from cudal1.cli import common
+from cudal1.eval.types import EvalResult
+from cudal1.tasks import Task
+
+_RELEASE_OPT = typer.Argument(..., help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl).")
+_PROFILE_OPT = typer.Option("strict", "--profile", help="strict (ours) or cuda-l1 (their tolerance).")
+_LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")
+_SAMPLE_PER_LEVEL_OPT = typer.Option(None, "--sample-per-level", help="K items per level (seeded).")
+_SEED_OPT = typer.Option(0, "--seed", help="Seed of --sample-per-level.")
+_LIMIT_OPT = typer.Option(None, "--limit", help="At most N selected items.")
+_CHUNK_OPT = typer.Option(None, "--chunk", help="Only chunk I/N of the selection, e.g. 2/5.")
+_BASELINES_OPT = typer.Option("", "--baselines", help="Baselines to measure too, e.g. eager,cuda_graph.")
+_OUT_OPT = typer.Option(None, "--out", "-o", help="Report folder (default audit-RELEASE-PROFILE).")
+_TIME_BUDGET_S_OPT = typer.Option(None, "--time-budget-s", help="Stop starting batches after this.")
+_BATCH_SIZE_OPT = typer.Option(16, "--batch-size", help="Items per parallel-build batch.")
+_PLOTS_OPT = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs matplotlib).")
+
+
+def audit_command(
+    release: Path = _RELEASE_OPT,
+    profile: str = _PROFILE_OPT,
+    level: list[int] = _LEVEL_OPT,
+    sample_per_level: int | None = _SAMPLE_PER_LEVEL_OPT,
+    seed: int = _SEED_OPT,
+    limit: int | None = _LIMIT_OPT,
+    chunk: str | None = _CHUNK_OPT,
+    baselines: str = _BASELINES_OPT,
+    out: Path | None = _OUT_OPT,
+    time_budget_s: float | None = _TIME_BUDGET_S_OPT,
+    batch_size: int = _BATCH_SIZE_OPT,
+    device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
+    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
+    store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
+    plots: bool = _PLOTS_OPT,
+) -> None:
+    """Verdict, speedup, kernel class and flags next to each published score; which speedups survive."""
+    cfg = AuditConfig(
+        release=str(release), profile=profile, levels=tuple(level), sample_per_level=sample_per_level, seed=seed,
+        limit=limit, chunk=chunk, baselines=tuple(parse_kinds(baselines)) if baselines else (),
+        batch_size=batch_size, time_budget_s=time_budget_s, force=force,
+        eval_config=common.make_config(device, profile, trials, sizes, buckets=buckets, timeout_s=timeout_s))
+    store = common.open_store(store_path, False)
+    with common.progress_bar() as bar:
+        job = bar.add_task("auditing", total=None, best="")
+
+        def on_result(task: Task, result: EvalResult) -> None:
+            bar.update(job, advance=1, best=f"{task.id}: {result.status.value}")
+
+        outcome = run_audit(cfg, store, on_result=on_result)
+    folder = out or Path(f"audit-{cfg.release_name}-{profile}")
+    written = report_audit(outcome, cfg, store, folder, plots=plots)
+    common.console.print(summary_table(outcome, cfg))
+    common.console.print(f"report: {written['report.html']}  (per task: {written['audit_tasks.md']})")
+
+
+def summary_table(outcome: AuditOutcome, cfg: AuditConfig) -> Table:
+    """Survival per kernel class, with the run's counts in the title."""
+    line = profile_comparison(outcome.rows, cfg.survive_fraction)
+    head = line[0] if line else {"correct": 0, "survive": 0, "published": 0}
+    table = Table(title=(f"{outcome.label}: {len(outcome.rows)}/{len(outcome.selected)} evaluated "
+                         f"({outcome.evaluated} now, {outcome.reused} reused, {outcome.skipped_for_time} left "
+                         f"for later); {head['correct']} correct; {head['survive']}/{head['published']} "
+                         "published speedups survive"))
+    for col in ("kernel class", "rows", "correct", "published", "survive"):
+        table.add_column(col, justify="left" if col == "kernel class" else "right")
+    for name, cell in survival_table(outcome.rows, "kernel_class", cfg.survive_fraction).items():
+        table.add_row(name, *(str(cell[k]) for k in ("rows", "correct", "published", "survive")))
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add `cudal1 audit` to the CLI."""
+    app.command("audit")(audit_command)

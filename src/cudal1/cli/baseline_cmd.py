@@ -1,0 +1,91 @@
+"""`cudal1 baseline`: measure and cache baselines (and the device's peaks) for a task source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from cudal1.baselines import BaselineRecord, ensure_baselines, measure_peaks, parse_kinds
+from cudal1.cli import common
+from cudal1.eval.config import resolve_device
+from cudal1.tasks import Task, load_tasks
+
+_SOURCE_OPT = typer.Option(["builtin"], "--source", "-s", help="Task source(s): builtin, DIR, hf:, FILE.")
+_KIND_OPT = typer.Option("eager,torch_compile,torch_compile_reduce_overhead,cuda_graph,cudnn", "--kind",
+                             help="Comma-separated baselines (or `all`, which adds tf32).")
+_LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")
+_TASK_OPT = typer.Option([], "--task", "-t", help="Only these task ids (or built-in names).")
+_LIMIT_OPT = typer.Option(None, "--limit", help="At most this many tasks.")
+_PEAKS_OPT = typer.Option(True, "--peaks/--no-peaks", help="Also measure the device's peaks (cached).")
+
+
+def baseline_command(
+    source: list[str] = _SOURCE_OPT,
+    kind: str = _KIND_OPT,
+    level: list[int] = _LEVEL_OPT,
+    task: list[str] = _TASK_OPT,
+    limit: int | None = _LIMIT_OPT,
+    device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
+    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
+    store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
+    peaks: bool = _PEAKS_OPT,
+) -> None:
+    """Time baselines (eager, torch.compile, CUDA Graph, cuDNN flags) per task and cache them; resumable."""
+    kinds = parse_kinds(kind)
+    cfg = common.make_config(device, "strict", trials, sizes, buckets=buckets, timeout_s=timeout_s)
+    tasks = _select(source, level, task, limit)
+    store = common.open_store(store_path, False)
+    if peaks:
+        found = measure_peaks(cfg.device, store, force=force)
+        common.console.print(f"peaks of {found['gpu_name']}: copy {found['copy_bytes_per_s'] / 1e9:.0f} GB/s, "
+                             f"fp32 matmul {found['matmul_flops_per_s']['float32'] / 1e12:.1f} TFLOP/s")
+    records: list[BaselineRecord] = []
+    with common.progress_bar() as bar:
+        job = bar.add_task("baselines", total=len(tasks) * len(kinds), best="")
+
+        def on_result(t: Task, k: str, record: BaselineRecord) -> None:
+            records.append(record)
+            failed = sum(not r.ok for r in records)
+            bar.update(job, advance=1, best=f"{t.name}:{k}" + (f"  ({failed} failed)" if failed else ""))
+
+        ensure_baselines(tasks, kinds, cfg, store=store, force=force, on_result=on_result)
+    common.console.print(baseline_table(records, kinds, f"baselines on {resolve_device(cfg.device)}"))
+
+
+def _select(sources: list[str], levels: list[int], ids: list[str], limit: int | None) -> list[Task]:
+    tasks = [t for spec in sources for t in load_tasks(spec)]
+    if levels:
+        tasks = [t for t in tasks if t.level in levels]
+    if ids:
+        tasks = [t for t in tasks if t.id in ids or t.name in ids]
+    return tasks[:limit] if limit else tasks
+
+
+def baseline_table(records: list[BaselineRecord], kinds: list[str], title: str) -> Table:
+    """One row per task: each kind's time in ms and speedup vs eager, or `failed` (reasons listed below)."""
+    table = Table(title=title, caption="ms (speedup vs eager); failures: see the store or --verbose")
+    table.add_column("task")
+    for k in kinds:
+        table.add_column(k, justify="right")
+    by_task: dict[str, dict[str, BaselineRecord]] = {}
+    for r in records:
+        by_task.setdefault(r.task_id, {})[r.name] = r
+    for task_id, row in by_task.items():
+        cells = []
+        for k in kinds:
+            r = row.get(k)
+            if r is None:
+                cells.append("-")
+            elif r.ok:
+                cells.append(f"{common.fmt(r.ms, '.3f')} ({common.fmt(r.speedup_vs_eager, '.2f')}x)")
+            else:
+                cells.append(f"[red]failed[/red]: {r.reason[:40]}")
+        table.add_row(task_id, *cells)
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add `cudal1 baseline` to the CLI."""
+    app.command("baseline")(baseline_command)

@@ -1,0 +1,58 @@
+"""`cudal1 report`: render a Markdown and a self-contained HTML report from the results store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cudal1.audit.rows import rows_from_store, stored_labels
+from cudal1.cli import common
+from cudal1.errors import SourceError
+from cudal1.report import write_report
+
+
+def report_meta(store: Any, labels: list[str], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Header of the report: store, labels, and the GPUs / software versions the results came from."""
+    def values(key: str) -> str:
+        found = sorted({str(r["result"].get("environment", {}).get(key)) for r in results
+                        if r["result"].get("environment", {}).get(key)})
+        return ", ".join(found) or "-"
+    return {"store": str(store.path), "labels": ", ".join(labels) or "-", "gpu": values("gpu_name"),
+            "torch": values("torch_version"), "cuda": values("cuda_version"), "evaluations": len(results)}
+
+
+_OUT_OPT = typer.Option(..., "--out", "-o", help="Output folder (report.md, report.html, plots/).")
+_LABEL_OPT = typer.Option([], "--label", "-l", help="Labels to report (default: every non-baseline label).")
+_TITLE_OPT = typer.Option("cudal1 report", "--title", help="Report title.")
+_PLOTS_OPT = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs matplotlib).")
+_SOL_OPT = typer.Option(True, "--sol/--no-sol", help="Speed-of-light fractions (needs stored peaks).")
+
+
+def report_command(
+    out: Path = _OUT_OPT,
+    label: list[str] = _LABEL_OPT,
+    title: str = _TITLE_OPT,
+    store_path: Path | None = common.StoreOpt,
+    plots: bool = _PLOTS_OPT,
+    sol: bool = _SOL_OPT,
+) -> None:
+    """Summaries per level and baseline, verdicts, kernel classes, flags, speed of light, audits, plots."""
+    store = common.open_store(store_path, False)
+    labels = list(label) or stored_labels(store)
+    known = set(stored_labels(store, include_baselines=True))
+    missing = [lb for lb in labels if lb not in known]
+    if missing:
+        raise SourceError(f"no results labelled {', '.join(missing)} in {store.path} "
+                          f"(labels: {', '.join(sorted(known)) or 'none'})")
+    rows = rows_from_store(store, labels, with_sol=sol)
+    results = [r for lb in labels for r in store.query_evaluations(label=lb)]
+    written = write_report(rows, out, title=title, meta=report_meta(store, labels, results), plots=plots)
+    common.console.print(f"{len(rows)} rows from {len(labels)} label(s) -> "
+                         + ", ".join(str(p) for p in written.values()))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `cudal1 report` to the CLI."""
+    app.command("report")(report_command)

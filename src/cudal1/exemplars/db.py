@@ -1,0 +1,234 @@
+"""The per-task exemplar database of contrastive RL: every successful candidate with its score.
+
+Stored in SQLite (normally the results-store database file; this module owns only the `exemplars`
+table). Each row is one distinct candidate per task: code, score (speedup over the reference), model,
+creation time and hashes. Candidates are deduplicated by their *normalised* source (docstrings,
+comments, blank lines and formatting removed through `ast.unparse` when the code parses, else comment and
+blank-line stripping), and a duplicate keeps the best score seen. At most `max_per_task` rows are kept
+per task (default 256; design section 5 leaves the size open): the lowest scores are evicted first,
+the oldest first among equal scores.
+
+Limits: string contents (e.g. CUDA sources inside Python strings) are compared verbatim, so two kernels
+that differ only in CUDA comments are distinct. Each call opens its own short connection (WAL mode,
+`timeout=30`), which makes the database safe to share between threads and processes; an in-memory
+database (":memory:") therefore does not persist between calls and is refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import hashlib
+import io
+import json
+import logging
+import math
+import sqlite3
+import time
+import tokenize
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_PER_TASK = 256
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS exemplars(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_id TEXT NOT NULL,
+        norm_hash TEXT NOT NULL,
+        source_hash TEXT NOT NULL,
+        code TEXT NOT NULL,
+        score REAL NOT NULL,
+        model TEXT NOT NULL DEFAULT '',
+        meta_json TEXT NOT NULL DEFAULT '{}',
+        created_s REAL NOT NULL,
+        updated_s REAL NOT NULL,
+        UNIQUE(task_id, norm_hash)
+    )""",
+    "CREATE INDEX IF NOT EXISTS exemplars_task_score ON exemplars(task_id, score)",
+)
+
+
+@dataclass(frozen=True)
+class ScoredCode:
+    """A candidate's source with its score (speedup over the reference) and free-form metadata."""
+
+    code: str
+    score: float
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+class AddResult(str, enum.Enum):
+    """What `ExemplarDB.add` did."""
+
+    INSERTED = "inserted"  # a new distinct candidate
+    IMPROVED = "improved"  # a duplicate with a better score replaced the stored one
+    DUPLICATE = "duplicate"  # a duplicate with a score no better than the stored one: nothing changed
+    EVICTED = "evicted"  # inserted, then evicted at once because the task is full of better ones
+
+
+def _strip_docstrings(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
+                                                                     ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+
+
+def comment_columns(code: str) -> dict[int, int]:
+    """0-based line index -> column where a Python `#` comment starts (found by the tokenizer, so a '#'
+    inside a string is not a comment). For code that does not tokenize to the end, the comments found
+    before the error are returned, plus every later line whose first non-blank character is '#'."""
+    cuts: dict[int, int] = {}
+    last_row = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            last_row = tok.start[0]
+            if tok.type == tokenize.COMMENT:
+                cuts[tok.start[0] - 1] = tok.start[1]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        for i, line in enumerate(code.splitlines()):
+            if i >= last_row - 1 and line.lstrip().startswith("#"):
+                cuts[i] = line.index("#")
+    return cuts
+
+
+def _strip_comments_text(code: str) -> str:
+    """Remove `#` comments, trailing whitespace and blank lines (for code that does not parse)."""
+    cuts = comment_columns(code)
+    lines = [line[:cuts[i]] if i in cuts else line for i, line in enumerate(code.splitlines())]
+    return "\n".join(line.rstrip() for line in lines if line.strip())
+
+
+def normalize_source(code: str) -> str:
+    """A canonical form of `code` for deduplication: no comments, docstrings, blank lines or formatting."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return _strip_comments_text(code)
+    _strip_docstrings(tree)
+    return ast.unparse(tree)
+
+
+def source_hash(code: str) -> str:
+    """SHA-256 of the exact source."""
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+def normalized_hash(code: str) -> str:
+    """SHA-256 of `normalize_source(code)`: equal for codes that differ only in comments or formatting."""
+    return source_hash(normalize_source(code))
+
+
+class ExemplarDB:
+    """Scored candidates per task in an SQLite file (see the module docstring)."""
+
+    def __init__(self, path: str | Path, *, max_per_task: int = DEFAULT_MAX_PER_TASK):
+        if str(path) == ":memory:" or not str(path):
+            raise ValueError("ExemplarDB needs a database file path (each call opens its own connection)")
+        if max_per_task < 1:
+            raise ValueError(f"max_per_task must be >= 1, got {max_per_task}")
+        self.path = Path(path)
+        self.max_per_task = max_per_task
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def add(self, task_id: str, code: str, score: float, meta: dict[str, Any] | None = None) -> AddResult:
+        """Store a successful candidate; a duplicate (same normalised source) keeps the best score.
+
+        `meta` is stored as JSON; its "model" key also fills the model column.
+        """
+        score = float(score)
+        if not math.isfinite(score):
+            raise ValueError(f"exemplar score must be finite, got {score}")
+        meta = dict(meta or {})
+        norm = normalized_hash(code)
+        now_s = time.time()
+        row = (task_id, norm, source_hash(code), code, score, str(meta.get("model", "")),
+               json.dumps(meta, sort_keys=True, default=str), now_s, now_s)
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")  # read-then-write must not interleave with another writer
+            try:
+                result = self._add_locked(conn, row)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return result
+
+    def _add_locked(self, conn: sqlite3.Connection, row: tuple[Any, ...]) -> AddResult:
+        task_id, norm, _, _, score = row[:5]
+        existing = conn.execute("SELECT id, score FROM exemplars WHERE task_id = ? AND norm_hash = ?",
+                                (task_id, norm)).fetchone()
+        if existing is not None:
+            if score <= existing[1]:
+                return AddResult.DUPLICATE
+            conn.execute("UPDATE exemplars SET source_hash = ?, code = ?, score = ?, model = ?, meta_json = ?, "
+                         "updated_s = ? WHERE id = ?", (*row[2:7], row[8], existing[0]))
+            return AddResult.IMPROVED
+        cursor = conn.execute("INSERT INTO exemplars(task_id, norm_hash, source_hash, code, score, model, "
+                              "meta_json, created_s, updated_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        new_id = cursor.lastrowid
+        evicted = self._evict(conn, task_id)
+        return AddResult.EVICTED if new_id in evicted else AddResult.INSERTED
+
+    def _evict(self, conn: sqlite3.Connection, task_id: str) -> set[int]:
+        """Drop the lowest-scored rows beyond `max_per_task` (oldest first among equal scores)."""
+        rows = conn.execute("SELECT id FROM exemplars WHERE task_id = ? ORDER BY score ASC, id ASC",
+                            (task_id,)).fetchall()
+        excess = len(rows) - self.max_per_task
+        if excess <= 0:
+            return set()
+        doomed = [r[0] for r in rows[:excess]]
+        conn.executemany("DELETE FROM exemplars WHERE id = ?", [(i,) for i in doomed])
+        logger.debug("evicted %d exemplars of task %s", len(doomed), task_id)
+        return set(doomed)
+
+    def list(self, task_id: str) -> list[ScoredCode]:
+        """All exemplars of a task, best score first (ties: oldest first)."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT id, code, score, model, meta_json, created_s, source_hash, norm_hash "
+                                "FROM exemplars WHERE task_id = ? ORDER BY score DESC, id ASC",
+                                (task_id,)).fetchall()
+        return [_row_to_scored(task_id, r) for r in rows]
+
+    def best(self, task_id: str) -> ScoredCode | None:
+        """The best-scored exemplar of a task, or None when it has none."""
+        rows = self.list(task_id)
+        return rows[0] if rows else None
+
+    def count(self, task_id: str) -> int:
+        """Number of distinct exemplars stored for a task."""
+        with self._connect() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM exemplars WHERE task_id = ?", (task_id,)).fetchone()[0])
+
+    def tasks(self) -> list[str]:
+        """Task ids that have at least one exemplar, sorted."""
+        with self._connect() as conn:
+            return [r[0] for r in conn.execute("SELECT DISTINCT task_id FROM exemplars ORDER BY task_id")]
+
+
+def _row_to_scored(task_id: str, row: tuple[Any, ...]) -> ScoredCode:
+    row_id, code, score, model, meta_json, created_s, src_hash, norm = row
+    meta = json.loads(meta_json or "{}")
+    meta.update({"id": row_id, "task_id": task_id, "model": model, "created_s": created_s,
+                 "source_hash": src_hash, "norm_hash": norm})
+    return ScoredCode(code=code, score=float(score), meta=meta)

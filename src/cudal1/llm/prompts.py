@@ -1,0 +1,263 @@
+"""Prompts: the plain one (reference -> faster ModelNew) and CUDA-L1's contrastive one (with scored exemplars).
+
+The contrastive prompt (design section 5) shows the task, the reference code, previous implementations
+each with its speedup, asks for three sections with fixed headings (`## Performance Analysis`,
+`## Algorithm Design`, `## Code`) and states the restrictions. `form` selects the instructions for
+KernelBench `load_inline` candidates or for cudal1's raw-CUDA form; each form's text lives in one constant
+(`FORM_INSTRUCTIONS`) so it is updated in one place.
+
+Token budgeting: tokens are counted with a tokenizer when one is given (an object with `encode`, or a
+callable returning a count), else estimated at ~4 characters per token. Over budget, exemplars are trimmed
+in this order: comments and blank-line runs are removed from all exemplar code; then the longest exemplar
+has its middle cut (a marker says how many lines went) down to `MIN_EXEMPLAR_TOKENS`; if that is not
+enough, the lowest-scored exemplar is dropped and trimming restarts from the others. The reference code,
+the instructions and the feedback are never trimmed: a prompt without exemplars that is still over budget
+is returned as is, with a warning in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cudal1.exemplars.db import ScoredCode, comment_columns
+
+logger = logging.getLogger(__name__)
+
+FORMS = ("load_inline", "raw_cuda")
+DEFAULT_PROMPT_TOKEN_BUDGET = 16384  # leaves room for an 8k completion in a 32k-context model
+MIN_EXEMPLAR_TOKENS = 200  # below this an exemplar is no longer worth showing; drop one instead
+CHARS_PER_TOKEN = 4  # rough average for code with English prose (BPE tokenizers)
+SECTION_HEADINGS = ("## Performance Analysis", "## Algorithm Design", "## Code")
+
+SYSTEM_MESSAGE = ("You are an expert in CUDA programming and GPU performance optimization. You rewrite "
+                  "PyTorch modules with custom CUDA kernels so that they run faster and compute exactly "
+                  "the same results.")
+
+LOAD_INLINE_FORM = """\
+Implementation form: KernelBench `load_inline`.
+- Write the CUDA kernels and their C++ launcher functions as Python strings and compile them at import
+  with `torch.utils.cpp_extension.load_inline(name=..., cpp_sources=..., cuda_sources=..., functions=[...])`.
+- The launchers take and return `torch::Tensor`; `ModelNew.forward` calls the compiled functions."""
+
+RAW_CUDA_FORM = """\
+Implementation form: cudal1 raw CUDA (compiles in under a second).
+- Put the kernels in one Python string of plain CUDA C: every kernel you launch is an `extern "C" __global__`
+  function (templates only as `__device__` helpers); include CUDA headers only (no torch, ATen, pybind11
+  or other host C++ headers; `<cstdint>`, `<cmath>`, `<cfloat>` and `<climits>` are available). Use CUDA
+  math builtins (`fmaxf`, `expf`, ...), not `std::` functions.
+- Compile it once at import, at module level:
+      from cudal1.raw_cuda import load_kernels
+      kernels = load_kernels(SOURCE)
+- Launch from `ModelNew.forward` with
+      kernels.<name>(grid=(gx, gy, gz), block=(bx, by, bz), args=(tensor, ..., int, float))
+  `grid` and `block` are an int or a tuple of 1-3 ints. Tensors are passed as device pointers: they must be
+  contiguous and their dtype must match the pointer type (allocate outputs with torch, e.g.
+  `torch.empty`); Python ints and floats are converted to the kernel's declared parameter types. Launches
+  run on torch's current CUDA stream.
+- Do not use `torch.utils.cpp_extension` (`load_inline` takes about a minute per build)."""
+
+FORM_INSTRUCTIONS = {"load_inline": LOAD_INLINE_FORM, "raw_cuda": RAW_CUDA_FORM}
+
+RESTRICTIONS = (
+    "Identical function: ModelNew must return the same outputs as Model (within floating-point tolerance) "
+    "for any valid input, not only for the inputs of get_inputs().",
+    "The code must compile and run without errors.",
+    "No caching: do not cache or reuse results across calls; every forward call computes its outputs from "
+    "its inputs.",
+    "Do not change hyperparameters, sizes, get_inputs() or get_init_inputs(); ModelNew takes the same "
+    "constructor and forward arguments as Model.",
+    "No extra CUDA streams or threads: all work runs on the current CUDA stream.",
+    "Keep FP32 precision: no FP16/BF16/TF32 arithmetic and no changes to global precision settings.",
+)
+
+OUTPUT_FORMAT = ("Finish with exactly one ```python code block holding the complete new module: all imports, "
+                 "the kernel sources and `class ModelNew(nn.Module)` with the same `__init__` and `forward` "
+                 "signatures as `Model`. You need not repeat get_inputs()/get_init_inputs(); if you do, keep "
+                 "them unchanged.")
+
+CONTRASTIVE_SECTIONS = f"""\
+Answer in exactly three sections with these headings:
+{SECTION_HEADINGS[0]}
+Compare the previous implementations: which ones are faster and why, what the remaining bottlenecks are,
+and which optimization techniques have not been exploited yet.
+{SECTION_HEADINGS[1]}
+Describe the algorithm of your new implementation and why it should be faster than all of them.
+{SECTION_HEADINGS[2]}
+{OUTPUT_FORMAT}"""
+
+TokenCounter = Callable[[str], int]
+
+
+def make_token_counter(tokenizer: Any = None) -> TokenCounter:
+    """A function text -> token count: the tokenizer's when given, else ceil(len / 4)."""
+    if tokenizer is None:
+        return lambda text: math.ceil(len(text) / CHARS_PER_TOKEN)
+    if hasattr(tokenizer, "encode"):
+        def count(text: str) -> int:
+            try:
+                return len(tokenizer.encode(text, add_special_tokens=False))
+            except TypeError:
+                return len(tokenizer.encode(text))
+        return count
+    if callable(tokenizer):
+        return lambda text: int(tokenizer(text))
+    raise TypeError("tokenizer must have an encode() method or be a callable returning a token count")
+
+
+def count_prompt_tokens(messages: Sequence[dict[str, str]], tokenizer: Any = None) -> int:
+    """Token count of a chat prompt: its contents plus ~4 tokens of role markup per message."""
+    counter = make_token_counter(tokenizer)
+    return sum(counter(m["content"]) + 4 for m in messages)
+
+
+def _form_text(form: str) -> str:
+    if form not in FORM_INSTRUCTIONS:
+        raise ValueError(f"unknown candidate form {form!r}; choose one of {FORMS}")
+    return FORM_INSTRUCTIONS[form]
+
+
+def _restrictions_text() -> str:
+    return "Restrictions:\n" + "\n".join(f"{i}. {r}" for i, r in enumerate(RESTRICTIONS, 1))
+
+
+def _feedback_text(feedback: str | None) -> str:
+    return f"## Feedback on your previous attempt\n{feedback.strip()}" if feedback and feedback.strip() else ""
+
+
+def _fence(code: str) -> str:
+    return f"```python\n{code.rstrip()}\n```"
+
+
+def build_plain_prompt(task_source: str, *, form: str = "load_inline", feedback: str | None = None) -> list[dict]:
+    """System + user messages asking for a faster `ModelNew` for the reference module `task_source`."""
+    parts = [
+        "Task: write a faster implementation of the PyTorch module below, using custom CUDA kernels where they "
+        "help. Name the new module `ModelNew`.",
+        "## Reference implementation\n" + _fence(task_source),
+        _form_text(form),
+        _restrictions_text(),
+        _feedback_text(feedback),
+        OUTPUT_FORMAT,
+    ]
+    return [{"role": "system", "content": SYSTEM_MESSAGE},
+            {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+
+
+def format_exemplar(index: int, exemplar: ScoredCode) -> str:
+    """'### Implementation i (speedup 1.83x over the reference)' and the code block."""
+    return f"### Implementation {index} (speedup {exemplar.score:.2f}x over the reference)\n{_fence(exemplar.code)}"
+
+
+def _contrastive_messages(task_source: str, exemplars: Sequence[ScoredCode], form: str,
+                          feedback: str | None) -> list[dict]:
+    if exemplars:
+        shown = "\n\n".join(format_exemplar(i, e) for i, e in enumerate(exemplars, 1))
+        previous = ("## Previous implementations\nEach was measured against the reference (speedup > 1 is "
+                    "faster; higher is better):\n\n" + shown)
+    else:
+        previous = "## Previous implementations\nNone yet."
+    parts = [
+        "Task: write a new implementation of the PyTorch module below that is faster than the reference and "
+        "than every previous implementation shown with its score. Study what made the faster ones fast. "
+        "Name the new module `ModelNew`.",
+        "## Reference implementation\n" + _fence(task_source),
+        previous,
+        _form_text(form),
+        _restrictions_text(),
+        _feedback_text(feedback),
+        CONTRASTIVE_SECTIONS,
+    ]
+    return [{"role": "system", "content": SYSTEM_MESSAGE},
+            {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+
+
+def build_contrastive_prompt(task_source: str, exemplars: Sequence[ScoredCode], *, form: str = "load_inline",
+                             feedback: str | None = None, token_budget: int | None = DEFAULT_PROMPT_TOKEN_BUDGET,
+                             tokenizer: Any = None) -> list[dict]:
+    """CUDA-L1's contrastive prompt; exemplars are shown in the given order (samplers put the best last).
+
+    `token_budget=None` disables trimming; see the module docstring for how trimming works.
+    """
+    _form_text(form)
+    exemplars = list(exemplars)
+    if token_budget is None:
+        return _contrastive_messages(task_source, exemplars, form, feedback)
+    counter = make_token_counter(tokenizer)
+
+    def size(shown: Sequence[ScoredCode]) -> int:
+        return sum(counter(m["content"]) + 4 for m in _contrastive_messages(task_source, shown, form, feedback))
+
+    if size(exemplars) <= token_budget:
+        return _contrastive_messages(task_source, exemplars, form, feedback)
+    stripped = [ScoredCode(strip_code_comments(e.code), e.score, e.meta) for e in exemplars]
+    while stripped:
+        fitted = _truncate_to_budget(stripped, size, counter, token_budget)
+        if fitted is not None:
+            return _contrastive_messages(task_source, fitted, form, feedback)
+        lowest = min(range(len(stripped)), key=lambda i: stripped[i].score)
+        logger.debug("prompt over budget: dropping exemplar with score %.3f", stripped[lowest].score)
+        stripped.pop(lowest)
+    messages = _contrastive_messages(task_source, [], form, feedback)
+    logger.warning("contrastive prompt needs %d tokens without any exemplar, over the budget of %d",
+                   size([]), token_budget)
+    return messages
+
+
+def _truncate_to_budget(exemplars: list[ScoredCode], size: Callable[[Sequence[ScoredCode]], int],
+                        counter: TokenCounter, budget: int) -> list[ScoredCode] | None:
+    """Cut the middle of the longest exemplar until the prompt fits; None when all are at the minimum."""
+    current = list(exemplars)
+    while True:
+        over = size(current) - budget
+        if over <= 0:
+            return current
+        lengths = [counter(e.code) for e in current]
+        longest = max(range(len(current)), key=lambda i: lengths[i])
+        target = max(MIN_EXEMPLAR_TOKENS, lengths[longest] - over)
+        if lengths[longest] <= MIN_EXEMPLAR_TOKENS:
+            return None
+        code = truncate_middle(current[longest].code, target, counter)
+        if code == current[longest].code:
+            return None
+        current[longest] = ScoredCode(code, current[longest].score, current[longest].meta)
+
+
+def truncate_middle(code: str, target_tokens: int, counter: TokenCounter) -> str:
+    """Keep the first and last lines of `code` (about `target_tokens` in all) and replace the middle with a
+    marker line. Removes at least one line when there is more than one."""
+    lines = code.splitlines()
+    if len(lines) <= 2:
+        return code
+    total = max(1, counter(code))
+    keep = min(len(lines) - 1, max(2, int(len(lines) * target_tokens / total)))
+    head = (keep + 1) // 2
+    tail = keep - head
+    omitted = len(lines) - keep
+    after = lines[len(lines) - tail] if tail else ""
+    indent = after[:len(after) - len(after.lstrip())]  # align with the code that follows
+    marker = f"{indent}# ... [{omitted} lines omitted to fit the prompt] ..."
+    return "\n".join(lines[:head] + [marker] + (lines[len(lines) - tail:] if tail else []))
+
+
+_CUDA_LINE_COMMENT = re.compile(r"^\s*//")
+
+
+def strip_code_comments(code: str) -> str:
+    """Drop Python `#` comments, whole-line `//` comments (CUDA sources inside strings), trailing whitespace
+    and runs of blank lines (collapsed to one blank line)."""
+    lines = code.splitlines()
+    cuts = comment_columns(code)
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        had_text = bool(line.strip())
+        line = (line[:cuts[i]] if i in cuts else line).rstrip()
+        if _CUDA_LINE_COMMENT.match(line) or (had_text and not line.strip()):
+            continue  # a comment-only line disappears entirely
+        if not line.strip() and out and not out[-1].strip():
+            continue  # collapse blank runs
+        out.append(line)
+    return "\n".join(out).strip("\n")

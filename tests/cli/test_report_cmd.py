@@ -1,0 +1,53 @@
+"""`cudal1 report`, `cudal1 baseline --help` and `cudal1 audit --help`, in process."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal1.cli.main import main
+from cudal1.eval.types import EvalResult, KernelClass, Status, TimingStats
+from cudal1.store import ResultsStore
+from cudal1.tasks import Task
+
+REF = (__import__("pathlib").Path(__file__).parents[1] / "fixtures" / "tasks" / "tiny_scale_add.py").read_text()
+
+
+def _fill(path):
+    with ResultsStore(path) as store:
+        for i, (status, speedup) in enumerate([(Status.CORRECT, 2.0), (Status.CORRECT, 0.8),
+                                               (Status.INCORRECT, None)]):
+            task = Task(id=f"x/level{1 + i % 2}/t{i}", source=REF + f"\n# {i}\n", level=1 + i % 2)
+            store.put_task(task.id, task.source, level=task.level)
+            digest = store.put_candidate(f"cand {i}", task_id=task.id,
+                                         meta={"published": {"score_default": 1.5}})
+            timing = TimingStats(1.0, 1.0 / speedup, speedup, 0.0, [speedup]) if speedup else None
+            result = EvalResult(status=status, speedup=speedup, timing=timing, task_id=task.id,
+                                candidate_hash=digest, kernel_class=KernelClass.CUSTOM_CUDA,
+                                environment={"gpu_name": "FakeGPU", "torch_version": "2.x"})
+            store.put_evaluation(result, task_hash=task.hash, key=f"k{i}", label="model-a")
+
+
+@pytest.mark.parametrize("command", ["report", "baseline", "audit"])
+def test_help(command, capsys):
+    assert main([command, "--help"]) == 0
+    assert "Usage" in capsys.readouterr().out
+
+
+def test_report_from_a_synthetic_store(tmp_path):
+    store = tmp_path / "s.sqlite"
+    _fill(store)
+    out = tmp_path / "report"
+    assert main(["report", "--store", str(store), "--out", str(out), "--no-plots", "--title", "T"]) == 0
+    md = (out / "report.md").read_text()
+    assert md.startswith("# T") and "model-a" in md and "FakeGPU" in md
+    assert "| all | 1.27 | 1.00 |" in md  # mean of [2, 0.8, 1 (failure)] and its median
+    assert "Audit of published speedups" in md
+    html = (out / "report.html").read_text()
+    assert "<table>" in html and "<script" not in html
+
+
+def test_unknown_label_is_one_line_error(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    _fill(store)
+    assert main(["report", "--store", str(store), "--out", str(tmp_path / "r"), "--label", "nope"]) == 2
+    assert "no results labelled nope" in capsys.readouterr().err

@@ -1,0 +1,101 @@
+"""ExemplarDB: storage, dedup by normalised source, best-score retention, eviction, concurrency."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+
+from cudal1.exemplars.db import AddResult, ExemplarDB, normalize_source, normalized_hash
+
+CODE = '''import torch
+
+class ModelNew(torch.nn.Module):
+    """Doubles."""
+
+    def forward(self, x):
+        return x * 2  # fast
+'''
+SAME_NORMALISED = '''import torch
+# a leading comment
+
+
+class ModelNew( torch.nn.Module ):
+    def forward(self,x):
+        # different comment, no docstring, other spacing
+        return x*2
+'''
+DIFFERENT = CODE.replace("x * 2", "x + x")
+
+
+def test_normalisation_ignores_comments_docstrings_blank_lines_and_formatting():
+    assert normalize_source(CODE) == normalize_source(SAME_NORMALISED)
+    assert normalized_hash(CODE) == normalized_hash(SAME_NORMALISED) != normalized_hash(DIFFERENT)
+    # code that does not parse: comments, trailing spaces and blank lines still go
+    assert normalize_source("def f(:  \n\n  # c\n  x = 1  # y\n") == "def f(:\n  x = 1"
+
+
+def test_add_list_best_count_and_meta(tmp_path):
+    db = ExemplarDB(tmp_path / "results.sqlite")
+    assert db.best("t1") is None and db.count("t1") == 0
+    assert db.add("t1", CODE, 1.5, {"model": "m1", "step": 3}) is AddResult.INSERTED
+    assert db.add("t1", DIFFERENT, 2.5, {"model": "m2"}) is AddResult.INSERTED
+    assert db.add("t2", CODE, 0.9) is AddResult.INSERTED
+    assert db.count("t1") == 2 and db.count("t2") == 1 and db.tasks() == ["t1", "t2"]
+    rows = db.list("t1")
+    assert [r.score for r in rows] == [2.5, 1.5]
+    assert db.best("t1").code == DIFFERENT
+    meta = rows[1].meta
+    assert meta["model"] == "m1" and meta["step"] == 3 and meta["task_id"] == "t1"
+    assert meta["norm_hash"] == normalized_hash(CODE) and meta["created_s"] > 0
+    with sqlite3.connect(tmp_path / "results.sqlite") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_duplicate_keeps_the_best_score(tmp_path):
+    db = ExemplarDB(tmp_path / "db.sqlite")
+    assert db.add("t", CODE, 1.2, {"model": "a"}) is AddResult.INSERTED
+    assert db.add("t", SAME_NORMALISED, 1.1, {"model": "b"}) is AddResult.DUPLICATE
+    assert db.list("t")[0].score == 1.2 and db.list("t")[0].code == CODE
+    assert db.add("t", SAME_NORMALISED, 1.7, {"model": "b"}) is AddResult.IMPROVED
+    (only,) = db.list("t")
+    assert only.score == 1.7 and only.code == SAME_NORMALISED and only.meta["model"] == "b"
+
+
+def test_eviction_drops_lowest_scores(tmp_path):
+    db = ExemplarDB(tmp_path / "db.sqlite", max_per_task=3)
+    for i, score in enumerate([1.0, 3.0, 2.0, 0.5, 4.0]):
+        db.add("t", f"x = {i}\n", score)
+    assert sorted(r.score for r in db.list("t")) == [2.0, 3.0, 4.0]
+    assert db.add("t", "y = 1\n", 0.1) is AddResult.EVICTED
+    assert db.count("t") == 3
+    db.add("other", "z = 1\n", 0.1)
+    assert db.count("other") == 1  # eviction is per task
+
+
+def test_rejects_bad_inputs(tmp_path):
+    with pytest.raises(ValueError):
+        ExemplarDB(":memory:")
+    db = ExemplarDB(tmp_path / "db.sqlite")
+    with pytest.raises(ValueError):
+        db.add("t", CODE, float("nan"))
+
+
+def test_concurrent_writers_from_threads_and_two_handles(tmp_path):
+    path = tmp_path / "db.sqlite"
+    handles = [ExemplarDB(path), ExemplarDB(path)]
+
+    def writer(k: int) -> None:
+        for i in range(25):
+            handles[k % 2].add("t", f"v = {i % 20}\n", float(k * 100 + i))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = handles[0].list("t")
+    assert len(rows) == 20  # 20 distinct normalised sources
+    best = {r.code: r.score for r in rows}
+    assert best["v = 4\n"] == 324.0  # writer 3, i = 24: the best score for that source won

@@ -1,0 +1,148 @@
+"""Plain and contrastive prompts: content, scores, sections, restrictions, forms, token budgeting."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal1.exemplars.db import ScoredCode
+from cudal1.llm.prompts import (
+    FORM_INSTRUCTIONS,
+    RESTRICTIONS,
+    SECTION_HEADINGS,
+    build_contrastive_prompt,
+    build_plain_prompt,
+    count_prompt_tokens,
+    strip_code_comments,
+    truncate_middle,
+)
+
+REFERENCE = '''import torch
+import torch.nn as nn
+
+# a reference comment that must survive trimming
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+N = 4096
+
+def get_inputs():
+    return [torch.randn(N, N)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def exemplar(tag: str, score: float, body_lines: int = 5) -> ScoredCode:
+    body = "\n".join(f"    y{i} = x + {i}  # comment {tag} {i}\n" for i in range(body_lines))
+    code = f"# exemplar {tag}\nclass ModelNew:\n    MARK_{tag} = 1\n{body}\n    def forward(self, x):\n        return x\n"
+    return ScoredCode(code=code, score=score, meta={"tag": tag})
+
+
+def user_text(messages) -> str:
+    assert [m["role"] for m in messages] == ["system", "user"]
+    return messages[1]["content"]
+
+
+def test_plain_prompt_contains_reference_form_and_output_format():
+    text = user_text(build_plain_prompt(REFERENCE, form="raw_cuda", feedback="error: 'foo' undeclared"))
+    assert REFERENCE.strip() in text
+    assert FORM_INSTRUCTIONS["raw_cuda"] in text and "load_kernels(SOURCE)" in text
+    assert "```python" in text and "ModelNew" in text
+    assert "Feedback on your previous attempt\nerror: 'foo' undeclared" in text
+    assert "Feedback" not in user_text(build_plain_prompt(REFERENCE))
+    assert FORM_INSTRUCTIONS["load_inline"] in user_text(build_plain_prompt(REFERENCE))
+    with pytest.raises(ValueError, match="form"):
+        build_plain_prompt(REFERENCE, form="triton")
+
+
+def test_contrastive_prompt_shows_codes_with_scores_sections_and_restrictions():
+    shown = [exemplar("A", 0.87), exemplar("B", 1.5), exemplar("C", 2.345)]
+    text = user_text(build_contrastive_prompt(REFERENCE, shown, token_budget=None))
+    assert REFERENCE.strip() in text
+    for i, (ex, score) in enumerate(zip(shown, ["0.87x", "1.50x", "2.35x"], strict=True), 1):
+        assert ex.code.strip() in text
+        assert f"Implementation {i} (speedup {score} over the reference)" in text
+    assert text.index("MARK_A") < text.index("MARK_B") < text.index("MARK_C")  # given order is kept
+    for heading in SECTION_HEADINGS:
+        assert f"\n{heading}\n" in text
+    for restriction in RESTRICTIONS:
+        assert restriction in text
+    lowered = text.lower()
+    for phrase in ("same outputs", "compile", "no caching", "hyperparameters", "streams or threads", "fp32"):
+        assert phrase in lowered
+
+
+def test_contrastive_prompt_without_exemplars_and_with_feedback():
+    text = user_text(build_contrastive_prompt(REFERENCE, [], form="raw_cuda", feedback="output 0 mismatch"))
+    assert "None yet." in text and "output 0 mismatch" in text and FORM_INSTRUCTIONS["raw_cuda"] in text
+
+
+def test_budget_first_strips_comments():
+    shown = [exemplar("A", 1.1, 30), exemplar("B", 1.9, 30)]
+    full = build_contrastive_prompt(REFERENCE, shown, token_budget=None)
+    no_comments = [ScoredCode(strip_code_comments(e.code), e.score) for e in shown]
+    budget = count_prompt_tokens(build_contrastive_prompt(REFERENCE, no_comments, token_budget=None))
+    assert count_prompt_tokens(full) > budget
+    trimmed = build_contrastive_prompt(REFERENCE, shown, token_budget=budget)
+    text = user_text(trimmed)
+    assert count_prompt_tokens(trimmed) <= budget
+    assert "# comment A" not in text and "MARK_A" in text and "MARK_B" in text and "omitted" not in text
+    assert REFERENCE.strip() in text  # the reference's own comment survives
+
+
+def test_budget_then_truncates_longest_middle():
+    shown = [exemplar("A", 1.1, 20), exemplar("B", 1.9, 400)]
+    base = count_prompt_tokens(build_contrastive_prompt(REFERENCE, [exemplar("A", 1.1, 20)], token_budget=None))
+    budget = base + 700
+    trimmed = build_contrastive_prompt(REFERENCE, shown, token_budget=budget)
+    text = user_text(trimmed)
+    assert count_prompt_tokens(trimmed) <= budget
+    assert "lines omitted to fit the prompt" in text
+    assert "MARK_B" in text and "return x" in text  # head and tail of B kept
+    assert "y5 = x + 5" in text  # A untouched apart from comments
+    assert REFERENCE.strip() in text
+
+
+def test_budget_then_drops_lowest_scored():
+    shown = [exemplar("A", 1.1, 60), exemplar("B", 3.0, 60), exemplar("C", 0.5, 60)]
+    one = count_prompt_tokens(build_contrastive_prompt(REFERENCE, [], token_budget=None))
+    budget = one + 350  # room for one truncated exemplar (>= 200 tokens), not three
+    trimmed = build_contrastive_prompt(REFERENCE, shown, token_budget=budget)
+    text = user_text(trimmed)
+    assert count_prompt_tokens(trimmed) <= budget
+    assert "MARK_B" in text and "MARK_C" not in text and "MARK_A" not in text
+    assert REFERENCE.strip() in text and all(r in text for r in RESTRICTIONS)
+
+
+def test_budget_too_small_keeps_reference_and_instructions():
+    trimmed = build_contrastive_prompt(REFERENCE, [exemplar("A", 2.0)], token_budget=10)
+    text = user_text(trimmed)
+    assert REFERENCE.strip() in text and "MARK_A" not in text and SECTION_HEADINGS[2] in text
+
+
+def test_tokenizer_counts_are_used():
+    calls = []
+
+    def count(text: str) -> int:
+        calls.append(text)
+        return len(text.split())
+
+    msgs = build_contrastive_prompt(REFERENCE, [exemplar("A", 2.0)], token_budget=100000, tokenizer=count)
+    assert calls and "MARK_A" in user_text(msgs)
+
+
+def test_strip_and_truncate_helpers():
+    code = 'x = "# not a comment"  # a comment\n\n\n\n# whole line\ns = """\n  // cuda comment\n  int a;\n"""\n'
+    stripped = strip_code_comments(code)
+    assert '"# not a comment"' in stripped and "a comment" not in stripped.replace("not a comment", "")
+    assert "whole line" not in stripped and "cuda comment" not in stripped and "int a;" in stripped
+    assert "\n\n\n" not in stripped
+    long = "\n".join(f"line {i}" for i in range(100))
+    cut = truncate_middle(long, 20, lambda t: len(t.splitlines()))
+    assert cut.startswith("line 0\n") and cut.endswith("line 99") and "omitted" in cut
+    assert len(cut.splitlines()) < 30
