@@ -1,0 +1,432 @@
+"""Static rules about the run-time environment: streams, threads, patched timers, global flags,
+harness tampering, environment and I/O, inner torch.compile / CUDA graphs.
+
+Covered: direct references through any import alias (`import torch.cuda as tc; tc.Stream()`), `setattr`
+on the same objects, CUDA/C++ API names in every compiled source string.
+Not covered: names built at run time (`getattr(torch, "cu" + "da")`), code reached through `exec` (the
+`tampering` rule flags exec/eval themselves), native libraries loaded with ctypes (flagged by
+`env_or_io`). The runtime guards are the backstop for all of these.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from cudal1.analysis._base import calls, cuda_ident_flags, flag, is_self_attr, matches
+from cudal1.analysis.context import AnalysisContext
+from cudal1.analysis.cuda_source import CToken
+from cudal1.eval.types import Flag
+
+# Rationale: every Python API that creates, enters or selects a CUDA stream other than the current one.
+PY_STREAM_APIS = (
+    "torch.cuda.Stream",
+    "torch.cuda.stream",
+    "torch.cuda.StreamContext",
+    "torch.cuda.set_stream",
+    "torch.cuda.ExternalStream",
+    "torch.cuda.default_stream",
+    "torch.cuda.streams",
+    "torch.Stream",
+    "torch.cuda.StreamContext",
+    "cupy.cuda.Stream",
+    "cupy.cuda.stream",
+    "cupy.cuda.ExternalStream",
+    "triton.runtime.driver.active.get_current_stream.__set__",
+)
+# Rationale: CUDA runtime/driver and ATen calls that make or select a non-current stream.
+CUDA_STREAM_IDENTS = {
+    "cudaStreamCreate": "creates a CUDA stream",
+    "cudaStreamCreateWithFlags": "creates a CUDA stream",
+    "cudaStreamCreateWithPriority": "creates a CUDA stream",
+    "cuStreamCreate": "creates a CUDA stream",
+    "getStreamFromPool": "takes a stream from the pool",
+    "cudaStreamPerThread": "uses the per-thread stream",
+    "CU_STREAM_PER_THREAD": "uses the per-thread stream",
+    "setCurrentCUDAStream": "switches the current stream",
+    "cudaStreamNonBlocking": "makes a non-blocking stream",
+}
+# Rationale: launch stream arguments that are the current (or legacy default) stream.
+CURRENT_STREAM_WORDS = ("getCurrentCUDAStream", "getCurrentStream", "current_stream", "getDefaultCUDAStream")
+SAFE_STREAM_ARGS = {"0", "nullptr", "NULL", "cudaStreamLegacy", "0ULL"}
+# Rationale: modules whose only use in a kernel candidate is running work concurrently with the timer.
+THREAD_MODULES = (
+    "threading",
+    "_thread",
+    "multiprocessing",
+    "concurrent",
+    "subprocess",
+    "asyncio",
+    "torch.multiprocessing",
+    "joblib",
+)
+THREAD_CALLS = (
+    "os.fork",
+    "os.forkpty",
+    "os.system",
+    "os.popen",
+    "os.posix_spawn",
+    "os.spawnv",
+    "os.spawnl",
+    "os.spawnlp",
+    "os.spawnvp",
+    "pty.spawn",
+)
+# Rationale: objects whose attributes define the measurement (timers, events, sync, comparisons).
+PATCHABLE_ROOTS = ("torch", "time", "timeit", "builtins", "triton", "numpy", "cudal1", "unittest.mock")
+# Rationale: torch attributes that are settings, judged by other rules (global flags, inner compile).
+NOT_TIMERS = ("torch.backends", "torch._inductor.config", "torch._dynamo.config")
+# Rationale: global switches that change numerics or algorithm choice for the reference as well.
+FLAG_SETTERS = (
+    "torch.set_float32_matmul_precision",
+    "torch.set_default_dtype",
+    "torch.set_default_tensor_type",
+    "torch.set_default_device",
+    "torch.use_deterministic_algorithms",
+    "torch.set_flush_denormal",
+    "torch.set_num_threads",
+    "torch.set_num_interop_threads",
+    "torch.backends.cudnn.flags",
+    "torch.backends.cuda.enable_flash_sdp",
+    "torch.backends.cuda.enable_mem_efficient_sdp",
+    "torch.backends.cuda.enable_math_sdp",
+    "torch.backends.cuda.enable_cudnn_sdp",
+    "torch.backends.cuda.preferred_linalg_library",
+    "torch.backends.cuda.preferred_blas_library",
+    "torch.backends.cudnn.set_flags",
+    "torch._C._set_cublas_allow_tf32",
+    "torch._C._set_cudnn_allow_tf32",
+    "torch._C._set_cudnn_benchmark",
+    "torch._C._set_float32_matmul_precision",
+    "torch._C._set_cudnn_deterministic",
+)
+# Rationale: reaching into the harness (its modules, frames, objects) or hiding code from this analysis.
+TAMPER_NAMES = (
+    "sys.modules",
+    "sys._getframe",
+    "sys.settrace",
+    "sys.setprofile",
+    "inspect",
+    "gc.get_objects",
+    "gc.get_referrers",
+    "gc.get_referents",
+    "exec",
+    "eval",
+    "compile",
+    "__import__",
+    "globals",
+    "__builtins__",
+    "builtins.exec",
+    "builtins.eval",
+)
+TAMPER_ATTRS = {
+    "f_back",
+    "f_locals",
+    "f_globals",
+    "f_code",
+    "tb_frame",
+    "gi_frame",
+    "__globals__",
+    "__closure__",
+    "__code__",
+    "__subclasses__",
+}
+# Rationale: I/O, network and native-code modules have no place in a kernel; honest code rarely uses them.
+IO_MODULES = (
+    "socket",
+    "requests",
+    "urllib",
+    "http",
+    "httpx",
+    "aiohttp",
+    "ftplib",
+    "smtplib",
+    "ctypes",
+    "cffi",
+    "importlib",
+    "pickle",
+    "marshal",
+    "dill",
+    "shutil",
+)
+IO_CALLS = (
+    "os.putenv",
+    "os.unsetenv",
+    "os.remove",
+    "os.unlink",
+    "os.rmdir",
+    "os.rename",
+    "os.environ.update",
+    "os.environ.setdefault",
+    "os.environ.pop",
+    "os.environ.__setitem__",
+    "os.environ.clear",
+)
+# Rationale: whole-graph compilers and graph capture are baselines of their own.
+COMPILE_APIS = (
+    "torch.compile",
+    "torch.jit",
+    "torch.cuda.graph",
+    "torch.cuda.CUDAGraph",
+    "torch.cuda.graphs",
+    "torch.cuda.make_graphed_callables",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.export",
+)
+
+
+def _refs(ctx: AnalysisContext):
+    """Every Name/Attribute reference with its qualified name (outermost attribute chains only)."""
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Attribute | ast.Name) and not isinstance(
+            ctx.parents.get(node), ast.Attribute
+        ):
+            name = ctx.qual(node)
+            if name:
+                yield node, name
+
+
+def _import_flags(ctx: AnalysisContext, rule: str, modules: tuple[str, ...], what: str) -> list[Flag]:
+    out: list[Flag] = []
+    for node in ast.walk(ctx.tree):
+        mods: list[str] = []
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        hit = next((m for m in mods if matches(m, modules)), None)
+        if hit:
+            out.append(flag(rule, f"imports {hit} ({what})", node.lineno))
+    return out
+
+
+def _stream_arg_kind(node: ast.AST, ctx: AnalysisContext) -> str:
+    """'current', 'side' or 'unknown' for a Python `stream=` argument."""
+    if isinstance(node, ast.Constant) and node.value in (None, 0):
+        return "current"
+    text = ast.unparse(node)
+    if "current_stream" in text:
+        return "current"
+    if isinstance(node, ast.Name) and node.id in ctx.module_assigns:
+        kinds = {_stream_arg_kind(v, ctx) for v in ctx.module_assigns[node.id]}
+        return "current" if kinds == {"current"} else "side" if "side" in kinds else "unknown"
+    if is_self_attr(node) and ctx.model_new is not None:
+        values = [
+            n.value
+            for n in ast.walk(ctx.model_new)
+            if isinstance(n, ast.Assign) and any(is_self_attr(t) and t.attr == node.attr for t in n.targets)
+        ]
+        kinds = {_stream_arg_kind(v, ctx) for v in values}
+        return "current" if kinds == {"current"} else "side" if "side" in kinds else "unknown"
+    if any(matches(ctx.qual(c.func), PY_STREAM_APIS) for c in calls(node)):
+        return "side"
+    return "unknown"
+
+
+def _cuda_stream_vars(tokens: list[CToken]) -> tuple[set[str], set[str]]:
+    """Identifiers assigned a current-stream expression, and those made side streams."""
+    current, side = set(), set()
+    for i, tok in enumerate(tokens):
+        if tok.kind != "ident" or i + 1 >= len(tokens) or tokens[i + 1].value != "=":
+            continue
+        stmt = []
+        for t in tokens[i + 2 : i + 40]:
+            if t.value == ";":
+                break
+            stmt.append(t.value)
+        if any(w in v for v in stmt for w in CURRENT_STREAM_WORDS):
+            current.add(tok.value)
+        elif any(v in CUDA_STREAM_IDENTS for v in stmt):
+            side.add(tok.value)
+    for i, tok in enumerate(tokens):  # cudaStreamCreate(&s) / cudaStreamCreateWithFlags(&s, ...)
+        if tok.value.startswith(("cudaStreamCreate", "cuStreamCreate")) and i + 3 < len(tokens):
+            if tokens[i + 2].value == "&" and tokens[i + 3].kind == "ident":
+                side.add(tokens[i + 3].value)
+    return current, side
+
+
+def _launch_stream_flags(ctx: AnalysisContext) -> list[Flag]:
+    out: list[Flag] = []
+    for cs in ctx.cuda_strings:
+        current, side = _cuda_stream_vars(cs.info.tokens)
+        for launch in cs.info.launches:
+            arg = launch.stream_arg
+            if arg is None or arg in SAFE_STREAM_ARGS or any(w in arg for w in CURRENT_STREAM_WORDS):
+                continue
+            base = arg.split(".")[0].split("(")[0].strip()
+            line = cs.py_line_of(launch.line)
+            if base in current:
+                continue
+            if base in side or base in CUDA_STREAM_IDENTS:
+                out.append(
+                    flag("extra_cuda_stream", f"launches {launch.kernel} on side stream `{arg}`", line)
+                )
+            else:
+                out.append(
+                    flag(
+                        "unverified_launch_stream",
+                        f"launches {launch.kernel} on stream `{arg}`, not provably the current one",
+                        line,
+                    )
+                )
+    return out
+
+
+def check_extra_cuda_stream(ctx: AnalysisContext) -> list[Flag]:
+    """Side streams in Python (torch/cupy APIs, `stream=` launch arguments) and in CUDA sources."""
+    out = [
+        flag("extra_cuda_stream", f"uses {name}", node.lineno)
+        for node, name in _refs(ctx)
+        if matches(name, PY_STREAM_APIS)
+    ]
+    for call in calls(ctx.tree):
+        for kw in call.keywords:
+            if kw.arg == "stream" and _stream_arg_kind(kw.value, ctx) == "side":
+                out.append(
+                    flag(
+                        "extra_cuda_stream", f"launches on side stream `{ast.unparse(kw.value)}`", call.lineno
+                    )
+                )
+    out += cuda_ident_flags(ctx, "extra_cuda_stream", CUDA_STREAM_IDENTS)
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "default-stream" in node.value:
+            out.append(flag("extra_cuda_stream", "compiles with a per-thread default stream", node.lineno))
+    return out + _launch_stream_flags(ctx)
+
+
+def check_threads_or_processes(ctx: AnalysisContext) -> list[Flag]:
+    """Threads, processes, async loops in Python; std::thread / std::async / pthreads in CUDA sources."""
+    out = _import_flags(ctx, "threads_or_processes", THREAD_MODULES, "concurrent work hides from the timer")
+    out += [
+        flag("threads_or_processes", f"calls {ctx.qual(c.func)}", c.lineno)
+        for c in calls(ctx.tree)
+        if matches(ctx.qual(c.func), THREAD_CALLS)
+    ]
+    for cs in ctx.cuda_strings:
+        toks = cs.info.tokens
+        for i, tok in enumerate(toks):
+            std_call = (
+                tok.value in ("thread", "jthread", "async")
+                and i >= 2
+                and toks[i - 1].value == "::"
+                and toks[i - 2].value == "std"
+            )
+            if std_call or tok.value in ("pthread_create", "cudaLaunchHostFunc"):
+                what = f"std::{tok.value}" if std_call else tok.value
+                out.append(
+                    flag("threads_or_processes", f"uses {what} in CUDA source", cs.py_line_of(tok.line))
+                )
+    return out
+
+
+def _patch_targets(ctx: AnalysisContext):
+    """(node, qualified target) for assignments/deletes/setattr on attributes of other objects."""
+    for node in ast.walk(ctx.tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        for t in targets:
+            if isinstance(t, ast.Attribute):
+                yield node, ctx.qual(t) or ast.unparse(t), t
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+        ):
+            if node.args:
+                base = ctx.qual(node.args[0]) or ast.unparse(node.args[0])
+                attr = (
+                    node.args[1].value
+                    if len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                    else "?"
+                )
+                yield node, f"{base}.{attr}", node.args[0]
+
+
+def check_timer_patching(ctx: AnalysisContext) -> list[Flag]:
+    """Assignments, setattr/delattr on torch / time / builtins attributes (timers, events, sync, allclose)."""
+    out: list[Flag] = []
+    for node, target, _ in _patch_targets(ctx):
+        if matches(target, PATCHABLE_ROOTS) and not matches(target, NOT_TIMERS):
+            out.append(flag("timer_patching", f"patches {target}", node.lineno))
+        elif "sys.modules" in target or target.startswith("__builtins__"):
+            out.append(flag("timer_patching", f"patches {target}", node.lineno))
+    out += _import_flags(ctx, "timer_patching", ("unittest.mock", "mock"), "monkeypatching")
+    return out
+
+
+def check_global_backend_flags(ctx: AnalysisContext) -> list[Flag]:
+    """Writes to torch.backends.* and calls of global numeric/algorithm setters."""
+    out = [
+        flag("global_backend_flags", f"sets {target}", node.lineno)
+        for node, target, _ in _patch_targets(ctx)
+        if matches(target, ("torch.backends",))
+    ]
+    for call in calls(ctx.tree):
+        name = ctx.qual(call.func)
+        if matches(name, FLAG_SETTERS) or (name or "").startswith("torch._C._set_"):
+            out.append(flag("global_backend_flags", f"calls {name}", call.lineno))
+    return out
+
+
+def check_tampering(ctx: AnalysisContext) -> list[Flag]:
+    """sys.modules, frame walking, gc object scans, exec/eval/compile/__import__, globals()."""
+    out: list[Flag] = []
+    for node, name in _refs(ctx):
+        if matches(name, TAMPER_NAMES) and not (isinstance(node, ast.Name) and name in ctx.functions):
+            out.append(flag("tampering", f"uses {name}", node.lineno))
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Attribute) and node.attr in TAMPER_ATTRS:
+            out.append(flag("tampering", f"reads .{node.attr} (frame/closure introspection)", node.lineno))
+    out += _import_flags(ctx, "tampering", ("inspect",), "frame introspection")
+    return out
+
+
+def _is_write_open(call: ast.Call) -> bool:
+    mode = (
+        call.args[1]
+        if len(call.args) > 1
+        else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    )
+    return (
+        isinstance(mode, ast.Constant)
+        and isinstance(mode.value, str)
+        and any(c in mode.value for c in "wax+")
+    )
+
+
+def check_env_or_io(ctx: AnalysisContext) -> list[Flag]:
+    """os.environ writes, file writes, network/native/dynamic-import modules."""
+    out = _import_flags(ctx, "env_or_io", IO_MODULES, "I/O, network or native code")
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Subscript) and ctx.qual(t.value) == "os.environ":
+                    out.append(flag("env_or_io", f"writes os.environ[{ast.unparse(t.slice)}]", node.lineno))
+        elif isinstance(node, ast.Call):
+            name = ctx.qual(node.func) or ""
+            if matches(name, IO_CALLS) or name.rsplit(".", 1)[-1] in ("write_text", "write_bytes"):
+                out.append(flag("env_or_io", f"calls {name}", node.lineno))
+            elif name in ("open", "io.open") and _is_write_open(node):
+                out.append(flag("env_or_io", "opens a file for writing", node.lineno))
+    return out
+
+
+def check_inner_compile_or_graph(ctx: AnalysisContext) -> list[Flag]:
+    """torch.compile, TorchScript, dynamo/inductor and CUDA graph capture inside the candidate."""
+    out = [
+        flag("inner_compile_or_graph", f"uses {name}", node.lineno)
+        for node, name in _refs(ctx)
+        if matches(name, COMPILE_APIS)
+    ]
+    out += cuda_ident_flags(
+        ctx,
+        "inner_compile_or_graph",
+        {"cudaStreamBeginCapture": "captures a CUDA graph", "cudaGraphLaunch": "launches a CUDA graph"},
+    )
+    return out
