@@ -51,12 +51,6 @@ def static_report(source: str, reference: str | None, preset: str) -> Any | None
     return analyze_source(source, reference_source=reference, preset=preset)
 
 
-def _static_rejections(report: Any, preset: str) -> list[Flag]:
-    from cudal1.analysis import rejecting_flags
-
-    return list(rejecting_flags(report, preset))
-
-
 def uses_load_inline(source: str) -> bool:
     return "cpp_extension" in source or "load_inline" in source
 
@@ -144,10 +138,10 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
     static_flags = list(report.flags) if report is not None else []
     kernel_class = KernelClass(report.kernel_class) if report is not None else None
     if report is not None:
-        rejected = _static_rejections(report, preset)
-        if rejected:
-            message = "; ".join(f"{f.rule}: {f.message}" + (f" (line {f.line})" if f.line else "")
-                                for f in rejected[:3])
+        from cudal1.analysis import rejection_message
+
+        message = rejection_message(report, preset)
+        if message:
             return EvalResult(status=Status.HACK_DETECTED, message=message, flags=static_flags,
                               kernel_class=kernel_class)
     build = prepare_build(task, source, cfg)

@@ -1,0 +1,63 @@
+"""The adversarial corpus through the full evaluator (static analysis + isolated runtime checks).
+
+Bar (strict profile): every exploit is rejected (hack_detected or incorrect), or, for decoys and
+fallbacks, classified as not custom; every honest candidate is correct with the expected kernel class.
+CPU entries run in CI; CUDA entries run on the GPU machine (`-m gpu`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cudal1.eval import EvalConfig, KernelClass, Status, evaluate_candidate
+from cudal1.tasks.sources import load_file
+
+CORPUS = Path(__file__).parent.parent / "fixtures" / "candidates"
+ENTRIES = yaml.safe_load((CORPUS / "manifest.yaml").read_text())["fixtures"]
+CPU_FAST = dict(device="cpu", sizes="full", correctness_trials=3, buckets=2, target_bucket_ms=5.0,
+                warm_buckets=1, warmup_iters=1, timeout_s=120.0)
+GPU = dict(device="cuda", sizes="full", correctness_trials=5, buckets=3, target_bucket_ms=20.0, timeout_s=300.0)
+
+
+def check_verdict(entry: dict, device_cfg: dict) -> None:
+    task = load_file(CORPUS / "refs" / entry["ref"])
+    result = evaluate_candidate(task, (CORPUS / entry["file"]).read_text(), EvalConfig(**device_cfg))
+    expected = entry["expected_verdict"]
+    info = (entry["file"], result.status.value, result.message, result.kernel_class)
+    if expected == "correct":
+        assert result.status is Status.CORRECT, info
+        assert result.kernel_class is KernelClass(entry["expected_kernel_class"]), info
+    elif expected == "not_custom":
+        assert result.status is not Status.CORRECT or result.kernel_class is not KernelClass.CUSTOM_CUDA, info
+    elif expected == "hack_detected":
+        assert result.status is Status.HACK_DETECTED, info
+    else:  # an exploit the runtime exposes as wrong; a rejection by a guard is as good
+        assert result.status in (Status.INCORRECT, Status.HACK_DETECTED), info
+
+
+def _ids(entries):
+    return [e["file"] for e in entries]
+
+
+CPU_ENTRIES = [e for e in ENTRIES if e["needs"] == "cpu"]
+CUDA_ENTRIES = [e for e in ENTRIES if e["needs"] == "cuda"]
+
+
+@pytest.mark.parametrize("entry", CPU_ENTRIES, ids=_ids(CPU_ENTRIES))
+def test_corpus_on_cpu(entry):
+    check_verdict(entry, CPU_FAST)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", CUDA_ENTRIES + CPU_ENTRIES, ids=_ids(CUDA_ENTRIES + CPU_ENTRIES))
+def test_corpus_on_gpu(entry):
+    check_verdict(entry, GPU)
+
+
+def test_corpus_meets_the_size_bar():
+    exploits = [e for e in ENTRIES if e["kind"] == "exploit"]
+    honest = [e for e in ENTRIES if e["kind"] == "honest"]
+    assert len(exploits) >= 15 and len(honest) >= 8
