@@ -25,6 +25,7 @@ from cudal1.tasks.builtin import BUILTIN_DIR
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.slow,  # builds every extension one after another; tests/eval/test_examples_gpu.py is the fast path
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 

@@ -48,6 +48,10 @@ PROFILES: dict[str, Profile] = {
     "cuda-l1": Profile("cuda-l1", {"default": Tolerance(1e-2, 1e-2)}, static_preset="cuda-l1",
                        reject_runtime_guards=False),
 }
+# Rationale: code cudal1 generates itself (baselines) is trusted, but torch.compile starts a helper
+# thread on a cold cache, which the strict thread guard would reject; keep strict tolerances, warn only.
+PROFILES["trusted"] = Profile("trusted", PROFILES["strict"].tolerances, static_preset="kernelbench-v0",
+                              reject_runtime_guards=False)
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -59,7 +63,8 @@ class EvalConfig:
     """Everything that decides how one candidate is evaluated."""
 
     device: str = _f("auto", "auto (cuda if available, else cpu), cuda, cuda:N or cpu.")
-    profile: str = _f("strict", "Correctness/policy profile: strict, kernelbench-v0 or cuda-l1.")
+    profile: str = _f("strict", "Correctness/policy profile: strict, kernelbench-v0, cuda-l1 (or trusted, "
+                                  "for cudal1's own baselines).")
     correctness_trials: int = _f(5, "Correctness trials, each with fresh random inputs and a new seed.")
     seed: int = _f(42, "Base seed; trial t uses seed + t.")
     sizes: str = _f("auto", "Problem sizes: full, small (the task's SMALL_SIZES) or auto (small on cpu).")

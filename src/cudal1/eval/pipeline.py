@@ -125,6 +125,9 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
     result = result.replace(protocol={**protocol, **result.protocol}, environment={**env, **result.environment},
                             duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
     if store is not None:
+        from cudal1.baselines import attach_baselines
+
+        result = attach_baselines(result, task, store)
         store.put_task(task.id, task.source, level=task.level, origin=task.origin)
         store.put_candidate(source, task_id=task.id)
         store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)

@@ -1,0 +1,86 @@
+"""Audit a published release on this GPU within a time budget: a per-level sample first, then the rest.
+
+    python scripts/audit_release.py OUT_DIR --release ../shared/data/cuda-l1/h100.jsonl --time-budget-s 480
+
+Writes into OUT_DIR: `store.sqlite` (unless --store names another; carry it into the next call to resume),
+`report/` (report.md, report.html, plots, audit.json, audit_tasks.md) and `summary.json`, and prints a
+short table last. Each call resumes where the store left off, so a release larger than one call's budget is
+finished by repeating the same command with the store carried over. Baselines (--baselines) are measured
+for the tasks of the sample only, after its candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--release", required=True, help="JSONL release (CUDA-L1 schema).")
+    p.add_argument("--time-budget-s", type=float, default=480.0, help="Stop starting work after this.")
+    p.add_argument("--store", type=Path, default=None, help="Results store (default OUT_DIR/store.sqlite).")
+    p.add_argument("--profile", default="strict", help="strict or cuda-l1.")
+    p.add_argument("--sample-per-level", type=int, default=3, help="Sample size per level of phase 1.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baselines", default="eager,cuda_graph", help="Baselines for the sample's tasks ('' none).")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--no-plots", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from cudal1.audit import AuditConfig, profile_comparison, run_audit, survival_table
+    from cudal1.audit.run import report_audit
+    from cudal1.baselines import parse_kinds
+    from cudal1.eval.config import EvalConfig
+    from cudal1.store import ResultsStore
+
+    started = time.monotonic()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    store = ResultsStore(args.store or args.out_dir / "store.sqlite")
+    kinds = tuple(parse_kinds(args.baselines)) if args.baselines else ()
+    base = AuditConfig(release=args.release, profile=args.profile, batch_size=args.batch_size,
+                       eval_config=EvalConfig(device=args.device, profile=args.profile))
+    phases = [("sample", dict(sample_per_level=args.sample_per_level, seed=args.seed, baselines=kinds)),
+              ("all", {})]
+    done = {}
+    outcome = None
+    for name, extra in phases:
+        left = args.time_budget_s - (time.monotonic() - started)
+        if left <= 0:
+            break
+        cfg = AuditConfig(**{**base.__dict__, **extra, "time_budget_s": left})
+        outcome = run_audit(cfg, store)
+        done[name] = {"evaluated": outcome.evaluated, "reused": outcome.reused,
+                      "left_for_later": outcome.skipped_for_time, "pending": outcome.pending}
+    if outcome is None:
+        print("no time left to run anything", file=sys.stderr)
+        return 1
+    written = report_audit(outcome, base, store, args.out_dir / "report", plots=not args.no_plots)
+    comparison = profile_comparison(outcome.rows, base.survive_fraction)
+    summary = {"phases": done, "comparison": comparison, "elapsed_s": time.monotonic() - started,
+               "by_kernel_class": survival_table(outcome.rows, "kernel_class", base.survive_fraction),
+               "report": {k: str(v) for k, v in written.items()}}
+    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    print(f"{'label':34} {'rows':>5} {'correct':>7} {'survive':>11} {'mean':>6} {'median':>6} {'geomean':>7}")
+    for line in comparison:
+        def x(v):
+            return "-" if v is None else f"{v:.2f}"
+        print(f"{line['label']:34} {line['rows']:>5} {line['correct']:>7} "
+              f"{line['survive']:>5}/{line['published']:<5} {x(line['mean']):>6} {x(line['median']):>6} "
+              f"{x(line['geomean']):>7}")
+    print(f"pending (not yet evaluated): {outcome.pending}; phases: {done}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

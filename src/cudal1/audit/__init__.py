@@ -1,0 +1,40 @@
+"""Audit published kernel collections on the local GPU, and build report rows from the results store.
+
+    from cudal1.audit import AuditConfig, run_audit, write_audit_outputs
+    outcome = run_audit(AuditConfig(release="h100.jsonl", chunk="1/4"), store)
+    write_audit_outputs(outcome.rows, "out/audit", title="CUDA-L1 H100 audit", meta={})
+
+Modules: `select` (which items), `run` (evaluate resumably through the store), `rows` (store -> report
+rows with baselines and speed of light; also used by `cudal1 report`), `summary` (tables and files).
+"""
+
+from cudal1.audit.rows import row_from_result, rows_from_store, sol_fractions, stored_labels
+from cudal1.audit.run import AuditConfig, AuditOutcome, audit_label, audit_rows, run_audit
+from cudal1.audit.select import chunk_items, parse_chunk, select_items
+from cudal1.audit.summary import (
+    audit_entries,
+    profile_comparison,
+    survival_table,
+    tasks_markdown,
+    write_audit_outputs,
+)
+
+__all__ = [
+    "AuditConfig",
+    "AuditOutcome",
+    "audit_entries",
+    "audit_label",
+    "audit_rows",
+    "chunk_items",
+    "parse_chunk",
+    "profile_comparison",
+    "row_from_result",
+    "rows_from_store",
+    "run_audit",
+    "select_items",
+    "sol_fractions",
+    "stored_labels",
+    "survival_table",
+    "tasks_markdown",
+    "write_audit_outputs",
+]

@@ -1,0 +1,242 @@
+"""Re-evaluate a published kernel collection (a CUDA-L1-style JSONL release) on this machine, resumably.
+
+    from cudal1.audit import AuditConfig, run_audit
+    outcome = run_audit(AuditConfig(release="h100.jsonl", profile="strict", chunk="2/5"), store)
+
+Every selected candidate is evaluated through `evaluate_many` (its `load_inline` builds run in parallel
+first, batch by batch) and stored under the label `audit:<release>:<profile>`. Resuming is the store's
+job: an item whose evaluation key (task, candidate, protocol, machine) is already stored is not evaluated
+again, whichever run stored it, so an interrupted run, a later chunk or another machine sharing the store
+simply continues. Published scores are stored with each candidate (`meta["published"]`, and the release's
+`published/<release>` meta entry) so `cudal1 report` shows them too.
+
+`time_budget_s` stops starting new batches once the budget is spent (the GPU machine's calls are limited);
+what is done is kept, and the report covers every selected item evaluated so far, not only this chunk.
+Limits: one device per process; builds of a batch that is cut short are wasted only if the process dies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cudal1.audit.rows import PUBLISHED_META_PREFIX, row_from_result
+from cudal1.audit.select import Item, chunk_items, parse_chunk, select_items
+from cudal1.errors import ConfigError
+from cudal1.eval.config import PROFILES, EvalConfig, resolve_device
+from cudal1.eval.types import EvalResult
+from cudal1.metrics.rows import ResultRow
+from cudal1.tasks.sources import load_release
+from cudal1.tasks.task import Task
+
+logger = logging.getLogger(__name__)
+
+Evaluate = Callable[..., list[EvalResult]]
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """What to audit and how."""
+
+    release: str = _f("", "Path of the JSONL release (CUDA-L1 schema). Required.")
+    profile: str = _f("strict", "Correctness profile: strict (ours) or cuda-l1 (their harness's tolerance).")
+    levels: tuple[int, ...] = _f((), "Only these levels (empty: all).")
+    sample_per_level: int | None = _f(None, "Keep K items per level, chosen with `seed` (None: all).")
+    seed: int = _f(0, "Seed of the per-level sample.")
+    limit: int | None = _f(None, "Keep the first N selected items.")
+    chunk: str | None = _f(None, "Process only chunk I/N of the selection (round-robin), e.g. 2/5.")
+    baselines: tuple[str, ...] = _f((), "Baselines to measure for the chunk's tasks (e.g. eager, cuda_graph).")
+    batch_size: int = _f(16, "Items per evaluate_many call (their builds run in parallel).")
+    time_budget_s: float | None = _f(None, "Stop starting new batches after this many seconds.")
+    force: bool = _f(False, "Re-evaluate items already in the store.")
+    survive_fraction: float = _f(0.9, "A published speedup survives when ours >= this x published.")
+    eval_config: EvalConfig | None = _f(None, "Evaluation settings (device, trials, ...); profile is overridden.")
+
+    def __post_init__(self) -> None:
+        if not self.release:
+            raise ConfigError("AuditConfig.release is required: the path of a JSONL release")
+        if self.profile not in PROFILES:
+            raise ConfigError(f"unknown profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+        if self.batch_size < 1:
+            raise ConfigError("batch_size must be >= 1")
+        if not self.survive_fraction > 0:
+            raise ConfigError("survive_fraction must be > 0")
+        parse_chunk(self.chunk)
+        if self.eval_config is None:
+            object.__setattr__(self, "eval_config", EvalConfig())
+
+    @property
+    def release_name(self) -> str:
+        return Path(self.release).stem
+
+    @property
+    def label(self) -> str:
+        return audit_label(self.release_name, self.profile)
+
+    def resolved_eval(self) -> EvalConfig:
+        """The evaluation config with this audit's profile and the device made concrete."""
+        cfg = dataclasses.replace(self.eval_config, profile=self.profile)
+        return cfg.resolved(resolve_device(cfg.device))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "eval_config"}
+        out["eval_config"] = self.eval_config.to_dict()
+        return out
+
+
+def audit_label(release_name: str, profile: str) -> str:
+    """Store label of an audit: `audit:<release>:<profile>`."""
+    return f"audit:{release_name}:{profile}"
+
+
+@dataclass
+class AuditOutcome:
+    """What one audit invocation did, and the rows of every selected item evaluated so far."""
+
+    label: str
+    selected: list[Item]
+    chunk: list[Item]
+    evaluated: int = 0  # evaluated in this invocation
+    reused: int = 0  # chunk items already in the store
+    skipped_for_time: int = 0  # chunk items left for a later run
+    rows: list[ResultRow] = field(default_factory=list)
+    run_id: str | None = None
+
+    @property
+    def pending(self) -> int:
+        """Selected items (any chunk) without a stored result."""
+        return len(self.selected) - len(self.rows)
+
+
+def record_published(store: Any, items: list[Item], release_name: str) -> None:
+    """Store tasks and candidates with their published scores (first write of a candidate wins)."""
+    table = dict(store.get_meta(PUBLISHED_META_PREFIX + release_name) or {})
+    for task, cand in items:
+        store.put_task(task.id, task.source, level=task.level, origin=task.origin)
+        store.put_candidate(cand.source, task_id=task.id, origin=cand.origin,
+                            meta={"published": cand.published, "release": release_name})
+        table[cand.hash] = cand.published
+    store.put_meta(PUBLISHED_META_PREFIX + release_name, table)
+
+
+def stored_result(store: Any, task: Task, source_hash: str, cfg: EvalConfig) -> tuple[str, EvalResult | None]:
+    """(key, stored result or None) of a candidate under `cfg` on this machine."""
+    from cudal1.eval.pipeline import local_environment
+
+    return store.lookup(task.hash, source_hash, cfg.protocol(), local_environment(cfg.device))
+
+
+def _ensure_labelled(store: Any, key: str, result: EvalResult, task: Task, label: str, run_id: str | None) -> None:
+    """A result reused from another label is stored again under the audit label (same key)."""
+    if not store.query_evaluations(key=key, label=label):
+        store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)
+
+
+def _default_evaluate(*args: Any, **kwargs: Any) -> list[EvalResult]:
+    from cudal1.eval.pipeline import evaluate_many
+
+    return evaluate_many(*args, **kwargs)
+
+
+def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = None,
+              on_result: Callable[[Task, EvalResult], None] | None = None,
+              on_baseline: Callable[..., None] | None = None) -> AuditOutcome:
+    """Evaluate the chunk's items not yet in the store, then measure baselines, then collect all rows.
+
+    `evaluate` has `evaluate_many`'s signature (tests pass a fake). Raises `SourceError` for an unreadable
+    release and `ConfigError` for bad options; never for what a candidate does.
+    """
+    if store is None:
+        raise ConfigError("an audit needs a results store (it is how runs resume)")
+    started = time.monotonic()
+    evaluate = evaluate or _default_evaluate
+    cfg = config.resolved_eval()
+    selected = select_items(load_release(Path(config.release)), levels=config.levels,
+                            sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)
+    todo = chunk_items(selected, parse_chunk(config.chunk))
+    outcome = AuditOutcome(label=config.label, selected=selected, chunk=todo)
+    outcome.run_id = store.start_run("audit", config.to_dict())
+    record_published(store, todo, config.release_name)
+    pending: list[Item] = []
+    for task, cand in todo:
+        key, hit = stored_result(store, task, cand.hash, cfg)
+        if hit is None or config.force:
+            pending.append((task, cand))
+        else:
+            outcome.reused += 1
+            _ensure_labelled(store, key, hit, task, config.label, outcome.run_id)
+    for start in range(0, len(pending), config.batch_size):
+        if _out_of_time(config, started):
+            outcome.skipped_for_time = len(pending) - start
+            break
+        batch = pending[start:start + config.batch_size]
+        evaluate([(t, c.source) for t, c in batch], cfg, store=store, force=config.force, label=config.label,
+                 run_id=outcome.run_id, on_result=on_result)
+        outcome.evaluated += len(batch)
+    if config.baselines and not _out_of_time(config, started):
+        _measure_baselines(config, cfg, store, todo, started, on_baseline)
+    outcome.rows = audit_rows(store, selected, cfg, config.label)
+    store.finish_run(outcome.run_id, {"evaluated": outcome.evaluated, "reused": outcome.reused,
+                                      "skipped_for_time": outcome.skipped_for_time, "rows": len(outcome.rows)})
+    return outcome
+
+
+def _out_of_time(config: AuditConfig, started: float) -> bool:
+    return config.time_budget_s is not None and time.monotonic() - started > config.time_budget_s
+
+
+def _measure_baselines(config: AuditConfig, cfg: EvalConfig, store: Any, items: list[Item], started: float,
+                       on_baseline: Callable[..., None] | None) -> None:
+    from cudal1.baselines.runner import measure_baseline
+
+    tasks = list({t.hash: t for t, _ in items}.values())
+    for task in tasks:
+        for kind in config.baselines:
+            if _out_of_time(config, started):
+                return
+            record = measure_baseline(task, kind, cfg, store=store)
+            if on_baseline is not None:
+                on_baseline(task, kind, record)
+
+
+def audit_rows(store: Any, items: list[Item], cfg: EvalConfig, label: str) -> list[ResultRow]:
+    """Rows of the items with a stored result on this machine under `cfg`, in selection order."""
+    rows = []
+    for task, cand in items:
+        _, result = stored_result(store, task, cand.hash, cfg)
+        if result is not None:
+            rows.append(row_from_result(result, task, label=label, published=cand.published, store=store))
+    return rows
+
+
+def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir: str | Path, *,
+                 plots: bool = True, compare_profiles: bool = True) -> dict[str, Path]:
+    """Write the audit's report (see `write_audit_outputs`); the other profiles' stored runs of the same
+    release are added as extra labels, so strict and cuda-l1 verdicts appear side by side."""
+    from cudal1.audit.rows import rows_from_store, stored_labels
+    from cudal1.audit.summary import write_audit_outputs
+
+    rows = list(outcome.rows)
+    others = []
+    if compare_profiles:
+        others = [lb for lb in stored_labels(store) if lb.startswith(f"audit:{config.release_name}:")
+                  and lb != outcome.label]
+        selected_ids = {t.id for t, _ in outcome.selected}
+        rows += [row for row in rows_from_store(store, others) if row.task_id in selected_ids]
+    cfg = config.resolved_eval()
+    meta = {"release": config.release, "profile": config.profile, "device": cfg.device,
+            "selected": len(outcome.selected), "evaluated so far": len(outcome.rows),
+            "pending": outcome.pending, "compared with": ", ".join(others) or "-",
+            "protocol": cfg.protocol()}
+    extra = {"config": config.to_dict(), "pending": outcome.pending, "label": outcome.label}
+    return write_audit_outputs(rows, out_dir, title=f"Audit of {config.release_name} ({config.profile})",
+                               meta=meta, fraction=config.survive_fraction, plots=plots, extra=extra)

@@ -1,0 +1,118 @@
+"""What an audit says: per-task verdicts next to the published scores, survival counts, profile comparison.
+
+`audit_entries` gives one dict per task (every published score, our verdict, our speedup vs eager and vs
+each baseline, kernel class, flags, and whether the published speedup vs eager survives); `survival_table`
+counts survivors per kernel class or per flag; `profile_comparison` puts the runs of several profiles (or
+releases) side by side. `write_audit_outputs` writes the standard report (`cudal1.report.write_report`,
+all labels given) plus `audit.json` and `audit_tasks.md` (the per-task table with every baseline).
+
+A published speedup *survives* when our verdict is correct and our speedup vs the same baseline is at least
+`fraction` x the published one (`cudal1.metrics.audit_published`'s rule).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cudal1.metrics.aggregate import baselines_present, summarize_rows
+from cudal1.metrics.rows import PUBLISHED_KEY_BY_BASELINE, ResultRow
+from cudal1.report import write_report
+
+
+def _survives(row: ResultRow, baseline: str, fraction: float) -> bool | None:
+    published = row.published.get(PUBLISHED_KEY_BY_BASELINE.get(baseline, ""))
+    if published is None:
+        return None
+    ours = row.speedup_vs(baseline)
+    return ours is not None and ours >= fraction * published
+
+
+def audit_entries(rows: Sequence[ResultRow], fraction: float = 0.9) -> list[dict[str, Any]]:
+    """One JSON-ready dict per row: published scores, our verdict and speedups, survival per baseline."""
+    entries = []
+    for row in rows:
+        baselines = [b for b in baselines_present([row]) if b != "eager_warm"]
+        survives = {b: _survives(row, b, fraction) for b in PUBLISHED_KEY_BY_BASELINE}
+        entries.append({
+            "task_id": row.task_id, "level": row.level, "label": row.label, "published": dict(row.published),
+            "status": row.status, "speedup": row.speedup, "speedup_warm": row.speedup_warm,
+            "speedup_vs": {b: row.speedup_vs(b) for b in baselines}, "kernel_class": row.kernel_class,
+            "flags": list(row.flags), "sol": dict(row.sol), "survives": survives.get("eager"),
+            "survives_vs": {b: v for b, v in survives.items() if v is not None},
+        })
+    return entries
+
+
+def survival_table(rows: Sequence[ResultRow], by: str, fraction: float = 0.9) -> dict[str, dict[str, int]]:
+    """Per kernel class (`by="kernel_class"`) or per flag rule (`by="flag"`): rows, correct, published, survive."""
+    if by not in ("kernel_class", "flag"):
+        raise ValueError("survival_table: by must be 'kernel_class' or 'flag'")
+    table: dict[str, dict[str, int]] = defaultdict(lambda: {"rows": 0, "correct": 0, "published": 0,
+                                                            "survive": 0})
+    for row in rows:
+        keys = [row.kernel_class or "unknown"] if by == "kernel_class" else sorted(set(row.flags)) or ["(none)"]
+        verdict = _survives(row, "eager", fraction)
+        for key in keys:
+            cell = table[key]
+            cell["rows"] += 1
+            cell["correct"] += row.is_correct
+            cell["published"] += verdict is not None
+            cell["survive"] += bool(verdict)
+    return dict(sorted(table.items(), key=lambda kv: (-kv[1]["rows"], kv[0])))
+
+
+def profile_comparison(rows: Sequence[ResultRow], fraction: float = 0.9) -> list[dict[str, Any]]:
+    """One line per label: rows, correct, published speedups that survive, mean/median/geomean vs eager."""
+    out = []
+    for label in sorted({r.label for r in rows}):
+        mine = [r for r in rows if r.label == label]
+        summary = summarize_rows(mine, by=())[0].summary
+        verdicts = [_survives(r, "eager", fraction) for r in mine]
+        out.append({"label": label, "rows": len(mine), "correct": summary.success,
+                    "published": sum(v is not None for v in verdicts), "survive": sum(bool(v) for v in verdicts),
+                    "mean": summary.mean, "median": summary.median, "geomean": summary.geomean})
+    return out
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def tasks_markdown(entries: Sequence[dict[str, Any]], title: str) -> str:
+    """The per-task table: published vs ours for every baseline, verdict, class, flags, survival."""
+    baselines = [b for b in PUBLISHED_KEY_BY_BASELINE
+                 if any(b in e["speedup_vs"] or PUBLISHED_KEY_BY_BASELINE[b] in e["published"] for e in entries)]
+    labels = len({e["label"] for e in entries}) > 1
+    header = (["Run"] if labels else []) + ["Task", "Level", "Verdict"] + [
+        f"vs {b} (ours / published)" for b in baselines] + ["Kernel class", "Flags", "Survives"]
+    lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for e in entries:
+        cells = ([e["label"]] if labels else []) + [e["task_id"], str(e["level"]), e["status"]]
+        cells += [f"{_x(e['speedup_vs'].get(b))} / {_x(e['published'].get(PUBLISHED_KEY_BY_BASELINE[b]))}"
+                  for b in baselines]
+        survives = e["survives"]
+        cells += [e["kernel_class"] or "-", ", ".join(e["flags"]).replace("|", "/") or "-",
+                  "-" if survives is None else ("yes" if survives else "no")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_audit_outputs(rows: Sequence[ResultRow], out_dir: str | Path, *, title: str, meta: Mapping[str, Any],
+                        fraction: float = 0.9, plots: bool = True,
+                        extra: Mapping[str, Any] | None = None) -> dict[str, Path]:
+    """Write report.md/html (+plots), audit.json and audit_tasks.md under `out_dir`; return name -> path."""
+    out = Path(out_dir)
+    written = write_report(rows, out, title=title, meta=meta, plots=plots, survive_fraction=fraction)
+    entries = audit_entries(rows, fraction)
+    document = {"title": title, "meta": dict(meta), "fraction": fraction, **dict(extra or {}),
+                "comparison": profile_comparison(rows, fraction),
+                "by_kernel_class": survival_table(rows, "kernel_class", fraction),
+                "by_flag": survival_table(rows, "flag", fraction), "tasks": entries}
+    (out / "audit.json").write_text(json.dumps(document, indent=1, sort_keys=False, default=str) + "\n")
+    (out / "audit_tasks.md").write_text(tasks_markdown(entries, f"{title}: per task"))
+    written.update({"audit.json": out / "audit.json", "audit_tasks.md": out / "audit_tasks.md"})
+    return dict(sorted(written.items()))

@@ -1,0 +1,211 @@
+"""Measure, cache and apply baselines: every speedup cudal1 reports can be read against each of them.
+
+`measure_baseline(task, kind, config, store=...)` evaluates the generated baseline candidate
+(`cudal1.baselines.variants`) through `evaluate_candidate`, i.e. in an isolated worker with the evaluator's
+paired protocol against eager, with static analysis skipped (the code is ours) and, for `tf32`, the looser
+profile. The baseline's time is the candidate time of that evaluation and its speedup vs eager the measured
+speedup. The outcome is cached with `ResultsStore.put_baseline` under
+
+    (task source hash, kind, environment_key(GPU name, torch, CUDA, device type), baseline protocol version)
+
+where the protocol version is `PROTOCOL_VERSION` plus the problem sizes and a short hash of the protocol
+fields that change what a time means (L2 flush, input rotation), not those that only change its precision
+(buckets, iterations, trials) or the verdict (profile). Failures (capture illegal, compile error, a
+CUDA-only kind on CPU) are cached too, with `status="failed"` and a one-line `reason`, so reports can name
+them; the `ms` column then holds 0.0 (it cannot be NULL) and must be ignored.
+
+`attach_baselines(result, task, store)` fills `result.baselines[name]` = result.speedup / speedup_vs_eager
+of each cached, successful baseline (eager itself is the result's own `speedup`). This ratio of ratios uses
+two paired measurements (candidate vs eager, baseline vs eager), each robust to clock and load drift
+between runs, instead of dividing absolute times taken at different moments; it assumes eager's time is
+the same in both runs, which the paired protocol makes the common reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cudal1.baselines.variants import CUDA_ONLY_KINDS, baseline_source, eval_profile
+from cudal1.eval.config import PROTOCOL_VERSION, EvalConfig, resolve_device
+from cudal1.eval.types import EvalResult, Status
+from cudal1.store.keys import environment_key
+from cudal1.tasks.task import Task
+
+logger = logging.getLogger(__name__)
+
+#: Store label of the evaluations behind baselines: `baseline:<kind>`.
+LABEL_PREFIX = "baseline:"
+
+# Rationale: these protocol fields change what a measured time means (problem size, cold vs warm cache,
+# whether inputs rotate); the others only change how precisely it is measured or what counts as correct.
+MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs_per_bucket")
+
+OK, FAILED = "ok", "failed"
+
+
+def baseline_protocol_version(protocol: dict[str, Any]) -> str:
+    """The protocol version baselines are cached under, from an `EvalConfig.protocol()`-style dict."""
+    version = protocol.get("version", PROTOCOL_VERSION)
+    sizes = protocol.get("sizes", "full")
+    meaning = json.dumps({k: protocol.get(k) for k in MEANING_KEYS}, sort_keys=True)
+    return f"{version}-{sizes}-{hashlib.sha256(meaning.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class BaselineRecord:
+    """One baseline of one task on one machine: its time and speedup vs eager, or why it failed."""
+
+    task_id: str
+    task_hash: str
+    name: str
+    status: str  # "ok" | "failed"
+    ms: float | None = None  # median per-call time (cold cache), None when failed
+    speedup_vs_eager: float | None = None  # paired measurement vs eager; 1.0 for eager by definition
+    ref_ms: float | None = None  # eager's time in the same measurement
+    reason: str = ""  # one line when failed
+    profile: str = ""  # correctness profile it was checked under
+    eval_status: str = ""  # the evaluator's verdict
+    measured_speedup: float | None = None  # the raw paired ratio (eager: the protocol's noise)
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_extra(self) -> dict[str, Any]:
+        """The `extra` JSON stored with the baseline row."""
+        return {"task_id": self.task_id, "status": self.status, "speedup_vs_eager": self.speedup_vs_eager,
+                "ref_ms": self.ref_ms, "reason": self.reason, "profile": self.profile,
+                "eval_status": self.eval_status, "measured_speedup": self.measured_speedup}
+
+    @classmethod
+    def from_store(cls, task_hash: str, name: str, row: dict[str, Any]) -> BaselineRecord:
+        """Rebuild from a `ResultsStore.list_baselines` entry."""
+        extra = row.get("extra") or {}
+        ok = extra.get("status", OK) == OK
+        return cls(task_id=extra.get("task_id", ""), task_hash=task_hash, name=name,
+                   status=OK if ok else FAILED, ms=row.get("ms") if ok else None,
+                   speedup_vs_eager=extra.get("speedup_vs_eager"), ref_ms=extra.get("ref_ms"),
+                   reason=extra.get("reason", ""), profile=extra.get("profile", ""),
+                   eval_status=extra.get("eval_status", ""), measured_speedup=extra.get("measured_speedup"),
+                   cached=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def baseline_config(config: EvalConfig, kind: str) -> EvalConfig:
+    """The evaluation config of a baseline: static analysis off, the kind's profile, device resolved."""
+    resolved = config.resolved(resolve_device(config.device))
+    return dataclasses.replace(resolved, profile=eval_profile(kind, config.profile), skip_static=True)
+
+
+def _cache_coordinates(cfg: EvalConfig) -> tuple[str, str]:
+    from cudal1.eval.pipeline import local_environment
+
+    return environment_key(local_environment(cfg.device)), baseline_protocol_version(cfg.protocol())
+
+
+def record_from_result(task: Task, kind: str, result: EvalResult, profile: str) -> BaselineRecord:
+    """Turn the evaluation of a baseline candidate into its record (failed unless correct and timed)."""
+    if result.status is Status.CORRECT and result.timing is not None:
+        measured = result.timing.speedup
+        return BaselineRecord(task.id, task.hash, kind, OK, ms=result.timing.candidate_ms,
+                              speedup_vs_eager=1.0 if kind == "eager" else measured,
+                              ref_ms=result.timing.ref_ms, profile=profile, eval_status=result.status.value,
+                              measured_speedup=measured)
+    reason = (result.message or result.status.value).strip().splitlines()
+    return BaselineRecord(task.id, task.hash, kind, FAILED, reason=f"{result.status.value}: {reason[0][:300]}"
+                          if reason else result.status.value, profile=profile, eval_status=result.status.value)
+
+
+def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *, store: Any = None,
+                     force: bool = False) -> BaselineRecord:
+    """Time one baseline of `task` (or return it from the cache) and cache the outcome.
+
+    Never raises for what the baseline does at run time: failures come back as a record with
+    `status="failed"` and the reason.
+    """
+    cfg = baseline_config(config or EvalConfig(), kind)
+    env_key, version = _cache_coordinates(cfg)
+    if store is not None and not force:
+        hit = store.get_baseline(task.hash, kind, env_key, version)
+        if hit is not None:
+            return BaselineRecord.from_store(task.hash, kind, hit)
+    if kind in CUDA_ONLY_KINDS and not cfg.device.startswith("cuda"):
+        record = BaselineRecord(task.id, task.hash, kind, FAILED, reason=f"{kind} needs a CUDA device",
+                                profile=cfg.profile)
+    else:
+        source = baseline_source(task, kind, cfg.sizes)
+        result = evaluate_baseline_source(task, source, cfg, store=store, force=force, kind=kind)
+        record = record_from_result(task, kind, result, cfg.profile)
+    if store is not None:
+        store.put_baseline(task.hash, kind, env_key, version, record.ms or 0.0, extra=record.to_extra())
+    if not record.ok:
+        logger.info("baseline %s of %s failed: %s", kind, task.id, record.reason)
+    return record
+
+
+def evaluate_baseline_source(task: Task, source: str, cfg: EvalConfig, *, store: Any, force: bool,
+                             kind: str) -> EvalResult:
+    """Evaluate a generated baseline through the standard pipeline (stored under label `baseline:<kind>`)."""
+    from cudal1.eval.pipeline import evaluate_candidate
+
+    return evaluate_candidate(task, source, cfg, store=store, force=force, label=LABEL_PREFIX + kind)
+
+
+def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalConfig | None = None, *,
+                     store: Any = None, force: bool = False,
+                     on_result: Callable[[Task, str, BaselineRecord], None] | None = None) -> list[BaselineRecord]:
+    """Measure every (task, kind) pair not yet cached (all of them with `force`); resumable.
+
+    Returns the records in (task, kind) order; `on_result` is called after each (cached ones included).
+    """
+    records = []
+    for task in tasks:
+        for kind in kinds:
+            record = measure_baseline(task, kind, config, store=store, force=force)
+            records.append(record)
+            if on_result is not None:
+                on_result(task, kind, record)
+    return records
+
+
+def load_baselines(store: Any, task_hash: str, environment: dict[str, Any],
+                   protocol: dict[str, Any]) -> dict[str, BaselineRecord]:
+    """Cached baselines of a task for the machine of `environment` and the protocol of `protocol`."""
+    rows = store.list_baselines(task_hash, environment_key(environment), baseline_protocol_version(protocol))
+    return {name: BaselineRecord.from_store(task_hash, name, row) for name, row in rows.items()}
+
+
+def speedups_vs_baselines(speedup: float, records: dict[str, BaselineRecord]) -> dict[str, float]:
+    """speedup vs eager -> speedup vs each successful non-eager baseline (the ratio of paired ratios)."""
+    out = {}
+    for name, record in records.items():
+        if name == "eager" or not record.ok or not record.speedup_vs_eager:
+            continue
+        out[name] = speedup / record.speedup_vs_eager
+    return out
+
+
+def attach_baselines(result: EvalResult, task: Task | str, store: Any) -> EvalResult:
+    """The result with `baselines` = its speedup vs every cached baseline of its task and machine.
+
+    `task` is the Task or its source hash. A result without a speedup (not correct) is returned unchanged;
+    entries already in `result.baselines` are kept unless a cached baseline of the same name replaces them.
+    """
+    if store is None or result.speedup is None:
+        return result
+    task_hash = task if isinstance(task, str) else task.hash
+    records = load_baselines(store, task_hash, result.environment, result.protocol)
+    found = speedups_vs_baselines(result.speedup, records)
+    if not found:
+        return result
+    return result.replace(baselines={**result.baselines, **found})

@@ -1,0 +1,47 @@
+"""Audit tables: survival per kernel class and flag, per-task entries, profile comparison."""
+
+from __future__ import annotations
+
+from cudal1.audit.summary import audit_entries, profile_comparison, survival_table, tasks_markdown
+from cudal1.metrics.rows import ResultRow
+
+ROWS = [
+    ResultRow("a", level=1, speedup=2.0, baselines={"cuda_graph": 1.0}, kernel_class="custom_cuda",
+              published={"score_default": 2.1, "score_cuda_graph": 1.5}, label="audit:r:strict"),
+    ResultRow("b", level=1, speedup=1.0, kernel_class="pytorch_only", flags=["extra_cuda_stream"],
+              published={"score_default": 3.0}, label="audit:r:strict"),
+    ResultRow("c", level=2, status="incorrect", kernel_class="custom_cuda", flags=["fp16_downgrade"],
+              published={"score_default": 5.0}, label="audit:r:strict"),
+    ResultRow("c", level=2, speedup=5.0, kernel_class="custom_cuda", flags=["fp16_downgrade"],
+              published={"score_default": 5.0}, label="audit:r:cuda-l1"),
+]
+
+
+def test_entries_report_survival_per_baseline():
+    entries = {(e["task_id"], e["label"]): e for e in audit_entries(ROWS)}
+    a = entries[("a", "audit:r:strict")]
+    assert a["survives"] is True and a["survives_vs"] == {"eager": True, "cuda_graph": False}
+    assert a["speedup_vs"] == {"eager": 2.0, "cuda_graph": 1.0}
+    assert entries[("b", "audit:r:strict")]["survives"] is False
+    assert entries[("c", "audit:r:strict")]["survives"] is False
+
+
+def test_survival_tables():
+    strict = [r for r in ROWS if r.label.endswith("strict")]
+    by_class = survival_table(strict, "kernel_class")
+    assert by_class["custom_cuda"] == {"rows": 2, "correct": 1, "published": 2, "survive": 1}
+    assert by_class["pytorch_only"]["survive"] == 0
+    by_flag = survival_table(strict, "flag")
+    assert by_flag["(none)"]["survive"] == 1 and by_flag["fp16_downgrade"]["correct"] == 0
+
+
+def test_profile_comparison_puts_labels_side_by_side():
+    lines = {x["label"]: x for x in profile_comparison(ROWS)}
+    assert lines["audit:r:strict"]["survive"] == 1 and lines["audit:r:strict"]["rows"] == 3
+    assert lines["audit:r:cuda-l1"]["survive"] == 1 and lines["audit:r:cuda-l1"]["correct"] == 1
+
+
+def test_tasks_markdown_lists_ours_and_published_per_baseline():
+    text = tasks_markdown(audit_entries(ROWS[:1]), "T")
+    assert "vs cuda_graph (ours / published)" in text
+    assert "| a | 1 | correct | 2.00 / 2.10 | 1.00 / 1.50 | custom_cuda | - | yes |" in text

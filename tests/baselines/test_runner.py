@@ -1,0 +1,109 @@
+"""Measuring, caching and attaching baselines (one real CPU evaluation; the rest on a synthetic store)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal1.baselines import runner
+from cudal1.baselines.runner import (
+    BaselineRecord,
+    attach_baselines,
+    baseline_protocol_version,
+    measure_baseline,
+    record_from_result,
+)
+from cudal1.eval.config import EvalConfig
+from cudal1.eval.pipeline import local_environment
+from cudal1.eval.types import EvalResult, Status, TimingStats
+from cudal1.store import ResultsStore, environment_key
+from cudal1.tasks import Task
+
+TINY = (__import__("pathlib").Path(__file__).parents[1] / "fixtures" / "tasks" / "tiny_scale_add.py").read_text()
+FAST = EvalConfig(device="cpu", correctness_trials=2, buckets=3, target_bucket_ms=5.0, warm_buckets=0)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ResultsStore(tmp_path / "s.sqlite") as s:
+        yield s
+
+
+def _timing(speedup: float, ref_ms: float = 1.0) -> TimingStats:
+    return TimingStats(ref_ms=ref_ms, candidate_ms=ref_ms / speedup, speedup=speedup, stability=0.0,
+                       bucket_speedups=[speedup])
+
+
+def _put(store, task, name, speedup_vs_eager, protocol, status="ok"):
+    version = baseline_protocol_version(protocol)
+    extra = {"status": status, "speedup_vs_eager": speedup_vs_eager, "reason": "" if status == "ok" else "x"}
+    store.put_baseline(task.hash, name, environment_key(local_environment("cpu")), version, 1.0, extra=extra)
+
+
+def test_protocol_version_ignores_precision_but_not_meaning():
+    base = EvalConfig(device="cpu").resolved("cpu").protocol()
+    more_buckets = EvalConfig(device="cpu", buckets=11, correctness_trials=1).resolved("cpu").protocol()
+    assert baseline_protocol_version(base) == baseline_protocol_version(more_buckets)
+    full = EvalConfig(device="cpu", sizes="full").resolved("cpu").protocol()
+    warm = EvalConfig(device="cpu", flush_l2=False).resolved("cpu").protocol()
+    assert len({baseline_protocol_version(p) for p in (base, full, warm)}) == 3
+
+
+def test_attach_baselines_is_a_ratio_of_paired_ratios(store):
+    task = Task(id="t/tiny", source=TINY)
+    protocol = FAST.resolved("cpu").protocol()
+    _put(store, task, "eager", 1.0, protocol)
+    _put(store, task, "torch_compile", 2.0, protocol)
+    _put(store, task, "cuda_graph", 0.5, protocol)
+    _put(store, task, "cudnn", None, protocol, status="failed")
+    result = EvalResult(status=Status.CORRECT, speedup=3.0, timing=_timing(3.0), protocol=protocol,
+                        environment=local_environment("cpu"))
+    attached = attach_baselines(result, task, store)
+    assert attached.baselines == {"torch_compile": 1.5, "cuda_graph": 6.0}
+    other = Task(id="t/other", source=TINY + "\n# changed\n")
+    assert attach_baselines(result, other, store).baselines == {}
+    failed = EvalResult(status=Status.INCORRECT, protocol=protocol, environment=local_environment("cpu"))
+    assert attach_baselines(failed, task, store) is failed
+
+
+def test_failed_evaluation_becomes_a_failed_record_with_its_reason():
+    task = Task(id="t/tiny", source=TINY)
+    result = EvalResult(status=Status.RUNTIME_ERROR, message="forward raised CudaGraphCaptureError: CUDA graph "
+                        "capture is illegal for this task: operation not permitted when stream is capturing\nmore")
+    record = record_from_result(task, "cuda_graph", result, "strict")
+    assert not record.ok and record.ms is None
+    assert record.reason.startswith("runtime_error: forward raised CudaGraphCaptureError")
+    assert "more" not in record.reason
+
+
+def test_cuda_only_kind_on_cpu_is_cached_as_failed_without_evaluating(store, monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("must not evaluate")
+    monkeypatch.setattr(runner, "evaluate_baseline_source", boom)
+    task = Task(id="t/tiny", source=TINY)
+    record = measure_baseline(task, "cuda_graph", FAST, store=store)
+    assert record.reason == "cuda_graph needs a CUDA device" and not record.ok
+    again = measure_baseline(task, "cuda_graph", FAST, store=store)
+    assert again.cached and again.reason == record.reason
+
+
+def test_eager_baseline_through_the_real_pipeline_is_cached(store, monkeypatch):
+    task = Task(id="t/tiny", source=TINY)
+    record = measure_baseline(task, "eager", FAST, store=store)
+    assert record.ok, record.reason
+    assert record.ms > 0 and record.ref_ms > 0
+    assert record.speedup_vs_eager == 1.0 and record.measured_speedup > 0
+    assert store.query_evaluations(label="baseline:eager")[0]["status"] == "correct"
+    monkeypatch.setattr(runner, "evaluate_baseline_source", lambda *a, **k: pytest.fail("re-evaluated"))
+    cached = measure_baseline(task, "eager", FAST, store=store)
+    assert cached.cached and cached.ms == pytest.approx(record.ms)
+    assert isinstance(BaselineRecord.from_store(task.hash, "eager", {"ms": 1.0, "extra": {}}), BaselineRecord)
+
+
+@pytest.mark.slow
+def test_torch_compile_baseline_on_cpu_is_correct_and_raises_no_guard(store):
+    task = Task(id="t/tiny", source=TINY)
+    record = measure_baseline(task, "torch_compile", FAST, store=store)
+    assert record.ok, record.reason
+    flags = store.query_evaluations(label="baseline:torch_compile")[0]["result"]["flags"]
+    assert record.profile == "kernelbench-v0"  # inductor's cold-cache helper thread only warns there
+    assert all(f["rule"].startswith("guard.") for f in flags), flags

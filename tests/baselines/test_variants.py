@@ -1,0 +1,93 @@
+"""Generated baseline candidates: they parse, wrap the reference exactly, and fail clearly where they cannot run."""
+
+from __future__ import annotations
+
+import ast
+import types
+
+import pytest
+import torch
+
+from cudal1.baselines.variants import BASELINE_KINDS, baseline_source, eval_profile, parse_kinds
+from cudal1.errors import ConfigError
+from cudal1.tasks import Task, load_tasks
+
+TINY = '''
+import torch
+import torch.nn as nn
+
+SCALE = 3.0
+DIM = 8
+SMALL_SIZES = {"SCALE": 0.5}
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.lin(x) * SCALE
+
+
+def get_inputs():
+    return [torch.randn(4, DIM)]
+
+
+def get_init_inputs():
+    return [DIM]
+'''
+
+
+def _module(source: str) -> types.ModuleType:
+    module = types.ModuleType("generated_baseline")
+    exec(compile(source, "<generated>", "exec"), module.__dict__)  # noqa: S102 - our own generated code
+    return module
+
+
+def test_every_kind_parses_for_every_builtin_task():
+    for task in load_tasks("builtin"):
+        for kind in BASELINE_KINDS:
+            ast.parse(baseline_source(task, kind))
+
+
+@pytest.mark.parametrize("sizes, scale", [("full", 3.0), ("small", 0.5)])
+def test_eager_wrapper_equals_reference_with_the_harness_sizes(sizes, scale):
+    task = Task(id="t/tiny", source=TINY)
+    module = _module(baseline_source(task, "eager", sizes))
+    ref = task.load(sizes=sizes)
+    torch.manual_seed(0)
+    model = ref.Model(8)
+    torch.manual_seed(0)
+    wrapped = module.ModelNew(8)
+    x = torch.randn(4, 8)
+    assert torch.equal(wrapped(x), model(x))
+    assert torch.equal(wrapped(x), model.lin(x) * scale)
+
+
+def test_source_with_quotes_and_backslashes_round_trips():
+    source = TINY.replace("SCALE = 3.0", 'SCALE = 3.0\nNOTE = "a \\"quoted\\" \\\\ path"')
+    module = _module(baseline_source(Task(id='t/"odd"\\id', source=source), "eager"))
+    assert module._TASK_SOURCE == source
+
+
+@pytest.mark.parametrize("kind", ["cuda_graph", "cudnn", "tf32"])
+def test_cuda_only_kinds_name_the_reason_on_cpu(kind):
+    module = _module(baseline_source(Task(id="t/tiny", source=TINY), kind))
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        module.ModelNew(8)(torch.randn(4, 8))
+
+
+def test_tf32_is_evaluated_under_the_loose_profile_only():
+    assert eval_profile("tf32", "strict") == "kernelbench-v0"
+    assert eval_profile("cuda_graph", "strict") == "strict"
+
+
+def test_parse_kinds():
+    assert parse_kinds("eager, cuda_graph,eager") == ["eager", "cuda_graph"]
+    assert parse_kinds("all") == list(BASELINE_KINDS)
+    assert parse_kinds(["eager,cudnn", "tf32"]) == ["eager", "cudnn", "tf32"]
+    with pytest.raises(ConfigError, match="nope"):
+        parse_kinds("eager,nope")
+    with pytest.raises(ConfigError):
+        baseline_source(Task(id="t/tiny", source=TINY), "nope")

@@ -1,0 +1,36 @@
+"""GPU checks of the baselines: CUDA Graph replay matches eager on every built-in task (or capture is
+reported illegal with its reason), and the cuDNN/TF32 variants pass and leave no global state behind.
+
+Run on a GPU machine: `pytest tests/baselines/test_variants_gpu.py -m gpu -s` (prints one line per task).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal1.baselines.runner import measure_baseline
+from cudal1.eval.config import EvalConfig
+from cudal1.tasks import load_tasks
+
+pytestmark = pytest.mark.gpu
+
+QUICK = EvalConfig(device="cuda", correctness_trials=3, buckets=2, target_bucket_ms=20.0, warm_buckets=0)
+BUILTIN = load_tasks("builtin")
+
+
+@pytest.mark.parametrize("task", BUILTIN, ids=[t.id for t in BUILTIN])
+def test_cuda_graph_matches_eager_or_names_why_capture_is_illegal(task):
+    record = measure_baseline(task, "cuda_graph", QUICK, force=True)
+    if record.ok:
+        print(f"{task.id}: cuda_graph ok, {record.ms:.3f} ms, {record.speedup_vs_eager:.2f}x vs eager")
+        return
+    print(f"{task.id}: cuda_graph capture illegal: {record.reason}")
+    assert "CUDA graph capture is illegal" in record.reason or "input signatures" in record.reason, record.reason
+
+
+@pytest.mark.parametrize("kind", ["cudnn", "tf32", "torch_compile_reduce_overhead"])
+def test_flag_and_graph_variants_pass_on_a_conv_task(kind):
+    task = next(t for t in BUILTIN if t.name == "conv_bn_relu")
+    record = measure_baseline(task, kind, QUICK, force=True)
+    assert record.ok, record.reason
+    print(f"{task.id}: {kind} {record.ms:.3f} ms, {record.speedup_vs_eager:.2f}x vs eager ({record.profile})")
