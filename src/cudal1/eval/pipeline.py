@@ -164,12 +164,14 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
 
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
                   force: bool = False, label: str = "", run_id: str | None = None,
-                  on_result: Callable[[Task, EvalResult], None] | None = None) -> list[EvalResult]:
+                  on_result: Callable[[Task, EvalResult], None] | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> list[EvalResult]:
     """Evaluate (task, source) pairs one after another on this machine's device.
 
     `load_inline` builds of all pairs are started first in the compile pool (every CPU core), so the GPU
     phase finds them in the build cache; the worker for the next candidate starts (interpreter, imports,
-    CUDA context) while the current one is evaluated.
+    CUDA context) while the current one is evaluated. `should_stop` is asked before each candidate (a time
+    budget, a signal); the results so far are returned when it says stop.
     """
     items = list(items)
     cfg = config or EvalConfig()
@@ -179,6 +181,8 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     results = []
     with WorkerSupply(WORKER_ENTRY, warm_device=device if device.startswith("cuda") else None) as workers:
         for task, source in items:
+            if should_stop is not None and should_stop():
+                break
             result = evaluate_candidate(task, source, cfg, store=store, force=force, label=label, run_id=run_id,
                                         workers=workers)
             results.append(result)

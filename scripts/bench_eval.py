@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Evaluator benchmarks on the GPU machine: throughput on a release sample, then precision.
+
+Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
+                                    [--precision-n 20] [--time-budget-s 500]
+
+1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included: all
+   `load_inline` builds in parallel first, then every candidate evaluated by the full strict protocol.
+   Prints candidates and correct-and-timed candidates per GPU-hour.
+2. Precision: up to `--precision-n` candidates that were correct in (1) (topped up with the built-in
+   examples) evaluated twice more in the same run; prints the median relative difference of speedups.
+Writes bench_eval.json (every result) under OUT_DIR; prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from cudal1.eval import EvalConfig, Status, evaluate_many  # noqa: E402
+from cudal1.eval.pipeline import prebuild  # noqa: E402
+from cudal1.tasks import load_release  # noqa: E402
+from cudal1.tasks.sources import example_candidates  # noqa: E402
+
+
+def sample_release(path: Path, per_level: int, seed: int):
+    rng = random.Random(seed)
+    by_level: dict[int, list] = {}
+    for task, cand in load_release(path):
+        if cand is not None:
+            by_level.setdefault(task.level, []).append((task, cand.source))
+    return [pair for level in sorted(by_level) for pair in rng.sample(by_level[level], min(per_level, len(by_level[level])))]
+
+
+def throughput(pairs, cfg: EvalConfig, deadline: float) -> dict:
+    t0 = time.monotonic()
+    prebuild([s for _, s in pairs], cfg.resolved("cuda"))
+    build_s = time.monotonic() - t0
+    results = evaluate_many(pairs, cfg, should_stop=lambda: time.monotonic() > deadline)
+    wall_s = time.monotonic() - t0
+    n_ok = sum(r.status is Status.CORRECT for r in results)
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+    per_eval = [r.duration_s for r in results if r.duration_s]
+    return {"n": len(results), "n_load_inline": sum("load_inline" in s for _, s in pairs[:len(results)]),
+            "build_wall_s": build_s, "wall_s": wall_s, "statuses": statuses,
+            "candidates_per_gpu_hour": 3600 * len(results) / wall_s,
+            "correct_timed_per_gpu_hour": 3600 * n_ok / wall_s,
+            "median_eval_s": statistics.median(per_eval) if per_eval else None,
+            "mean_eval_s": statistics.fmean(per_eval) if per_eval else None,
+            "results": [dict(task=t.id, **r.to_dict()) for (t, _), r in zip(pairs, results)]}
+
+
+def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
+    diffs, rows = [], []
+    for task, source in pairs:
+        if time.monotonic() > deadline:
+            break
+        a, b = evaluate_many([(task, source), (task, source)], cfg)
+        if a.speedup and b.speedup:
+            diff = abs(a.speedup - b.speedup) / ((a.speedup + b.speedup) / 2)
+            diffs.append(diff)
+            rows.append({"task": task.id, "speedup_1": a.speedup, "speedup_2": b.speedup, "rel_diff": diff,
+                         "stability_1": a.stability, "stability_2": b.stability})
+    return {"n": len(diffs), "median_rel_diff": statistics.median(diffs) if diffs else None,
+            "max_rel_diff": max(diffs) if diffs else None, "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--release", type=Path, default=ROOT.parent / "shared/data/cuda-l1/h100.jsonl")
+    ap.add_argument("--per-level", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision-n", type=int, default=20)
+    ap.add_argument("--time-budget-s", type=float, default=500.0)
+    ap.add_argument("--throughput-share", type=float, default=0.6)
+    args = ap.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    cfg = EvalConfig(device="cuda")
+    out: dict = {"config": cfg.to_dict()}
+    pairs = sample_release(args.release, args.per_level, args.seed)
+    out["throughput"] = throughput(pairs, cfg, start + args.time_budget_s * args.throughput_share)
+    (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
+    correct = {r["task"] for r in out["throughput"]["results"] if r["status"] == "correct"}
+    chosen = [(t, s) for t, s in pairs if t.id in correct]
+    chosen += [(t, s) for t, _, s in example_candidates("cuda")]
+    out["precision"] = precision(chosen[:args.precision_n], cfg, start + args.time_budget_s)
+    (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
+    tp, pr = out["throughput"], out["precision"]
+    print("\n== bench_eval ==")
+    print(f"throughput sample       {tp['n']} candidates ({tp['n_load_inline']} load_inline), statuses {tp['statuses']}")
+    print(f"build wall (parallel)   {tp['build_wall_s']:.1f} s; total wall {tp['wall_s']:.1f} s")
+    print(f"candidates / GPU-hour   {tp['candidates_per_gpu_hour']:.0f}; correct-and-timed {tp['correct_timed_per_gpu_hour']:.0f}")
+    print(f"per-candidate eval      median {tp['median_eval_s']} s, mean {tp['mean_eval_s']} s")
+    print(f"precision (n={pr['n']})       median rel diff {pr['median_rel_diff']}, max {pr['max_rel_diff']}")
+
+
+if __name__ == "__main__":
+    main()
