@@ -48,7 +48,7 @@ class Task:
 
     @property
     def description(self) -> str:
-        """First line of the module docstring (or of the Model docstring), if any."""
+        """First paragraph of the module docstring (or of the Model docstring), on one line."""
         try:
             tree = ast.parse(self.source)
         except SyntaxError:
@@ -58,7 +58,8 @@ class Task:
             for node in tree.body:
                 if isinstance(node, ast.ClassDef) and node.name == "Model":
                     doc = ast.get_docstring(node)
-        return (doc or "").strip().splitlines()[0] if doc and doc.strip() else ""
+        paragraph = (doc or "").strip().split("\n\n")[0]
+        return " ".join(paragraph.split())
 
     def load(self, sizes: str = "full") -> Reference:
         return load_reference(self.source, self.id, sizes=sizes)

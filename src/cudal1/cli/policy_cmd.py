@@ -1,0 +1,53 @@
+"""`cudal1 evaluate-policy CHECKPOINT --split test`: pass@k, success rate and speedups of a trained policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from cudal1.cli import common
+
+
+def evaluate_policy_command(
+    checkpoint: str = typer.Argument("", help="Model directory (a training stage's final/ or checkpoint)."),
+    llm: str = typer.Option("", "--llm", help="Instead of a checkpoint: openai:MODEL@URL or hf:PATH."),
+    source: str = typer.Option("builtin", "--source", "-s", help="Task source."),
+    split: str = typer.Option("test", "--split", help="train, test or all."),
+    splits_file: str = typer.Option("", "--splits-file", help="Split JSON written by training (splits.json)."),
+    samples: int = typer.Option(8, "--samples", "-k", help="Completions per task."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
+    max_new_tokens: int = typer.Option(4096, "--max-new-tokens", help="Longest completion."),
+    max_tasks: int = typer.Option(0, "--max-tasks", help="At most this many tasks (0: all)."),
+    form: str = typer.Option("load_inline", "--form", help="load_inline or raw_cuda."),
+    workers: int = typer.Option(4, "--workers", help="Candidates evaluated in parallel."),
+    output: str = typer.Option("", "--output", help="Write the JSON report here."),
+    device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
+    sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Sample k completions per task of a split, evaluate them, report pass@k and speedups (paper format)."""
+    from cudal1.train.policy_eval import PolicyEvalConfig, evaluate_policy
+
+    cfg = PolicyEvalConfig(checkpoint=checkpoint, llm=llm, source=source, split=split, splits_file=splits_file,
+                           samples=samples, temperature=temperature, max_new_tokens=max_new_tokens,
+                           max_tasks=max_tasks, form=form, output=output)
+    eval_cfg = common.make_config(device, profile, trials, sizes)
+    report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store(store_path, no_store),
+                             workers=workers)
+    if as_json:
+        common.console.print(json.dumps(report.to_dict(), indent=1, default=str), markup=False, highlight=False)
+        return
+    table = Table(title=f"policy {checkpoint or llm} on split {split!r}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in report.table_rows():
+        table.add_row(name, value)
+    common.console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `cudal1 evaluate-policy`."""
+    app.command("evaluate-policy")(evaluate_policy_command)

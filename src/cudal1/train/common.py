@@ -1,0 +1,235 @@
+"""Pieces every training stage shares: tasks of a split, TRL/transformers arguments, callbacks, run records,
+and parallel evaluation of a batch of candidates.
+
+Argument names of transformers/TRL move between versions (tested: transformers 5.24, TRL 1.16); they are
+mapped in one place, `make_training_args`, which keeps only the names the installed version knows.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cudal1.errors import ConfigError
+from cudal1.eval.types import EvalResult, Status
+from cudal1.tasks.task import Task
+from cudal1.train.config import CommonTrainConfig, write_resolved_config
+from cudal1.train.splits import load_or_make_split, select_tasks
+
+logger = logging.getLogger(__name__)
+
+#: `(task, candidate source) -> EvalResult`; the default wraps `evaluate_candidate`.
+Evaluator = Callable[[Task, str], EvalResult]
+
+
+def resolve_tasks(config: CommonTrainConfig, tasks: Sequence[Task] | None = None) -> list[Task]:
+    """The tasks of `config.split` from `config.source` (or from `tasks`), at most `max_tasks` of them."""
+    if tasks is None:
+        from cudal1.tasks import load_tasks
+
+        tasks = load_tasks(config.source)
+    split_path = config.splits_file or str(Path(config.output_dir) / "splits.json")
+    split = load_or_make_split(split_path, tasks, test_fraction=config.test_fraction, seed=config.split_seed)
+    chosen = select_tasks(tasks, config.split, split)
+    if config.max_tasks > 0:
+        chosen = chosen[:config.max_tasks]
+    if not chosen:
+        raise ConfigError(f"no tasks in split {config.split!r} of {config.source!r} (split file {split_path})")
+    return chosen
+
+
+def _arg_names(args_cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(args_cls)}
+
+
+def make_training_args(args_cls: type, config: CommonTrainConfig, **extra: Any) -> Any:
+    """A TRL/transformers args object from a stage config plus stage-specific `extra` values.
+
+    Unknown names (another TRL version) are dropped with a warning rather than failing the run.
+    """
+    names = _arg_names(args_cls)
+    values: dict[str, Any] = {
+        "output_dir": config.output_dir, "learning_rate": config.learning_rate,
+        "lr_scheduler_type": config.lr_scheduler_type, "weight_decay": config.weight_decay,
+        "max_grad_norm": config.max_grad_norm, "num_train_epochs": config.num_train_epochs,
+        "max_steps": config.max_steps, "per_device_train_batch_size": config.per_device_train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps, "seed": config.seed,
+        "bf16": config.bf16, "logging_steps": config.logging_steps, "save_steps": config.save_steps,
+        "save_total_limit": config.save_total_limit, "report_to": config.report_targets,
+        "use_cpu": config.use_cpu, "save_strategy": "steps", "disable_tqdm": True,
+    }
+    if "warmup_ratio" in names:
+        values["warmup_ratio"] = config.warmup_ratio
+    else:
+        values["warmup_steps"] = config.warmup_ratio  # transformers >= 5: a float < 1 is a ratio
+    ckpt_name = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    values[ckpt_name] = config.gradient_checkpointing
+    if config.gradient_checkpointing and "gradient_checkpointing_kwargs" in names:
+        values["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    values.update(extra)
+    dropped = sorted(k for k in values if k not in names)
+    if dropped:
+        logger.warning("%s does not know %s; ignored", args_cls.__name__, ", ".join(dropped))
+    return args_cls(**{k: v for k, v in values.items() if k in names})
+
+
+def resolve_resume(config: CommonTrainConfig) -> str | None:
+    """The checkpoint to resume from: a path, the newest under output_dir ('latest'), or None."""
+    spec = config.resume_from_checkpoint
+    if not spec:
+        return None
+    if spec in ("latest", "auto", "true"):
+        ckpts = sorted(Path(config.output_dir).glob("checkpoint-*"),
+                       key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
+        if not ckpts:
+            logger.warning("resume requested but %s has no checkpoint; starting fresh", config.output_dir)
+            return None
+        return str(ckpts[-1])
+    if not Path(spec).is_dir():
+        raise ConfigError(f"resume_from_checkpoint {spec!r} is not a checkpoint directory")
+    return spec
+
+
+def time_budget_callback(budget_s: float) -> Any:
+    """A transformers `TrainerCallback` that stops training cleanly (and saves) after `budget_s` seconds."""
+    import transformers
+
+    class TimeBudgetCallback(transformers.TrainerCallback):
+        """Stops training once the wall-clock budget of the stage is spent."""
+
+        def __init__(self) -> None:
+            self.started_s = time.monotonic()
+            self.stopped_early = False
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.started_s = time.monotonic()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if budget_s > 0 and time.monotonic() - self.started_s >= budget_s:
+                logger.info("time budget of %.0f s spent at step %d; stopping", budget_s, state.global_step)
+                self.stopped_early = True
+                control.should_training_stop = True
+                control.should_save = True
+            return control
+
+    return TimeBudgetCallback()
+
+
+@dataclass
+class StageResult:
+    """What a stage leaves behind: where the final policy is, its log and a summary."""
+
+    stage: str
+    output_dir: str
+    final_model_dir: str
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class RunRecorder:
+    """Writes the resolved config into the run directory and the store's run record; finishes both."""
+
+    def __init__(self, kind: str, config: CommonTrainConfig, store: Any = None):
+        self.kind = kind
+        self.config = config
+        self.store = store
+        self.dir = Path(config.output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_resolved_config(config, self.dir)
+        self.run_id = store.start_run(kind, {"stage": kind, **config.to_dict()}) if store is not None else None
+
+    def finish(self, result: StageResult) -> StageResult:
+        """Write `summary.json` and `log_history.json`, close the store's run record; return `result`."""
+        result.run_id = self.run_id
+        (self.dir / "log_history.json").write_text(json.dumps(result.log_history, indent=1, default=str))
+        (self.dir / "summary.json").write_text(json.dumps(result.summary, indent=1, default=str))
+        if self.store is not None and self.run_id is not None:
+            self.store.finish_run(self.run_id, result.summary)
+        return result
+
+
+def open_store(spec: str) -> Any:
+    """The results store of a run: '' default, 'none' disabled, else a path."""
+    if spec == "none":
+        return None
+    from cudal1.store import ResultsStore
+
+    return ResultsStore(spec or None)
+
+
+def default_evaluator(config: CommonTrainConfig, store: Any = None, run_id: str | None = None,
+                      label: str = "") -> Evaluator:
+    """`(task, source) -> EvalResult` through the hardened evaluator with the run's settings and store."""
+    from cudal1.eval import evaluate_candidate
+
+    eval_cfg = config.eval_config()
+
+    def evaluate(task: Task, source: str) -> EvalResult:
+        return evaluate_candidate(task, source, eval_cfg, store=store, label=label, run_id=run_id)
+
+    return evaluate
+
+
+def evaluate_batch(evaluator: Evaluator, items: Sequence[tuple[Task, str | None]], workers: int) -> list[EvalResult]:
+    """Evaluate (task, source) pairs in parallel (each evaluation runs in its own isolated process).
+
+    A None source (no code could be extracted) is UNPARSEABLE without evaluation. An evaluator that raises
+    yields a RUNTIME_ERROR verdict for that candidate, so one failure never loses the batch.
+    """
+    results: list[EvalResult | None] = [None] * len(items)
+
+    def one(i: int) -> None:
+        task, source = items[i]
+        if source is None:
+            results[i] = EvalResult(status=Status.UNPARSEABLE, message="no ModelNew code block found",
+                                    task_id=task.id)
+            return
+        try:
+            results[i] = evaluator(task, source)
+        except Exception as exc:  # noqa: BLE001 - an evaluator failure costs that candidate only
+            logger.warning("evaluation of a candidate for %s raised", task.id, exc_info=True)
+            results[i] = EvalResult(status=Status.RUNTIME_ERROR, message=f"evaluator raised {exc!r}"[:300],
+                                    task_id=task.id)
+
+    if workers <= 1 or len(items) <= 1:
+        for i in range(len(items)):
+            one(i)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cudal1-eval") as pool:
+            list(pool.map(one, range(len(items))))
+    return [r for r in results if r is not None]
+
+
+def extract_code(text: str) -> str | None:
+    """The candidate module in an LLM completion, or None."""
+    from cudal1.llm.extract import extract_completion
+
+    return extract_completion(text).code
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a TRL completion: a string, or a conversational list of messages (the last one's content)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion:
+        last = completion[-1]
+        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    return str(completion)
+
+
+def fenced(code: str) -> str:
+    """The assistant answer used as an SFT target for a code-only example."""
+    return f"```python\n{code.rstrip()}\n```"

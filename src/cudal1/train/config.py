@@ -1,0 +1,358 @@
+"""Typed configs of the three training stages, their YAML form and the CLI's `KEY=VALUE` overrides.
+
+One `@dataclass` per stage (`SFTStageConfig`, `SelfSupervisedConfig`, `RLStageConfig`), all sharing
+`CommonTrainConfig` (model, run directory, task split, optimisation, memory switches, logging, evaluator).
+Each field's `metadata["help"]` is the one source of its documentation: `reference_yaml(cls)` renders the
+documented defaults that ship as `cudal1/configs/<stage>.yaml`, and a test checks those files are current.
+
+Loading: `load_config(cls, yaml_path, overrides)` reads the YAML (unknown keys are an error), applies the
+overrides (`["learning_rate=1e-5", "use_lora=true"]`, values parsed as YAML scalars/lists), and builds the
+dataclass, whose `__post_init__` raises `ConfigError` naming what to set for impossible combinations.
+Required inputs that vary per run (`model`, `output_dir`) have no usable default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from cudal1.errors import ConfigError
+from cudal1.eval.config import EvalConfig
+from cudal1.eval.types import Status
+
+C = TypeVar("C")
+
+SPLITS = ("train", "test", "all")
+FORMS = ("load_inline", "raw_cuda")
+REPORT_TARGETS = ("tensorboard", "wandb", "none")
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class CommonTrainConfig:
+    """Fields every stage shares. Stage configs extend it."""
+
+    model: str = _f("", "REQUIRED. Model to train: a local path or hub id, or 'scratch[:hidden=H,layers=L,heads=A,"
+                        "intermediate=I,max_positions=P]' for a randomly initialised Llama with the byte tokenizer.")
+    tokenizer: str = _f("", "Tokenizer path or id; empty: the model's own; 'byte': cudal1's byte-level tokenizer.")
+    output_dir: str = _f("", "REQUIRED. Run directory: checkpoints, config.yaml, logs, TensorBoard events.")
+    source: str = _f("builtin", "Task source (builtin, a KernelBench folder, hf:NAME, jsonl:PATH, FILE.py).")
+    split: str = _f("train", "Which tasks to use: train, test or all (see splits_file).")
+    splits_file: str = _f("", "JSON file of the train/test split; empty: <output_dir>/splits.json, created if "
+                              "missing (deterministic from split_seed and test_fraction, stratified by level).")
+    test_fraction: float = _f(0.2, "Fraction of each level's tasks held out for testing (new split files).")
+    split_seed: int = _f(0, "Seed of the task split hash (new split files).")
+    max_tasks: int = _f(0, "Use at most this many tasks of the split (0: all); for smoke runs.")
+    form: str = _f("load_inline", "Candidate form asked for in prompts: load_inline (KernelBench) or raw_cuda.")
+    learning_rate: float = _f(1e-5, "Peak learning rate (AdamW).")
+    lr_scheduler_type: str = _f("cosine", "Learning-rate schedule (transformers names: linear, cosine, constant).")
+    warmup_ratio: float = _f(0.03, "Fraction of steps spent warming the learning rate up.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
+    num_train_epochs: float = _f(1.0, "Epochs over the stage's data (ignored when max_steps > 0).")
+    max_steps: int = _f(-1, "Optimizer steps; -1: from num_train_epochs.")
+    per_device_train_batch_size: int = _f(1, "Sequences per device per micro-batch.")
+    gradient_accumulation_steps: int = _f(8, "Micro-batches per optimizer step.")
+    seed: int = _f(42, "Seed of data order, sampling and initialisation.")
+    bf16: bool = _f(False, "Train in bfloat16 mixed precision (recommended on H100/H200).")
+    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of all weights: far less GPU memory.")
+    lora_r: int = _f(16, "LoRA rank (use_lora).")
+    lora_alpha: int = _f(32, "LoRA scaling alpha (use_lora).")
+    lora_dropout: float = _f(0.05, "LoRA dropout (use_lora).")
+    lora_target_modules: list = _f(["all-linear"], "Modules that get adapters (peft names; 'all-linear').")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass: less memory, ~30% slower.")
+    use_cpu: bool = _f(False, "Train on the CPU even when a GPU is visible (tests, debugging).")
+    logging_steps: int = _f(1, "Log metrics every this many optimizer steps.")
+    save_steps: int = _f(50, "Save a checkpoint every this many optimizer steps.")
+    save_total_limit: int = _f(3, "Keep at most this many checkpoints (oldest deleted).")
+    report_to: str = _f("tensorboard", "Metric sinks: tensorboard, wandb, 'tensorboard,wandb' or none.")
+    resume_from_checkpoint: str = _f("", "Resume: a checkpoint directory, 'latest' (newest in output_dir) or empty.")
+    time_budget_s: float = _f(0.0, "Stop the stage cleanly after this many seconds (0: no limit).")
+    store: str = _f("", "Results store path; empty: the default store; 'none': do not use one.")
+    eval_device: str = _f("auto", "Evaluator device: auto, cuda, cuda:N or cpu.")
+    eval_profile: str = _f("strict", "Evaluator correctness profile: strict, kernelbench-v0 or cuda-l1.")
+    eval_trials: int = _f(5, "Evaluator correctness trials per candidate.")
+    eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
+    eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
+    eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
+    eval_workers: int = _f(4, "Candidates evaluated in parallel (each in its own isolated process).")
+
+    def __post_init__(self) -> None:
+        self._check_common()
+
+    def _check_common(self) -> None:
+        if not self.model:
+            raise ConfigError("set model: a path, a hub id or 'scratch' (e.g. --model scratch)")
+        if not self.output_dir:
+            raise ConfigError("set output_dir: the run directory (e.g. --output-dir runs/sft)")
+        if self.split not in SPLITS:
+            raise ConfigError(f"split must be one of {', '.join(SPLITS)}, not {self.split!r}")
+        if not 0.0 <= self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
+        if self.form not in FORMS:
+            raise ConfigError(f"form must be one of {', '.join(FORMS)}, not {self.form!r}")
+        if self.use_lora and self.lora_r <= 0:
+            raise ConfigError(f"use_lora needs lora_r >= 1 (got {self.lora_r}); or set use_lora=false")
+        if self.use_lora and self.lora_alpha <= 0:
+            raise ConfigError(f"use_lora needs lora_alpha >= 1 (got {self.lora_alpha})")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.per_device_train_batch_size < 1 or self.gradient_accumulation_steps < 1:
+            raise ConfigError("per_device_train_batch_size and gradient_accumulation_steps must be >= 1")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError(f"max_steps must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}")
+        if self.max_steps == -1 and self.num_train_epochs <= 0:
+            raise ConfigError("with max_steps=-1 set num_train_epochs > 0")
+        targets = [t.strip() for t in self.report_to.split(",") if t.strip()]
+        if not targets or any(t not in REPORT_TARGETS for t in targets) or ("none" in targets and len(targets) > 1):
+            raise ConfigError(f"report_to must be tensorboard, wandb, both comma-separated, or none; "
+                              f"got {self.report_to!r}")
+        if self.eval_workers < 1:
+            raise ConfigError(f"eval_workers must be >= 1, got {self.eval_workers}")
+        if self.time_budget_s < 0:
+            raise ConfigError("time_budget_s must be >= 0 (0: no limit)")
+        self.eval_config()  # fail early on bad evaluator settings
+
+    def eval_config(self) -> EvalConfig:
+        """The evaluator settings of this run as an `EvalConfig`."""
+        return EvalConfig(device=self.eval_device, profile=self.eval_profile, correctness_trials=self.eval_trials,
+                          sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets)
+
+    @property
+    def report_targets(self) -> list[str]:
+        """`report_to` as the list transformers expects (["none"] when disabled)."""
+        return [t.strip() for t in self.report_to.split(",") if t.strip()]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (the resolved config written into the run directory)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SFTStageConfig(CommonTrainConfig):
+    """Stage 1: supervised fine-tuning on executable, correct candidates (the `cudal1 augment` export)."""
+
+    dataset: str = _f("", "REQUIRED. JSONL of training examples: rows with `messages`, or `prompt` + `completion`, "
+                          "or `task_id` + `code` (prompt built from the task's reference).")
+    eval_fraction: float = _f(0.05, "Fraction of examples held out for the evaluation loss (by hash of the row).")
+    eval_steps: int = _f(50, "Compute the evaluation loss every this many steps (0: only at the end).")
+    max_length: int = _f(8192, "Longest tokenized example (prompt + completion); longer ones are truncated.")
+    completion_only_loss: bool = _f(True, "Compute the loss on the completion only (not on the prompt).")
+    packing: bool = _f(False, "Pack several examples into one sequence.")
+    num_train_epochs: float = _f(3.0, "Epochs over the data (ignored when max_steps > 0).")
+    learning_rate: float = _f(2e-5, "Peak learning rate (AdamW).")
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        if not self.dataset:
+            raise ConfigError("set dataset: the JSONL that `cudal1 augment` exported (e.g. --dataset sft.jsonl)")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.max_length < 16:
+            raise ConfigError(f"max_length must be >= 16, got {self.max_length}")
+
+
+@dataclass
+class SelfSupervisedConfig(CommonTrainConfig):
+    """Stage 2: rounds of sample -> evaluate -> keep successes -> fine-tune (REINFORCE with a 0/1 reward)."""
+
+    rounds: int = _f(3, "Maximum number of rounds.")
+    samples_per_task: int = _f(8, "Completions sampled per task per round.")
+    temperature: float = _f(1.0, "Sampling temperature.")
+    top_p: float = _f(1.0, "Nucleus sampling mass.")
+    max_new_tokens: int = _f(4096, "Longest completion sampled.")
+    generation_batch_size: int = _f(8, "Prompts per generation batch.")
+    max_kept_per_task: int = _f(2, "Successes kept per task per round (fastest first), like the paper's 2 per model.")
+    accumulate: bool = _f(False, "Fine-tune each round on the successes of all rounds so far (not only this one).")
+    target_success_rate: float = _f(0.0, "Stop when a round's sample success rate reaches this (0: never).")
+    patience: int = _f(0, "Stop after this many rounds without the success rate improving by min_improvement "
+                          "(0: never).")
+    min_improvement: float = _f(0.01, "Improvement of the success rate that resets the patience counter.")
+    exemplar_db: str = _f("", "Also add every success to this exemplar database (seeds stage 3); empty: don't.")
+    max_length: int = _f(8192, "Longest tokenized fine-tuning example.")
+    learning_rate: float = _f(1e-5, "Peak learning rate of each round's fine-tuning.")
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        if self.rounds < 1 or self.samples_per_task < 1 or self.max_kept_per_task < 1:
+            raise ConfigError("rounds, samples_per_task and max_kept_per_task must be >= 1")
+        if self.max_new_tokens < 1 or self.generation_batch_size < 1:
+            raise ConfigError("max_new_tokens and generation_batch_size must be >= 1")
+        if not 0.0 <= self.target_success_rate <= 1.0:
+            raise ConfigError(f"target_success_rate must be in [0, 1], got {self.target_success_rate}")
+        if self.patience < 0:
+            raise ConfigError("patience must be >= 0 (0: never stop early)")
+
+
+DEFAULT_FAILURE_REWARDS = {s.value: 0.0 for s in Status if s is not Status.CORRECT}
+
+
+@dataclass
+class RLStageConfig(CommonTrainConfig):
+    """Stage 3: contrastive GRPO (TRL `GRPOTrainer`) with rewards from the hardened evaluator."""
+
+    num_generations: int = _f(8, "Group size G: completions per prompt. Not published; our default.")
+    generation_batch_size: int = _f(0, "Completions generated per generation round (a multiple of "
+                                       "num_generations); 0: per_device_train_batch_size x gradient_accumulation_steps.")
+    beta: float = _f(0.01, "KL weight to the reference (initial) policy. Not published; our default.")
+    epsilon: float = _f(0.2, "PPO-style clip of the probability ratio (1 +/- epsilon).")
+    loss_type: str = _f("grpo", "TRL loss aggregation: grpo (the paper's), dapo, dr_grpo, bnpo.")
+    scale_rewards: str = _f("group", "Advantage scaling: group (GRPO's group-normalized advantage), batch, none.")
+    num_iterations: int = _f(1, "Optimisation passes over each generated batch (mu).")
+    max_completion_length: int = _f(4096, "Longest completion (analysis + design + code need thousands).")
+    temperature: float = _f(1.0, "Sampling temperature during training.")
+    top_p: float = _f(1.0, "Nucleus sampling mass during training.")
+    learning_rate: float = _f(1e-6, "Peak learning rate. Not published; our default.")
+    max_steps: int = _f(200, "GRPO optimizer steps.")
+    failure_rewards: dict = _f(DEFAULT_FAILURE_REWARDS, "Raw reward of each failure status (correct candidates earn "
+                                                       "their speedup). The paper: 0 for every failure.")
+    reward_normalize: bool = _f(True, "Reward smoothing: normalize raw rewards (mean/std) before clipping.")
+    reward_clip_k: float = _f(1.5, "Reward smoothing: clip normalized rewards to [-k, k] (the paper: k = 1.5).")
+    reward_scope: str = _f("batch", "Normalization scope of the smoothing: batch or group.")
+    exemplar_db: str = _f("", "Exemplar database (SQLite); empty: <output_dir>/exemplars.sqlite.")
+    exemplar_sampler: str = _f("bucket", "Exemplar selection for contrastive prompts: bucket, island or random.")
+    exemplars_per_prompt: int = _f(2, "Exemplars shown per prompt (the paper: N = 2).")
+    bucket_width: float = _f(0.1, "Score bucket width (speedup units) of the bucket sampler. Not published.")
+    sampler_temperature: float = _f(1.0, "Softmax temperature tau over bucket means. Not published.")
+    max_exemplars_per_task: int = _f(256, "Exemplar database size per task; lowest scores evicted first.")
+    prompt_token_budget: int = _f(16384, "Prompt token budget; exemplars are trimmed to fit.")
+    judge: str = _f("", "LLM judge for suspicious reward jumps (an import path 'module:factory'); empty: none.")
+    judge_jump_factor: float = _f(3.0, "Ask the judge when a speedup exceeds this factor x the task's best so far "
+                                       "(the paper re-checks results above 3x).")
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        if self.num_generations < 2:
+            raise ConfigError(f"num_generations must be >= 2 (GRPO needs a group), got {self.num_generations}")
+        gen = self.generation_batch_size or self.per_device_train_batch_size * self.gradient_accumulation_steps
+        if gen % self.num_generations != 0:
+            raise ConfigError(f"the generation batch ({gen} completions) must be a multiple of num_generations "
+                              f"({self.num_generations}): set generation_batch_size or gradient_accumulation_steps")
+        if self.generation_batch_size and self.generation_batch_size % self.per_device_train_batch_size != 0:
+            raise ConfigError("generation_batch_size must be a multiple of per_device_train_batch_size")
+        if self.reward_clip_k <= 0:
+            raise ConfigError(f"reward_clip_k must be > 0, got {self.reward_clip_k}")
+        if self.reward_scope not in ("batch", "group"):
+            raise ConfigError(f"reward_scope must be batch or group, not {self.reward_scope!r}")
+        if self.beta < 0 or self.epsilon <= 0:
+            raise ConfigError("need beta >= 0 and epsilon > 0")
+        if self.loss_type not in ("grpo", "dapo", "dr_grpo", "bnpo"):
+            raise ConfigError(f"loss_type must be grpo, dapo, dr_grpo or bnpo, not {self.loss_type!r}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ConfigError(f"scale_rewards must be group, batch or none, not {self.scale_rewards!r}")
+        unknown = set(self.failure_rewards) - set(DEFAULT_FAILURE_REWARDS)
+        if unknown:
+            raise ConfigError(f"failure_rewards has unknown statuses {sorted(unknown)}; "
+                              f"known: {sorted(DEFAULT_FAILURE_REWARDS)}")
+        self.failure_rewards = {**DEFAULT_FAILURE_REWARDS, **{k: float(v) for k, v in self.failure_rewards.items()}}
+        if self.exemplar_sampler not in ("bucket", "island", "random"):
+            raise ConfigError(f"exemplar_sampler must be bucket, island or random, not {self.exemplar_sampler!r}")
+        if self.exemplars_per_prompt < 1 or self.bucket_width <= 0 or self.sampler_temperature <= 0:
+            raise ConfigError("need exemplars_per_prompt >= 1, bucket_width > 0 and sampler_temperature > 0")
+        if self.judge_jump_factor <= 1.0:
+            raise ConfigError(f"judge_jump_factor must be > 1, got {self.judge_jump_factor}")
+        if self.max_steps < 1:
+            raise ConfigError("max_steps must be >= 1 for GRPO (its data is an endless stream of task prompts)")
+
+    @property
+    def resolved_generation_batch_size(self) -> int:
+        return self.generation_batch_size or self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
+STAGES: dict[str, type] = {"sft": SFTStageConfig, "self_supervised": SelfSupervisedConfig, "rl": RLStageConfig}
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    """Check/convert a YAML or CLI value to a field's declared type; `ConfigError` names the field."""
+    kind = annotation if isinstance(annotation, type) else None
+    if kind is None:
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (float, int) and isinstance(value, str):  # YAML 1.1 reads 3e-5 (no dot) as a string
+        try:
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"{name} must be {kind.__name__}, got {value!r}") from None
+    if kind is list and isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{name} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`["a=1", "b=x,y"]` -> {"a": 1, "b": "x,y"}; values parsed as YAML scalars (true, 1e-5, [1, 2])."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not KEY=VALUE")
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip().replace("-", "_")] = raw
+    return out
+
+
+def build_config(cls: type[C], values: dict[str, Any]) -> C:
+    """Build `cls` from a dict, rejecting unknown keys and wrongly typed values."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} settings: {', '.join(unknown)} "
+                          f"(see `cudal1 train <stage> --print-config`)")
+    hints = typing.get_type_hints(cls)
+    coerced = {k: _coerce(k, v, hints.get(k, fields[k].type)) for k, v in values.items() if v is not None}
+    return cls(**coerced)
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> C:
+    """YAML file (optional) + overrides (CLI `KEY=VALUE` strings or a dict) -> a validated config."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must be a mapping of settings")
+        values.update(loaded)
+    values.update(overrides if isinstance(overrides, dict) else parse_overrides(overrides))
+    return build_config(cls, values)
+
+
+def reference_yaml(cls: type) -> str:
+    """The documented defaults of a stage config as YAML, each field preceded by its help as a comment."""
+    lines = [f"# {cls.__name__}: {(cls.__doc__ or '').strip().splitlines()[0]}",
+             "# Generated from cudal1/train/config.py (reference_yaml); edit the dataclass, not this file.", ""]
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        lines.append(f"# {f.metadata.get('help', '')}")
+        if isinstance(default, (list, dict)):
+            flow = yaml.safe_dump(default, default_flow_style=True, sort_keys=False, width=1000)
+            lines.append(f"{f.name}: {flow.strip()}")
+        else:
+            lines.append(yaml.safe_dump({f.name: default}, default_flow_style=False, width=1000).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def write_resolved_config(config: Any, run_dir: str | Path) -> Path:
+    """Write the fully resolved config into `run_dir/config.yaml` and return the path."""
+    path = Path(run_dir) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"stage": type(config).__name__, **dataclasses.asdict(config)}
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=1000))
+    return path

@@ -1,0 +1,155 @@
+"""Policy models for training: load a checkpoint or build a small random model, LoRA and memory switches.
+
+`load_policy(spec, tokenizer_spec)` returns `(model, tokenizer)`:
+- a path or hub id: `AutoModelForCausalLM` + `AutoTokenizer` (a directory saved with cudal1's byte tokenizer
+  is recognised from its `tokenizer_config.json` and reloaded as `ByteTokenizer`);
+- `scratch[:hidden=H,layers=L,heads=A,kv_heads=K,intermediate=I,max_positions=P]`: a randomly initialised
+  Llama sized by the options (defaults: a 2-layer, 32-wide toy for tests) with the byte tokenizer. It is the
+  model the tests and the GPU end-to-end run train from scratch.
+
+Chat templates: a tokenizer without one gets a ChatML-style template (logged), so SFT and GRPO always see
+prompts rendered the same way as generation does (`HFBackend.render_chat`).
+
+Limits: quantized loading (bitsandbytes) is not wired; multi-GPU sharding is left to accelerate/TRL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from cudal1.errors import ConfigError, MissingDependencyError
+
+logger = logging.getLogger(__name__)
+
+SCRATCH_DEFAULTS = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 0, "intermediate": 0, "max_positions": 8192}
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def require_transformers() -> Any:
+    """Import transformers or raise `MissingDependencyError` naming the `train` extra."""
+    try:
+        import transformers
+    except ImportError:
+        raise MissingDependencyError("transformers", "train", "training") from None
+    return transformers
+
+
+def parse_scratch_spec(spec: str) -> dict[str, int]:
+    """'scratch:hidden=64,layers=4' -> sizes (defaults filled in); `ConfigError` on unknown keys."""
+    sizes = dict(SCRATCH_DEFAULTS)
+    _, _, opts = spec.partition(":")
+    for item in filter(None, (o.strip() for o in opts.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in sizes:
+            raise ConfigError(f"bad scratch model option {item!r}; known: {', '.join(sizes)}")
+        try:
+            sizes[key] = int(value)
+        except ValueError:
+            raise ConfigError(f"scratch model option {key} must be an integer, got {value!r}") from None
+    if sizes["hidden"] % sizes["heads"] != 0:
+        raise ConfigError(f"scratch model: hidden ({sizes['hidden']}) must be divisible by heads ({sizes['heads']})")
+    return sizes
+
+
+def build_scratch_model(spec: str, seed: int = 0) -> tuple[Any, Any]:
+    """A randomly initialised Llama and the byte tokenizer (see the module docstring)."""
+    transformers = require_transformers()
+    import torch
+
+    from cudal1.llm.byte_tokenizer import ByteTokenizer
+
+    sizes = parse_scratch_spec(spec)
+    tok = ByteTokenizer()
+    config = transformers.LlamaConfig(
+        hidden_size=sizes["hidden"], intermediate_size=sizes["intermediate"] or 2 * sizes["hidden"],
+        num_hidden_layers=sizes["layers"], num_attention_heads=sizes["heads"],
+        num_key_value_heads=sizes["kv_heads"] or sizes["heads"], vocab_size=len(tok),
+        max_position_embeddings=sizes["max_positions"], pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    return model, tok
+
+
+def _is_byte_tokenizer_dir(path: Path) -> bool:
+    cfg = path / "tokenizer_config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text()).get("tokenizer_class") == "ByteTokenizer"
+    except (OSError, ValueError):
+        return False
+
+
+def load_tokenizer(spec: str) -> Any:
+    """A tokenizer from a path/hub id, or 'byte' for the byte-level tokenizer."""
+    if spec == "byte" or _is_byte_tokenizer_dir(Path(spec)):
+        from cudal1.llm.byte_tokenizer import ByteTokenizer
+
+        return ByteTokenizer()
+    return require_transformers().AutoTokenizer.from_pretrained(spec)
+
+
+def ensure_chat_template(tokenizer: Any) -> Any:
+    """Give a tokenizer without a chat template a ChatML one; make sure it has a pad token."""
+    if not getattr(tokenizer, "chat_template", None):
+        logger.warning("tokenizer has no chat template; using a ChatML-style one")
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(spec: str, tokenizer_spec: str = "", *, seed: int = 0, dtype: str = "auto") -> tuple[Any, Any]:
+    """(model, tokenizer) for a model spec: a path, a hub id or 'scratch[:...]'."""
+    if spec == "scratch" or spec.startswith("scratch:"):
+        model, tok = build_scratch_model(spec, seed=seed)
+        if tokenizer_spec and tokenizer_spec != "byte":
+            raise ConfigError("a scratch model uses the byte tokenizer; leave tokenizer empty or 'byte'")
+        return model, ensure_chat_template(tok)
+    transformers = require_transformers()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    except OSError as exc:
+        raise ConfigError(f"cannot load model {spec!r}: {str(exc).splitlines()[0][:200]}") from None
+    tok = load_tokenizer(tokenizer_spec or spec)
+    return model, ensure_chat_template(tok)
+
+
+def save_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
+    """Save model (a LoRA model saves its adapters) and tokenizer to `path`; returns `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def lora_config(config: Any) -> Any:
+    """A peft `LoraConfig` for a stage config with `use_lora`, else None."""
+    if not config.use_lora:
+        return None
+    try:
+        import peft
+    except ImportError:
+        raise MissingDependencyError("peft", "train", "LoRA training") from None
+    targets = config.lora_target_modules
+    target = targets[0] if len(targets) == 1 and targets[0] == "all-linear" else list(targets)
+    return peft.LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                           target_modules=target, task_type="CAUSAL_LM")
+
+
+def trainable_parameter_count(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total

@@ -1,0 +1,194 @@
+"""The GRPO reward: the hardened evaluator's verdict -> raw reward -> reward smoothing, with side effects.
+
+Per completion: extract the `ModelNew` code; evaluate it (a batch runs in parallel, each candidate in its own
+isolated process); the raw reward is the speedup for a CORRECT candidate and `failure_rewards[status]`
+(default 0.0, the paper's) for any failure. Then reward smoothing (design section 5): normalize over the
+batch (or within each group of `num_generations`) by mean and standard deviation, and clip to [-k, k]
+(k = 1.5 by default). GRPO then forms the group-normalized advantage from these values.
+
+Side effects, by design:
+- every CORRECT candidate enters the exemplar database with its speedup as score (the contrastive prompts
+  built afterwards can show it);
+- an optional judge (`Judge.check(task, source, result) -> bool`, True = legitimate) is asked about a
+  speedup above `judge_jump_factor` x the task's best so far; a "cheat" verdict sets the reward to the
+  HACK_DETECTED failure value and keeps the candidate out of the database;
+- metrics: TRL logs this function's smoothed output as `rewards/kernel_reward/mean`; the raw speedups,
+  success rate and judge vetoes go through TRL's `log_metric` hook when present, and into `self.history`.
+
+This module is the trainer-side reward used by `cudal1 train rl`. `cudal1.integrations.trl` (the public TRL
+adapter) may wrap the same `KernelReward`; keep one implementation of the smoothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from cudal1.eval.types import EvalResult, Status
+from cudal1.tasks.task import Task
+from cudal1.train.common import Evaluator, completion_text, evaluate_batch, extract_code
+
+logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """Second opinion on a suspicious speedup: True when the candidate looks legitimate, False for a cheat."""
+
+    def check(self, task: Task, source: str, result: EvalResult) -> bool:
+        """Inspect one candidate and its verdict."""
+        ...
+
+
+@dataclass
+class RewardConfig:
+    """How verdicts become rewards."""
+
+    failure_rewards: dict[str, float] = field(default_factory=dict, metadata={
+        "help": "Raw reward per failure status (missing statuses: 0.0)."})
+    normalize: bool = field(default=True, metadata={"help": "Normalize raw rewards by mean/std before clipping."})
+    clip_k: float = field(default=1.5, metadata={"help": "Clip smoothed rewards to [-k, k]."})
+    scope: str = field(default="batch", metadata={"help": "Normalization scope: batch or group."})
+    group_size: int = field(default=1, metadata={"help": "Completions per prompt (scope=group)."})
+    judge_jump_factor: float = field(default=3.0, metadata={
+        "help": "Ask the judge above this factor x the task's best speedup so far."})
+    eval_workers: int = field(default=4, metadata={"help": "Candidates evaluated in parallel."})
+
+    def __post_init__(self) -> None:
+        if self.clip_k <= 0:
+            raise ValueError("clip_k must be > 0")
+        if self.scope not in ("batch", "group"):
+            raise ValueError("scope must be batch or group")
+
+
+def raw_reward(result: EvalResult, failure_rewards: dict[str, float]) -> float:
+    """Speedup for a correct candidate, else the configured value of its failure status (default 0.0)."""
+    if result.status is Status.CORRECT and result.speedup is not None and math.isfinite(result.speedup):
+        return float(result.speedup)
+    if result.status is Status.CORRECT:
+        return float(failure_rewards.get("correct_unmeasured", 0.0))
+    return float(failure_rewards.get(result.status.value, 0.0))
+
+
+def smooth_rewards(values: Sequence[float], *, normalize: bool = True, clip_k: float = 1.5,
+                   group_size: int | None = None, eps: float = 1e-6) -> list[float]:
+    """Reward smoothing: (optionally) normalize by mean/std, then clip to [-clip_k, clip_k].
+
+    `group_size` normalizes within consecutive groups of that many values instead of the whole batch. A set
+    whose values are all equal normalizes to zeros (no preference among them).
+    """
+    vals = [float(v) for v in values]
+    if not vals:
+        return []
+    if normalize:
+        size = group_size if group_size and group_size > 1 else len(vals)
+        out: list[float] = []
+        for start in range(0, len(vals), size):
+            chunk = vals[start:start + size]
+            mean = sum(chunk) / len(chunk)
+            std = math.sqrt(sum((v - mean) ** 2 for v in chunk) / len(chunk))
+            out.extend((v - mean) / (std + eps) if std > eps else 0.0 for v in chunk)
+        vals = out
+    return [max(-clip_k, min(clip_k, v)) for v in vals]
+
+
+class KernelReward:
+    """TRL reward function `(completions, task_id, **kwargs) -> list[float]` backed by the evaluator."""
+
+    __name__ = "kernel_reward"  # TRL names the logged metric after the function
+
+    def __init__(self, tasks: Sequence[Task], evaluator: Evaluator, config: RewardConfig | None = None, *,
+                 exemplar_db: Any = None, judge: Judge | None = None, model_name: str = ""):
+        self.tasks = {t.id: t for t in tasks}
+        self.evaluator = evaluator
+        self.config = config or RewardConfig()
+        self.exemplar_db = exemplar_db
+        self.judge = judge
+        self.model_name = model_name
+        self.history: list[dict[str, Any]] = []
+        self._best: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, completions: Sequence[Any], task_id: Sequence[str], **kwargs: Any) -> list[float]:
+        """Evaluate each completion for its task and return the smoothed rewards (one per completion)."""
+        missing = sorted({t for t in task_id if t not in self.tasks})
+        if missing:
+            raise KeyError(f"reward asked for unknown task ids {missing[:3]}")
+        tasks = [self.tasks[t] for t in task_id]
+        codes = [extract_code(completion_text(c)) for c in completions]
+        results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_workers)
+        raws = [raw_reward(r, self.config.failure_rewards) for r in results]
+        vetoed = self._judge_and_record(tasks, codes, results, raws)
+        group = self.config.group_size if self.config.scope == "group" else None
+        smoothed = smooth_rewards(raws, normalize=self.config.normalize, clip_k=self.config.clip_k, group_size=group)
+        self._log(results, raws, smoothed, vetoed, kwargs)
+        return smoothed
+
+    def _judge_and_record(self, tasks: list[Task], codes: list[str | None], results: list[EvalResult],
+                          raws: list[float]) -> int:
+        """Ask the judge about suspicious jumps, add successes to the exemplar DB; returns the veto count."""
+        vetoed = 0
+        hack_value = float(self.config.failure_rewards.get(Status.HACK_DETECTED.value, 0.0))
+        for i, (task, code, result) in enumerate(zip(tasks, codes, results, strict=True)):
+            if result.status is not Status.CORRECT or code is None or result.speedup is None:
+                continue
+            with self._lock:
+                best = self._best_so_far(task.id)
+            if self.judge is not None and best > 0 and result.speedup > self.config.judge_jump_factor * best:
+                legit = self._ask_judge(task, code, result)
+                if not legit:
+                    vetoed += 1
+                    raws[i] = hack_value
+                    logger.warning("judge vetoed a %.2fx candidate for %s (best so far %.2fx)",
+                                   result.speedup, task.id, best)
+                    continue
+            with self._lock:
+                self._best[task.id] = max(self._best.get(task.id, 0.0), float(result.speedup))
+            if self.exemplar_db is not None:
+                meta = {"model": self.model_name, "kernel_class": result.kernel_class.value if result.kernel_class
+                        else None, "candidate_hash": result.candidate_hash, "source": "grpo"}
+                self.exemplar_db.add(task.id, code, float(result.speedup), meta)
+        return vetoed
+
+    def _best_so_far(self, task_id: str) -> float:
+        if task_id not in self._best and self.exemplar_db is not None:
+            best = self.exemplar_db.best(task_id)
+            self._best[task_id] = best.score if best is not None else 0.0
+        return self._best.get(task_id, 0.0)
+
+    def _ask_judge(self, task: Task, code: str, result: EvalResult) -> bool:
+        try:
+            return bool(self.judge.check(task, code, result))  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - a broken judge must not stop training; trust the evaluator
+            logger.warning("judge failed; keeping the evaluator's verdict", exc_info=True)
+            return True
+
+    def _log(self, results: list[EvalResult], raws: list[float], smoothed: list[float], vetoed: int,
+             kwargs: dict[str, Any]) -> None:
+        n = len(results)
+        speedups = [r.speedup for r in results if r.status is Status.CORRECT and r.speedup is not None]
+        statuses: dict[str, int] = {}
+        for r in results:
+            statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+        entry = {"n": n, "success_rate": len(speedups) / n if n else 0.0,
+                 "mean_speedup": sum(speedups) / len(speedups) if speedups else None,
+                 "max_speedup": max(speedups) if speedups else None,
+                 "raw_reward_mean": sum(raws) / n if n else 0.0,
+                 "smoothed_reward_mean": sum(smoothed) / n if n else 0.0,
+                 "judge_vetoes": vetoed, "statuses": statuses}
+        state = kwargs.get("trainer_state")
+        if state is not None:
+            entry["step"] = int(getattr(state, "global_step", 0))
+        self.history.append(entry)
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric):
+            log_metric("kernel/success_rate", entry["success_rate"])
+            log_metric("kernel/raw_reward_mean", entry["raw_reward_mean"])
+            log_metric("kernel/mean_speedup", entry["mean_speedup"] or 0.0)
+            log_metric("kernel/judge_vetoes", float(vetoed))
+        logger.info("reward batch: %d candidates, %.0f%% correct, raw mean %.3f, statuses %s",
+                    n, 100 * entry["success_rate"], entry["raw_reward_mean"], statuses)

@@ -1,0 +1,241 @@
+"""Stage 3: contrastive GRPO through TRL's `GRPOTrainer`, rewarded by the hardened evaluator.
+
+How contrastive prompts are built "at the time they are used" (the exemplar database changes during
+training): the dataset holds only task ids (and a placeholder prompt). `ContrastiveGRPOTrainer` overrides
+TRL's `_generate_and_score_completions(inputs)`, the one place where a generation batch is turned into
+completions, and replaces each row's `prompt` with `ContrastivePromptBuilder.build(task, step)` just before
+generation: exemplars sampled from the *current* database (bucket/island/random sampling), shown with their
+scores. All rows of one task in one generation round get the same prompt (so a GRPO group shares its
+prompt): the sampler's random generator is seeded from (seed, task id, global step), which also keeps the
+processes of a multi-GPU run in step.
+
+Rewards come from `KernelReward` (see `rewards.py`): every correct candidate enters the database, so the
+next batch's prompts can show it. The candidates of one batch are evaluated in parallel (`eval_workers`).
+
+Limits: TRL's loop is synchronous, so the evaluation of a batch overlaps with itself (parallel workers)
+but not with the generation of the next batch. `_generate_and_score_completions` is a private TRL method
+(stable from TRL 0.14 to 1.16, the version tested); a TRL release that renames it fails loudly at start.
+With several processes, each adds its own successes to the shared database file, so two processes may
+read it a few milliseconds apart.
+
+Run: `cudal1 train rl --config rl.yaml --model runs/ss/final --output-dir runs/rl`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cudal1.errors import ConfigError, MissingDependencyError
+from cudal1.tasks.task import Task
+from cudal1.train.common import (
+    Evaluator,
+    RunRecorder,
+    StageResult,
+    default_evaluator,
+    make_training_args,
+    open_store,
+    resolve_resume,
+    resolve_tasks,
+    time_budget_callback,
+)
+from cudal1.train.config import RLStageConfig
+from cudal1.train.models import load_policy, lora_config, save_policy
+from cudal1.train.rewards import Judge, KernelReward, RewardConfig
+
+logger = logging.getLogger(__name__)
+
+
+class ContrastivePromptBuilder:
+    """Builds CUDA-L1's contrastive prompt for a task from the exemplar database as it is now."""
+
+    def __init__(self, exemplar_db: Any, *, sampler: str = "bucket", sampler_config: dict[str, Any] | None = None,
+                 form: str = "load_inline", token_budget: int | None = 16384, tokenizer: Any = None, seed: int = 0):
+        from cudal1.exemplars import make_sampler
+
+        self.db = exemplar_db
+        self.sampler = make_sampler(sampler, sampler_config)
+        self.form = form
+        self.token_budget = token_budget
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.built = 0  # prompts built so far (for logging and tests)
+
+    def build(self, task: Task, step: int = 0) -> list[dict[str, str]]:
+        """The chat prompt for `task`, with exemplars drawn from the database's current contents."""
+        from cudal1.llm.prompts import build_contrastive_prompt
+
+        digest = hashlib.sha256(f"{self.seed}:{task.id}:{step}".encode()).hexdigest()
+        if hasattr(self.sampler, "rng"):
+            self.sampler.rng = random.Random(int(digest[:16], 16))
+        pool = self.db.list(task.id) if self.db is not None else []
+        exemplars = self.sampler.sample(pool, task_id=task.id) if pool else []
+        self.built += 1
+        return build_contrastive_prompt(task.source, exemplars, form=self.form, token_budget=self.token_budget,
+                                        tokenizer=self.tokenizer)
+
+
+def placeholder_prompt(task: Task) -> list[dict[str, str]]:
+    """What the dataset holds before the trainer builds the real prompt (never sent to the model)."""
+    return [{"role": "user", "content": f"[contrastive prompt for {task.id} is built at generation time]"}]
+
+
+def build_rl_dataset(tasks: Sequence[Task]) -> Any:
+    """A `datasets.Dataset` with one row per task: `prompt` (placeholder) and `task_id`."""
+    try:
+        from datasets import Dataset
+    except ImportError:
+        raise MissingDependencyError("datasets", "train", "GRPO datasets") from None
+    return Dataset.from_list([{"prompt": placeholder_prompt(t), "task_id": t.id} for t in tasks])
+
+
+_TRAINER_CLASS: type | None = None
+
+
+def contrastive_trainer_class() -> type:
+    """`ContrastiveGRPOTrainer`, defined on first use so that importing this module does not import TRL."""
+    global _TRAINER_CLASS
+    if _TRAINER_CLASS is not None:
+        return _TRAINER_CLASS
+    try:
+        from trl import GRPOTrainer
+    except ImportError:
+        raise MissingDependencyError("trl", "train", "GRPO training") from None
+    if not hasattr(GRPOTrainer, "_generate_and_score_completions"):
+        raise MissingDependencyError("trl (a version with GRPOTrainer._generate_and_score_completions, "
+                                     "e.g. 0.14-1.16)", "train", "contrastive GRPO")
+
+    class ContrastiveGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose prompts are rebuilt from the exemplar database just before each generation."""
+
+        def __init__(self, *args: Any, prompt_builder: ContrastivePromptBuilder, tasks: Sequence[Task],
+                     **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.prompt_builder = prompt_builder
+            self.tasks_by_id = {t.id: t for t in tasks}
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            step = int(self.state.global_step)
+            built: dict[str, list[dict[str, str]]] = {}
+            rows = []
+            for row in inputs:
+                task_id = row["task_id"]
+                if task_id not in built:  # one prompt per task per generation round: a group shares it
+                    built[task_id] = self.prompt_builder.build(self.tasks_by_id[task_id], step)
+                rows.append({**row, "prompt": built[task_id]})
+            return super()._generate_and_score_completions(rows)
+
+    _TRAINER_CLASS = ContrastiveGRPOTrainer
+    return ContrastiveGRPOTrainer
+
+
+def load_judge(spec: str) -> Judge | None:
+    """A judge from 'module:factory' (the factory is called without arguments), or None for ''."""
+    if not spec:
+        return None
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise ConfigError(f"judge must be 'module:factory', got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load judge {spec!r}: {exc}") from None
+    judge = factory()
+    if not isinstance(judge, Judge):
+        raise ConfigError(f"judge {spec!r} has no check(task, source, result) method")
+    return judge
+
+
+def grpo_args(config: RLStageConfig, **extra: Any) -> Any:
+    """TRL `GRPOConfig` for a stage config."""
+    try:
+        from trl import GRPOConfig
+    except ImportError:
+        raise MissingDependencyError("trl", "train", "GRPO training") from None
+    values = {"num_generations": config.num_generations, "beta": config.beta, "epsilon": config.epsilon,
+              "loss_type": config.loss_type, "scale_rewards": config.scale_rewards,
+              "num_iterations": config.num_iterations, "max_completion_length": config.max_completion_length,
+              "temperature": config.temperature, "top_p": config.top_p, "remove_unused_columns": False,
+              "log_completions": False}
+    if config.generation_batch_size:
+        values["generation_batch_size"] = config.generation_batch_size
+    values.update(extra)
+    return make_training_args(GRPOConfig, config, **values)
+
+
+def _reference_path(model: Any, config: RLStageConfig, tokenizer: Any) -> None:
+    """With beta > 0, TRL reloads the reference policy from `config._name_or_path`: make sure it exists."""
+    if config.beta <= 0 or config.use_lora:
+        return
+    name = getattr(model.config, "_name_or_path", "")
+    if name and Path(name).is_dir():
+        return
+    path = save_policy(model, tokenizer, Path(config.output_dir) / "reference_policy")
+    model.config._name_or_path = str(path)
+
+
+def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, tasks: Sequence[Task] | None = None,
+           evaluator: Evaluator | None = None, judge: Judge | None = None, reward_funcs: list | None = None,
+           callbacks: list | None = None, exemplar_db: Any = None,
+           prompt_builder: ContrastivePromptBuilder | None = None) -> StageResult:
+    """Stage 3 end to end: contrastive GRPO, final policy in `<output_dir>/final`, rewards in the summary.
+
+    `evaluator` (default: the hardened evaluator with the config's settings), `reward_funcs` (default:
+    one `KernelReward`) and `prompt_builder` (default: contrastive prompts from the exemplar database) can
+    be replaced, e.g. by tests with a controlled reward or short prompts.
+    """
+    from cudal1.exemplars import ExemplarDB
+
+    store = open_store(config.store)
+    recorder = RunRecorder("grpo", config, store)
+    tasks = resolve_tasks(config, tasks)
+    if model is None or tokenizer is None:
+        model, tokenizer = load_policy(config.model, config.tokenizer, seed=config.seed)
+    _reference_path(model, config, tokenizer)
+    db = exemplar_db or ExemplarDB(config.exemplar_db or Path(config.output_dir) / "exemplars.sqlite",
+                                   max_per_task=config.max_exemplars_per_task)
+    reward = None
+    if reward_funcs is None:
+        reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, normalize=config.reward_normalize,
+                                  clip_k=config.reward_clip_k, scope=config.reward_scope,
+                                  group_size=config.num_generations, judge_jump_factor=config.judge_jump_factor,
+                                  eval_workers=config.eval_workers)
+        evaluator = evaluator or default_evaluator(config, store, recorder.run_id, label=f"grpo:{config.model}")
+        reward = KernelReward(tasks, evaluator, reward_cfg, exemplar_db=db,
+                              judge=judge or load_judge(config.judge), model_name=config.model)
+        reward_funcs = [reward]
+    sampler_cfg = ({"n": config.exemplars_per_prompt, "bucket_width": config.bucket_width,
+                    "temperature": config.sampler_temperature} if config.exemplar_sampler == "bucket"
+                   else {"n": config.exemplars_per_prompt})
+    builder = prompt_builder or ContrastivePromptBuilder(
+        db, sampler=config.exemplar_sampler, sampler_config=sampler_cfg, form=config.form,
+        token_budget=config.prompt_token_budget, tokenizer=tokenizer, seed=config.seed)
+    budget = time_budget_callback(config.time_budget_s)
+    trainer = contrastive_trainer_class()(
+        model=model, args=grpo_args(config), train_dataset=build_rl_dataset(tasks), processing_class=tokenizer,
+        reward_funcs=reward_funcs, peft_config=lora_config(config), callbacks=[budget, *(callbacks or [])],
+        prompt_builder=builder, tasks=tasks)
+    trainer.train(resume_from_checkpoint=resolve_resume(config))
+    final = save_policy(trainer.model, tokenizer, Path(config.output_dir) / "final")
+    history = list(trainer.state.log_history)
+    rewards = [e["reward"] for e in history if "reward" in e]
+    summary: dict[str, Any] = {"steps": trainer.state.global_step, "tasks": len(tasks),
+                               "reward_first": rewards[0] if rewards else None,
+                               "reward_last": rewards[-1] if rewards else None,
+                               "prompts_built": builder.built, "stopped_by_time_budget": budget.stopped_early,
+                               "exemplars": {t.id: db.count(t.id) for t in tasks}}
+    if reward is not None:
+        summary["reward_batches"] = reward.history
+        (Path(config.output_dir) / "reward_history.json").write_text(_json(reward.history))
+    return recorder.finish(StageResult("rl", config.output_dir, str(final), history, summary))
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=1, default=str)

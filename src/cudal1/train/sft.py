@@ -1,0 +1,209 @@
+"""Stage 1: supervised fine-tuning (TRL `SFTTrainer`) on executable, correct candidates.
+
+Input: a JSONL file (what `cudal1 augment` exports), one example per line, in any of these shapes:
+- `{"messages": [...chat...]}`: the last message is the assistant's answer, the rest is the prompt;
+- `{"prompt": ..., "completion": ...}`: strings or chat message lists;
+- `{"task_id": ..., "code": ...}` (optionally `ref_code`): the prompt is the plain prompt
+  (`build_plain_prompt`) for the task's reference (from `ref_code`, else the task looked up in `source`),
+  the answer is the code in a python block.
+Every example becomes a conversational prompt/completion pair, so the tokenizer's chat template renders it
+and the loss covers the completion only (`completion_only_loss`). A deterministic hash of each row sends
+`eval_fraction` of them to an evaluation split (the evaluation loss is logged).
+
+Run: `cudal1 train sft --config sft.yaml --model PATH --output-dir runs/sft --set dataset=sft.jsonl`.
+Limits: rows longer than `max_length` tokens are truncated from the right; one whose completion is cut
+away entirely is dropped by TRL (no loss left), so set `max_length` above the longest prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cudal1.errors import ConfigError, MissingDependencyError
+from cudal1.tasks.task import Task
+from cudal1.train.common import (
+    RunRecorder,
+    StageResult,
+    fenced,
+    make_training_args,
+    open_store,
+    resolve_resume,
+    time_budget_callback,
+)
+from cudal1.train.config import SFTStageConfig
+from cudal1.train.models import load_policy, lora_config, save_policy
+
+logger = logging.getLogger(__name__)
+
+Record = dict[str, Any]  # {"prompt": [messages], "completion": [one assistant message], "task_id": str}
+
+
+def _as_messages(value: Any, role: str) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
+        return [{"role": str(m.get("role", role)), "content": str(m["content"])} for m in value]
+    raise ValueError(f"expected a string or a list of chat messages, got {type(value).__name__}")
+
+
+def record_from_row(row: dict[str, Any], tasks_by_id: dict[str, Task] | None = None,
+                    form: str = "load_inline") -> Record:
+    """One SFT record from one exported row (see the module docstring for the accepted shapes)."""
+    task_id = str(row.get("task_id", ""))
+    if "messages" in row:
+        messages = _as_messages(row["messages"], "user")
+        if len(messages) < 2 or messages[-1]["role"] != "assistant":
+            raise ValueError("`messages` must end with an assistant message after at least one prompt message")
+        return {"prompt": messages[:-1], "completion": messages[-1:], "task_id": task_id}
+    if "prompt" in row and "completion" in row:
+        return {"prompt": _as_messages(row["prompt"], "user"),
+                "completion": _as_messages(row["completion"], "assistant"), "task_id": task_id}
+    if "code" in row and task_id:
+        from cudal1.llm.prompts import build_plain_prompt
+
+        ref = row.get("ref_code") or row.get("task_source")
+        if not ref:
+            task = (tasks_by_id or {}).get(task_id)
+            if task is None:
+                raise ValueError(f"task {task_id!r} has no ref_code and is not in the task source")
+            ref = task.source
+        return {"prompt": build_plain_prompt(ref, form=form),
+                "completion": [{"role": "assistant", "content": fenced(row["code"])}], "task_id": task_id}
+    raise ValueError("a row needs `messages`, `prompt` + `completion`, or `task_id` + `code`")
+
+
+def load_sft_records(path: str | Path, tasks: Sequence[Task] | None = None, form: str = "load_inline") -> list[Record]:
+    """All records of a JSONL file; `ConfigError` naming the line of the first bad row."""
+    tasks_by_id = {t.id: t for t in tasks or []}
+    records = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read SFT dataset {path}: {exc}") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(record_from_row(json.loads(line), tasks_by_id, form))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{path}:{lineno}: {exc}") from None
+    if not records:
+        raise ConfigError(f"SFT dataset {path} has no examples")
+    return records
+
+
+def split_records(records: Sequence[Record], eval_fraction: float) -> tuple[list[Record], list[Record]]:
+    """(train, eval) by a hash of each record, so the split is stable across runs and file orders."""
+    if eval_fraction <= 0 or len(records) < 2:
+        return list(records), []
+
+    def frac(r: Record) -> float:
+        digest = hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest()
+        return int(digest[:8], 16) / 16**8
+
+    train = [r for r in records if frac(r) >= eval_fraction]
+    held = [r for r in records if frac(r) < eval_fraction]
+    if not held:  # tiny datasets: hold out the lowest-hash example so the eval loss exists
+        lowest = min(records, key=frac)
+        held, train = [lowest], [r for r in records if r is not lowest]
+    if not train:
+        train, held = held[1:], held[:1]
+    return train, held
+
+
+def to_dataset(records: Sequence[Record]) -> Any:
+    """A `datasets.Dataset` of prompt/completion columns (task ids dropped: SFTTrainer needs none)."""
+    try:
+        from datasets import Dataset
+    except ImportError:
+        raise MissingDependencyError("datasets", "train", "SFT datasets") from None
+    return Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in records])
+
+
+def fit_sft(model: Any, tokenizer: Any, train: Sequence[Record], held: Sequence[Record], config: Any, *,
+            output_dir: str, max_length: int, resume: str | None = None, callbacks: list | None = None,
+            extra_args: dict[str, Any] | None = None) -> Any:
+    """Run `SFTTrainer` on records; returns the trainer (its `state.log_history` holds the losses).
+
+    Shared by stage 1 and by each round of stage 2. `config` supplies the optimisation fields.
+    """
+    try:
+        from trl import SFTConfig, SFTTrainer
+    except ImportError:
+        raise MissingDependencyError("trl", "train", "supervised fine-tuning") from None
+    eval_steps = getattr(config, "eval_steps", 0)
+    extra = {"max_length": max_length, "completion_only_loss": getattr(config, "completion_only_loss", True),
+             "packing": getattr(config, "packing", False), "dataset_num_proc": None,
+             "eval_strategy": ("steps" if eval_steps else "no") if held else "no",
+             "per_device_eval_batch_size": config.per_device_train_batch_size}
+    if held and eval_steps:
+        extra["eval_steps"] = eval_steps
+    extra.update(extra_args or {})
+    args = make_training_args(SFTConfig, _with_output_dir(config, output_dir), **extra)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=to_dataset(train),
+                         eval_dataset=to_dataset(held) if held else None, processing_class=tokenizer,
+                         peft_config=lora_config(config), callbacks=callbacks or [])
+    trainer.train(resume_from_checkpoint=resume)
+    if held:
+        trainer.evaluate()  # logs eval_loss into state.log_history
+    return trainer
+
+
+def _with_output_dir(config: Any, output_dir: str) -> Any:
+    import dataclasses
+
+    return config if config.output_dir == output_dir else dataclasses.replace(config, output_dir=output_dir)
+
+
+def loss_curve(log_history: Sequence[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, training loss) pairs from a trainer's log history."""
+    return [(int(e["step"]), float(e["loss"])) for e in log_history if "loss" in e and "step" in e]
+
+
+def run_sft(config: SFTStageConfig, *, model: Any = None, tokenizer: Any = None,
+            tasks: Sequence[Task] | None = None, callbacks: list | None = None) -> StageResult:
+    """Stage 1 end to end: load data and model, fine-tune, save `<output_dir>/final`, record the run."""
+    store = open_store(config.store)
+    recorder = RunRecorder("sft", config, store)
+    needs_tasks = _needs_tasks(config.dataset)
+    if needs_tasks and tasks is None:
+        from cudal1.tasks import load_tasks
+
+        tasks = load_tasks(config.source)
+    records = load_sft_records(config.dataset, tasks, config.form)
+    train, held = split_records(records, config.eval_fraction)
+    logger.info("SFT: %d training and %d evaluation examples", len(train), len(held))
+    if model is None or tokenizer is None:
+        model, tokenizer = load_policy(config.model, config.tokenizer, seed=config.seed)
+    budget = time_budget_callback(config.time_budget_s)
+    trainer = fit_sft(model, tokenizer, train, held, config, output_dir=config.output_dir,
+                      max_length=config.max_length, resume=resolve_resume(config),
+                      callbacks=[budget, *(callbacks or [])])
+    final = save_policy(trainer.model, tokenizer, Path(config.output_dir) / "final")
+    history = list(trainer.state.log_history)
+    curve = loss_curve(history)
+    evals = [e["eval_loss"] for e in history if "eval_loss" in e]
+    summary = {"train_examples": len(train), "eval_examples": len(held), "steps": trainer.state.global_step,
+               "first_loss": curve[0][1] if curve else None, "last_loss": curve[-1][1] if curve else None,
+               "eval_loss": evals[-1] if evals else None, "stopped_by_time_budget": budget.stopped_early}
+    return recorder.finish(StageResult("sft", config.output_dir, str(final), history, summary))
+
+
+def _needs_tasks(path: str) -> bool:
+    """Whether some row of the dataset needs the task source (code rows without ref_code)."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.strip():
+                    row = json.loads(line)
+                    if "code" in row and not (row.get("ref_code") or row.get("task_source")) \
+                            and "messages" not in row and "prompt" not in row:
+                        return True
+    except (OSError, ValueError):
+        return False  # load_sft_records reports the problem with its line number
+    return False

@@ -1,0 +1,46 @@
+"""`cudal1 train ...` and `cudal1 evaluate-policy` in-process: help, printed configs, errors, a tiny run.
+
+(These test `cudal1/cli/train_cmd.py` and `cudal1/cli/policy_cmd.py`; they live with the training tests.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cudal1.cli.main import main
+from tests.train.helpers import FIXTURE_TASKS, correct_code, write_jsonl
+
+
+@pytest.mark.parametrize("argv", [["train", "--help"], ["train", "sft", "--help"],
+                                  ["train", "self-supervised", "--help"], ["train", "rl", "--help"],
+                                  ["evaluate-policy", "--help"]])
+def test_help(argv, capsys):
+    assert main(argv) == 0
+    assert "Usage" in capsys.readouterr().out
+
+
+def test_print_config_is_the_reference_yaml(capsys):
+    assert main(["train", "rl", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "reward_clip_k: 1.5" in out and "num_generations: 8" in out
+
+
+def test_impossible_config_is_one_line_error(capsys):
+    code = main(["train", "rl", "--model", "scratch", "-o", "/tmp/never", "--set", "use_lora=true",
+                 "--set", "lora_r=0"])
+    assert code == 2
+    assert "lora_r" in capsys.readouterr().err
+
+
+def test_tiny_sft_run_through_the_cli(tmp_path, tiny_tasks, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "speed up", "completion": correct_code(t)}
+                                               for t in tiny_tasks])
+    out_dir = tmp_path / "run"
+    code = main(["train", "sft", "--model", "scratch", "-o", str(out_dir), "--dataset", str(data),
+                 "--source", str(FIXTURE_TASKS), "--set", "max_steps=1", "--set", "use_cpu=true",
+                 "--set", "report_to=none", "--set", "store=none", "--set", "max_length=512"])
+    assert code == 0, capsys.readouterr()
+    assert json.loads((out_dir / "summary.json").read_text())["steps"] == 1
+    assert (out_dir / "final" / "config.json").is_file()

@@ -1,0 +1,91 @@
+"""Stage configs: validation of impossible combinations, YAML + overrides, shipped reference YAMLs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cudal1.errors import ConfigError
+from cudal1.train.config import (
+    STAGES,
+    RLStageConfig,
+    SelfSupervisedConfig,
+    SFTStageConfig,
+    load_config,
+    parse_overrides,
+    reference_yaml,
+    write_resolved_config,
+)
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "src" / "cudal1" / "configs"
+BASE = {"model": "scratch", "output_dir": "/tmp/x"}
+
+
+def test_required_inputs_are_named():
+    with pytest.raises(ConfigError, match="set model"):
+        RLStageConfig(output_dir="/tmp/x")
+    with pytest.raises(ConfigError, match="set dataset"):
+        SFTStageConfig(**BASE)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"num_generations": 3, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}, "multiple of"),
+    ({"num_generations": 1}, ">= 2"),
+    ({"use_lora": True, "lora_r": 0}, "lora_r"),
+    ({"reward_clip_k": 0.0}, "reward_clip_k"),
+    ({"failure_rewards": {"exploded": -1.0}}, "unknown statuses"),
+    ({"report_to": "mlflow"}, "report_to"),
+    ({"split": "validation"}, "split"),
+])
+def test_impossible_rl_configs_raise_with_the_setting_to_change(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        RLStageConfig(**BASE, **bad)
+
+
+def test_rl_defaults_follow_the_paper():
+    cfg = RLStageConfig(**BASE)
+    assert cfg.reward_clip_k == 1.5 and cfg.exemplars_per_prompt == 2 and cfg.exemplar_sampler == "bucket"
+    assert set(cfg.failure_rewards.values()) == {0.0} and "incorrect" in cfg.failure_rewards
+    assert cfg.resolved_generation_batch_size % cfg.num_generations == 0
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "rl.yaml"
+    path.write_text("model: scratch\noutput_dir: out\nlearning_rate: 1.0e-4\nnum_generations: 4\n"
+                    "failure_rewards: {incorrect: -0.5}\n")
+    cfg = load_config(RLStageConfig, path, ["learning_rate=3e-5", "use_lora=true", "lora_target_modules=q_proj,v_proj"])
+    assert cfg.learning_rate == 3e-5 and cfg.use_lora is True and cfg.num_generations == 4
+    assert cfg.lora_target_modules == ["q_proj", "v_proj"]
+    assert cfg.failure_rewards["incorrect"] == -0.5 and cfg.failure_rewards["timeout"] == 0.0
+
+
+def test_unknown_and_mistyped_settings_are_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown RLStageConfig settings: lr"):
+        load_config(RLStageConfig, None, {**BASE, "lr": 1})
+    with pytest.raises(ConfigError, match="num_generations must be int"):
+        load_config(RLStageConfig, None, {**BASE, "num_generations": "eight"})
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_overrides(["novalue"])
+
+
+def test_resolved_config_is_written(tmp_path):
+    cfg = SelfSupervisedConfig(**{**BASE, "output_dir": str(tmp_path)})
+    path = write_resolved_config(cfg, tmp_path)
+    text = path.read_text()
+    assert "stage: SelfSupervisedConfig" in text and "samples_per_task: 8" in text
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_shipped_reference_yaml_is_current(stage):
+    """The YAML in cudal1/configs is generated from the dataclass; regenerate with scripts or reference_yaml."""
+    cls = STAGES[stage]
+    assert (CONFIG_DIR / f"{stage}.yaml").read_text() == reference_yaml(cls)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_reference_yaml_loads_back(stage, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(reference_yaml(STAGES[stage]))
+    cfg = load_config(STAGES[stage], path, {**BASE, "dataset": "d.jsonl"} if stage == "sft" else BASE)
+    assert cfg.model == "scratch"

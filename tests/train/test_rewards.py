@@ -1,0 +1,91 @@
+"""The GRPO reward: raw reward per verdict, smoothing, exemplar DB, judge, and the real evaluator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cudal1.eval.types import EvalResult, Status
+from cudal1.exemplars import ExemplarDB
+from cudal1.train.rewards import KernelReward, RewardConfig, raw_reward, smooth_rewards
+from tests.train.helpers import correct_code, wrong_code
+
+
+def test_raw_reward_is_speedup_or_the_failure_value():
+    fail = {"incorrect": -0.5}
+    assert raw_reward(EvalResult(status=Status.CORRECT, speedup=2.5), fail) == 2.5
+    assert raw_reward(EvalResult(status=Status.INCORRECT), fail) == -0.5
+    assert raw_reward(EvalResult(status=Status.TIMEOUT), fail) == 0.0
+
+
+def test_smoothing_normalizes_then_clips():
+    out = smooth_rewards([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 100.0], clip_k=1.5)
+    assert out[-1] == 1.5 and all(math.isclose(v, out[0]) for v in out[:-1]) and out[0] < 0
+    assert smooth_rewards([2.0, 2.0, 2.0]) == [0.0, 0.0, 0.0]
+    z = smooth_rewards([1.0, 3.0], clip_k=10)
+    assert z == pytest.approx([-1.0, 1.0], abs=1e-5)
+    assert smooth_rewards([5.0, -5.0], normalize=False, clip_k=1.5) == [1.5, -1.5]
+    grouped = smooth_rewards([1.0, 3.0, 10.0, 10.0], group_size=2, clip_k=10)
+    assert grouped == pytest.approx([-1.0, 1.0, 0.0, 0.0], abs=1e-5)
+
+
+def _completion(code: str) -> list[dict]:
+    return [{"role": "assistant", "content": f"## Code\n```python\n{code}\n```"}]
+
+
+def test_reward_adds_successes_to_db_and_logs_metrics(tmp_path, tiny_tasks):
+    task = tiny_tasks[0]
+    speedups = iter([2.0, 1.0])
+
+    def evaluator(t, source):
+        if "1.0 + " in source:
+            return EvalResult(status=Status.INCORRECT, task_id=t.id)
+        return EvalResult(status=Status.CORRECT, speedup=next(speedups), task_id=t.id)
+
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    metrics = {}
+    reward = KernelReward(tiny_tasks, evaluator, RewardConfig(normalize=False, clip_k=5.0), exemplar_db=db)
+    out = reward([_completion(correct_code(task)), _completion(wrong_code(task)), "no code here"],
+                 task_id=[task.id] * 3, log_metric=lambda k, v: metrics.__setitem__(k, v))
+    assert out == [2.0, 0.0, 0.0]
+    assert db.count(task.id) == 1 and db.best(task.id).score == 2.0
+    assert metrics["kernel/success_rate"] == pytest.approx(1 / 3)
+    assert reward.history[-1]["statuses"] == {"correct": 1, "incorrect": 1, "unparseable": 1}
+
+
+def test_judge_vetoes_a_suspicious_jump(tmp_path, tiny_tasks):
+    task = tiny_tasks[0]
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    db.add(task.id, "class ModelNew: pass  # old", 1.2)
+    asked = []
+
+    class Judge:
+        def check(self, t, source, result):
+            asked.append(result.speedup)
+            return result.speedup < 10
+
+    def evaluator(t, source):
+        return EvalResult(status=Status.CORRECT, speedup=50.0 if "# fast" in source else 2.0, task_id=t.id)
+
+    cfg = RewardConfig(normalize=False, clip_k=100.0, judge_jump_factor=3.0,
+                       failure_rewards={"hack_detected": -1.0})
+    reward = KernelReward(tiny_tasks, evaluator, cfg, exemplar_db=db, judge=Judge())
+    cheat = correct_code(task) + "\n# fast\n"  # the evaluator says 50x: a jump over 3 x 1.2
+    legit = correct_code(task)
+    out = reward([_completion(cheat), _completion(legit)], task_id=[task.id, task.id])
+    assert asked == [50.0] and out == [-1.0, 2.0]
+    assert db.best(task.id).score == 2.0  # the vetoed candidate stayed out
+    assert reward.history[-1]["judge_vetoes"] == 1
+
+
+def test_rewards_flow_from_the_real_evaluator(tiny_tasks, real_evaluator, tmp_path):
+    """Real isolated evaluation on CPU: a correct candidate earns its speedup, a wrong one the failure value."""
+    task = tiny_tasks[0]
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    reward = KernelReward(tiny_tasks, real_evaluator, RewardConfig(normalize=False, clip_k=1e6, eval_workers=2),
+                          exemplar_db=db)
+    out = reward([_completion(correct_code(task)), _completion(wrong_code(task))], task_id=[task.id, task.id])
+    assert out[0] > 0 and out[1] == 0.0
+    assert reward.history[-1]["statuses"] == {"correct": 1, "incorrect": 1}
+    assert db.count(task.id) == 1

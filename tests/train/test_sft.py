@@ -1,0 +1,74 @@
+"""Stage 1 on a tiny random model with the byte tokenizer: real SFTTrainer steps, data shapes, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from cudal1.errors import ConfigError
+from cudal1.train.config import SFTStageConfig, load_config
+from cudal1.train.models import load_policy
+from cudal1.train.sft import load_sft_records, run_sft, split_records
+from tests.train.helpers import common_overrides, correct_code, write_jsonl
+
+
+def _dataset(tmp_path, tasks):
+    rows = [{"task_id": t.id, "code": correct_code(t)} for t in tasks]
+    rows.append({"messages": [{"role": "user", "content": "make it fast"},
+                              {"role": "assistant", "content": "```python\nclass ModelNew: pass\n```"}]})
+    rows.append({"prompt": "speed up x+1", "completion": "```python\nclass ModelNew: pass\n```"})
+    return write_jsonl(tmp_path / "sft.jsonl", rows)
+
+
+def test_records_accept_the_three_row_shapes(tmp_path, tiny_tasks):
+    records = load_sft_records(_dataset(tmp_path, tiny_tasks), tiny_tasks)
+    assert len(records) == len(tiny_tasks) + 2
+    first = records[0]
+    assert first["prompt"][0]["role"] == "system" and tiny_tasks[0].source.strip() in first["prompt"][-1]["content"]
+    answer = first["completion"][0]["content"]
+    assert answer.startswith("```python\n") and "class ModelNew(" in answer
+    train, held = split_records(records, 0.2)
+    assert held and len(train) + len(held) == len(records)
+    assert split_records(records, 0.2) == (train, held)
+
+
+def test_bad_rows_name_their_line(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "p", "completion": "c"}, {"text": "?"}])
+    with pytest.raises(ConfigError, match="bad.jsonl:2"):
+        load_sft_records(path)
+
+
+def test_sft_trains_every_parameter_and_logs_finite_losses(tmp_path, tiny_tasks):
+    cfg = load_config(SFTStageConfig, None, common_overrides(
+        tmp_path, dataset=str(_dataset(tmp_path, tiny_tasks)), max_steps=3, max_length=4096, eval_fraction=0.2,
+        learning_rate=1e-3))
+    model, tok = load_policy("scratch", seed=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    result = run_sft(cfg, model=model, tokenizer=tok, tasks=tiny_tasks)
+    losses = [e["loss"] for e in result.log_history if "loss" in e]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+    assert result.summary["eval_loss"] is not None and math.isfinite(result.summary["eval_loss"])
+    unchanged = [n for n, p in model.named_parameters() if torch.equal(before[n], p.detach())]
+    assert unchanged == []
+    run = tmp_path / "run"
+    assert (run / "config.yaml").is_file() and (run / "final" / "config.json").is_file()
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    reloaded, _ = load_policy(result.final_model_dir)
+    assert sum(p.numel() for p in reloaded.parameters()) == sum(p.numel() for p in model.parameters())
+
+
+def test_sft_resumes_from_a_checkpoint(tmp_path, tiny_tasks):
+    data = str(_dataset(tmp_path, tiny_tasks))
+    first = load_config(SFTStageConfig, None, common_overrides(tmp_path, dataset=data, max_steps=2, save_steps=2,
+                                                               max_length=128, eval_fraction=0.0))
+    run_sft(first, tasks=tiny_tasks)
+    assert (tmp_path / "run" / "checkpoint-2").is_dir()
+    second = load_config(SFTStageConfig, None, common_overrides(tmp_path, dataset=data, max_steps=4, save_steps=2,
+                                                                max_length=128, eval_fraction=0.0,
+                                                                resume_from_checkpoint="latest"))
+    result = run_sft(second, tasks=tiny_tasks)
+    steps = [e["step"] for e in result.log_history if "loss" in e]
+    assert result.summary["steps"] == 4 and steps[-2:] == [3, 4] and 1 not in steps[2:]
