@@ -8,16 +8,18 @@ import typer
 
 from cudal1.cli import common
 
+TokenFileOpt = typer.Option(None, "--token-file", help="File with the bearer token (default: $CUDAL1_SERVER_TOKEN).")
+SourceOpt = typer.Option(["builtin"], "--source", "-s", help="Task sources resolving task ids.")
+
 
 def serve_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8765, "--port", help="Port to bind."),
     workers: str = typer.Option("local", "--workers", help="Evaluator pool: local, ray:auto or ray://HOST:PORT."),
-    token_file: Path | None = typer.Option(None, "--token-file",
-                                           help="File with the bearer token (default: $CUDAL1_SERVER_TOKEN)."),
+    token_file: Path | None = TokenFileOpt,
     insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth", help="Serve without a token."),
     store_path: Path | None = common.StoreOpt,
-    source: list[str] = typer.Option(["builtin"], "--source", "-s", help="Task sources resolving task ids."),
+    source: list[str] = SourceOpt,
     max_body_bytes: int = typer.Option(8 * 2**20, "--max-body-bytes", help="Largest request body (413 beyond)."),
     max_queue: int = typer.Option(256, "--max-queue", help="Items admitted at once (429 beyond)."),
     max_batch_items: int = typer.Option(64, "--max-batch-items", help="Items per evaluate_batch request."),

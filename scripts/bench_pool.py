@@ -1,0 +1,119 @@
+"""Scale-out check: the same candidate set evaluated on one GPU and on every local GPU through one pool.
+
+Goal (issue "scale-out"): throughput ratio (2 GPUs / 1 GPU) >= 1.8x, verdicts identical.
+
+    python scripts/bench_pool.py OUT_DIR [--candidates-from builtin-examples|RELEASE.jsonl] [--n N]
+           [--workers ray|local] [--time-budget-s S]
+
+Runs the Ray pool (one actor per GPU) when ray is installed, else the local pool. Both runs skip the
+results store (every candidate is really evaluated) and `load_inline` candidates are built once before
+either run, so that neither run pays the builds. Writes OUT_DIR/bench_pool.json (per-candidate verdicts
+of both runs, wall times, ratio) and prints a short summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cudal1.eval.config import EvalConfig
+from cudal1.eval.types import EvalResult
+from cudal1.tasks.task import Task
+
+
+def load_pairs(spec: str, device_type: str, n: int | None) -> list[tuple[Task, str]]:
+    """(task, candidate source) pairs from the built-in examples or a JSONL release."""
+    if spec == "builtin-examples":
+        from cudal1.tasks.sources import example_candidates
+
+        pairs = [(task, source) for task, _, source in example_candidates(device_type)]
+    else:
+        from cudal1.tasks.sources import load_candidates
+
+        pairs = [(task, cand.source) for task, cand in load_candidates(spec) if cand is not None]
+    return pairs[:n] if n else pairs
+
+
+def make_bench_pool(workers: str, n_gpus: int, config: EvalConfig) -> Any:
+    """A pool on the first `n_gpus` GPUs (Ray actors, or local slots)."""
+    if workers == "ray":
+        from cudal1.dist.ray_pool import RayPool, RayPoolConfig
+
+        return RayPool(config, RayPoolConfig(address=None, n_actors=n_gpus, init_kwargs={"num_gpus": n_gpus}))
+    from cudal1.dist.pool import LocalPool, LocalPoolConfig
+
+    return LocalPool(config, LocalPoolConfig(devices=tuple(f"cuda:{i}" for i in range(n_gpus))))
+
+
+def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: EvalConfig) -> dict[str, Any]:
+    """Evaluate every pair on `n_gpus` GPUs; wall time excludes pool start-up."""
+    pool = make_bench_pool(workers, n_gpus, config)
+    try:
+        warm = pool.submit(pairs[0][0], pairs[0][1], force=True)  # start-up (actors, CUDA) off the clock
+        warm.result()
+        started = time.monotonic()
+        futures = [pool.submit(task, source, force=True) for task, source in pairs]
+        results: list[EvalResult] = [f.result() for f in futures]
+        wall_s = time.monotonic() - started
+    finally:
+        pool.close()
+        if workers == "ray":
+            import ray
+
+            ray.shutdown()
+    return {"n_gpus": n_gpus, "wall_s": wall_s, "per_s": len(pairs) / wall_s,
+            "verdicts": [r.status.value for r in results], "speedups": [r.speedup for r in results]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--candidates-from", default="builtin-examples")
+    parser.add_argument("--n", type=int, default=None, help="At most this many candidates.")
+    parser.add_argument("--workers", choices=("ray", "local", "auto"), default="auto")
+    parser.add_argument("--buckets", type=int, default=7)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    import torch
+
+    n_gpus = torch.cuda.device_count()
+    if n_gpus < 2:
+        print(f"needs >= 2 GPUs, found {n_gpus}", file=sys.stderr)
+        return 2
+    workers = args.workers
+    if workers == "auto":
+        try:
+            import ray  # noqa: F401
+
+            workers = "ray"
+        except ImportError:
+            workers = "local"
+    config = EvalConfig(device="cuda", buckets=args.buckets)
+    pairs = load_pairs(args.candidates_from, "cuda", args.n)
+    from cudal1.eval.pipeline import prebuild
+
+    prebuild([source for _, source in pairs], config.resolved("cuda"))
+    one = timed_run(workers, 1, pairs, config)
+    many = timed_run(workers, n_gpus, pairs, config)
+    mismatches = [{"task_id": t.id, "one": a, "many": b}
+                  for (t, _), a, b in zip(pairs, one["verdicts"], many["verdicts"], strict=True) if a != b]
+    summary = {"workers": workers, "n_candidates": len(pairs), "source": args.candidates_from,
+               "gpu": torch.cuda.get_device_name(0), "one_gpu": one, "all_gpus": many,
+               "throughput_ratio": many["per_s"] / one["per_s"], "verdicts_match": not mismatches,
+               "mismatches": mismatches, "task_ids": [t.id for t, _ in pairs]}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "bench_pool.json").write_text(json.dumps(summary, indent=2))
+    print(f"{len(pairs)} candidates via {workers}: 1 GPU {one['wall_s']:.1f} s, {n_gpus} GPUs "
+          f"{many['wall_s']:.1f} s, throughput ratio {summary['throughput_ratio']:.2f}x (goal >= 1.8x); "
+          f"verdicts match: {not mismatches} ({len(mismatches)} differ)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Scale-out: evaluator pools (local threads or Ray actors), the reward server and its client, re-checks.
+
+    from cudal1.dist import make_pool
+    pool = make_pool("local" | "ray:auto" | "ray://HOST:PORT", EvalConfig(), store=store)
+
+The server (`cudal1.dist.server`, needs fastapi/uvicorn), the client (`cudal1.dist.client`, needs httpx)
+and the Ray pool (`cudal1.dist.ray_pool`, needs ray) import their optional dependencies only when used.
+"""
+
+from cudal1.dist.pool import EvaluatorPool, LocalPool, LocalPoolConfig, PoolBusyError, PoolFuture, make_pool
+from cudal1.dist.recheck import RecheckConfig, RecheckingPool, needs_recheck
+
+__all__ = ["EvaluatorPool", "LocalPool", "LocalPoolConfig", "PoolBusyError", "PoolFuture", "make_pool",
+           "RecheckConfig", "RecheckingPool", "needs_recheck"]

@@ -1,0 +1,113 @@
+"""A TRL reward function over any cudal1 evaluator: a pool, a `RewardClient`, or a plain callable.
+
+    from cudal1.dist import make_pool
+    from cudal1.integrations.trl import make_trl_reward
+
+    reward = make_trl_reward(make_pool("local", EvalConfig()))        # dataset needs a "task_id" column
+    trainer = GRPOTrainer(model=..., reward_funcs=[reward], train_dataset=dataset, ...)
+
+TRL calls `reward(completions, **kwargs)` with the batch's completions (strings, or lists of chat messages
+for conversational datasets) and every dataset column as a list in `kwargs`. For each completion the code
+is extracted (`cudal1.llm.extract`), evaluated for the row's task (all rows of the batch in parallel),
+and scored: speedup for CORRECT, `failure_rewards[status]` otherwise (default 0.0, the paper's "0 for
+failures"; UNPARSEABLE completions are never evaluated). TRL logs the function by its `__name__`.
+
+Tasks: a pool needs `Task` objects, resolved from the task id through `sources` (indexed once), or built
+from a `reference_column` holding the reference module; a `RewardClient` sends the ids (and references)
+to the server, which resolves them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cudal1.errors import SourceError
+from cudal1.eval.types import EvalResult, Status
+from cudal1.integrations.common import completion_text, extract_code, reward_of, unparseable
+from cudal1.tasks.task import Task
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[..., list[float | None]]
+
+
+class TaskResolver:
+    """Task id (+ optional reference source) -> Task, through task sources indexed on first use."""
+
+    def __init__(self, sources: Sequence[str] = ("builtin",)):
+        self.sources = tuple(sources)
+        self._index: dict[str, Task] | None = None
+
+    def __call__(self, task_id: str, reference: str | None = None) -> Task:
+        if reference:
+            return Task(id=task_id, source=reference, origin="dataset")
+        if self._index is None:
+            from cudal1.tasks.sources import load_tasks
+
+            self._index = {}
+            for spec in self.sources:
+                for task in load_tasks(spec):
+                    self._index.setdefault(task.id, task)
+                    if spec == "builtin":
+                        self._index.setdefault(task.name, task)
+        task = self._index.get(task_id)
+        if task is None:
+            raise SourceError(f"no task {task_id!r} in {', '.join(self.sources)}")
+        return task
+
+
+def _evaluate_all(evaluator: Any, items: list[tuple[str, str, str | None]], resolver: TaskResolver,
+                  config: Any) -> list[EvalResult]:
+    """Evaluate (task_id, source, reference) items in parallel with whatever `evaluator` is."""
+    if hasattr(evaluator, "submit") and hasattr(evaluator, "n_devices"):
+        futures = [evaluator.submit(resolver(tid, ref), src, config) for tid, src, ref in items]
+        return [f.result() for f in futures]
+    if hasattr(evaluator, "evaluate_many"):
+        payload = [{"task_id": tid, "source": src, **({"reference_source": ref} if ref else {})}
+                   for tid, src, ref in items]
+        return evaluator.evaluate_many(payload)
+    if callable(evaluator):
+        return [evaluator(tid, src) for tid, src, _ in items]
+    raise TypeError("evaluator must be a pool (submit), a RewardClient (evaluate_many) or a callable")
+
+
+def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", reference_column: str | None = None,
+                    failure_rewards: Mapping[Status, float | None] | None = None, extract: bool = True,
+                    sources: Sequence[str] = ("builtin",), config: Any = None, name: str = "cudal1_speedup",
+                    on_result: Callable[[str, str, EvalResult], None] | None = None) -> RewardFn:
+    """A TRL reward function `(completions, **kwargs) -> list[float | None]` (see the module docstring).
+
+    `extract=False` takes each completion's text as the candidate source as is. `on_result(task_id,
+    source, result)` sees every verdict (e.g. to feed an exemplar database). `config` is the EvalConfig a
+    pool uses (default: the pool's own).
+    """
+    resolver = TaskResolver(sources)
+
+    def reward(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        task_ids = kwargs.get(task_id_column)
+        if task_ids is None or len(task_ids) != len(completions):
+            raise ValueError(f"the dataset needs a {task_id_column!r} column (one id per completion)")
+        references = kwargs.get(reference_column) if reference_column else None
+        verdicts: list[EvalResult | None] = [None] * len(completions)
+        todo: list[tuple[int, tuple[str, str, str | None]]] = []
+        for i, completion in enumerate(completions):
+            text = completion_text(completion)
+            code, why = extract_code(text) if extract else (text or None, "the completion is empty")
+            if code is None:
+                verdicts[i] = unparseable(str(task_ids[i]), why)
+            else:
+                todo.append((i, (str(task_ids[i]), code, references[i] if references else None)))
+        for (i, item), result in zip(todo, _evaluate_all(evaluator, [it for _, it in todo], resolver, config),
+                                     strict=True):
+            verdicts[i] = result
+            if on_result is not None:
+                on_result(item[0], item[1], result)
+        rewards = [reward_of(v, failure_rewards) for v in verdicts if v is not None]
+        logger.debug("rewards %s", rewards)
+        return rewards
+
+    reward.__name__ = name
+    reward.__qualname__ = name
+    return reward

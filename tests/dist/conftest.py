@@ -1,0 +1,10 @@
+"""Fixtures of the scale-out tests; puts this folder on sys.path so spawned processes import the helpers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

@@ -1,0 +1,144 @@
+"""The local evaluator pool: slots, back-pressure, routing, store as single writer (cudal1.dist.pool)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import _dist_fakes as fakes
+import pytest
+from _dist_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
+
+from cudal1.dist.pool import (
+    EvaluatorPool,
+    LocalPool,
+    LocalPoolConfig,
+    PoolBusyError,
+    key_protocol,
+    make_pool,
+)
+from cudal1.errors import ConfigError
+from cudal1.eval.types import Status
+from cudal1.store import ResultsStore
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    fakes.reset_counters()
+    fakes.GATE.clear()
+    yield
+    fakes.GATE.set()
+
+
+def test_map_keeps_order_and_fills_results():
+    task = tiny_task()
+    sources = [fake_source(speedup=1 + i) for i in range(5)]
+    with LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=2), evaluate_fn=fake_evaluate) as pool:
+        assert isinstance(pool, EvaluatorPool)
+        results = pool.map([(task, s) for s in sources])
+    assert [r.speedup for r in results] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert all(r.status is Status.CORRECT and r.task_id == "test/add" for r in results)
+    assert results[0].protocol["device"] == "cpu" and results[0].environment["device_type"] == "cpu"
+    assert len({r.candidate_hash for r in results}) == 5
+
+
+def test_slots_run_concurrently():
+    task = tiny_task()
+    with LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=3), evaluate_fn=fake_evaluate) as pool:
+        pool.map([(task, fake_source(sleep=0.3)) for _ in range(6)])
+    assert fakes.max_concurrency() == 3
+
+
+def test_submit_blocks_or_refuses_when_the_queue_is_full():
+    task = tiny_task()
+    with LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=1, max_queue=1), evaluate_fn=fake_evaluate) as pool:
+        running = pool.submit(task, fake_source(gate=1))
+        deadline = time.monotonic() + 10
+        while pool.queue_depth and time.monotonic() < deadline:  # wait until the slot took it
+            time.sleep(0.01)
+        queued = pool.submit(task, fake_source())
+        assert pool.queue_depth == 1
+        with pytest.raises(PoolBusyError):
+            pool.submit(task, fake_source(), block=False)
+        blocked = []
+        t = threading.Thread(target=lambda: blocked.append(pool.submit(task, fake_source())))
+        t.start()
+        time.sleep(0.2)
+        assert not blocked  # still waiting for room
+        fakes.GATE.set()
+        t.join(10)
+        assert blocked and blocked[0].result(10).status is Status.CORRECT
+        assert running.result(10).status is Status.CORRECT and queued.result(10).status is Status.CORRECT
+
+
+def test_avoid_slot_routes_to_another_slot():
+    task = tiny_task()
+    cfg = LocalPoolConfig(devices=("cpu", "cpu", "cpu"))
+    with LocalPool(FAST_CONFIG, cfg, evaluate_fn=fake_evaluate) as pool:
+        futures = [pool.submit(task, fake_source(sleep=0.02), avoid_slot=1) for _ in range(6)]
+        slots = {f.result(10) and f.slot for f in futures}
+    assert 1 not in slots and slots <= {0, 2}
+
+
+def test_evaluator_exception_becomes_runtime_error_and_slot_survives():
+    def broken(task, source, config):
+        if "boom" in source:
+            raise RuntimeError("boom")
+        return fake_evaluate(task, source, config)
+
+    with LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=1), evaluate_fn=broken) as pool:
+        bad = pool.submit(tiny_task(), "boom").result(10)
+        good = pool.submit(tiny_task(), fake_source()).result(10)
+    assert bad.status is Status.RUNTIME_ERROR and "boom" in bad.message
+    assert good.status is Status.CORRECT
+
+
+def test_store_is_written_by_the_pool_and_reused(tmp_path):
+    task, source = tiny_task(), fake_source(speedup=2.5)
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        with LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=2), store=store, evaluate_fn=fake_evaluate) as pool:
+            first = pool.submit(task, source, label="run1").result(10)
+            second = pool.submit(task, source).result(10)
+            forced = pool.submit(task, source, force=True).result(10)
+        rows = store.query_evaluations(task_id="test/add")
+    assert not first.cached and second.cached and not forced.cached
+    assert second.speedup == 2.5
+    assert len(fakes.CALLS) == 2  # the cached one did not run
+    assert len(rows) == 2 and rows[0]["label"] == "run1"
+
+
+def test_key_protocol_ignores_the_gpu_index():
+    assert key_protocol(FAST_CONFIG, "cuda:1") == key_protocol(FAST_CONFIG, "cuda:0")
+    assert key_protocol(FAST_CONFIG, "cuda:1")["device"] == "cuda"
+
+
+def test_close_resolves_queued_items():
+    pool = LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=1, max_queue=8), evaluate_fn=fake_evaluate)
+    running = pool.submit(tiny_task(), fake_source(gate=1))
+    queued = [pool.submit(tiny_task(), fake_source()) for _ in range(3)]
+    time.sleep(0.1)
+    threading.Timer(0.3, fakes.GATE.set).start()
+    pool.close()
+    assert running.result(10).status is Status.CORRECT
+    assert all(f.result(1).status is Status.RUNTIME_ERROR and "closed" in f.result().message for f in queued)
+
+
+def test_make_pool_specs():
+    pool = make_pool("local", FAST_CONFIG, evaluate_fn=fake_evaluate, cpu_slots=2)
+    try:
+        assert isinstance(pool, LocalPool) and pool.devices == ["cpu", "cpu"] and pool.n_devices == 1
+    finally:
+        pool.close()
+    with pytest.raises(ConfigError, match="workers spec"):
+        make_pool("threads", FAST_CONFIG)
+    with pytest.raises(ConfigError):
+        LocalPoolConfig(max_queue=0)
+
+
+def test_real_evaluation_through_the_pool(tmp_path):
+    """The default evaluator (isolated child) on a tiny task, results stored by the pool."""
+    with ResultsStore(tmp_path / "r.sqlite") as store, LocalPool(FAST_CONFIG, store=store) as pool:
+        result = pool.submit(tiny_task(), TINY_CANDIDATE).result(120)
+        assert result.status is Status.CORRECT, result.message
+        assert result.speedup is not None and result.speedup > 0
+        assert len(store.query_evaluations(task_id="test/add", status="correct")) == 1
