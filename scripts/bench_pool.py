@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = load_pairs(args.candidates_from, "cuda", args.n)
     from cudal1.eval.pipeline import prebuild
 
-    prebuild([source for _, source in pairs], config.resolved("cuda"))
+    prebuild(list(pairs), config.resolved("cuda"))
     one = timed_run(workers, 1, pairs, config)
     many = timed_run(workers, n_gpus, pairs, config)
     mismatches = [{"task_id": t.id, "one": a, "many": b}

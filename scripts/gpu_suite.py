@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Everything GPU-side in one go: build cache warm-up, the GPU tests, then the benchmarks.
+"""The GPU tests in one go (builds run in parallel inside `evaluate_many`), with a time budget.
 
-Usage: python scripts/gpu_suite.py OUT_DIR [--parts tests,eval,build,audit] [--time-budget-s S]
+Usage: python scripts/gpu_suite.py OUT_DIR [--tests "PATHS"] [--time-budget-s S]
 Runs the project from the checkout (PYTHONPATH=src is set for child processes), installs nothing,
 writes full results under OUT_DIR and prints a short table last.
 """
@@ -20,51 +20,36 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def load_inline_sources() -> list[str]:
-    """Every `load_inline` candidate the GPU tests will evaluate (built once, in parallel)."""
-    paths = list((ROOT / "src/cudal1/tasks/builtin/examples").glob("*.py"))
-    paths += list((ROOT / "tests/fixtures/candidates").rglob("*.py"))
-    return [p.read_text() for p in paths if "load_inline" in p.read_text()]
-
-
-def run_prebuild(out: Path) -> dict:
-    from cudal1.eval import EvalConfig
-    from cudal1.eval.pipeline import prebuild
-
-    sources = load_inline_sources()
-    t0 = time.monotonic()
-    prebuild(sources, EvalConfig(device="cuda").resolved("cuda"))
-    return {"prebuilt": len(sources), "prebuild_s": round(time.monotonic() - t0, 1)}
-
-
 def run_tests(out: Path, budget_s: float, selection: str) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu and not slow", "-p", "no:cacheprovider", "-rA",
            f"--junitxml={out / 'gpu_tests.xml'}", "-s", *selection.split()]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
     with open(out / "gpu_tests.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=budget_s, check=False)
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                timeout=budget_s, check=False).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
     tail = (out / "gpu_tests.log").read_text().strip().splitlines()[-1:]
-    return {"tests_rc": proc.returncode, "tests_s": round(time.monotonic() - t0, 1),
+    return {"tests_rc": rc, "tests_s": round(time.monotonic() - t0, 1),
             "tests_summary": tail[0] if tail else ""}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--parts", default="prebuild,tests")
+    ap.add_argument("--parts", default="tests")
     ap.add_argument("--tests", default="tests", help="pytest paths/args for the tests part")
     ap.add_argument("--time-budget-s", type=float, default=540.0)
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("CUDAL1_STORE", str(args.out_dir / "results.sqlite"))
-    os.environ["PYTHONPATH"] = f"{ROOT / 'src'}:{ROOT}"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT),
+                                                            os.environ.get("PYTHONPATH", "")) if p)
     start = time.monotonic()
     summary: dict = {}
     parts = args.parts.split(",")
-    if "prebuild" in parts:
-        summary.update(run_prebuild(args.out_dir))
     if "tests" in parts:
         left = args.time_budget_s - (time.monotonic() - start)
         summary.update(run_tests(args.out_dir, max(left, 30.0), args.tests))

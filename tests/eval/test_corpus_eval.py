@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cudal1.eval import EvalConfig, KernelClass, Status, evaluate_candidate
+from cudal1.eval import EvalConfig, KernelClass, Status, evaluate_candidate, evaluate_many
 from cudal1.tasks.sources import load_file
 
 CORPUS = Path(__file__).parent.parent / "fixtures" / "candidates"
@@ -22,20 +22,22 @@ CPU_FAST = dict(device="cpu", sizes="full", correctness_trials=3, buckets=2, tar
 GPU = dict(device="cuda", sizes="full", correctness_trials=5, buckets=3, target_bucket_ms=20.0, timeout_s=300.0)
 
 
+def verdict_ok(entry: dict, result) -> bool:
+    expected = entry["expected_verdict"]
+    if expected == "correct":
+        return result.status is Status.CORRECT and result.kernel_class is KernelClass(entry["expected_kernel_class"])
+    if expected == "not_custom":
+        return result.status is not Status.CORRECT or result.kernel_class is not KernelClass.CUSTOM_CUDA
+    if expected == "hack_detected":
+        return result.status is Status.HACK_DETECTED
+    # an exploit the runtime exposes as wrong; a rejection by a guard is as good
+    return result.status in (Status.INCORRECT, Status.HACK_DETECTED)
+
+
 def check_verdict(entry: dict, device_cfg: dict) -> None:
     task = load_file(CORPUS / "refs" / entry["ref"])
     result = evaluate_candidate(task, (CORPUS / entry["file"]).read_text(), EvalConfig(**device_cfg))
-    expected = entry["expected_verdict"]
-    info = (entry["file"], result.status.value, result.message, result.kernel_class)
-    if expected == "correct":
-        assert result.status is Status.CORRECT, info
-        assert result.kernel_class is KernelClass(entry["expected_kernel_class"]), info
-    elif expected == "not_custom":
-        assert result.status is not Status.CORRECT or result.kernel_class is not KernelClass.CUSTOM_CUDA, info
-    elif expected == "hack_detected":
-        assert result.status is Status.HACK_DETECTED, info
-    else:  # an exploit the runtime exposes as wrong; a rejection by a guard is as good
-        assert result.status in (Status.INCORRECT, Status.HACK_DETECTED), info
+    assert verdict_ok(entry, result), (entry["file"], result.status.value, result.message, result.kernel_class)
 
 
 def _ids(entries):
@@ -52,9 +54,20 @@ def test_corpus_on_cpu(entry):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("entry", CUDA_ENTRIES + CPU_ENTRIES, ids=_ids(CUDA_ENTRIES + CPU_ENTRIES))
-def test_corpus_on_gpu(entry):
-    check_verdict(entry, GPU)
+@pytest.mark.timeout(1200)
+def test_corpus_on_gpu():
+    """All entries in one `evaluate_many` (parallel builds, pre-started workers); one line per entry."""
+    entries = CUDA_ENTRIES + CPU_ENTRIES
+    pairs = [(load_file(CORPUS / "refs" / e["ref"]), (CORPUS / e["file"]).read_text()) for e in entries]
+    results = evaluate_many(pairs, EvalConfig(**GPU))
+    failures = []
+    for entry, result in zip(entries, results):
+        ok = verdict_ok(entry, result)
+        print(f"{entry['file']:40s} {entry['expected_verdict']:14s} -> {result.status.value:14s} "
+              f"{result.kernel_class} {'OK' if ok else 'FAIL'} {result.message[:90]}")
+        if not ok:
+            failures.append((entry["file"], result.status.value, result.message))
+    assert not failures, failures
 
 
 def test_corpus_meets_the_size_bar():

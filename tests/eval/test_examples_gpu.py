@@ -31,14 +31,16 @@ def test_every_reference_runs_on_gpu():
         torch.cuda.empty_cache()
 
 
+@pytest.mark.timeout(1200)
 def test_every_example_is_correct_and_timed():
     pairs = example_candidates("cuda")
     assert len(pairs) >= 12
     results = evaluate_many([(t, src) for t, _, src in pairs], EvalConfig(device="cuda", buckets=5))
     failures = []
     for (task, label, _), r in zip(pairs, results):
+        warm = (r.timing.speedup_warm if r.timing else None) or 0.0
         print(f"{task.id:45s} {label:6s} {r.status.value:14s} speedup {r.speedup or 0:6.2f}x "
-              f"(warm {r.timing.speedup_warm if r.timing else 0 or 0:.2f}x) class {r.kernel_class} {r.message[:80]}")
+              f"(warm {warm:.2f}x) stab {r.stability or 0:.3f} class {r.kernel_class} {r.message[:80]}")
         if r.status is not Status.CORRECT:
             failures.append((task.id, label, r.status.value, r.message))
     assert not failures, failures

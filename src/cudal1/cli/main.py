@@ -23,7 +23,7 @@ def _register() -> None:
     app.command("check")(check_cmd.check_command)
     app.command("quickstart")(quickstart_cmd.quickstart_command)
     for optional in ("baseline_cmd", "report_cmd", "audit_cmd", "optimize_cmd", "augment_cmd", "train_cmd",
-                     "serve_cmd", "policy_cmd"):
+                     "serve_cmd", "policy_cmd", "judge_cmd"):
         try:
             module = __import__(f"cudal1.cli.{optional}", fromlist=["register"])
         except ModuleNotFoundError:
@@ -42,7 +42,7 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progr
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 failed verdicts where a command says so, 2 user error)."""
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
     except Cudal1Error as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return int(exc.exit_code)
         raise
-    return 0
+    # Without standalone mode, click returns the code of a `typer.Exit` instead of raising it.
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -83,6 +83,9 @@ class EvalConfig:
     build_timeout_s: float = _f(900.0, "Wall-clock limit of a candidate's CUDA build.")
     memory_bytes: int | None = _f(64 * 2**30, "Host memory limit of the worker (None: no limit).")
     skip_static: bool = _f(False, "Skip static analysis (not recommended; for debugging).")
+    profile_kernels: bool = _f(True, "CUDA: one profiled forward after timing to detect decoy kernels.")
+    decoy_min_share: float = _f(0.10, "Below this share of GPU time in its own kernels, a custom candidate "
+                                      "is reported as mostly library work.")
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:

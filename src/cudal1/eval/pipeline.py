@@ -70,8 +70,9 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
     except ImportError:
         return PreparedBuild({}, None)
     service = CompileService(CompileConfig(arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device))
-    built = service.build([source])[0]
-    env = service.environment(service.key_for(source))
+    init = json_init_inputs(task)
+    built = service.build([source], init_inputs=[init])[0]
+    env = service.environment(service.key_for(source, init))
     if built.ok:
         return PreparedBuild(env, None)
     status = Status.TIMEOUT if "timed out" in built.log else Status.COMPILE_ERROR
@@ -131,6 +132,10 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
         store.put_task(task.id, task.source, level=task.level, origin=task.origin)
         store.put_candidate(source, task_id=task.id)
         store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)
+        if result.status is Status.HACK_DETECTED:
+            from cudal1.judge.cases import HackCaseDB
+
+            HackCaseDB(store.path).record_confirmed(result, source, reference_source=task.source)
     return result
 
 
@@ -151,7 +156,8 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
     if build.result is not None:
         return build.result.replace(flags=static_flags, kernel_class=kernel_class)
     payload = {"task_id": task.id, "ref_source": task.source, "cand_source": source,
-               "config": cfg.to_dict(), "device": cfg.device}
+               "config": cfg.to_dict(), "device": cfg.device,
+               "static_report": report.to_dict() if report is not None else None}
     # A build that did not happen in the compile service happens at import inside the worker.
     build_in_worker = uses_load_inline(source) and not build.env
     limits = Limits(timeout_s=cfg.timeout_s + (cfg.build_timeout_s if build_in_worker else 0.0),
@@ -159,6 +165,10 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
     worker = workers.take() if workers is not None else None
     outcome = run_isolated(WORKER_ENTRY, payload, limits=limits, env=build.env, worker=worker)
     result = outcome_to_result(outcome, task, cand_hash)
+    if kernel_class is not None:
+        from cudal1.eval.profiling import reclassify
+
+        kernel_class = reclassify(kernel_class, result.flags)  # a decoy counts as what actually ran
     return result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class)
 
 
@@ -177,7 +187,7 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     cfg = config or EvalConfig()
     device = resolve_device(cfg.device)
     if device.startswith("cuda"):
-        prebuild([src for _, src in items], cfg.resolved(device))
+        prebuild(items, cfg.resolved(device))
     results = []
     with WorkerSupply(WORKER_ENTRY, warm_device=device if device.startswith("cuda") else None) as workers:
         for task, source in items:
@@ -191,16 +201,30 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     return results
 
 
-def prebuild(sources: list[str], cfg: EvalConfig) -> None:
+def json_init_inputs(task: Task) -> list[Any] | None:
+    """The reference's init inputs when they are plain JSON values (so lazy builds in `ModelNew.__init__`
+    can happen in the compile pool); None otherwise. Runs reference code only, never candidate code."""
+    import json
+
+    try:
+        values = list(task.load().get_init_inputs())
+        json.dumps(values)
+    except Exception:  # noqa: BLE001 - not JSON-able or not loadable: the build then happens in the worker
+        return None
+    return values
+
+
+def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig) -> None:
     """Build every `load_inline` candidate in parallel ahead of the serial GPU phase."""
-    todo = [s for s in sources if uses_load_inline(s)]
+    todo = [(t, s) for t, s in items if uses_load_inline(s)]
     if not todo:
         return
     try:
         from cudal1.eval.compile import build_candidates, local_arch
     except ImportError:
         return
-    build_candidates(todo, arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device)
+    build_candidates([s for _, s in todo], arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device,
+                     init_inputs=[json_init_inputs(t) for t, _ in todo])
 
 
 def severity_counts(flags: list[Flag]) -> dict[str, int]:

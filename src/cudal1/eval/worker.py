@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import os
 import platform
 import random
 import sys
@@ -77,6 +78,11 @@ def import_candidate(source: str, workdir: Path) -> Any:
     """Import the candidate module from source; build failures become COMPILE_ERROR verdicts."""
     path = workdir / "candidate.py"
     path.write_text(source)
+    if os.environ.get("CUDAL1_BUILD_LEVERS"):
+        # Same load_inline hooks and levers as the compile service, so its cached build is reused.
+        from cudal1.eval.build_worker import install_build_hooks
+
+        install_build_hooks()
     name = f"cudal1_candidate_{abs(hash(source)) % 10**12}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -150,6 +156,7 @@ class Evaluation:
         self.phase_s: dict[str, float] = {}
         self.rng = random.Random(self.cfg.seed)
         self.ref_pool = RefPool(self.device)
+        self.kernel_profile: dict[str, Any] | None = None
 
     def guard(self, snapshot: guards.GuardSnapshot, phase: str) -> None:
         """Check the guards after `phase` and restore the global state for the reference."""
@@ -321,8 +328,29 @@ class Evaluation:
         t2 = time.perf_counter()
         measured = self.measure(ref, ref_model, cand_model, snapshot)
         self.phase_s["timing"] = time.perf_counter() - t2
+        self.check_decoy(ref, cand_model, snapshot)
         status = Status.HACK_DETECTED if self.rejecting_flags() else Status.CORRECT
         return {"status": status.value, "timing": measured}
+
+    def check_decoy(self, ref: Any, cand_model: Any, snapshot: guards.GuardSnapshot) -> None:
+        """One profiled forward after timing (CUPTI would slow later launches): did its own kernels run?"""
+        static = self.payload.get("static_report")
+        if self.device.type != "cuda" or not static or not self.cfg.profile_kernels:
+            return
+        from cudal1.analysis import StaticReport
+        from cudal1.eval.profiling import decoy_flags, profile_call
+
+        raw_names: tuple[str, ...] = ()
+        if "cudal1.raw_cuda" in sys.modules:
+            raw_names = tuple(sys.modules["cudal1.raw_cuda"].launch_log().defined_kernels)
+        inputs = make_inputs(ref, self.device, self.cfg.seed + 4242)
+        prof = profile_call(lambda: self.call_candidate(cand_model, inputs), self.device)
+        self.flags.extend(decoy_flags(prof, StaticReport.from_dict(static), raw_kernel_names=raw_names,
+                                      min_share=self.cfg.decoy_min_share))
+        # The profiler leaves a native helper thread behind: not the candidate's doing.
+        self.flags.extend(f for f in guards.compare(snapshot, "profiling") if f.rule != "guard.native_threads")
+        guards.restore(snapshot)
+        self.kernel_profile = prof.to_dict()
 
     def rejecting_flags(self) -> list[Flag]:
         if not self.cfg.profile_obj.reject_runtime_guards:
@@ -348,5 +376,6 @@ def evaluate_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
     rejecting = ev.rejecting_flags()
     if out["status"] == Status.HACK_DETECTED.value and rejecting and not out.get("message"):
         out["message"] = "; ".join(f"{f.rule}: {f.message}" for f in rejecting[:3])
-    out.update(flags=[f.to_dict() for f in ev.flags], environment=env, phase_s=ev.phase_s)
+    out.update(flags=[f.to_dict() for f in ev.flags], environment=env, phase_s=ev.phase_s,
+               kernel_profile=ev.kernel_profile)
     return out

@@ -1,0 +1,163 @@
+"""Benchmark cache-miss builds of KernelBench `load_inline` candidates: plain torch vs the cudal1 compile service.
+
+For the `load_inline` candidates of a CUDA-L1 style JSONL release (field `custom_code`, reference in
+`ref_code`), each candidate is built twice from an empty cache, in the same run and the same process pool:
+  (a) plain: the candidate as written (no hooks, no levers), in its own fresh TORCH_EXTENSIONS_DIR;
+  (b) cudal1: `prepare_candidate` with the adopted build levers (`BuildLevers()` defaults).
+Both import the candidate and instantiate `ModelNew(*get_init_inputs())` on the GPU (most candidates build
+lazily in __init__), each in an isolated child. Jobs are interleaved (a, b, a, b, ...) so that both see the
+same machine load.
+
+Run on the GPU machine (a 9-minute call):
+    python scripts/bench_build.py OUT_DIR --limit 72 --workers 16 --time-budget-s 330 --timeout-s 200
+Writes OUT_DIR/bench_build.json after every finished job (partial results survive a kill) and prints a
+short table last: per mode, jobs, successful builds, failures, median and p90 per-candidate build seconds
+(successful builds only), worker-busy seconds (throughput), then the median per-candidate ratio
+plain/cudal1 and the pool's wall time for all jobs of both modes. No new build is launched after
+--time-budget-s; running ones are awaited (keep --timeout-s below what remains of the call).
+Both modes run in the same environment (MAX_JOBS=2, TORCH_CUDA_ARCH_LIST of the GPU); in (a) the hooks
+only time the calls (every lever off, verbose untouched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from cudal1.eval.compile import BuildLevers, build_environment, local_arch
+from cudal1.eval.isolation import Limits, run_isolated
+
+DEFAULT_JSONL = "/work/shared/data/cuda-l1/h100.jsonl"
+ENTRY_PREPARE = "cudal1.eval.build_worker:prepare_candidate"
+ENTRY_INIT = "cudal1.eval.build_worker:reference_init_inputs"
+# (a) uses the same child but with every lever off and no decision file: torch exactly as the candidate
+# calls it (the hooks only time the calls); verbose stays as the candidate wrote it.
+PLAIN_LEVERS = {"light_cuda_headers": False, "quiet": False}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--jsonl", default=DEFAULT_JSONL)
+    p.add_argument("--limit", type=int, default=None, help="first N load_inline candidates")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="builds in parallel")
+    p.add_argument("--time-budget-s", type=float, default=480.0, help="launch no new build after this")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="limit of one build child")
+    p.add_argument("--arch", default=None, help="TORCH_CUDA_ARCH_LIST (default: the local GPU)")
+    p.add_argument("--device", default="cuda:0")
+    return p.parse_args(argv)
+
+
+def load_candidates(path: str, limit: int | None) -> list[dict[str, Any]]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            if "load_inline" in (row.get("custom_code") or ""):
+                rows.append(row)
+    return rows[:limit] if limit else rows
+
+
+def init_inputs_for(row: dict[str, Any], env: dict[str, str]) -> list[Any] | None:
+    out = run_isolated(ENTRY_INIT, {"ref_source": row["ref_code"]}, limits=Limits(timeout_s=120), env=env)
+    return (out.value or {}).get("init_inputs")
+
+
+def run_job(job: dict[str, Any], scratch: Path, arch: str, device: str, timeout_s: float) -> dict[str, Any]:
+    """One cache-miss build, (a) or (b), in a fresh extension directory of its own."""
+    key = f"bench-{job['mode']}-{job['index']}-{os.getpid()}-{time.time_ns()}"
+    env = build_environment(key, arch, cache_dir=scratch)
+    env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", device.split(":")[-1]).split(",")[0]
+    levers = PLAIN_LEVERS if job["mode"] == "plain" else BuildLevers().to_dict()
+    payload = {"source": job["source"], "init_inputs": job["init_inputs"], "device": "cuda:0"
+               if device.startswith("cuda") else "cpu", "levers": levers}
+    start = time.monotonic()
+    out = run_isolated(ENTRY_PREPARE, payload, limits=Limits(timeout_s=timeout_s), env=env)
+    value = out.value or {}
+    builds = value.get("builds", [])
+    return {"mode": job["mode"], "index": job["index"], "task": job["task"], "wall_s": time.monotonic() - start,
+            "build_s": sum(b.get("seconds", 0.0) for b in builds), "n_builds": len(builds),
+            "ok": bool(value.get("ok")), "builds": builds, "log": value.get("log") or out.describe_failure()
+            if not value.get("ok") else ""}
+
+
+def summarize(results: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    def stats(mode: str) -> dict[str, Any]:
+        rows = [r for r in results if r["mode"] == mode]
+        built = sorted(r["build_s"] for r in rows if r["n_builds"] and r["ok"])
+        p90 = built[min(len(built) - 1, int(round(0.9 * (len(built) - 1))))] if built else None
+        return {"jobs": len(rows), "with_builds": len(built), "failures": sum(not r["ok"] for r in rows),
+                "median_build_s": statistics.median(built) if built else None, "p90_build_s": p90,
+                "worker_busy_s": sum(r["wall_s"] for r in rows)}
+
+    plain, ours = stats("plain"), stats("cudal1")
+    pairs = {}
+    for r in results:  # ratios only where both modes built successfully
+        if r["ok"] and r["n_builds"]:
+            pairs.setdefault(r["index"], {})[r["mode"]] = r["build_s"]
+    ratios = [p["plain"] / p["cudal1"] for p in pairs.values()
+              if p.get("plain") and p.get("cudal1")]
+    return {"plain": plain, "cudal1": ours, "median_ratio_plain_over_cudal1":
+            statistics.median(ratios) if ratios else None, "pool_wall_s": wall_s}
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    def fmt(x: Any) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    print(f"{'mode':8} {'jobs':>5} {'built':>6} {'fail':>5} {'median_s':>9} {'p90_s':>7} {'busy_s':>8}")
+    for mode in ("plain", "cudal1"):
+        s = summary[mode]
+        print(f"{mode:8} {s['jobs']:>5} {s['with_builds']:>6} {s['failures']:>5} "
+              f"{fmt(s['median_build_s']):>9} {fmt(s['p90_build_s']):>7} {fmt(s['worker_busy_s']):>8}")
+    ratio = summary["median_ratio_plain_over_cudal1"]
+    print(f"median per-candidate ratio plain/cudal1: {fmt(ratio)}x; pool wall time (all jobs, both modes): "
+          f"{summary['pool_wall_s']:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out_path = args.out_dir / "bench_build.json"
+    arch = local_arch(args.arch)
+    rows = load_candidates(args.jsonl, args.limit)
+    scratch = Path(tempfile.mkdtemp(prefix="cudal1-bench-"))
+    init_env = build_environment("bench-init", arch, cache_dir=scratch)
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        inits = list(pool.map(lambda r: init_inputs_for(r, init_env), rows))
+        jobs = [{"mode": mode, "index": i, "task": f"{r.get('level_id')}/{r.get('task_id')}",
+                 "source": r["custom_code"], "init_inputs": inits[i]}
+                for i, r in enumerate(rows) for mode in ("plain", "cudal1")]
+        results: list[dict[str, Any]] = []
+        pending: set = set()
+        pool_start = time.monotonic()
+        queue = list(jobs)
+        while queue or pending:
+            while queue and len(pending) < args.workers and time.monotonic() - start < args.time_budget_s:
+                pending.add(pool.submit(run_job, queue.pop(0), scratch, arch, args.device, args.timeout_s))
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                results.append(fut.result())
+            summary = summarize(results, time.monotonic() - pool_start)
+            out_path.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "arch": arch,
+                                            "summary": summary, "not_started": len(queue),
+                                            "results": results}, indent=1))
+    print(f"{len(results)} of {len(jobs)} builds finished; {len(queue)} not started; full JSON: {out_path}",
+          file=sys.stderr)
+    print_table(summarize(results, time.monotonic() - pool_start))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

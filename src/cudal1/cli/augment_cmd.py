@@ -1,0 +1,95 @@
+"""`cudal1 augment --llm A --llm B ... --source ...`: stage-1 SFT data (see cudal1.loops.augment)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cudal1.cli import common
+from cudal1.cli.optimize_cmd import EvalSetOpt, PoolOpt, open_pool, parse_eval_sets
+from cudal1.eval.config import EvalConfig
+
+LlmOpt = typer.Option([], "--llm", help="A model spec (repeat for several models).")
+SourceOpt = typer.Option(["builtin"], "--source", "-s", help="Task sources to generate for.")
+TaskOpt = typer.Option([], "--task", "-t", help="Only these task ids (repeatable).")
+LevelOpt = typer.Option([], "--level", help="Only these levels (repeatable).")
+FromReleaseOpt = typer.Option([], "--from-release", help="Import a JSONL release's candidates that pass "
+                                                         "the evaluator (repeatable).")
+OutDirOpt = typer.Option(Path("augment_data"), "--out-dir", "-o", help="Writes sft.jsonl and dataset/.")
+
+
+def augment_command(
+    llm: list[str] = LlmOpt,
+    source: list[str] = SourceOpt,
+    task: list[str] = TaskOpt,
+    level: list[int] = LevelOpt,
+    max_tasks: int = typer.Option(0, "--max-tasks", help="At most this many tasks (0: all)."),
+    samples: int = typer.Option(4, "--samples", help="Completions per task per model."),
+    keep: int = typer.Option(2, "--keep", help="At most this many examples per task per model."),
+    max_slowdown: float = typer.Option(1000.0, "--max-slowdown", help="Keep only candidates at most this many "
+                                                                      "times slower than the reference."),
+    form: str = typer.Option("raw_cuda", "--form", help="Candidate form asked for: raw_cuda or load_inline."),
+    contrastive: bool = typer.Option(True, "--contrastive/--plain", help="Contrastive prompts once exemplars exist."),
+    from_release: list[Path] = FromReleaseOpt,
+    out_dir: Path = OutDirOpt,
+    no_hf_dataset: bool = typer.Option(False, "--no-hf-dataset", help="Write only the JSONL."),
+    device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
+    sizes: str = common.SizesOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
+    eval_set: list[str] = EvalSetOpt,
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
+    max_tokens: int = typer.Option(8192, "--max-tokens", help="Maximum completion tokens per sample."),
+    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight per model."),
+    max_retries: int = typer.Option(5, "--max-retries", help="Retries of a failed request."),
+    seed: int = typer.Option(0, "--seed", help="Seed of exemplar sampling."),
+    run_name: str = typer.Option("", "--run-name", help="Run to create or continue (default: from the settings)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start a new run instead of continuing an identical one."),
+    store_path: Path | None = common.StoreOpt,
+    pool: str = PoolOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Build stage-1 SFT data: several models write variants per task; keep the executable, correct ones."""
+    from cudal1.loops.augment import AugmentConfig, augment
+
+    eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
+                                    buckets=buckets, timeout_s=timeout_s), **parse_eval_sets(eval_set)})
+    config = AugmentConfig(llms=list(llm), sources=list(source), task_ids=list(task), levels=list(level),
+                           max_tasks=max_tasks, samples=samples, keep=keep, max_slowdown=max_slowdown, form=form,
+                           contrastive=contrastive, from_release=[str(p) for p in from_release], eval=eval_cfg,
+                           out_dir=str(out_dir), hf_dataset=not no_hf_dataset, temperature=temperature,
+                           max_tokens=max_tokens, concurrency=concurrency, max_retries=max_retries, seed=seed,
+                           run_name=run_name, resume=not fresh)
+    store = common.open_store(store_path, False)
+    evaluator_pool = open_pool(pool, eval_cfg, store)
+    try:
+        with common.progress_bar() as bar:
+            job = bar.add_task("augmenting", total=None, best="", visible=not as_json)
+
+            def on_progress(phase: str, done: int, total: int) -> None:
+                bar.update(job, description=phase, completed=done, total=total)
+
+            result = augment(config, store=store, pool=evaluator_pool, progress=on_progress)
+    finally:
+        if evaluator_pool is not None:
+            evaluator_pool.close()
+        store.close()
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"augment run {result.run_id}: {len(result.examples)} examples")
+    for col in ("model", "task", "generated", "gen. errors", "correct", "kept"):
+        table.add_column(col)
+    for row in result.stats:
+        table.add_row(row["model"], row["task_id"], str(row["generated"]), str(row["generation_errors"]),
+                      str(row["correct"]), str(row["kept"]))
+    common.console.print(table)
+    where = f" and {result.dataset_path}" if result.dataset_path else ""
+    common.console.print(f"written to {result.jsonl_path}{where}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `cudal1 augment` to the CLI."""
+    app.command("augment")(augment_command)

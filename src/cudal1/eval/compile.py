@@ -1,0 +1,462 @@
+"""Compile service: build KernelBench `load_inline` candidates in parallel, cached by content hash.
+
+A KernelBench candidate compiles its CUDA when it is imported or instantiated, through
+`torch.utils.cpp_extension.load_inline` (or `load`). A cache-miss build costs about a minute, almost all
+of it in parsing the torch headers, so this module builds candidates ahead of evaluation, many at once,
+each in an isolated child (`cudal1.eval.isolation.run_isolated` -> `build_worker.prepare_candidate`),
+and records successful builds so that nothing is built twice:
+
+- `build_key(source, arch=..., extra=...)`: sha256 over the source and everything that changes the
+  binary (torch and CUDA versions, nvcc version, arch list, the build levers, BUILD_PROTOCOL_VERSION).
+- `build_environment(key, arch)`: the environment of the build child. **The evaluator must give the same
+  environment to the worker that imports the candidate for evaluation** and call
+  `build_worker.install_build_hooks()` there before the import (it reads the levers from that
+  environment and replays the build decisions), so that torch finds the finished build in
+  `TORCH_EXTENSIONS_DIR/<name>` and ninja sees nothing to do (0.0 s); any difference in flags, arch list
+  or extension directory makes torch rebuild from scratch.
+- `CompileService` / `build_candidates`: a thread pool supervising isolated children; a key whose
+  marker file (`<cache>/torch_extensions/<key>/.cudal1_ok`) exists is returned as `cached=True`
+  without starting a child.
+- `trim_compiler_log(text)`: the few compiler lines that explain a failure, for LLM feedback.
+
+Limits: candidates that build lazily inside `forward` are not built here (only import and, when init
+inputs are given, `ModelNew(*init_inputs)`); they build during the evaluator's warm-up instead, in the
+same extension directory. The cache is never evicted here. Library code: logs, never prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cudal1.errors import ConfigError
+from cudal1.eval.isolation import Limits, run_isolated
+
+logger = logging.getLogger(__name__)
+
+# Bump when anything in the build child changes what lands in the extension directory
+# (levers, rewrite rules, flags), so that old cache entries are not reused.
+BUILD_PROTOCOL_VERSION = "1"
+MARKER_NAME = ".cudal1_ok"
+BUILD_ENTRY = "cudal1.eval.build_worker:prepare_candidate"
+LEVERS_ENV = "CUDAL1_BUILD_LEVERS"  # JSON of BuildLevers, read by install_build_hooks() in the eval worker
+# Rationale: ninja runs main.cpp and cuda.cu in parallel; more jobs than that do not help one build
+# (measured on the H200 host: MAX_JOBS=2 no change), and the pool already fills the cores.
+DEFAULT_MAX_JOBS = 2
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class BuildLevers:
+    """The build-time levers applied by the build hooks to every `load_inline`/`load` call.
+
+    Only levers that measurably shorten a cache-miss build and keep the candidate's semantics are on by
+    default (measurements: docs/log.md, 2026-11-30).
+    """
+
+    light_cuda_headers: bool = field(default=True, metadata={
+        "help": "Drop `#include <torch/extension.h>` from cuda_sources (load_inline already includes "
+                "<torch/types.h>); falls back to the original source automatically if that fails to build."})
+    quiet: bool = field(default=True, metadata={
+        "help": "Force verbose=False so the build output is captured in the exception, not printed."})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> BuildLevers:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """Configuration of the compile service."""
+
+    arch: str | None = field(default=None, metadata={
+        "help": "TORCH_CUDA_ARCH_LIST, e.g. '9.0'; None: the local GPU's capability (required without GPU)."})
+    max_workers: int | None = field(default=None, metadata={
+        "help": "Builds in parallel; None: os.cpu_count()."})
+    timeout_s: float = field(default=900.0, metadata={"help": "Wall-clock limit of one candidate's build."})
+    memory_bytes: int | None = field(default=24 * 2**30, metadata={
+        "help": "Host memory limit of one build child (cicc alone takes about 3 GB on the torch headers)."})
+    max_jobs: int = field(default=DEFAULT_MAX_JOBS, metadata={"help": "MAX_JOBS for ninja inside one build."})
+    device: str = field(default="cuda:0", metadata={
+        "help": "Device on which ModelNew(*init_inputs) is instantiated (lazy builds); 'cpu' for no GPU."})
+    cache_dir: str | None = field(default=None, metadata={
+        "help": "Cache root; None: $CUDAL1_CACHE_DIR or ~/.cache/cudal1."})
+    levers: BuildLevers = field(default_factory=BuildLevers, metadata={"help": "Build-time levers."})
+
+    def __post_init__(self) -> None:
+        if self.max_workers is not None and self.max_workers < 1:
+            raise ConfigError("max_workers must be >= 1 (or None for os.cpu_count())")
+        if self.timeout_s <= 0:
+            raise ConfigError("timeout_s must be positive")
+        if self.max_jobs < 1:
+            raise ConfigError("max_jobs must be >= 1")
+        if not (self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device)):
+            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+
+
+# --------------------------------------------------------------------------- keys and environment
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache root: `cache_dir`, else `$CUDAL1_CACHE_DIR`, else `~/.cache/cudal1`."""
+    root = cache_dir or os.environ.get("CUDAL1_CACHE_DIR") or Path.home() / ".cache" / "cudal1"
+    return Path(root).expanduser()
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_version() -> str:
+    """The last line of `nvcc --version` (e.g. 'Build cuda_13.0.r13.0/compiler.36424714_0'), or 'none'."""
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    for nvcc in ("nvcc", os.path.join(cuda_home, "bin", "nvcc")):
+        try:
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+        if out.returncode == 0 and lines:
+            return lines[-1]
+    return "none"
+
+
+def local_arch(arch: str | None = None) -> str:
+    """`arch` if given, else the local GPU's compute capability as 'major.minor'.
+
+    Raises ConfigError when there is no GPU and no explicit arch.
+    """
+    if arch:
+        return arch
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"{major}.{minor}"
+    raise ConfigError("no CUDA GPU here: pass the target arch explicitly (e.g. arch='9.0')")
+
+
+def build_key(source: str, *, arch: str, extra: dict[str, Any]) -> str:
+    """Content hash of one candidate build (hex sha256).
+
+    Covers the candidate source, torch version, torch.version.cuda, the nvcc version string, the arch
+    list, `extra` (the levers and anything else the caller injects; must be JSON-serialisable) and
+    BUILD_PROTOCOL_VERSION.
+    """
+    import torch
+
+    parts = {
+        "protocol": BUILD_PROTOCOL_VERSION,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "nvcc": nvcc_version(),
+        "arch": arch,
+        "extra": extra,
+    }
+    h = hashlib.sha256()
+    h.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    h.update(b"\0")
+    h.update(source.encode())
+    return h.hexdigest()
+
+
+def extensions_dir(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """TORCH_EXTENSIONS_DIR of one build key."""
+    return cache_root(cache_dir) / "torch_extensions" / key
+
+
+def build_environment(key: str, arch: str, *, cache_dir: str | os.PathLike | None = None,
+                      max_jobs: int = DEFAULT_MAX_JOBS, levers: BuildLevers | None = None) -> dict[str, str]:
+    """Environment of the build child AND of the evaluation worker that later imports the candidate.
+
+    Pass exactly this to both, and in the worker call `cudal1.eval.build_worker.install_build_hooks()`
+    before importing the candidate (it reads the levers from `CUDAL1_BUILD_LEVERS`): torch then reuses the
+    build in `TORCH_EXTENSIONS_DIR/<name>` instead of compiling again.
+    """
+    env = {
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir(key, cache_dir)),
+        "TORCH_CUDA_ARCH_LIST": arch,
+        "MAX_JOBS": str(max_jobs),
+        "CUDAL1_CACHE_DIR": str(cache_root(cache_dir)),
+        LEVERS_ENV: json.dumps((levers or BuildLevers()).to_dict(), sort_keys=True),
+    }
+    # Torch finds nvcc through CUDA_HOME or PATH; a scrubbed child keeps PATH, so only pin CUDA_HOME
+    # when the parent knows it (same value in build and eval keeps the ninja files identical).
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            env[var] = os.environ[var]
+    return env
+
+
+def marker_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    return extensions_dir(key, cache_dir) / MARKER_NAME
+
+
+def read_marker(key: str, cache_dir: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """The marker of a finished successful build, or None."""
+    try:
+        return json.loads(marker_path(key, cache_dir).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_marker(key: str, info: dict[str, Any], cache_dir: str | os.PathLike | None = None) -> None:
+    """Atomically mark `key` as built (write to a temporary name, then rename)."""
+    path = marker_path(key, cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{MARKER_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(info, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- compiler log trimming
+
+# Rationale: these lines say what went wrong; gcc/g++/nvcc/ld formats as printed by torch's ninja build.
+_KEEP_PATTERNS = re.compile(
+    r"(\berror\b\s*:|\berror\s+#|\berror\s|fatal error|undefined reference|undefined symbol|"
+    r"cannot find -l|multiple definition|ninja: build stopped|errors? detected in the compilation)",
+    re.IGNORECASE)
+# Rationale: noise for an LLM: ninja command lines, include stacks, warnings, notes, progress lines.
+_DROP_PATTERNS = re.compile(
+    r"^\s*(\[\d+/\d+\]|FAILED:|In file included from|from\s+\S+[:,]|ninja: (?:no work|entering)|"
+    r"\S*(?:c\+\+|g\+\+|gcc|clang\+?\+?|nvcc|cicc|ptxas)(?:\s|$)|"
+    r"\S+:\s+In (?:function|member function|instantiation|constructor|static member)|"
+    r"Remark|Emitting|detected during|required from|Traceback|File \")")
+_WARNING_OR_NOTE = re.compile(r"\b(warning|note|remark)\b\s*[:#]", re.IGNORECASE)
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b(: .*)?$")
+# Absolute paths only (not the `cub/block/x.cuh` of an include directive).
+_PATH = re.compile(r"(?<![\w.\-/])(?:/[^\s:'\"()<>\[\],/]+)+/([^/\s:'\"()<>\[\],]+)")
+_BUILD_ERROR_HEAD = re.compile(r"(Error building extension '[^']*')\s*:?.*")
+_SOURCE_CONTEXT_LINES = 2
+
+
+def _shorten_paths(line: str) -> str:
+    return _PATH.sub(r"\1", line)
+
+
+def _is_context_line(line: str) -> bool:
+    """A source excerpt printed after an error: indented code, a gcc `  12 | code`, or a caret line."""
+    if not line.strip() or _KEEP_PATTERNS.search(line) or _WARNING_OR_NOTE.search(line):
+        return False
+    return line.startswith((" ", "\t")) or bool(re.match(r"^\s*\d*\s*\|", line))
+
+
+def trim_compiler_log(text: str, max_lines: int = 20, max_chars: int = 2000) -> str:
+    """The first meaningful messages of a failed build, short enough to feed back to an LLM.
+
+    Keeps error lines (`error:`, `fatal error`, `undefined reference`, linker errors) with the 1-2 lines of
+    source context compilers print after them, `ninja: build stopped`, torch's "Error building extension"
+    head and the final Python exception line; drops ninja command lines, include stacks, warnings and
+    notes; rewrites absolute paths to their basename. Falls back to the last lines when nothing matches.
+    """
+    lines = [ln.rstrip() for ln in text.replace("\r", "").splitlines()]
+    head: list[str] = []
+    kept: list[str] = []
+    tail: list[str] = []
+    context_left = 0
+    for line in lines:
+        head_match = _BUILD_ERROR_HEAD.search(line)
+        if head_match and not head:
+            head.append(head_match.group(1))
+            continue
+        if context_left and _is_context_line(line):
+            kept.append(_shorten_paths(line))
+            context_left -= 1
+            continue
+        context_left = 0
+        if _DROP_PATTERNS.match(line) or _WARNING_OR_NOTE.search(line):
+            continue
+        if "ninja: build stopped" in line:
+            tail = [line.strip()]
+        elif _KEEP_PATTERNS.search(line):
+            kept.append(_shorten_paths(line.strip()))
+            context_left = _SOURCE_CONTEXT_LINES
+    last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+    if _EXC_LINE.match(last) and not _BUILD_ERROR_HEAD.search(last):
+        last = _shorten_paths(last)
+        kept = [ln for ln in kept if ln != last]
+        tail.append(last)
+    if not kept and not head and not tail:
+        kept = [_shorten_paths(ln) for ln in lines if ln.strip() and not _DROP_PATTERNS.match(ln)][-max_lines:]
+    return _fit(head, _dedupe(kept), tail, max_lines, max_chars)
+
+
+def _dedupe(lines: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for line in lines:
+        if line.strip() and _KEEP_PATTERNS.search(line):
+            if line in seen:
+                continue
+            seen.add(line)
+        out.append(line)
+    return out
+
+
+def _fit(head: list[str], body: list[str], tail: list[str], max_lines: int, max_chars: int) -> str:
+    """Join head + body + tail within the line and character budgets (head and tail always kept)."""
+    room = max(0, max_lines - len(head) - len(tail))
+    dropped = max(0, len(body) - room)
+    body = body[:room]
+    if dropped and body:
+        body[-1] = f"... ({dropped + 1} more lines)"
+    out = "\n".join(head + body + tail)
+    while len(out) > max_chars and body:
+        body.pop()
+        out = "\n".join(head + body + ["..."] + tail)
+    return out[:max_chars]
+
+
+# --------------------------------------------------------------------------- the service
+
+
+@dataclass(frozen=True)
+class ExtensionBuild:
+    """One `load_inline`/`load` call seen while preparing a candidate."""
+
+    name: str
+    seconds: float
+    ok: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Outcome of building one candidate."""
+
+    key: str
+    ok: bool
+    cached: bool  # True when the marker existed and no child was started
+    seconds: float  # wall time of the build child (0.0 when cached)
+    log: str  # trimmed compiler log or one-line import error; "" when ok
+    builds: tuple[ExtensionBuild, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "ok": self.ok, "cached": self.cached, "seconds": self.seconds,
+                "log": self.log, "builds": [b.to_dict() for b in self.builds]}
+
+
+ProgressCallback = Callable[[int, int, BuildResult], None]  # (done, total, result of the one just done)
+
+
+def _device_env_and_name(device: str) -> tuple[dict[str, str], str]:
+    """Make only the named GPU visible to the child; the child then uses 'cuda:0'."""
+    if device == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": ""}, "cpu"
+    index = int(device.split(":")[1]) if ":" in device else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(index + 1)]
+    if index >= len(ids):
+        raise ConfigError(f"device {device} is not visible (CUDA_VISIBLE_DEVICES={visible!r})")
+    return {"CUDA_VISIBLE_DEVICES": ids[index]}, "cuda:0"
+
+
+class CompileService:
+    """Builds candidates in parallel isolated children, skipping keys already built."""
+
+    def __init__(self, config: CompileConfig | None = None):
+        self.config = config or CompileConfig()
+        self.arch = local_arch(self.config.arch)
+
+    def key_for(self, source: str, init_inputs: list[Any] | None = None) -> str:
+        extra = {"levers": self.config.levers.to_dict(), "init_inputs": init_inputs,
+                 "instantiate_on": "cpu" if self.config.device == "cpu" else "cuda"}
+        return build_key(source, arch=self.arch, extra=extra)
+
+    def environment(self, key: str) -> dict[str, str]:
+        """The environment to give the evaluation worker that imports the candidate of `key`."""
+        return build_environment(key, self.arch, cache_dir=self.config.cache_dir,
+                                 max_jobs=self.config.max_jobs, levers=self.config.levers)
+
+    def build(self, sources: Sequence[str], *, init_inputs: Sequence[list[Any] | None] | None = None,
+              progress: ProgressCallback | None = None) -> list[BuildResult]:
+        """Build every source (same order in the result); identical keys are built once."""
+        inits = list(init_inputs) if init_inputs is not None else [None] * len(sources)
+        if len(inits) != len(sources):
+            raise ConfigError("init_inputs must have one entry (or None) per source")
+        keys = [self.key_for(s, i) for s, i in zip(sources, inits, strict=True)]
+        results: dict[str, BuildResult] = {}
+        todo: dict[str, tuple[str, list[Any] | None]] = {}
+        for key, src, init in zip(keys, sources, inits, strict=True):
+            cached = self._cached_result(key)
+            if cached is not None:
+                results[key] = cached
+            elif key not in todo:
+                todo[key] = (src, init)
+        total, done = len(set(keys)), 0
+        for result in results.values():
+            done += 1
+            if progress:
+                progress(done, total, result)
+        workers = self.config.max_workers or os.cpu_count() or 1
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="build") as pool:
+                futures = {pool.submit(self._build_one, k, s, i): k for k, (s, i) in todo.items()}
+                for fut in as_completed(futures):
+                    result = fut.result()
+                    results[result.key] = result
+                    done += 1
+                    if progress:
+                        progress(done, total, result)
+        return [results[k] for k in keys]
+
+    def _cached_result(self, key: str) -> BuildResult | None:
+        info = read_marker(key, self.config.cache_dir)
+        if info is None:
+            return None
+        builds = tuple(ExtensionBuild(b["name"], float(b["seconds"]), bool(b["ok"])) for b in info.get("builds", []))
+        return BuildResult(key=key, ok=True, cached=True, seconds=0.0, log="", builds=builds)
+
+    def _build_one(self, key: str, source: str, init_inputs: list[Any] | None) -> BuildResult:
+        cfg = self.config
+        device_env, child_device = _device_env_and_name(cfg.device)
+        env = {**self.environment(key), **device_env}
+        extensions_dir(key, cfg.cache_dir).mkdir(parents=True, exist_ok=True)
+        payload = {"source": source, "init_inputs": init_inputs, "device": child_device,
+                   "levers": cfg.levers.to_dict()}
+        limits = Limits(timeout_s=cfg.timeout_s, memory_bytes=cfg.memory_bytes)
+        outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, env=env)
+        value = outcome.value
+        if value is None:
+            detail = trim_compiler_log(outcome.stderr_tail, max_lines=6) if outcome.stderr_tail.strip() else ""
+            log = "\n".join(x for x in (f"build {outcome.describe_failure()}", detail) if x)
+            logger.info("build %s: no result (%s)", key[:12], outcome.describe_failure())
+            return BuildResult(key=key, ok=False, cached=False, seconds=outcome.duration_s, log=log)
+        builds = tuple(ExtensionBuild(str(b.get("name")), float(b.get("seconds", 0.0)), bool(b.get("ok")))
+                       for b in value.get("builds", []))
+        result = BuildResult(key=key, ok=bool(value.get("ok")), cached=False, seconds=outcome.duration_s,
+                             log=str(value.get("log", "")), builds=builds)
+        if result.ok:
+            write_marker(key, {"builds": [b.to_dict() for b in builds], "seconds": outcome.duration_s,
+                               "protocol": BUILD_PROTOCOL_VERSION}, cfg.cache_dir)
+        logger.info("build %s: ok=%s in %.1f s (%d extensions)", key[:12], result.ok, result.seconds,
+                    len(builds))
+        return result
+
+
+def build_candidates(sources: Sequence[str], *, arch: str | None, max_workers: int | None = None,
+                     timeout_s: float = 900.0, init_inputs: Sequence[list[Any] | None] | None = None,
+                     device: str = "cuda:0", cache_dir: str | None = None,
+                     levers: BuildLevers | None = None,
+                     progress: ProgressCallback | None = None) -> list[BuildResult]:
+    """Build `sources` in parallel (see `CompileService.build`); one `BuildResult` per source, in order."""
+    config = CompileConfig(arch=arch, max_workers=max_workers, timeout_s=timeout_s, device=device,
+                           cache_dir=cache_dir, levers=levers or BuildLevers())
+    return CompileService(config).build(sources, init_inputs=init_inputs, progress=progress)

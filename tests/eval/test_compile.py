@@ -1,0 +1,415 @@
+"""Tests of the compile service (cudal1.eval.compile) and its build child (cudal1.eval.build_worker).
+
+CPU only, except one `gpu` test. The compiler-log fixtures are real g++/nvcc output captured by
+fixtures/compile_logs/generate_fixtures.py. The `slow` test (a real C++ build, ~30-60 s on 2 cores) is
+deselected by default; run it with `-m slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cudal1.errors import ConfigError
+from cudal1.eval import compile as compile_mod
+from cudal1.eval.build_worker import install_build_hooks, light_cuda_sources
+from cudal1.eval.compile import (
+    BUILD_ENTRY,
+    BuildLevers,
+    CompileConfig,
+    CompileService,
+    build_candidates,
+    build_environment,
+    build_key,
+    trim_compiler_log,
+)
+from cudal1.eval.isolation import Limits, run_isolated
+
+FIXTURES = Path(__file__).parent / "fixtures" / "compile_logs"
+needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+
+PURE_PYTORCH = """
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, scale=2.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+"""
+
+IMPORT_RAISES = """
+import torch
+raise ValueError("boom at import\\nsecond line")
+"""
+
+# Fails in well under a second: no torch headers to parse (no_implicit_headers), real g++ error via ninja.
+CPP_SYNTAX_ERROR_FAST = """
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cpp = "int add_one(int x) {\\n    return x + 1\\n}\\n"
+try:
+    ext = load_inline(name="bad_add_one", cpp_sources=cpp, no_implicit_headers=True, verbose=True)
+except Exception as exc:  # candidates often fall back to PyTorch
+    print("falling back:", exc)
+    ext = None
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x + 1
+"""
+
+CPP_OK = """
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cpp = "torch::Tensor add_one(torch::Tensor x) { return x + 1; }"
+
+class ModelNew(nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.ext = load_inline(name="ok_add_one", cpp_sources=cpp, functions=["add_one"])
+        self.k = k
+
+    def forward(self, x):
+        return self.ext.add_one(x)
+"""
+
+
+# --------------------------------------------------------------------------- build_key / environment
+
+
+def test_build_key_is_stable_and_sensitive(monkeypatch):
+    monkeypatch.setattr(compile_mod, "nvcc_version", lambda: "Build cuda_13.0.test")
+    key = build_key("src", arch="9.0", extra={"a": 1, "b": [1, 2]})
+    assert key == build_key("src", arch="9.0", extra={"b": [1, 2], "a": 1})  # dict order does not matter
+    assert len(key) == 64 and int(key, 16) >= 0
+    others = {
+        build_key("src ", arch="9.0", extra={"a": 1, "b": [1, 2]}),
+        build_key("src", arch="8.0", extra={"a": 1, "b": [1, 2]}),
+        build_key("src", arch="9.0", extra={"a": 2, "b": [1, 2]}),
+    }
+    monkeypatch.setattr(compile_mod, "nvcc_version", lambda: "Build cuda_12.8.test")
+    others.add(build_key("src", arch="9.0", extra={"a": 1, "b": [1, 2]}))
+    monkeypatch.setattr(compile_mod, "BUILD_PROTOCOL_VERSION", "999")
+    monkeypatch.setattr(compile_mod, "nvcc_version", lambda: "Build cuda_13.0.test")
+    others.add(build_key("src", arch="9.0", extra={"a": 1, "b": [1, 2]}))
+    assert key not in others and len(others) == 5
+
+
+def test_build_environment_points_torch_at_the_key_directory(tmp_path):
+    env = build_environment("abc123", "9.0", cache_dir=tmp_path, max_jobs=3)
+    assert env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "torch_extensions" / "abc123")
+    assert env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    assert env["MAX_JOBS"] == "3"
+    assert json.loads(env["CUDAL1_BUILD_LEVERS"]) == BuildLevers().to_dict()
+
+
+def test_hooks_take_levers_from_the_build_environment(monkeypatch):
+    import torch.utils.cpp_extension as ce
+
+    monkeypatch.setattr(ce, "load_inline", lambda *a, **k: None)
+    monkeypatch.setattr(ce, "load", lambda *a, **k: None)
+    env = build_environment("k", "9.0", levers=BuildLevers(light_cuda_headers=False))
+    monkeypatch.setenv("CUDAL1_BUILD_LEVERS", env["CUDAL1_BUILD_LEVERS"])
+    assert install_build_hooks().levers == BuildLevers(light_cuda_headers=False)
+
+
+def test_cache_root_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
+    assert compile_mod.cache_root() == tmp_path
+    assert compile_mod.cache_root(tmp_path / "x") == tmp_path / "x"
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError):
+        CompileConfig(arch="9.0", max_workers=0)
+    with pytest.raises(ConfigError):
+        CompileConfig(arch="9.0", device="gpu1")
+
+
+# --------------------------------------------------------------------------- trim_compiler_log
+
+
+def _fixture(name: str) -> str:
+    return (FIXTURES / f"{name}.log").read_text()
+
+
+@pytest.mark.parametrize("name", ["cpp_syntax_error", "cpp_undefined_symbol", "cuda_undefined_identifier",
+                                  "cuda_template_instantiation", "cuda_missing_header"])
+def test_trim_fixture_is_short_and_clean(name):
+    raw = _fixture(name)
+    out = trim_compiler_log(raw)
+    assert 0 < len(out) <= 2000 and len(out.splitlines()) <= 20
+    assert len(out) < len(raw)
+    for noise in ("-MMD", "--generate-dependencies", "-isystem", "In file included from", "warning:",
+                  "/tmp/", "site-packages"):
+        assert noise not in out, (noise, out)
+
+
+def test_trim_cpp_syntax_error_keeps_errors_and_context():
+    out = trim_compiler_log(_fixture("cpp_syntax_error"))
+    lines = out.splitlines()
+    assert lines[0] == "Error building extension 'cpp_syntax_error'"
+    assert lines[1].startswith("main.cpp:5:5: error: expected") and "return" in lines[1], out
+    assert "return y + undefined_tensor;" in lines[2], out  # source context kept
+    assert lines[3].lstrip().startswith("|") and "^" in lines[3], out  # caret line kept
+    assert "no return statement" not in out  # the warning and its context are dropped
+    assert lines[-1] == "ninja: build stopped: subcommand failed."
+
+
+def test_trim_undefined_symbol_keeps_import_error():
+    out = trim_compiler_log(_fixture("cpp_undefined_symbol"))
+    assert "undefined symbol" in out and "cpp_undefined_symbol.so" in out, out
+    assert len(out.splitlines()) <= 3
+
+
+def test_trim_cuda_undefined_identifier():
+    out = trim_compiler_log(_fixture("cuda_undefined_identifier"))
+    assert 'identifier "scale_factor" is undefined' in out, out
+    assert "cuda.cu(" in out and "1 error detected" in out, out
+    assert "nvcc" not in out
+
+
+def test_trim_cuda_template_error_drops_instantiation_chatter():
+    raw = _fixture("cuda_template_instantiation")
+    out = trim_compiler_log(raw)
+    assert "error" in out and "float4" in out, out
+    assert "detected during" not in out
+    assert "ninja: build stopped" in out
+
+
+def test_trim_missing_header_keeps_fatal_error():
+    out = trim_compiler_log(_fixture("cuda_missing_header"))
+    assert "fatal error" in out.lower() and "block_reduce_fast.cuh" in out, out
+
+
+def test_trim_budgets_and_fallback():
+    many = "\n".join(f"/very/long/tmp/dir/x.cpp:{i}:1: error: bad thing {i}" for i in range(100))
+    out = trim_compiler_log(many + "\nninja: build stopped: subcommand failed.", max_lines=5, max_chars=500)
+    lines = out.splitlines()
+    assert len(lines) <= 5 and len(out) <= 500
+    assert lines[0] == "x.cpp:0:1: error: bad thing 0" and lines[-1].startswith("ninja: build stopped")
+    assert "more lines" in out
+    # Unknown format: keep the last lines rather than nothing.
+    assert trim_compiler_log("something odd happened\nlast words") == "something odd happened\nlast words"
+
+
+# --------------------------------------------------------------------------- light-header lever
+
+
+def test_light_cuda_sources_only_when_safe():
+    src = "#include <torch/extension.h>\n__global__ void k() {}\n"
+    assert light_cuda_sources(src) == ["\n__global__ void k() {}\n"]
+    assert light_cuda_sources([src, "int x;"]) == ["\n__global__ void k() {}\n", "int x;"]
+    assert light_cuda_sources("__global__ void k() {}") is None  # nothing to drop
+    assert light_cuda_sources(src + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}") is None
+    assert light_cuda_sources(src + "torch::nn::Linear l(1, 2);") is None
+    assert light_cuda_sources(src + "AT_DISPATCH_FLOATING_TYPES(x.type(), \"f\", [&] {});") is None
+    assert light_cuda_sources(None) is None
+
+
+def test_hooks_fall_back_to_original_and_remember(monkeypatch, tmp_path):
+    """The light variant failing makes the hook build the source as written, and record that choice."""
+    import torch.utils.cpp_extension as ce
+
+    calls = []
+
+    def fake_load_inline(name, cpp_sources, cuda_sources=None, **kwargs):
+        calls.append((cuda_sources, kwargs.get("verbose")))
+        if "torch/extension.h" not in "".join(cuda_sources):
+            raise RuntimeError("Error building extension 'x': cuda.cu(3): error: identifier \"py\" is undefined")
+        return "module"
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(ce, "load_inline", fake_load_inline)
+    monkeypatch.setattr(ce, "load", lambda *a, **k: None)
+    recorder = install_build_hooks(BuildLevers())
+    src = "#include <torch/extension.h>\n__global__ void k() {}\n"
+    assert ce.load_inline("x", "", src, verbose=True) == "module"
+    assert len(calls) == 2 and calls[0][1] is False  # light first, quiet forced
+    assert [(r.name, r.ok, r.variant) for r in recorder.records] == [("x", True, "fallback")]
+    # A fresh process (new hooks) replays the decision: one call, the original source.
+    calls.clear()
+    install_build_hooks(BuildLevers())
+    assert ce.load_inline("x", "", src) == "module"
+    assert len(calls) == 1 and "torch/extension.h" in calls[0][0]
+    # A source that builds with the light headers is built once, light, and the decision is recorded.
+    calls.clear()
+
+    def fake_ok(name, cpp_sources, cuda_sources=None, **kwargs):
+        calls.append(cuda_sources)
+        return "m"
+
+    monkeypatch.setattr(ce, "load_inline", fake_ok)
+    recorder = install_build_hooks(BuildLevers())
+    ok_src = "#include <torch/extension.h>\n#include <torch/extension.h>\n__global__ void k2() {}\n"
+    assert ce.load_inline("y", "", ok_src) == "m"
+    assert calls == [["\n\n__global__ void k2() {}\n"]]
+    assert [r.variant for r in recorder.records] == ["light"]
+    assert json.loads((tmp_path / ".cudal1_levers.json").read_text())
+
+
+# --------------------------------------------------------------------------- prepare_candidate (isolated)
+
+
+def _prepare(source: str, tmp_path: Path, **extra) -> dict:
+    env = build_environment("testkey", "9.0", cache_dir=tmp_path)
+    outcome = run_isolated(BUILD_ENTRY, {"source": source, "device": "cpu", **extra},
+                           limits=Limits(timeout_s=240), env=env)
+    assert outcome.value is not None, (outcome.describe_failure(), outcome.stderr_tail)
+    return outcome.value
+
+
+def test_prepare_pure_pytorch_candidate(tmp_path):
+    value = _prepare(PURE_PYTORCH, tmp_path, init_inputs=[3.0])
+    assert value["ok"] is True and value["import_ok"] is True
+    assert value["builds"] == [] and value["log"] == ""
+
+
+def test_prepare_import_error_is_one_line(tmp_path):
+    value = _prepare(IMPORT_RAISES, tmp_path)
+    assert value["ok"] is False and value["import_ok"] is False
+    assert value["log"] == "ValueError: boom at import"
+
+
+def test_prepare_instantiation_error_reported(tmp_path):
+    value = _prepare(PURE_PYTORCH, tmp_path, init_inputs=[1, 2, 3])
+    assert value["ok"] is False and value["log"].startswith("TypeError:")
+
+
+@needs_gxx
+def test_prepare_cpp_syntax_error_is_trimmed(tmp_path):
+    """A real g++ error through torch's ninja build, swallowed by the candidate, is still reported."""
+    value = _prepare(CPP_SYNTAX_ERROR_FAST, tmp_path)
+    assert value["import_ok"] is True and value["ok"] is False
+    assert [(b["name"], b["ok"]) for b in value["builds"]] == [("bad_add_one", False)]
+    log = value["log"]
+    assert "main.cpp:2:17: error: expected" in log and "before" in log, log
+    assert "return x + 1" in log and "-MMD" not in log and "/" not in log, log
+    assert len(log.splitlines()) <= 20
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_prepare_cpp_build_succeeds_and_is_reused(tmp_path):
+    """A lazy (in __init__) C++ build succeeds; a fresh child with the same env reuses it at once."""
+    value = _prepare(CPP_OK, tmp_path, init_inputs=[1])
+    assert value["ok"] is True, value["log"]
+    assert [(b["name"], b["ok"]) for b in value["builds"]] == [("ok_add_one", True)]
+    assert (tmp_path / "torch_extensions" / "testkey" / "ok_add_one" / "ok_add_one.so").exists()
+    again = _prepare(CPP_OK, tmp_path, init_inputs=[1])
+    assert again["ok"] is True and again["builds"][0]["seconds"] < 5.0, again
+
+
+CUDA_CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_src = r"""
+#include <torch/extension.h>
+__global__ void add_one_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] + 1.f;
+}
+torch::Tensor add_one(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    int64_t n = x.numel();
+    add_one_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ext = load_inline(name="gpu_add_one", cpp_sources="torch::Tensor add_one(torch::Tensor x);",
+                               cuda_sources=cuda_src, functions=["add_one"])
+
+    def forward(self, x):
+        return self.ext.add_one(x)
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_build_then_eval_import_reuses_it(tmp_path):
+    """Service build with the light-header lever; a fresh child with hooks + env rebuilds nothing."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    service = CompileService(CompileConfig(device="cuda:0", cache_dir=str(tmp_path)))
+    [result] = service.build([CUDA_CANDIDATE], init_inputs=[[]])
+    assert result.ok, result.log
+    assert [b.name for b in result.builds] == ["gpu_add_one"]
+    key = service.key_for(CUDA_CANDIDATE, [])
+    payload = {"source": CUDA_CANDIDATE, "init_inputs": [], "device": "cuda:0",
+               "levers": service.config.levers.to_dict()}
+    outcome = run_isolated(BUILD_ENTRY, payload, env=service.environment(key))
+    assert outcome.value is not None and outcome.value["ok"], outcome.describe_failure()
+    assert outcome.value["builds"][0]["variant"] == "light"
+    assert outcome.value["builds"][0]["seconds"] < 5.0
+
+
+# --------------------------------------------------------------------------- the service
+
+
+def test_service_caches_by_marker(tmp_path, monkeypatch):
+    calls = []
+    real = compile_mod.run_isolated
+
+    def counting_run_isolated(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_mod, "run_isolated", counting_run_isolated)
+    progress = []
+    kwargs = dict(arch="9.0", device="cpu", cache_dir=str(tmp_path), max_workers=2)
+    first = build_candidates([PURE_PYTORCH, IMPORT_RAISES, PURE_PYTORCH], progress=lambda *a: progress.append(a),
+                             **kwargs)
+    assert len(calls) == 2  # identical sources built once
+    assert [(r.ok, r.cached) for r in first] == [(True, False), (False, False), (True, False)]
+    assert first[0].key == first[2].key and first[0].seconds > 0
+    assert [p[:2] for p in progress] == [(1, 2), (2, 2)]
+    assert (tmp_path / "torch_extensions" / first[0].key / ".cudal1_ok").exists()
+    second = build_candidates([PURE_PYTORCH, IMPORT_RAISES], **kwargs)
+    assert len(calls) == 3  # only the failed one ran again
+    assert (second[0].ok, second[0].cached, second[0].seconds) == (True, True, 0.0)
+    assert (second[1].ok, second[1].cached) == (False, False)
+    assert second[1].log == "ValueError: boom at import"
+
+
+def test_service_keys_depend_on_levers_and_init_inputs(tmp_path):
+    svc = CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path)))
+    quiet_off = CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path),
+                                             levers=BuildLevers(light_cuda_headers=False)))
+    assert svc.key_for("x") != quiet_off.key_for("x")
+    assert svc.key_for("x", [1]) != svc.key_for("x", [2])
+    env = svc.environment(svc.key_for("x"))
+    assert env["TORCH_EXTENSIONS_DIR"].endswith(svc.key_for("x"))
+
+
+def test_service_requires_arch_without_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the arch comes from it")
+    with pytest.raises(ConfigError):
+        CompileService(CompileConfig(arch=None))
+
+
+def test_service_reports_a_hanging_build_as_timeout(tmp_path):
+    source = "import time\ntime.sleep(60)\nclass ModelNew: pass\n"
+    [result] = build_candidates([source], arch="9.0", device="cpu", cache_dir=str(tmp_path), timeout_s=1.0)
+    assert not result.ok and not result.cached and 1.0 <= result.seconds < 30
+    assert result.log.startswith("build timed out after")
+    assert not (tmp_path / "torch_extensions" / result.key / ".cudal1_ok").exists()

@@ -1,0 +1,61 @@
+"""`cudal1 optimize` and `cudal1 augment` in-process (the commands live in cudal1/cli, the loops here)."""
+
+from __future__ import annotations
+
+import json
+
+from cudal1.cli.main import app, main
+from tests.helpers.scripted_server import ScriptedOpenAIServer
+from tests.loops._scripted import CPU_DIR, answer, code
+
+FAST_EVAL = ["--device", "cpu", "--sizes", "full", "--trials", "2", "--buckets", "2", "--eval-set",
+             "target_bucket_ms=5", "--eval-set", "warm_buckets=0", "--eval-set", "warmup_iters=1"]
+
+
+def test_optimize_a_user_module_file(tmp_path, shared_store_path, capsys):
+    out = tmp_path / "mine_best.py"
+    with ScriptedOpenAIServer([answer("wrong"), answer("fast")]) as server:
+        argv = ["optimize", str(CPU_DIR / "relu_scale_task.py"), "--llm", f"openai:m@{server.base_url}",
+                "--rounds", "1", "--samples", "2", "--max-retries", "0", "--store", str(shared_store_path),
+                "--out", str(out), "--baselines", "none", "--exemplar-db", str(tmp_path / "ex.sqlite"),
+                "--json", *FAST_EVAL]
+        assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["task_id"] == "file/relu_scale_task" and summary["best_speedup"] > 1.0
+    assert summary["history"][0]["statuses"] == {"correct": 1, "incorrect": 1}
+    assert out.read_text().endswith(code("fast")) and summary["out_path"] == str(out)
+
+
+def test_optimize_exits_1_without_a_correct_candidate(tmp_path, shared_store_path):
+    # Through click's runner: `main()` drops the exit code a command returns with standalone_mode=False.
+    from typer.testing import CliRunner
+
+    with ScriptedOpenAIServer([answer("wrong")]) as server:
+        argv = ["optimize", str(CPU_DIR / "relu_scale_task.py"), "--llm", f"openai:m@{server.base_url}",
+                "--rounds", "1", "--samples", "1", "--store", str(shared_store_path), "--out",
+                str(tmp_path / "x.py"), "--baselines", "none", "--exemplar-db", str(tmp_path / "ex.sqlite"),
+                "--no-seed-from-store", *FAST_EVAL]
+        outcome = CliRunner().invoke(app, argv)
+    assert outcome.exit_code == 1 and "no correct candidate found" in outcome.output
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_bad_eval_setting_is_one_line_error(capsys):
+    argv = ["optimize", "builtin/level1/swish_beta", "--llm", "openai:m@http://127.0.0.1:1/v1", "--eval-set",
+            "warp_speed=9"]
+    assert main(argv) == 2
+    assert "bad --eval-set" in capsys.readouterr().err
+
+
+def test_augment_from_a_release(tmp_path, shared_store_path, capsys):
+    from cudal1.tasks.sources import load_file
+
+    ref = load_file(CPU_DIR / "relu_scale_task.py").source
+    release = tmp_path / "rel.jsonl"
+    release.write_text(json.dumps({"level_id": 1, "task_id": 7, "ref_code": ref, "custom_code": code("fast")}) + "\n")
+    argv = ["augment", "--from-release", str(release), "--out-dir", str(tmp_path / "data"), "--no-hf-dataset",
+            "--store", str(shared_store_path), "--json", *FAST_EVAL]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["examples"] == 1 and summary["dataset_path"] is None
+    assert len((tmp_path / "data" / "sft.jsonl").read_text().splitlines()) == 1

@@ -1,0 +1,199 @@
+"""`cudal1.loops.optimize` against a real local OpenAI-compatible server and the real evaluator on CPU."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from cudal1.errors import ConfigError
+from cudal1.eval.types import EvalResult, Mismatch, Status
+from cudal1.exemplars import ExemplarDB
+from cudal1.llm import LLMConfig
+from cudal1.loops.common import GENERATION_ERROR, feedback_from
+from cudal1.loops.optimize import OptimizeConfig, baseline_kinds, optimize
+from tests.helpers.scripted_server import Reply, ScriptedOpenAIServer
+from tests.loops._scripted import CPU_EVAL, PROSE, answer, code, cpu_task
+
+
+def _config(server, tmp_path, **overrides):
+    values = dict(llm=LLMConfig(spec=f"openai:scripted@{server.base_url}", max_retries=0, concurrency=4),
+                  rounds=2, samples=3, eval=CPU_EVAL, out=str(tmp_path / "best.py"), baselines="none",
+                  seed_from_store=False, exemplar_db=str(tmp_path / "exemplars.sqlite"))
+    values.update(overrides)
+    return OptimizeConfig(**values)
+
+
+def _user_text(request) -> str:
+    return "\n".join(m["content"] for m in request.body["messages"] if m["role"] == "user")
+
+
+def _by_round(items_per_round):
+    """A script answering request i with items_per_round[round][i % per_round] (rounds are sequential)."""
+    per_round = len(items_per_round[0])
+    lock = threading.Lock()
+
+    def script(index, body):
+        with lock:
+            return items_per_round[min(index // per_round, len(items_per_round) - 1)][index % per_round]
+    return script
+
+
+def test_best_improves_when_a_faster_correct_kernel_arrives(tmp_path, store):
+    """Round 1: slow-but-correct, wrong, syntax error. Round 2: the fast rewrite, prose, slow again."""
+    task = cpu_task()
+    script = _by_round([[answer("slow"), answer("wrong"), answer("syntax_error")],
+                        [answer("fast"), PROSE, answer("slow")]])
+    events = []
+    with ScriptedOpenAIServer(script) as server:
+        result = optimize(task, _config(server, tmp_path), store=store, progress=events.append)
+        requests = list(server.requests)
+
+    first, second = result.history
+    assert first.statuses == {"correct": 1, "incorrect": 1, "compile_error": 1}
+    assert second.statuses == {"correct": 2, "unparseable": 1}
+    assert first.best_so_far is not None and first.best_so_far < 1.0  # the slow one
+    assert second.best_so_far > 5 * first.best_so_far
+    assert result.best_result.status is Status.CORRECT and result.best_speedup == second.best_so_far
+    assert "repeat" not in result.best_source and "torch.relu(x) * 2.0" in result.best_source
+    best = ExemplarDB(tmp_path / "exemplars.sqlite").best(task.id)
+    assert best is not None and best.score == pytest.approx(result.best_speedup)
+
+    # Round 1 used the plain prompt; round 2 the contrastive one, showing the slow exemplar with its
+    # score and the compile error of round 1 as feedback.
+    assert [first.prompt_kind, second.prompt_kind] == ["plain", "contrastive"]
+    for request in requests[:3]:
+        assert "Previous implementations" not in _user_text(request)
+    for request in requests[3:]:
+        text = _user_text(request)
+        assert "Previous implementations" in text and "repeat(192, 1, 1)" in text and "speedup" in text
+        assert "Feedback on your previous attempt" in text and "compile_error" in text and "expected ':'" in text
+
+    # Every sample is journaled as done; the unparseable verdict is stored under this run (the others may be
+    # cache hits of an earlier test, stored under that test's run).
+    assert len(store.done_items(result.run_id)) == 6
+    assert "unparseable" in {r["status"] for r in store.query_evaluations(run_id=result.run_id)}
+    assert sum(e.kind == "sample" for e in events) == 6
+    assert events[-1].kind == "round_end" and events[-1].best_speedup == pytest.approx(result.best_speedup)
+
+    text = result.out_path.read_text()
+    assert text.startswith("# cudal1 optimize: best verified candidate for file/relu_scale_task")
+    assert "# verdict: correct" in text and "# kernel class: pytorch_only" in text
+    assert text.rstrip().endswith(code("fast").rstrip())
+    sidecar = json.loads(result.sidecar_path.read_text())
+    assert sidecar["result"]["status"] == "correct" and len(sidecar["history"]) == 2
+
+
+def test_survives_a_server_that_errors_half_the_time(tmp_path, store):
+    items = [answer("fast"), answer("slow"), answer("wrong")]
+
+    def script(index, body):
+        return Reply.error(500) if index % 2 else items[(index // 2) % len(items)]
+
+    with ScriptedOpenAIServer(script) as server:
+        result = optimize(task := cpu_task(), _config(server, tmp_path, samples=4), store=store)
+        assert server.request_count == 8
+
+    assert [h.generation_errors for h in result.history] == [2, 2]
+    assert all(h.statuses.get(GENERATION_ERROR) == 2 for h in result.history)
+    assert result.llm_usage["errors"] == 4
+    assert result.best_result is not None and result.best_result.status is Status.CORRECT
+    assert "repeat" not in result.best_source
+    # Every sample is journaled as done with its verdict (evaluations themselves may be cache hits).
+    assert store.done_items(result.run_id) == {f"r{r}/s{s}" for r in (1, 2) for s in range(4)}
+    verdicts = [store.get_meta(f"{result.run_id}/r1/s{s}")["status"] for s in range(4)]
+    assert sorted(verdicts) == sorted(["correct", "correct", GENERATION_ERROR, GENERATION_ERROR])  # fast, slow
+    assert ExemplarDB(tmp_path / "exemplars.sqlite").count(task.id) == 2
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_resumes_after_an_interruption_without_regenerating(tmp_path, store):
+    script = _by_round([[answer("slow"), answer("wrong")], [answer("fast"), answer("slow")]])
+
+    def stop_in_round_two(event):
+        if event.kind == "sample" and event.round == 2:
+            raise _Stop
+
+    with ScriptedOpenAIServer(script) as server:
+        config = _config(server, tmp_path, samples=2)
+        with pytest.raises(_Stop):
+            optimize(cpu_task(), config, store=store, progress=stop_in_round_two)
+        assert server.request_count == 4  # round 1, then round 2 generated, one of its samples evaluated
+
+        resumed = optimize(cpu_task(), config, store=store)
+        assert server.request_count == 4  # nothing asked again
+        assert resumed.resumed and [h.reused for h in resumed.history] == [2, 2]
+        assert resumed.history[0].statuses == {"correct": 1, "incorrect": 1}
+        assert resumed.history[1].statuses == {"correct": 2}
+        assert "repeat" not in resumed.best_source
+
+        extended = optimize(cpu_task(), _config(server, tmp_path, samples=2, rounds=3), store=store)
+        assert server.request_count == 6 and extended.run_id == resumed.run_id
+        assert [h.reused for h in extended.history] == [2, 2, 0]
+        assert store.get_run(resumed.run_id)["status"] == "finished"
+
+        fresh = optimize(cpu_task(), _config(server, tmp_path, samples=2, rounds=1, resume=False), store=store)
+        assert fresh.run_id != resumed.run_id and server.request_count == 8
+
+
+def test_feedback_prefers_the_compile_error_and_stays_short():
+    incorrect = EvalResult(status=Status.INCORRECT, message="output 0 differs",
+                           mismatch=Mismatch(0, 0, 2.5, 1.0, 10, 100, [3], 1.0, 3.5))
+    compile_error = EvalResult(status=Status.COMPILE_ERROR, message="CUDA build failed: kernel.cu(4): error",
+                               compile_log="kernel.cu(4): error: expected a ';'\n" + "x" * 5000)
+    text = feedback_from([incorrect, compile_error, EvalResult(status=Status.CORRECT, speedup=2.0)])
+    assert text.startswith("One of the previous attempts failed with status compile_error.")
+    assert "expected a ';'" in text and len(text) <= 1300 and text.endswith("new implementation.")
+    only_mismatch = feedback_from([incorrect])
+    assert "Worst mismatch: output 0 (trial 0): 10/100 elements off" in only_mismatch
+    assert feedback_from([EvalResult(status=Status.CORRECT, speedup=1.5)]) is None
+
+
+@pytest.mark.parametrize("bad", [dict(rounds=0), dict(samples=0), dict(sampler="nope"), dict(form="triton"),
+                                 dict(time_budget_s=-1), dict(sampler_options={"n": 0}),
+                                 dict(baselines="eager,warp_drive")])
+def test_config_rejects_bad_values(bad):
+    with pytest.raises(ConfigError):
+        OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", **bad)
+
+
+def test_run_key_ignores_rounds_but_not_the_model():
+    task = cpu_task()
+    a = OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", rounds=2)
+    b = OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", rounds=9)
+    c = OptimizeConfig(llm="openai:other@http://127.0.0.1:1/v1", rounds=2)
+    assert a.run_key(task) == b.run_key(task) != c.run_key(task)
+    assert a.form == "raw_cuda" and a.sampler == "bucket"
+    assert baseline_kinds("auto", "cpu") == [] and "cuda_graph" in baseline_kinds("auto", "cuda")
+    assert baseline_kinds("eager,torch_compile", "cuda") == ["torch_compile"]
+
+
+def test_evaluates_through_a_pool_when_given(tmp_path, store):
+    from cudal1.dist import make_pool
+
+    with make_pool("local", CPU_EVAL, store=store) as pool:
+        submitted = []
+        original = pool.submit
+
+        def counting_submit(task, source, config=None, **kwargs):
+            submitted.append(kwargs.get("run_id"))
+            return original(task, source, config, **kwargs)
+
+        pool.submit = counting_submit
+        with ScriptedOpenAIServer([answer("fast"), PROSE]) as server:
+            result = optimize(cpu_task(), _config(server, tmp_path, rounds=1, samples=2), store=store, pool=pool)
+    assert submitted == [result.run_id]  # the prose never reaches the evaluator
+    assert result.history[0].statuses == {"correct": 1, "unparseable": 1}
+    assert result.best_result.status is Status.CORRECT
+
+
+def test_time_budget_stops_before_asking(tmp_path, store):
+    with ScriptedOpenAIServer([answer("fast")]) as server:
+        result = optimize(cpu_task(), _config(server, tmp_path, time_budget_s=1e-9), store=store)
+        assert server.request_count == 0
+    assert result.stopped == "time budget" and result.history == [] and result.best_result is None
+    assert result.out_path is None
