@@ -57,7 +57,7 @@ def throughput(pairs, cfg: EvalConfig, deadline: float) -> dict:
             "correct_timed_per_gpu_hour": 3600 * n_ok / wall_s,
             "median_eval_s": statistics.median(per_eval) if per_eval else None,
             "mean_eval_s": statistics.fmean(per_eval) if per_eval else None,
-            "results": [dict(task=t.id, **r.to_dict()) for (t, _), r in zip(pairs, results)]}
+            "results": [dict(task=t.id, **r.to_dict()) for (t, _), r in zip(pairs, results, strict=False)]}
 
 
 def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:

@@ -61,7 +61,7 @@ def test_corpus_on_gpu():
     pairs = [(load_file(CORPUS / "refs" / e["ref"]), (CORPUS / e["file"]).read_text()) for e in entries]
     results = evaluate_many(pairs, EvalConfig(**GPU))
     failures = []
-    for entry, result in zip(entries, results):
+    for entry, result in zip(entries, results, strict=True):
         ok = verdict_ok(entry, result)
         print(f"{entry['file']:40s} {entry['expected_verdict']:14s} -> {result.status.value:14s} "
               f"{result.kernel_class} {'OK' if ok else 'FAIL'} {result.message[:90]}")

@@ -20,7 +20,7 @@ def test_each_crash_is_its_own_status_and_the_next_candidate_is_fine():
              "correct"]
     pairs = [(task, (FIXTURES / "eval" / f"{n}.py").read_text()) for n in names]
     results = evaluate_many(pairs, EvalConfig(device="cuda", timeout_s=20.0, buckets=3, skip_static=True))
-    for name, r in zip(names, results):
+    for name, r in zip(names, results, strict=True):
         print(f"{name:22s} {r.status.value:14s} {r.message[:100]}")
     statuses = [r.status for r in results]
     assert statuses == [Status.RUNTIME_ERROR, Status.CORRECT, Status.RUNTIME_ERROR, Status.CORRECT,

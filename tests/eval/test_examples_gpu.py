@@ -37,7 +37,7 @@ def test_every_example_is_correct_and_timed():
     assert len(pairs) >= 12
     results = evaluate_many([(t, src) for t, _, src in pairs], EvalConfig(device="cuda", buckets=5))
     failures = []
-    for (task, label, _), r in zip(pairs, results):
+    for (task, label, _), r in zip(pairs, results, strict=True):
         warm = (r.timing.speedup_warm if r.timing else None) or 0.0
         print(f"{task.id:45s} {label:6s} {r.status.value:14s} speedup {r.speedup or 0:6.2f}x "
               f"(warm {warm:.2f}x) stab {r.stability or 0:.3f} class {r.kernel_class} {r.message[:80]}")

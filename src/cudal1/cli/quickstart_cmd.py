@@ -40,7 +40,7 @@ def quickstart_command(
         results = evaluate_many([(t, src) for t, _, src in pairs], cfg, store=store, force=force,
                                 label="quickstart", on_result=on_result)
     names = [f"{t.id} [{label}]" for t, label, _ in pairs]
-    common.console.print(common.result_table(zip(names, results), "cudal1 quickstart"))
+    common.console.print(common.result_table(zip(names, results, strict=False), "cudal1 quickstart"))
     correct = sum(r.status.is_success for r in results)
     common.console.print(f"{correct}/{len(results)} correct; results stored in "
                          f"{store.path if store else 'nowhere (--no-store)'}")

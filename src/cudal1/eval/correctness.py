@@ -49,7 +49,7 @@ def compare_outputs(ref_out: Any, new_out: Any, profile: Profile, trial: int) ->
         check_plain_tensor(x, i)
     if len(refs) != len(news):
         return Comparison(False, f"returned {len(news)} outputs, the reference returns {len(refs)}")
-    for i, (r, n) in enumerate(zip(refs, news)):
+    for i, (r, n) in enumerate(zip(refs, news, strict=True)):
         if not isinstance(r, torch.Tensor):
             if r != n:
                 return Comparison(False, f"output {i}: expected {r!r}, got {n!r}")
@@ -117,7 +117,7 @@ def snapshot_inputs(inputs: list[Any]) -> list[Any]:
 def changed_inputs(before: list[Any], after: list[Any]) -> list[int]:
     """Indices of inputs whose values changed (NaNs compare equal to NaNs)."""
     changed = []
-    for i, (b, a) in enumerate(zip(before, after)):
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
         if isinstance(b, torch.Tensor):
             if b.shape != a.shape or not torch.equal(torch.nan_to_num(b), torch.nan_to_num(a)):
                 changed.append(i)

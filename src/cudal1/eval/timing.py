@@ -20,6 +20,7 @@ one run), work started by threads after the device wait (the thread guard catche
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
@@ -106,7 +107,7 @@ def run_series(run_ref: Callable[[int], Any], run_cand: Callable[[int], Any], *,
             step += 1
             outs: dict[str, Any] = {}
             for who in (("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")):
-                fn = (lambda: run_ref(k)) if who == "ref" else (lambda: run_cand(k))
+                fn = functools.partial(run_ref if who == "ref" else run_cand, k)
                 outs[who], sample = time_call(fn, device, flush)
                 (ref_b if who == "ref" else cand_b).append(sample)
             on_pair(k, outs.pop("ref"), outs.pop("cand"))
@@ -138,7 +139,7 @@ def summarize_series(series: PairedSeries, *, stream_only: bool = False) -> tupl
     def t(s: Sample) -> float:
         return s.stream_ms if stream_only else s.total_ms
     bucket_speedups = []
-    for ref_b, cand_b in zip(series.ref, series.cand):
+    for ref_b, cand_b in zip(series.ref, series.cand, strict=True):
         ref_mean = statistics.fmean(t(s) for s in ref_b)
         cand_mean = statistics.fmean(t(s) for s in cand_b)
         bucket_speedups.append(ref_mean / max(cand_mean, 1e-9))

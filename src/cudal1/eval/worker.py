@@ -235,7 +235,7 @@ class Evaluation:
                 return
             for i, inputs in enumerate(sets):
                 fresh = make_inputs(ref, self.device, self.cfg.seed + 104729 * bucket + i)
-                for dst, src in zip(inputs, fresh):
+                for dst, src in zip(inputs, fresh, strict=True):
                     if isinstance(dst, torch.Tensor):
                         dst.copy_(src)
         return refresh

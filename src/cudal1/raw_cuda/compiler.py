@@ -213,7 +213,9 @@ def _check(nvrtc, result) -> None:
 
 def _program_log(nvrtc, prog) -> str:
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    buf = b" " * size
+    # A fresh mutable buffer: NVRTC writes into it. (The common `b" " * size` idiom hands NVRTC CPython's
+    # shared one-byte object when the log is empty, and overwriting it corrupts b" " process-wide.)
+    buf = bytearray(size)
     nvrtc.nvrtcGetProgramLog(prog, buf)
     return buf.replace(b"\x00", b"").decode(errors="replace").strip()
 
@@ -239,9 +241,9 @@ def _compile_nvrtc(source: str, options: tuple[str, ...], arch: str) -> tuple[by
             detail = log or nvrtc.nvrtcGetErrorString(err)[1].decode()
             raise RawCudaCompileError(trim_compile_log(detail), log=detail, compiler="nvrtc")
         _, size = nvrtc.nvrtcGetCUBINSize(prog)
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin))
-        return cubin, log
+        return bytes(cubin), log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

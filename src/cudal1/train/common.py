@@ -19,6 +19,8 @@ from typing import Any
 
 from cudal1.errors import ConfigError
 from cudal1.eval.types import EvalResult, Status
+from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
+from cudal1.integrations.common import extract_code as extract_code_or_why
 from cudal1.tasks.task import Task
 from cudal1.train.config import CommonTrainConfig, write_resolved_config
 from cudal1.train.splits import load_or_make_split, select_tasks
@@ -212,22 +214,8 @@ def evaluate_batch(evaluator: Evaluator, items: Sequence[tuple[Task, str | None]
 
 
 def extract_code(text: str) -> str | None:
-    """The candidate module in an LLM completion, or None."""
-    from cudal1.llm.extract import extract_completion
-
-    return extract_completion(text).code
-
-
-def completion_text(completion: Any) -> str:
-    """Text of a TRL completion: a string, or a conversational list of messages (the last one's content)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion:
-        last = completion[-1]
-        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    return str(completion)
+    """The candidate module in an LLM completion, or None (shared with the TRL/verl adapters)."""
+    return extract_code_or_why(text)[0]
 
 
 def fenced(code: str) -> str:
