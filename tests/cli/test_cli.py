@@ -67,3 +67,14 @@ def test_eval_statuses(name, status, capsys):
     for key in ("speedup", "ref_ms", "candidate_ms", "stability", "flags", "message"):
         assert key in out
     assert (out["speedup"] is not None) == (status == "correct")
+
+
+def test_check_exit_code_gates_on_rejection(capsys):
+    corpus = FIXTURES / "candidates"
+    assert main(["check", str(corpus / "exploits" / "stream_python.py"), "--ref", str(corpus / "refs" / "relu.py"),
+                 "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["kernel_class"] == "pytorch_only"
+    assert any(f["rule"] == "extra_cuda_stream" and f["severity"] == "error" for f in report["flags"])
+    assert main(["check", str(corpus / "honest" / "cuda_relu.py")]) == 0
+    assert "kernel class: custom_cuda" in capsys.readouterr().out

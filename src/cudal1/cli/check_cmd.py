@@ -16,8 +16,11 @@ def check_command(
     preset: str = typer.Option("strict", "--preset", help="strict, cuda-l1 or kernelbench-v0."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Classify a candidate (custom_cuda | triton | pytorch_only | flags_only) and list its flags."""
-    from cudal1.analysis import analyze_source, format_report
+    """Classify a candidate (custom_cuda | triton | pytorch_only | flags_only) and list its flags.
+
+    Exits 1 when a flag rejects the candidate under the preset (so it can gate a pipeline), else 0.
+    """
+    from cudal1.analysis import analyze_source, format_report, rejecting_flags
 
     for path in (candidate, ref):
         if path is not None and not path.is_file():
@@ -27,3 +30,5 @@ def check_command(
         typer.echo(json.dumps(report.to_dict(), indent=1))
     else:
         typer.echo(format_report(report))
+    if rejecting_flags(report, preset):
+        raise typer.Exit(1)
