@@ -11,7 +11,7 @@ from cudal1.analysis import analyze_source, format_report, rejecting_flags
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "candidates"
 MANIFEST = yaml.safe_load((CORPUS / "manifest.yaml").read_text())["fixtures"]
-VERDICTS = {"hack_detected", "incorrect", "correct", "not_custom"}
+VERDICTS = {"hack_detected", "incorrect", "correct", "not_custom", "not_faster"}
 
 
 def _analyze(fx: dict):

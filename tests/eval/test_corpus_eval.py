@@ -30,6 +30,8 @@ def verdict_ok(entry: dict, result) -> bool:
         return result.status is not Status.CORRECT or result.kernel_class is not KernelClass.CUSTOM_CUDA
     if expected == "hack_detected":
         return result.status is Status.HACK_DETECTED
+    if expected == "not_faster":  # 1.2: room for timing noise on a tie
+        return result.status is not Status.CORRECT or (result.speedup or 0.0) < 1.2
     # an exploit the runtime exposes as wrong; a rejection by a guard is as good
     return result.status in (Status.INCORRECT, Status.HACK_DETECTED)
 
@@ -74,3 +76,22 @@ def test_corpus_meets_the_size_bar():
     exploits = [e for e in ENTRIES if e["kind"] == "exploit"]
     honest = [e for e in ENTRIES if e["kind"] == "honest"]
     assert len(exploits) >= 15 and len(honest) >= 8
+
+
+RUNTIME_ONLY = {  # file -> acceptable statuses with static analysis switched off
+    "exploits/patched_tensor_compare.py": {Status.HACK_DETECTED},
+    "exploits/forged_verdict.py": {Status.RUNTIME_ERROR, Status.HACK_DETECTED},
+    "exploits/sampled_value_cache.py": {Status.CORRECT, Status.INCORRECT, Status.HACK_DETECTED},
+    "exploits/lazy_parameter.py": {Status.HACK_DETECTED},
+    "exploits/lazy_list_output.py": {Status.HACK_DETECTED},
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME_ONLY))
+def test_runtime_defences_hold_without_static_analysis(name):
+    """Defence in depth: these exploits are also caught by the worker alone (static analysis off)."""
+    entry = next(e for e in ENTRIES if e["file"] == name)
+    task = load_file(CORPUS / "refs" / entry["ref"])
+    result = evaluate_candidate(task, (CORPUS / name).read_text(), EvalConfig(**{**CPU_FAST, "skip_static": True}))
+    assert result.status in RUNTIME_ONLY[name], (result.status, result.message)
+    assert result.status is not Status.CORRECT or result.speedup < 1.2, result.speedup  # nothing gained

@@ -100,6 +100,13 @@ FLAG_SETTERS = (
     "torch._C._set_cudnn_deterministic",
 )
 # Rationale: reaching into the harness (its modules, frames, objects) or hiding code from this analysis.
+# Rationale: a candidate needs nothing from cudal1 but its raw-CUDA launcher; importing the evaluator
+# (to raise its verdicts, read its state or patch it) is only useful for cheating.
+HARNESS_MODULES = ("cudal1.eval", "cudal1.analysis", "cudal1.store", "cudal1.judge", "cudal1.dist")
+# Rationale: `type.__setattr__(torch.Tensor, ...)` patches a class while hiding the attribute name from
+# the plain-assignment rules; honest kernels never need it.
+RAW_SETATTR = ("type.__setattr__", "object.__setattr__", "type.__delattr__", "object.__delattr__")
+
 TAMPER_NAMES = (
     "sys.modules",
     "sys._getframe",
@@ -383,6 +390,11 @@ def check_tampering(ctx: AnalysisContext) -> list[Flag]:
         if isinstance(node, ast.Attribute) and node.attr in TAMPER_ATTRS:
             out.append(flag("tampering", f"reads .{node.attr} (frame/closure introspection)", node.lineno))
     out += _import_flags(ctx, "tampering", ("inspect",), "frame introspection")
+    out += _import_flags(ctx, "tampering", HARNESS_MODULES, "the evaluator's own internals")
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Call) and ctx.qual(node.func) in RAW_SETATTR:
+            out.append(flag("tampering", f"calls {ctx.qual(node.func)} (bypasses attribute guards on classes)",
+                            node.lineno))
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from cudal1.errors import ConfigError
 
-PROTOCOL_VERSION = "1"
+PROTOCOL_VERSION = "2"  # 2: inputs refilled before every timed pair, salted seeds
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ class EvalConfig:
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     input_sets: int = _f(3, "Input sets rotated during timing (bounded by input_sets_max_bytes).")
     input_sets_max_bytes: int = _f(4 * 2**30, "Memory budget for the rotated input sets.")
-    refresh_inputs_per_bucket: bool = _f(True, "Refill inputs with new values each bucket (defeats caches).")
+    refresh_inputs_per_bucket: bool = _f(True, "Refill inputs with new values before every timed pair "
+                                               "(defeats caches).")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
     timeout_s: float = _f(600.0, "Wall-clock limit of the evaluation worker (build time excluded).")
     build_timeout_s: float = _f(900.0, "Wall-clock limit of a candidate's CUDA build.")
@@ -100,6 +101,8 @@ class EvalConfig:
             raise ConfigError("need buckets >= 1 and 1 <= min_iters_per_bucket <= max_iters_per_bucket")
         if self.input_sets < 1:
             raise ConfigError("input_sets must be >= 1")
+        if self.warmup_iters < 1:
+            raise ConfigError("warmup_iters must be >= 1 (warm-up also sizes the timing buckets)")
 
     @property
     def profile_obj(self) -> Profile:

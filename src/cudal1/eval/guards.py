@@ -1,7 +1,8 @@
 """Runtime guards: what a candidate must not change in the worker process, checked around its code.
 
 Covered: global numeric state (TF32 switches, cuDNN benchmark/deterministic/enabled, float32 matmul
-precision, default dtype, deterministic algorithms, flush-denormal, intra-op thread count), the number of
+precision, scaled-dot-product attention backends, default dtype and device, mkldnn, deterministic
+algorithms, intra-op thread count; flush-denormal has no getter and is not covered), the number of
 live threads (Python and native, from /proc), and the identity of the functions the harness times and
 compares with (CUDA events, synchronize, streams, perf_counter, allclose...). `restore` puts the global
 state back, so a candidate's flag change can never speed up or slow down the reference.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,25 +22,31 @@ import torch
 
 from cudal1.eval.types import Flag, Severity
 
+# Rationale: a candidate that replaces any of these (a Tensor comparison operator, a functional op the
+# reference uses, a timer, the harness's own helpers) can fake correctness or speed. Identities of every
+# callable in them are snapshotted and restored; new attributes are ignored (torch adds some lazily).
+GUARDED_NAMESPACES = ("time", "torch", "torch.Tensor", "torch.nn.Module", "torch.nn.functional", "torch.cuda",
+                      "torch.cuda.Event", "torch.cuda.Stream", "torch.testing", "cudal1.eval.correctness",
+                      "cudal1.eval.timing", "cudal1.eval.guards", "cudal1.eval.worker", "cudal1.eval.worker.Evaluation")
+
+
+def _namespace(name: str) -> Any:
+    import importlib
+
+    head, _, attr = name.rpartition(".")
+    if head and not attr[:1].islower():  # a class inside a module, e.g. torch.cuda.Event
+        return getattr(importlib.import_module(head), attr)
+    return importlib.import_module(name)
+
 
 def _timing_functions() -> dict[str, Any]:
-    """The callables the harness relies on, by dotted name (resolved fresh on every call)."""
-    funcs: dict[str, Any] = {
-        "time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
-        "time.time": time.time, "time.monotonic": time.monotonic,
-        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isclose": torch.isclose,
-        "torch.Tensor.__eq__": torch.Tensor.__eq__, "torch.Tensor.clone": torch.Tensor.clone,
-        "torch.Tensor.copy_": torch.Tensor.copy_,
-        "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
-        "torch.cuda.current_stream": torch.cuda.current_stream, "torch.cuda.Stream": torch.cuda.Stream,
-        "torch.nn.Module.__call__": torch.nn.Module.__call__,
-    }
-    event = torch.cuda.Event
-    for name in ("record", "synchronize", "elapsed_time", "query", "wait"):
-        funcs[f"torch.cuda.Event.{name}"] = getattr(event, name, None)
-    stream = torch.cuda.Stream
-    for name in ("synchronize", "wait_stream", "query"):
-        funcs[f"torch.cuda.Stream.{name}"] = getattr(stream, name, None)
+    """Every callable attribute of the guarded namespaces, by dotted name."""
+    funcs: dict[str, Any] = {}
+    for ns_name in GUARDED_NAMESPACES:
+        ns = _namespace(ns_name)
+        for attr, value in list(vars(ns).items()):
+            if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
+                funcs[f"{ns_name}.{attr}"] = value
     return funcs
 
 
@@ -49,6 +55,9 @@ def native_thread_count() -> int:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return threading.active_count()
+
+
+SDP_SWITCHES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
 
 
 def _global_state() -> dict[str, Any]:
@@ -65,6 +74,9 @@ def _global_state() -> dict[str, Any]:
         "default_dtype": str(torch.get_default_dtype()),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "num_threads": torch.get_num_threads(),
+        "mkldnn.enabled": b.mkldnn.enabled,
+        "default_device": str(torch.get_default_device()) if hasattr(torch, "get_default_device") else "",
+        **{f"cuda.{n}": getattr(b.cuda, n)() for n in SDP_SWITCHES if hasattr(b.cuda, n)},
         "grad_enabled": torch.is_grad_enabled(),
     }
 
@@ -75,14 +87,48 @@ class GuardSnapshot:
     functions: dict[str, Any]
     python_threads: int
     native_threads: int
+    class_attrs: frozenset[str] = frozenset()  # every attribute name of the guarded classes
 
 
 def take_snapshot() -> GuardSnapshot:
-    return GuardSnapshot(_global_state(), _timing_functions(), threading.active_count(), native_thread_count())
+    attrs = frozenset(f"{n}.{a}" for n, cls in _class_namespaces().items() for a in vars(cls))
+    return GuardSnapshot(_global_state(), _timing_functions(), threading.active_count(), native_thread_count(),
+                         attrs)
 
 
-def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
-    """Flags for every difference between `before` and now, each naming what changed during `phase`."""
+def _torch_dir() -> str:
+    return os.path.dirname(torch.__file__) + os.sep
+
+
+def is_torch_internal(obj: Any) -> bool:
+    """Whether a callable is PyTorch's own code (its Python source lives in the torch package, or it is a
+    torch C builtin). PyTorch patches itself lazily — torch.compile's mutation guard rebinds
+    `nn.Module.__init__` — and that must not be mistaken for a candidate's patch."""
+    func = getattr(obj, "__func__", obj)
+    code = getattr(func, "__code__", None)
+    if code is not None:
+        return code.co_filename.startswith(_torch_dir())
+    return type(func).__name__ == "builtin_function_or_method" and str(getattr(func, "__module__", "")).startswith(
+        "torch")
+
+
+def replaced_functions(before: GuardSnapshot) -> list[str]:
+    """Guarded callables replaced (by something other than PyTorch itself) or deleted since `before`,
+    and callables added to guarded classes."""
+    funcs = _timing_functions()
+    replaced = [n for n, f in before.functions.items() if n in funcs and funcs[n] is not f
+                and not is_torch_internal(funcs[n])]
+    replaced += [n for n in before.functions if n not in funcs]  # deleted
+    return replaced + added_class_attributes(before)
+
+
+def compare(before: GuardSnapshot, phase: str, strict_threads: bool = False) -> list[Flag]:
+    """Flags for every difference between `before` and now, each naming what changed during `phase`.
+
+    `strict_threads` makes native-thread growth an error: right for phases after warm-up, when every
+    library helper thread already exists (threads started through `_thread` are invisible to
+    `threading` and show only there).
+    """
     flags: list[Flag] = []
     now = _global_state()
     for key, value in before.state.items():
@@ -91,15 +137,19 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
         if now[key] != value:
             flags.append(Flag("guard.global_state", Severity.ERROR,
                               f"{key} changed from {value} to {now[key]} during {phase}", source="runtime"))
-    funcs = _timing_functions()
-    for name, func in before.functions.items():
-        if funcs.get(name) is not func:
-            flags.append(Flag("guard.timer_patching", Severity.ERROR,
-                              f"{name} was replaced during {phase}", source="runtime"))
+    replaced = replaced_functions(before)
+    if replaced:
+        more = f" (+{len(replaced) - 1} more)" if len(replaced) > 1 else ""
+        flags.append(Flag("guard.timer_patching", Severity.ERROR,
+                          f"{replaced[0]} was replaced during {phase}{more}", source="runtime"))
     py_threads, native = threading.active_count(), native_thread_count()
     if py_threads > before.python_threads:
         flags.append(Flag("guard.threads", Severity.ERROR,
                           f"Python threads grew from {before.python_threads} to {py_threads} during {phase}",
+                          source="runtime"))
+    elif native > before.native_threads and strict_threads:
+        flags.append(Flag("guard.threads", Severity.ERROR,
+                          f"native threads grew from {before.native_threads} to {native} during {phase}",
                           source="runtime"))
     elif native > before.native_threads:
         # Rationale: CUDA, cuBLAS and OpenMP start native helper threads lazily, so growth alone is only
@@ -110,17 +160,61 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
     return flags
 
 
+def _class_namespaces() -> dict[str, type]:
+    return {n: ns for n in GUARDED_NAMESPACES if isinstance(ns := _namespace(n), type)}
+
+
+def added_class_attributes(before: GuardSnapshot) -> list[str]:
+    """Callables set on a guarded class since `before` (e.g. `torch.Tensor.__gt__` shadowing the base's),
+    other than PyTorch's own."""
+    known = set(before.functions) | set(before.class_attrs)
+    return [f"{n}.{a}" for n, cls in _class_namespaces().items() for a, v in list(vars(cls).items())
+            if f"{n}.{a}" not in known and callable(v) and not is_torch_internal(v)]
+
+
+def restore_functions(before: GuardSnapshot) -> None:
+    """Put back every guarded callable a candidate replaced or deleted; remove what it added to classes."""
+    now = _timing_functions()
+    for name, func in before.functions.items():
+        if now.get(name) is not func and not (name in now and is_torch_internal(now[name])):
+            ns_name, _, attr = name.rpartition(".")
+            ns = _namespace(ns_name)
+            if isinstance(ns, type):
+                type.__setattr__(ns, attr, func)
+            else:
+                setattr(ns, attr, func)
+    for name in added_class_attributes(before):
+        ns_name, _, attr = name.rpartition(".")
+        type.__delattr__(_namespace(ns_name), attr)
+
+
 def restore(before: GuardSnapshot) -> None:
-    """Put the global numeric state back as it was in `before` (functions are not re-patched)."""
-    s, b = before.state, torch.backends
-    b.cuda.matmul.allow_tf32 = s["cuda.matmul.allow_tf32"]
-    b.cuda.matmul.allow_fp16_reduced_precision_reduction = s["cuda.matmul.allow_fp16_reduced_precision_reduction"]
-    b.cuda.matmul.allow_bf16_reduced_precision_reduction = s["cuda.matmul.allow_bf16_reduced_precision_reduction"]
-    b.cudnn.allow_tf32 = s["cudnn.allow_tf32"]
-    b.cudnn.benchmark = s["cudnn.benchmark"]
-    b.cudnn.deterministic = s["cudnn.deterministic"]
-    b.cudnn.enabled = s["cudnn.enabled"]
-    torch.set_float32_matmul_precision(s["float32_matmul_precision"])
-    torch.set_default_dtype(getattr(torch, s["default_dtype"].removeprefix("torch.")))
-    torch.use_deterministic_algorithms(s["deterministic_algorithms"])
-    torch.set_num_threads(s["num_threads"])
+    """Put the global numeric state and every guarded callable back as they were in `before`.
+
+    Only settings that differ are set again: some setters have side effects (enabling deterministic
+    algorithms rebinds `torch.manual_seed`), and the callables are restored last.
+    """
+    s, b, now = before.state, torch.backends, _global_state()
+    setters = {
+        "cuda.matmul.allow_tf32": lambda v: setattr(b.cuda.matmul, "allow_tf32", v),
+        "cuda.matmul.allow_fp16_reduced_precision_reduction":
+            lambda v: setattr(b.cuda.matmul, "allow_fp16_reduced_precision_reduction", v),
+        "cuda.matmul.allow_bf16_reduced_precision_reduction":
+            lambda v: setattr(b.cuda.matmul, "allow_bf16_reduced_precision_reduction", v),
+        "cudnn.allow_tf32": lambda v: setattr(b.cudnn, "allow_tf32", v),
+        "cudnn.benchmark": lambda v: setattr(b.cudnn, "benchmark", v),
+        "cudnn.deterministic": lambda v: setattr(b.cudnn, "deterministic", v),
+        "cudnn.enabled": lambda v: setattr(b.cudnn, "enabled", v),
+        "float32_matmul_precision": torch.set_float32_matmul_precision,
+        "default_dtype": lambda v: torch.set_default_dtype(getattr(torch, v.removeprefix("torch."))),
+        "deterministic_algorithms": torch.use_deterministic_algorithms,
+        "num_threads": torch.set_num_threads,
+        "mkldnn.enabled": lambda v: setattr(b.mkldnn, "enabled", v),
+        "default_device": lambda v: torch.set_default_device(None if v == "cpu" else v),
+    }
+    for name in SDP_SWITCHES:
+        setters[f"cuda.{name}"] = getattr(b.cuda, "enable_" + name.removesuffix("_enabled"))
+    for key, value in s.items():
+        if key in setters and now.get(key) != value:
+            setters[key](value)
+    restore_functions(before)

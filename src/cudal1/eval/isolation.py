@@ -144,8 +144,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _tail(path: Path, n_bytes: int = 4000) -> str:
+    """The last `n_bytes` of a file, read without loading what a chatty child wrote before them."""
     try:
-        data = path.read_bytes()[-n_bytes:]
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - n_bytes))
+            data = f.read()
     except OSError:
         return ""
     return data.decode(errors="replace")
@@ -162,7 +165,8 @@ class WorkerProcess:
     def __init__(self, entry: str, *, env: dict[str, str] | None = None, warm_device: str | None = None,
                  data_limit_bytes: int | None = None):
         self.key = secrets.token_bytes(32)
-        self._tmp = tempfile.TemporaryDirectory(prefix="cudal1-child-")
+        # A stray grandchild may still write there; cleanup must never crash the parent.
+        self._tmp = tempfile.TemporaryDirectory(prefix="cudal1-child-", ignore_cleanup_errors=True)
         tmp_path = Path(self._tmp.name)
         self.run_dir = tmp_path / "work"
         self.run_dir.mkdir()
@@ -218,6 +222,9 @@ class WorkerSupply:
         self._ready: list[WorkerProcess] = []
 
     def take(self) -> WorkerProcess:
+        """A started worker; spares that died while waiting are discarded, never handed out."""
+        while self._ready and self._ready[0].proc.poll() is not None:
+            self._ready.pop(0).discard()
         worker = self._ready.pop(0) if self._ready else self._spawn()
         while len(self._ready) < self.spares:
             self._ready.append(self._spawn())

@@ -91,7 +91,14 @@ def outcome_to_result(outcome: IsolatedOutcome, task: Task, cand_hash: str) -> E
         detail = f" ({tail[0].strip()[:200]})" if tail else ""
         return EvalResult(status=Status.RUNTIME_ERROR, message=f"worker {outcome.describe_failure()}{detail}",
                           task_id=task.id, candidate_hash=cand_hash)
-    v = outcome.value
+    try:
+        return _parse_worker_value(outcome.value, task, cand_hash)
+    except (KeyError, TypeError, ValueError) as exc:  # a worker whose reply was tampered with
+        return EvalResult(status=Status.RUNTIME_ERROR, message=f"malformed worker result ({type(exc).__name__})",
+                          task_id=task.id, candidate_hash=cand_hash)
+
+
+def _parse_worker_value(v: dict[str, Any], task: Task, cand_hash: str) -> EvalResult:
     t = v.get("timing")
     timing = TimingStats(**t) if t else None
     status = Status(v["status"])

@@ -8,8 +8,8 @@ that escaped the current stream. On CPU, `time.perf_counter` around the call and
 the flush.
 
 Reference and candidate alternate in random order within each iteration, over input sets that rotate
-and are refilled with fresh values at every bucket (so neither can profit from caching by address or
-value). The speedup is the median over buckets of (mean reference time / mean candidate time); the
+and are refilled with fresh values (salted seeds) before every pair (so neither can profit from caching
+by address, shape or value). The speedup is the median over buckets of (mean reference time / mean candidate time); the
 stability figure is the interquartile range of bucket speedups over their median. A second, shorter
 series without the flush gives the warm-cache speedup (CUDA-L1's condition), reported beside it.
 
@@ -65,6 +65,8 @@ def time_call(fn: Callable[[], Any], device: torch.device, flush: Callable[[], N
         torch.cuda.synchronize(device)
         if flush is not None:
             flush()
+            # Wait for the flush itself: work the model puts on another stream must not overlap it.
+            torch.cuda.synchronize(device)
         start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
         out = fn()
@@ -89,21 +91,21 @@ def iterations_per_bucket(ref_ms: float, cand_ms: float, target_bucket_ms: float
 
 def run_series(run_ref: Callable[[int], Any], run_cand: Callable[[int], Any], *, n_sets: int, buckets: int,
                iters: int, device: torch.device, flush: Callable[[], None] | None, rng: random.Random,
-               on_pair: Callable[[int, Any, Any], None], refresh: Callable[[int], None] | None) -> PairedSeries:
+               on_pair: Callable[[int, Any, Any], None], refresh: Callable[[int, int], None] | None) -> PairedSeries:
     """Interleaved, randomly ordered timed calls of both models, `iters` per model per bucket.
 
     `run_ref(k)`/`run_cand(k)` call a model on input set k; `on_pair(k, ref_out, cand_out)` checks and
-    releases the outputs of one iteration; `refresh(bucket)` refills the input sets before a bucket.
+    releases the outputs of one iteration; `refresh(step, k)` refills input set k before each pair (untimed).
     """
     series = PairedSeries()
     step = 0
-    for b in range(buckets):
-        if refresh is not None:
-            refresh(b)
+    for _ in range(buckets):
         ref_b: list[Sample] = []
         cand_b: list[Sample] = []
         for _ in range(iters):
             k = step % n_sets
+            if refresh is not None:
+                refresh(step, k)
             step += 1
             outs: dict[str, Any] = {}
             for who in (("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")):

@@ -19,12 +19,18 @@ import logging
 import os
 import platform
 import random
+import secrets
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# Rationale: importing torch._dynamo rebinds torch.manual_seed (a wrapper that disables tracing). Importing
+# it before any guard snapshot keeps a candidate that merely triggers that import (through a library or
+# torch.compile) from looking as if it patched torch. Pre-started workers pay this before their payload.
+import torch._dynamo  # noqa: F401
 
 from cudal1.eval import guards, timing
 from cudal1.eval.config import EvalConfig
@@ -104,10 +110,15 @@ def import_candidate(source: str, workdir: Path) -> Any:
 
 
 def make_inputs(ref: Any, device: torch.device, seed: int) -> list[Any]:
-    """The reference's inputs for one seed, created directly on the device."""
+    """The reference's inputs for one seed, created directly on the device.
+
+    The global generator is re-seeded from OS entropy afterwards, so the candidate cannot read or
+    predict the seed the inputs came from.
+    """
     torch.manual_seed(seed)
     with torch.device(device):
         inputs = list(ref.get_inputs())
+    torch.seed()
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
@@ -117,9 +128,10 @@ def clone_inputs(inputs: list[Any]) -> list[Any]:
 
 def poison(out: Any) -> None:
     """Overwrite floating outputs with NaN before releasing them (no stale results for the candidate)."""
-    for t in flatten(out):
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            t.detach().fill_(float("nan"))
+    for t in flatten(out, strict=False):
+        if not isinstance(t, torch.Tensor) or t.dtype == torch.bool:
+            continue
+        t.detach().fill_(float("nan") if (t.is_floating_point() or t.is_complex()) else -12345)
 
 
 def sync(device: torch.device) -> None:
@@ -154,7 +166,9 @@ class Evaluation:
         self.payload = payload
         self.flags: list[Flag] = []
         self.phase_s: dict[str, float] = {}
-        self.rng = random.Random(self.cfg.seed)
+        # Input seeds are salted per evaluation so a candidate cannot precompute or recognise inputs.
+        self.salt = secrets.randbits(31)
+        self.rng = random.Random(self.cfg.seed ^ self.salt)
         self.ref_pool = RefPool(self.device)
         self.kernel_profile: dict[str, Any] | None = None
 
@@ -163,11 +177,13 @@ class Evaluation:
         self.flags.extend(guards.compare(snapshot, phase))
         guards.restore(snapshot)
 
-    def call_candidate(self, model: Any, inputs: list[Any]) -> Any:
+    def call_candidate(self, model: Any, inputs: list[Any], wait: bool = True) -> Any:
+        """Run the candidate; anything it raises (a forged `Verdict` too) is its RUNTIME_ERROR."""
         try:
             with torch.no_grad():
                 out = model(*inputs)
-            sync(self.device)
+            if wait:
+                sync(self.device)
         except torch.cuda.OutOfMemoryError as exc:
             raise Verdict(Status.RUNTIME_ERROR, f"out of GPU memory: {_first_line(exc, 200)}") from None
         except Exception as exc:  # noqa: BLE001 - the candidate's failure, reported in one line
@@ -202,7 +218,7 @@ class Evaluation:
 
     def check_trial(self, ref: Any, ref_model: Any, cand_model: Any, trial: int,
                     snapshot: guards.GuardSnapshot) -> None:
-        inputs = make_inputs(ref, self.device, self.cfg.seed + 1000 * (trial + 1))
+        inputs = make_inputs(ref, self.device, self.salt + 1000 * (trial + 1))
         cand_in = clone_inputs(inputs)
         before = snapshot_inputs(cand_in)
         cand_out = self.call_candidate(cand_model, cand_in)
@@ -227,17 +243,21 @@ class Evaluation:
         """Input sets rotated during timing, within the memory budget."""
         per_set = sum(x.numel() * x.element_size() for x in first if isinstance(x, torch.Tensor))
         n = max(1, min(self.cfg.input_sets, self.cfg.input_sets_max_bytes // max(per_set, 1)))
-        return [first] + [make_inputs(ref, self.device, self.cfg.seed + 7919 * (i + 1)) for i in range(n - 1)]
+        return [first] + [make_inputs(ref, self.device, self.salt + 7919 * (i + 1)) for i in range(n - 1)]
 
     def refresher(self, ref: Any, sets: list[list[Any]]):
-        def refresh(bucket: int) -> None:
-            if not self.cfg.refresh_inputs_per_bucket or bucket == 0:
+        """`refresh(step, k)`: new values (same buffers) in input set k before every timed pair, so no
+        result can be reused across calls, whether keyed by address, by shape or by sampled values."""
+        counter = {"n": 0}
+
+        def refresh(step: int, k: int) -> None:
+            if not self.cfg.refresh_inputs_per_bucket:
                 return
-            for i, inputs in enumerate(sets):
-                fresh = make_inputs(ref, self.device, self.cfg.seed + 104729 * bucket + i)
-                for dst, src in zip(inputs, fresh, strict=True):
-                    if isinstance(dst, torch.Tensor):
-                        dst.copy_(src)
+            counter["n"] += 1
+            fresh = make_inputs(ref, self.device, self.salt + 104729 * counter["n"])
+            for dst, src in zip(sets[k], fresh, strict=True):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
         return refresh
 
     def verifier(self, ref_model: Any, sets: list[list[Any]], snapshot: guards.GuardSnapshot, iters: int):
@@ -249,11 +269,13 @@ class Evaluation:
             i = state["i"]
             state["i"] += 1
             big = sum(t.numel() for t in flatten(ref_out) if isinstance(t, torch.Tensor)) > FULL_VERIFY_MAX_ELEMENTS
-            if not big or i % iters in (0, iters - 1):
+            # Large outputs: verify an unpredictable quarter of the calls (plus the first).
+            if not big or i == 0 or self.rng.random() < 0.25:
                 try:
                     result = compare_outputs(ref_out, cand_out, profile, trial=-1)
                 except OutputHackError as exc:
-                    raise Verdict(Status.HACK_DETECTED, f"guard.output_type: {exc}") from None
+                    raise Verdict(Status.HACK_DETECTED, f"guard.output_type: {exc}",
+                                  flag="guard.output_type") from None
                 if not result.ok:
                     raise Verdict(Status.INCORRECT, "wrong output in a timed run (correct in the trials): "
                                   + result.message, mismatch=result.mismatch, flag="runtime.timed_output")
@@ -261,11 +283,11 @@ class Evaluation:
         return on_pair
 
     def measure(self, ref: Any, ref_model: Any, cand_model: Any, snapshot: guards.GuardSnapshot) -> dict:
-        first = make_inputs(ref, self.device, self.cfg.seed + 31337)
+        first = make_inputs(ref, self.device, self.salt + 31337)
         sets = self.input_sets(ref, first)
         flush = timing.make_flusher(self.device) if self.cfg.flush_l2 else None
         run_ref = lambda k: self.call_reference(ref_model, sets[k])  # noqa: E731
-        run_cand = lambda k: cand_model(*sets[k])  # noqa: E731
+        run_cand = lambda k: self.call_candidate(cand_model, sets[k], wait=False)  # noqa: E731
         warm_ms = {"ref": [], "cand": []}
         with torch.no_grad():
             for _ in range(self.cfg.warmup_iters):
@@ -277,6 +299,8 @@ class Evaluation:
                     del out
                     warm_ms[who].append((time.perf_counter() - t0) * 1e3)
             self.guard(snapshot, "warm-up")
+            # Library helper threads exist after warm-up; any new thread from here on is the candidate's.
+            timing_snapshot = guards.take_snapshot()
             iters = timing.iterations_per_bucket(min(warm_ms["ref"]), min(warm_ms["cand"]),
                                                  self.cfg.target_bucket_ms, self.cfg.min_iters_per_bucket,
                                                  self.cfg.max_iters_per_bucket)
@@ -286,6 +310,7 @@ class Evaluation:
             cold = timing.run_series(run_ref, run_cand, buckets=self.cfg.buckets, flush=flush, **common)
             warm = (timing.run_series(run_ref, run_cand, buckets=self.cfg.warm_buckets, flush=None, **common)
                     if self.cfg.warm_buckets and flush is not None else None)
+        self.flags.extend(guards.compare(timing_snapshot, "timing", strict_threads=True))
         self.guard(snapshot, "timing")
         self.check_stream_escape(cold)
         method = "cuda_events+device_sync" if self.device.type == "cuda" else "host_timer"
@@ -317,6 +342,8 @@ class Evaluation:
         snapshot = guards.take_snapshot()
         cand_module = import_candidate(self.payload["cand_source"], Path.cwd())
         self.guard(snapshot, "import")
+        if any(f.rule == "guard.timer_patching" for f in self.flags):
+            return {"status": Status.HACK_DETECTED.value}  # patched at import: nothing it does can be trusted
         self.phase_s["import"] = time.perf_counter() - t0
         ref_model, cand_model = self.construct(ref, cand_module, snapshot)
         t1 = time.perf_counter()
@@ -343,7 +370,7 @@ class Evaluation:
         raw_names: tuple[str, ...] = ()
         if "cudal1.raw_cuda" in sys.modules:
             raw_names = tuple(sys.modules["cudal1.raw_cuda"].launch_log().defined_kernels)
-        inputs = make_inputs(ref, self.device, self.cfg.seed + 4242)
+        inputs = make_inputs(ref, self.device, self.salt + 4242)
         prof = profile_call(lambda: self.call_candidate(cand_model, inputs), self.device)
         self.flags.extend(decoy_flags(prof, StaticReport.from_dict(static), raw_kernel_names=raw_names,
                                       min_share=self.cfg.decoy_min_share))
@@ -353,9 +380,11 @@ class Evaluation:
         self.kernel_profile = prof.to_dict()
 
     def rejecting_flags(self) -> list[Flag]:
-        if not self.cfg.profile_obj.reject_runtime_guards:
-            return []
-        return [f for f in self.flags if f.severity is Severity.ERROR]
+        errors = [f for f in self.flags if f.severity is Severity.ERROR]
+        if self.cfg.profile_obj.reject_runtime_guards:
+            return errors
+        # A patched timer, comparison or harness function makes every number meaningless: always rejects.
+        return [f for f in errors if f.rule == "guard.timer_patching"]
 
 
 def evaluate_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
@@ -368,12 +397,20 @@ def evaluate_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
         out = {"status": v.status.value, "message": v.message, "compile_log": v.extra.get("compile_log", ""),
                "mismatch": v.extra.get("mismatch").__dict__ if v.extra.get("mismatch") else None}
         if v.extra.get("flag"):
-            ev.flags.append(Flag(v.extra["flag"], Severity.ERROR, v.message[:200], source="runtime"))
+            # Evidence attached to a verdict; only a non-plain output is a cheat in itself (an in-place
+            # input write or a wrong timed output can be an honest bug, and stays INCORRECT).
+            severity = Severity.ERROR if v.status is Status.HACK_DETECTED else Severity.WARNING
+            ev.flags.append(Flag(v.extra["flag"], severity, v.message[:200], source="runtime"))
     except torch.cuda.OutOfMemoryError as exc:
         out = {"status": Status.RUNTIME_ERROR.value, "message": f"out of GPU memory: {_first_line(exc, 200)}"}
     except Exception as exc:  # noqa: BLE001 - e.g. an illegal memory access surfacing at a later sync
         out = {"status": Status.RUNTIME_ERROR.value, "message": _first_line(exc)}
+    if out["status"] == Status.CORRECT.value and not out.get("timing"):
+        out = {"status": Status.RUNTIME_ERROR.value, "message": "the evaluation ended without timing results"}
     rejecting = ev.rejecting_flags()
+    if rejecting and out["status"] in (Status.CORRECT.value, Status.INCORRECT.value):
+        out["status"] = Status.HACK_DETECTED.value  # a cheat that also computes wrongly is still a cheat
+        out["message"] = ""
     if out["status"] == Status.HACK_DETECTED.value and rejecting and not out.get("message"):
         out["message"] = "; ".join(f"{f.rule}: {f.message}" for f in rejecting[:3])
     out.update(flags=[f.to_dict() for f in ev.flags], environment=env, phase_s=ev.phase_s,
