@@ -3,7 +3,7 @@
 Covered: global numeric state (TF32 switches, cuDNN benchmark/deterministic/enabled, float32 matmul
 precision, scaled-dot-product attention backends, default dtype and device, mkldnn, deterministic
 algorithms, intra-op thread count; flush-denormal has no getter and is not covered), the number of
-live threads (Python and native, from /proc), and the identity of the functions the harness times and
+live threads (every thread running Python code, `_thread` ones included, and native ones from /proc), and the identity of the functions the harness times and
 compares with (CUDA events, synchronize, streams, perf_counter, allclose...). `restore` puts the global
 state back, so a candidate's flag change can never speed up or slow down the reference.
 Not covered: state inside C++ extensions, environment variables read later by libraries, and anything
@@ -14,6 +14,7 @@ again after every phase).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,11 @@ def _timing_functions() -> dict[str, Any]:
             if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
                 funcs[f"{ns_name}.{attr}"] = value
     return funcs
+
+
+def python_thread_count() -> int:
+    """Threads running Python code, including those started with `_thread` (which `threading` misses)."""
+    return len(sys._current_frames())
 
 
 def native_thread_count() -> int:
@@ -92,7 +98,7 @@ class GuardSnapshot:
 
 def take_snapshot() -> GuardSnapshot:
     attrs = frozenset(f"{n}.{a}" for n, cls in _class_namespaces().items() for a in vars(cls))
-    return GuardSnapshot(_global_state(), _timing_functions(), threading.active_count(), native_thread_count(),
+    return GuardSnapshot(_global_state(), _timing_functions(), python_thread_count(), native_thread_count(),
                          attrs)
 
 
@@ -122,13 +128,8 @@ def replaced_functions(before: GuardSnapshot) -> list[str]:
     return replaced + added_class_attributes(before)
 
 
-def compare(before: GuardSnapshot, phase: str, strict_threads: bool = False) -> list[Flag]:
-    """Flags for every difference between `before` and now, each naming what changed during `phase`.
-
-    `strict_threads` makes native-thread growth an error: right for phases after warm-up, when every
-    library helper thread already exists (threads started through `_thread` are invisible to
-    `threading` and show only there).
-    """
+def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
+    """Flags for every difference between `before` and now, each naming what changed during `phase`."""
     flags: list[Flag] = []
     now = _global_state()
     for key, value in before.state.items():
@@ -142,14 +143,10 @@ def compare(before: GuardSnapshot, phase: str, strict_threads: bool = False) -> 
         more = f" (+{len(replaced) - 1} more)" if len(replaced) > 1 else ""
         flags.append(Flag("guard.timer_patching", Severity.ERROR,
                           f"{replaced[0]} was replaced during {phase}{more}", source="runtime"))
-    py_threads, native = threading.active_count(), native_thread_count()
+    py_threads, native = python_thread_count(), native_thread_count()
     if py_threads > before.python_threads:
         flags.append(Flag("guard.threads", Severity.ERROR,
                           f"Python threads grew from {before.python_threads} to {py_threads} during {phase}",
-                          source="runtime"))
-    elif native > before.native_threads and strict_threads:
-        flags.append(Flag("guard.threads", Severity.ERROR,
-                          f"native threads grew from {before.native_threads} to {native} during {phase}",
                           source="runtime"))
     elif native > before.native_threads:
         # Rationale: CUDA, cuBLAS and OpenMP start native helper threads lazily, so growth alone is only
