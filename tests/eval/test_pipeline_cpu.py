@@ -93,6 +93,7 @@ def test_syntax_error_and_missing_class_are_compile_errors(task):
     ("flag_flip", "guard.global_state"),
     ("patch_timer", "guard.timer_patching"),
     ("tensor_subclass", "guard.output_type"),
+    ("hidden_thread", "guard.threads"),
 ])
 def test_runtime_guards_catch_hacks_without_static_analysis(task, name, rule):
     r = run(task, name, skip_static=True)

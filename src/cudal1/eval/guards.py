@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,9 @@ def _timing_functions() -> dict[str, Any]:
             if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
                 funcs[f"{ns_name}.{attr}"] = value
     return funcs
+
+
+NEW_THREAD_GRACE_S = 0.02
 
 
 def python_thread_count() -> int:
@@ -144,6 +148,10 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
         flags.append(Flag("guard.timer_patching", Severity.ERROR,
                           f"{replaced[0]} was replaced during {phase}{more}", source="runtime"))
     py_threads, native = python_thread_count(), native_thread_count()
+    if native > before.native_threads and py_threads <= before.python_threads:
+        # A thread started just now may not run Python yet; library helper threads never will.
+        time.sleep(NEW_THREAD_GRACE_S)
+        py_threads = python_thread_count()
     if py_threads > before.python_threads:
         flags.append(Flag("guard.threads", Severity.ERROR,
                           f"Python threads grew from {before.python_threads} to {py_threads} during {phase}",
