@@ -20,7 +20,9 @@ Not covered (documented limits): the candidate runs in the same process as the w
 that walks the interpreter's memory (gc, frames, ctypes) could in principle subvert the in-process
 checks; the static analysis rejects those tools and the runtime guards check the identity of timing
 functions, but this is defence in depth, not a sandbox. No network or filesystem isolation beyond the
-working directory: run the evaluator in a container for hostile workloads.
+working directory, and no separate user: a grandchild that calls `setsid` escapes the process-group
+kill and the memory accounting, and a child could signal other processes of the same user. Run the
+evaluator in a container (or as a dedicated user) for hostile workloads.
 """
 
 from __future__ import annotations
