@@ -13,7 +13,7 @@ from cudal1.tasks import Task
 from .conftest import REF, synthetic
 
 ENV = {"gpu_name": "FakeGPU", "torch_version": "2.x", "cuda_version": "13.0", "device_type": "cuda"}
-PROTOCOL = {"sizes": "full", "flush_l2": True, "input_sets": 3, "refresh_inputs_per_bucket": True, "version": "1"}
+PROTOCOL = {"sizes": "full", "flush_l2": True, "input_sets": 3, "refresh_inputs": True, "version": "1"}
 
 
 def _put(store, task, source, status, speedup, label, published=None):

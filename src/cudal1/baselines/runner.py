@@ -44,7 +44,7 @@ LABEL_PREFIX = "baseline:"
 
 # Rationale: these protocol fields change what a measured time means (problem size, cold vs warm cache,
 # whether inputs rotate); the others only change how precisely it is measured or what counts as correct.
-MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs_per_bucket")
+MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs")
 
 OK, FAILED = "ok", "failed"
 

@@ -66,7 +66,8 @@ class EvalConfig:
     profile: str = _f("strict", "Correctness/policy profile: strict, kernelbench-v0, cuda-l1 (or trusted, "
                                   "for cudal1's own baselines).")
     correctness_trials: int = _f(5, "Correctness trials, each with fresh random inputs and a new seed.")
-    seed: int = _f(42, "Base seed; trial t uses seed + t.")
+    seed: int = _f(42, "Seed of the models' parameters (both get the same). Input seeds are salted per "
+                       "evaluation so a candidate cannot predict them.")
     sizes: str = _f("auto", "Problem sizes: full, small (the task's SMALL_SIZES) or auto (small on cpu).")
     buckets: int = _f(7, "Timing buckets; the speedup is the median of bucket speedups (CUDA-L1: 7).")
     target_bucket_ms: float = _f(100.0, "Time each model should spend per bucket; sets iterations.")
@@ -77,7 +78,7 @@ class EvalConfig:
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     input_sets: int = _f(3, "Input sets rotated during timing (bounded by input_sets_max_bytes).")
     input_sets_max_bytes: int = _f(4 * 2**30, "Memory budget for the rotated input sets.")
-    refresh_inputs_per_bucket: bool = _f(True, "Refill inputs with new values before every timed pair "
+    refresh_inputs: bool = _f(True, "Refill inputs with new values before every timed pair "
                                                "(defeats caches).")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
     timeout_s: float = _f(600.0, "Wall-clock limit of the evaluation worker (build time excluded).")
@@ -117,7 +118,7 @@ class EvalConfig:
         """The fields that change what is measured, plus the protocol version (cache key, provenance)."""
         keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "target_bucket_ms",
                 "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "warm_buckets",
-                "input_sets", "refresh_inputs_per_bucket", "round_toward_one", "device")
+                "input_sets", "refresh_inputs", "round_toward_one", "device")
         out = {k: getattr(self, k) for k in keep}
         out["version"] = PROTOCOL_VERSION
         return out

@@ -251,7 +251,7 @@ class Evaluation:
         counter = {"n": 0}
 
         def refresh(step: int, k: int) -> None:
-            if not self.cfg.refresh_inputs_per_bucket:
+            if not self.cfg.refresh_inputs:
                 return
             counter["n"] += 1
             fresh = make_inputs(ref, self.device, self.salt + 104729 * counter["n"])
