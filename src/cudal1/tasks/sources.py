@@ -200,9 +200,22 @@ def example_candidates(device_type: str, forms: Iterable[str] | None = None) -> 
     On `cpu` only the PyTorch-level rewrites can run; on `cuda` every form does.
     """
     wanted = set(forms) if forms else ({"torch"} if device_type == "cpu" else {"cuda", "torch", "raw"})
+    if not forms and "raw" in wanted and not raw_form_available():
+        wanted.discard("raw")  # the raw form needs cuda-python (pip install 'cudal1[cuda]')
     out = []
     for task in load_builtin():
         for label, path in builtin_examples(task).items():
             if label in wanted:
                 out.append((task, label, path.read_text()))
     return out
+
+
+def raw_form_available() -> bool:
+    """Whether this environment can launch raw-CUDA-form candidates (cuda-python and NVRTC or nvcc)."""
+    try:
+        import cuda.bindings.driver  # noqa: F401
+
+        from cudal1.raw_cuda.compiler import nvcc_path, nvrtc_version
+    except ImportError:
+        return False
+    return nvrtc_version() is not None or nvcc_path() is not None
