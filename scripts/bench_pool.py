@@ -1,6 +1,6 @@
 """Scale-out check: the same candidate set evaluated on one GPU and on every local GPU through one pool.
 
-Goal (issue "scale-out"): throughput ratio (2 GPUs / 1 GPU) >= 1.8x, verdicts identical.
+Goal: throughput ratio (2 GPUs / 1 GPU) >= 1.8x, verdicts identical.
 
     python scripts/bench_pool.py OUT_DIR [--candidates-from builtin-examples|RELEASE.jsonl] [--n N]
            [--workers ray|local] [--time-budget-s S]

@@ -1,5 +1,5 @@
-"""Known reward-hack cases and the optional LLM judge (design section 4, *Guards*; issue "Reward-hack
-defenses", item 4).
+"""Known reward-hack cases and the optional LLM judge (the paper's reasoning-model checker, fed with the
+most similar known cases).
 
     from cudal1.judge import HackCaseDB, JudgeConfig, make_judge, similar_cases
 
