@@ -16,7 +16,7 @@ from typing import Any
 
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.isolation import IsolatedOutcome, Limits, WorkerSupply, run_isolated
-from cudal1.eval.types import EvalResult, Flag, KernelClass, Mismatch, Severity, Status, TimingStats
+from cudal1.eval.types import EvalResult, Flag, KernelClass, Mismatch, Status, TimingStats
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -211,10 +211,18 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
 def json_init_inputs(task: Task) -> list[Any] | None:
     """The reference's init inputs when they are plain JSON values (so lazy builds in `ModelNew.__init__`
     can happen in the compile pool); None otherwise. Runs reference code only, never candidate code."""
+    return _json_init_inputs(task.id, task.source)
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
+    # Cached: a batch asks once per candidate in `prebuild` and again in `prepare_build`.
     import json
 
+    from cudal1.tasks.task import load_reference
+
     try:
-        values = list(task.load().get_init_inputs())
+        values = list(load_reference(source, task_id).get_init_inputs())
         json.dumps(values)
     except Exception:  # noqa: BLE001 - not JSON-able or not loadable: the build then happens in the worker
         return None
@@ -234,11 +242,4 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig) -> None:
                      init_inputs=[json_init_inputs(t) for t, _ in todo])
 
 
-def severity_counts(flags: list[Flag]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for f in flags:
-        out[f.severity.value] = out.get(f.severity.value, 0) + 1
-    return out
-
-
-__all__ = ["evaluate_candidate", "evaluate_many", "local_environment", "Severity"]
+__all__ = ["evaluate_candidate", "evaluate_many", "local_environment", "prebuild"]
