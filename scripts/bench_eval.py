@@ -2,10 +2,10 @@
 """Evaluator benchmarks on the GPU machine: throughput on a release sample, then precision.
 
 Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
-                                    [--precision-n 20] [--time-budget-s 500]
+                                    [--precision-n 20] [--time-budget-s 500] [--profile strict]
 
 1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included: all
-   `load_inline` builds in parallel first, then every candidate evaluated by the full strict protocol.
+   `load_inline` builds in parallel first, then every candidate evaluated by the full protocol (`--profile`).
    Prints candidates and correct-and-timed candidates per GPU-hour.
 2. Precision: up to `--precision-n` candidates that were correct in (1) (topped up with the built-in
    examples) evaluated twice more in the same run; prints the median relative difference of speedups.
@@ -84,10 +84,11 @@ def main() -> None:
     ap.add_argument("--precision-n", type=int, default=20)
     ap.add_argument("--time-budget-s", type=float, default=500.0)
     ap.add_argument("--throughput-share", type=float, default=0.6)
+    ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    cfg = EvalConfig(device="cuda")
+    cfg = EvalConfig(device="cuda", profile=args.profile)
     out: dict = {"config": cfg.to_dict()}
     pairs = sample_release(args.release, args.per_level, args.seed)
     out["throughput"] = throughput(pairs, cfg, start + args.time_budget_s * args.throughput_share)

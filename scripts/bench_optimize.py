@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: candidates evaluated per GPU-hour, end to end in `optimize`, raw-CUDA form vs load_inline form.
 
-Usage: python scripts/bench_optimize.py OUT_DIR [--tasks 2] [--samples 4] [--rounds 2] [--time-budget-s 240]
+Usage: python scripts/bench_optimize.py OUT_DIR [--tasks 2] [--samples 4] [--rounds 2] [--time-budget-s 600]
                                         [--forms raw_cuda,load_inline] [--device cuda]
 
 For each form, `cudal1.loops.optimize` runs on the first N built-in tasks that have scripted kernels
@@ -9,8 +9,11 @@ For each form, `cudal1.loops.optimize` runs on the first N built-in tasks that h
 with the real kernels of `tests/fixtures/scripted/gpu/<form>/` (a compile error, an off-by-one, a slow
 and a fast kernel, in rotation), each made unique by a comment inside its CUDA source, so every candidate
 is really built (NVRTC for raw_cuda, nvcc + torch headers for load_inline) and evaluated: nothing comes
-from a cache (each form gets a fresh results store and build cache under OUT_DIR). The time budget is per
-form and split evenly between the tasks. One GPU: GPU-hours = wall-clock hours of the optimize calls.
+from a cache (each form gets a fresh results store and build cache under OUT_DIR). Both forms run the same
+work, `--rounds` x `--samples` candidates per task, every round to the end (a time budget inside
+`optimize` would drop the builds still running when it expires and undercount the slow form);
+`--time-budget-s` only skips the remaining tasks of a form once spent. One GPU: GPU-hours = wall-clock
+hours of the optimize calls.
 
 Writes OUT_DIR/bench_optimize.json (per form and task: candidates, verdicts, wall time, best speedup) and
 prints a short table last, with the ratio raw_cuda / load_inline.
@@ -67,16 +70,19 @@ def run_form(form: str, args: argparse.Namespace, out_dir: Path) -> dict:
     os.environ["CUDAL1_CACHE_DIR"] = str(form_dir / f"cache-{int(time.time())}")  # cold builds
     eval_cfg = EvalConfig(device=args.device, sizes="full", correctness_trials=2, buckets=3, target_bucket_ms=20,
                           warm_buckets=0)
-    per_task_budget_s = args.time_budget_s / args.tasks
+    form_started = time.monotonic()
     rows = []
     with ResultsStore(form_dir / f"results-{int(time.time())}.sqlite") as store:
         for name in TASKS[:args.tasks]:
+            if rows and time.monotonic() - form_started > args.time_budget_s:
+                print(f"[{form}] time budget spent; skipping {name}", flush=True)
+                break
             task = find_task(f"builtin/level1/{name}")
             with ScriptedOpenAIServer(make_script(form, name)) as server:
                 config = OptimizeConfig(
                     llm=LLMConfig(spec=f"openai:scripted@{server.base_url}", max_retries=0),
                     rounds=args.rounds, samples=args.samples, form=form, eval=eval_cfg, baselines="none",
-                    seed_from_store=False, resume=False, time_budget_s=per_task_budget_s,
+                    seed_from_store=False, resume=False, time_budget_s=0.0,
                     out=str(form_dir / f"{name}_best.py"), exemplar_db=str(form_dir / f"exemplars-{name}.sqlite"))
                 started = time.monotonic()
                 result = optimize(task, config, store=store)
@@ -101,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=2, help=f"How many of {', '.join(TASKS)}.")
     parser.add_argument("--samples", type=int, default=4, help="Completions per round.")
     parser.add_argument("--rounds", type=int, default=2, help="Rounds per task.")
-    parser.add_argument("--time-budget-s", type=float, default=240.0, help="Per form, split between tasks.")
+    parser.add_argument("--time-budget-s", type=float, default=600.0,
+                        help="Per form: no new task starts after this (running rounds always finish).")
     parser.add_argument("--forms", default="raw_cuda,load_inline", help="Comma list of forms to run.")
     parser.add_argument("--device", default="cuda", help="cuda or cuda:N (the kernels need a GPU).")
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@
 Goal: throughput ratio (2 GPUs / 1 GPU) >= 1.8x, verdicts identical.
 
     python scripts/bench_pool.py OUT_DIR [--candidates-from builtin-examples|RELEASE.jsonl] [--n N]
-           [--workers ray|local] [--time-budget-s S]
+           [--workers ray|local] [--timeout-s S]
 
 Runs the Ray pool (one actor per GPU) when ray is installed, else the local pool. Both runs skip the
 results store (every candidate is really evaluated) and `load_inline` candidates are built once before
@@ -44,22 +44,48 @@ def make_bench_pool(workers: str, n_gpus: int, config: EvalConfig) -> Any:
     if workers == "ray":
         from cudal1.dist.ray_pool import RayPool, RayPoolConfig
 
-        return RayPool(config, RayPoolConfig(address=None, n_actors=n_gpus, init_kwargs={"num_gpus": n_gpus}))
+        # Actor output goes to the driver's stderr: a failing actor is otherwise silent here.
+        return RayPool(config, RayPoolConfig(address=None, n_actors=n_gpus,
+                                             init_kwargs={"num_gpus": n_gpus, "log_to_driver": True}))
     from cudal1.dist.pool import LocalPool, LocalPoolConfig
 
     return LocalPool(config, LocalPoolConfig(devices=tuple(f"cuda:{i}" for i in range(n_gpus))))
 
 
-def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: EvalConfig) -> dict[str, Any]:
+def save_ray_logs(out_dir: Path, max_bytes: int = 20_000) -> None:
+    """The tail of every log of the current Ray session, copied under OUT_DIR/ray_logs (for a stuck run)."""
+    try:
+        import ray
+
+        session = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001 - no public API
+    except Exception:  # noqa: BLE001 - best effort, never hides the real failure
+        session = Path("/tmp/ray/session_latest")
+    dest = out_dir / "ray_logs"
+    dest.mkdir(parents=True, exist_ok=True)
+    for log in sorted((session / "logs").glob("*")):
+        if log.is_file() and log.stat().st_size:
+            with open(log, "rb") as f:
+                f.seek(max(0, log.stat().st_size - max_bytes))
+                (dest / log.name).write_bytes(f.read())
+
+
+def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: EvalConfig,
+              out_dir: Path, timeout_s: float) -> dict[str, Any]:
     """Evaluate every pair on `n_gpus` GPUs; wall time excludes pool start-up."""
     pool = make_bench_pool(workers, n_gpus, config)
     try:
         warm = pool.submit(pairs[0][0], pairs[0][1], force=True)  # start-up (actors, CUDA) off the clock
-        warm.result()
+        warm.result(timeout=timeout_s)
         started = time.monotonic()
         futures = [pool.submit(task, source, force=True) for task, source in pairs]
-        results: list[EvalResult] = [f.result() for f in futures]
+        results: list[EvalResult] = [f.result(timeout=max(1.0, started + timeout_s - time.monotonic()))
+                                     for f in futures]
         wall_s = time.monotonic() - started
+    except TimeoutError:
+        if workers == "ray":
+            save_ray_logs(out_dir)
+        raise SystemExit(f"{workers} pool on {n_gpus} GPU(s): no result within {timeout_s:.0f} s "
+                         f"(Ray logs, if any, under {out_dir / 'ray_logs'})") from None
     finally:
         pool.close()
         if workers == "ray":
@@ -77,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=None, help="At most this many candidates.")
     parser.add_argument("--workers", choices=("ray", "local", "auto"), default="auto")
     parser.add_argument("--buckets", type=int, default=7)
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="Per run (start-up, then all candidates).")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -99,15 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     from cudal1.eval.pipeline import prebuild
 
     prebuild(list(pairs), config.resolved("cuda"))
-    one = timed_run(workers, 1, pairs, config)
-    many = timed_run(workers, n_gpus, pairs, config)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    one = timed_run(workers, 1, pairs, config, args.out_dir, args.timeout_s)
+    (args.out_dir / "bench_pool_one_gpu.json").write_text(json.dumps(one, indent=2))  # kept if the next run dies
+    many = timed_run(workers, n_gpus, pairs, config, args.out_dir, args.timeout_s)
     mismatches = [{"task_id": t.id, "one": a, "many": b}
                   for (t, _), a, b in zip(pairs, one["verdicts"], many["verdicts"], strict=True) if a != b]
     summary = {"workers": workers, "n_candidates": len(pairs), "source": args.candidates_from,
                "gpu": torch.cuda.get_device_name(0), "one_gpu": one, "all_gpus": many,
                "throughput_ratio": many["per_s"] / one["per_s"], "verdicts_match": not mismatches,
                "mismatches": mismatches, "task_ids": [t.id for t, _ in pairs]}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "bench_pool.json").write_text(json.dumps(summary, indent=2))
     print(f"{len(pairs)} candidates via {workers}: 1 GPU {one['wall_s']:.1f} s, {n_gpus} GPUs "
           f"{many['wall_s']:.1f} s, throughput ratio {summary['throughput_ratio']:.2f}x (goal >= 1.8x); "

@@ -48,9 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-spec", default=DEFAULT_MODEL, help="Model trained from scratch.")
     p.add_argument("--device", default="auto", help="Evaluator device (auto, cuda, cpu).")
     p.add_argument("--max-length", type=int, default=16384, help="SFT max sequence length (byte tokens).")
-    p.add_argument("--sft-steps", type=int, default=60)
-    p.add_argument("--grpo-steps", type=int, default=6)
-    p.add_argument("--completion-tokens", type=int, default=256, help="Sampled completion length (stages 2, 3).")
+    p.add_argument("--sft-steps", type=int, default=2000, help="Upper bound; the stage budget usually ends SFT first.")
+    p.add_argument("--grpo-steps", type=int, default=12, help="Upper bound; the stage budget usually ends GRPO first.")
+    p.add_argument("--completion-tokens", type=int, default=2048,
+                   help="Sampled completion length (stages 2, 3); byte tokens, so it must cover a whole kernel.")
     return p.parse_args(argv)
 
 

@@ -91,3 +91,52 @@ def test_parse_kinds():
         parse_kinds("eager,nope")
     with pytest.raises(ConfigError):
         baseline_source(Task(id="t/tiny", source=TINY), "nope")
+
+
+class _EagerGraph:
+    """Stands in for torch.cuda.CUDAGraph on CPU: capture runs the model once, replay counts."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+@pytest.mark.parametrize("clone", [True, False])
+def test_cuda_graph_binds_reused_buffers_and_copies_one_off_inputs(monkeypatch, clone):
+    # The bookkeeping of the CUDA-graph wrapper, on CPU: graph capture replaced by eager calls.
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _EagerGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: types.SimpleNamespace(wait_stream=lambda s: None))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(wait_stream=lambda s: None))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    module = _module(baseline_source(Task(id="t/tiny", source=TINY), "cuda_graph", clone_outputs=clone))
+    monkeypatch.setattr(module, "_require_cuda", lambda inputs, what: None)
+    model = module.ModelNew(8)
+
+    for _ in range(5):  # fresh tensors every call (the correctness trials): one copying graph, nothing bound
+        model(torch.randn(4, 8))
+    assert len(model._graphs) == 1 and not model._bound
+
+    sets = [torch.randn(4, 8) for _ in range(6)]
+    for _ in range(3):  # buffers passed again (the timed input sets): bound from their second call on
+        outs = [model(x) for x in sets]
+    assert len(model._bound) == module_max_bound() and len(model._graphs) == 1
+    graph, static_out = next(iter(model._bound.values()))
+    assert graph.replays >= 1
+    # Without clones the bound path hands back the graph's own output buffer, as CUDA-L1's variants do.
+    assert (outs[0] is static_out) is (not clone)
+
+    with pytest.raises(module.CudaGraphCaptureError, match="input signatures"):
+        for n in range(2, 8):  # more distinct shapes than MAX_GRAPHS
+            model(torch.randn(n, 8))
+
+
+def module_max_bound() -> int:
+    from cudal1.baselines.variants import MAX_BOUND_GRAPHS
+
+    return MAX_BOUND_GRAPHS

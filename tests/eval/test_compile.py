@@ -23,6 +23,7 @@ from cudal1.eval.compile import (
     CompileService,
     build_candidates,
     build_environment,
+    build_failure_message,
     build_key,
     trim_compiler_log,
 )
@@ -201,6 +202,23 @@ def test_trim_budgets_and_fallback():
     assert "more lines" in out
     # Unknown format: keep the last lines rather than nothing.
     assert trim_compiler_log("something odd happened\nlast words") == "something odd happened\nlast words"
+
+
+def test_failure_message_names_the_first_compiler_error():
+    # The log of a CUDA-L1 release kernel built with torch 2.11 (deprecated `.type()` dispatch, and
+    # `functions=` naming a function that cpp_sources never declares).
+    log = ("Error building extension 'transposed_conv_cuda_6979'\n"
+           "cuda.cu(165): error: no suitable conversion function from \"const at::DeprecatedTypeProperties\" "
+           "to \"c10::ScalarType\" exists\n"
+           "     ; torch::headeronly::ScalarType _st = ::detail::scalar_type(the_type); ;\n"
+           "1 error detected in the compilation of \"cuda.cu\".\n"
+           "main.cpp:4:56: error: 'transposed_conv2d' was not declared in this scope\n"
+           "ninja: build stopped: subcommand failed.")
+    assert build_failure_message(log) == ("CUDA build failed: cuda.cu(165): error: no suitable conversion function "
+                                          "from \"const at::DeprecatedTypeProperties\" to \"c10::ScalarType\" exists")
+    assert build_failure_message("Error building extension 'x'") == "CUDA build failed: Error building extension 'x'"
+    assert build_failure_message("") == "CUDA build failed: no compiler output"
+    assert len(build_failure_message("x.cu(1): error: " + "y" * 1000)) == len("CUDA build failed: ") + 300
 
 
 # --------------------------------------------------------------------------- light-header lever

@@ -60,6 +60,18 @@ def test_sft_trains_every_parameter_and_logs_finite_losses(tmp_path, tiny_tasks)
     assert sum(p.numel() for p in reloaded.parameters()) == sum(p.numel() for p in model.parameters())
 
 
+def test_policy_saved_after_gradient_checkpointing_samples_with_the_kv_cache(tmp_path, tiny_tasks):
+    # Trainer turns use_cache off for gradient checkpointing; the saved policy must not keep it off, or
+    # every sampled token re-reads the whole prompt (minutes per batch for 2K-token completions).
+    cfg = load_config(SFTStageConfig, None, common_overrides(
+        tmp_path, dataset=str(_dataset(tmp_path, tiny_tasks)), max_steps=1, max_length=4096,
+        gradient_checkpointing=True))
+    result = run_sft(cfg, tasks=tiny_tasks)
+    assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["use_cache"] is True
+    reloaded, _ = load_policy(result.final_model_dir)
+    assert reloaded.config.use_cache is True
+
+
 def test_sft_resumes_from_a_checkpoint(tmp_path, tiny_tasks):
     data = str(_dataset(tmp_path, tiny_tasks))
     first = load_config(SFTStageConfig, None, common_overrides(tmp_path, dataset=data, max_steps=2, save_steps=2,

@@ -8,7 +8,7 @@ speedup. The outcome is cached with `ResultsStore.put_baseline` under
 
     (task source hash, kind, environment_key(GPU name, torch, CUDA, device type), baseline protocol version)
 
-where the protocol version is `PROTOCOL_VERSION` plus the problem sizes and a short hash of the protocol
+where the protocol version is `PROTOCOL_VERSION` and `WRAPPER_VERSION` plus the problem sizes and a short hash of the protocol
 fields that change what a time means (L2 flush, input rotation), not those that only change its precision
 (buckets, iterations, trials) or the verdict (profile). Failures (capture illegal, compile error, a
 CUDA-only kind on CPU) are cached too, with `status="failed"` and a one-line `reason`, so reports can name
@@ -49,12 +49,16 @@ MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs")
 OK, FAILED = "ok", "failed"
 
 
+#: Bumped whenever a generated baseline wrapper changes what it times (2: bound CUDA graphs, no output clones).
+WRAPPER_VERSION = 2
+
+
 def baseline_protocol_version(protocol: dict[str, Any]) -> str:
     """The protocol version baselines are cached under, from an `EvalConfig.protocol()`-style dict."""
     version = protocol.get("version", PROTOCOL_VERSION)
     sizes = protocol.get("sizes", "full")
     meaning = json.dumps({k: protocol.get(k) for k in MEANING_KEYS}, sort_keys=True)
-    return f"{version}-{sizes}-{hashlib.sha256(meaning.encode()).hexdigest()[:8]}"
+    return f"{version}.w{WRAPPER_VERSION}-{sizes}-{hashlib.sha256(meaning.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,9 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
         record = BaselineRecord(task.id, task.hash, kind, FAILED, reason=f"{kind} needs a CUDA device",
                                 profile=cfg.profile)
     else:
-        source = baseline_source(task, kind, cfg.sizes)
+        # No output clones: the evaluator checks each output before the next call, and a clone would add a
+        # device copy to the graph kinds that the reference does not pay.
+        source = baseline_source(task, kind, cfg.sizes, clone_outputs=False)
         result = evaluate_baseline_source(task, source, cfg, store=store, force=force, kind=kind)
         record = record_from_result(task, kind, result, cfg.profile)
     if store is not None:

@@ -14,9 +14,12 @@ Kinds (names match `cudal1.metrics.BASELINE_NAMES`; `tf32` is an extra):
 - `torch_compile_reduce_overhead`: `torch.compile(model, mode="reduce-overhead")` (inductor + CUDA graph
   trees); each call marks a new step and returns clones of the outputs;
 - `cuda_graph`: the reference captured once per input signature with `torch.cuda.graph` after a warm-up on
-  a side stream (PyTorch's recipe); each call copies the inputs into static buffers, replays, and returns a
-  CLONE of the static outputs so callers never alias graph memory (this costs one device copy of the
-  outputs; CUDA-L1's own graph variants return the static buffer). Capture errors raise
+  a side stream (PyTorch's recipe). One-off inputs are copied into that graph's static buffers before a
+  replay; input buffers that the caller passes again (the evaluator's timing input sets, refilled in place)
+  get a graph bound to them (at most `MAX_BOUND_GRAPHS`), so timed replays copy nothing, as a hand-written
+  graph deployment would. With `clone_outputs` (the default) each call returns clones of the static outputs
+  so callers never alias graph memory; the baseline runner turns it off (CUDA-L1's convention), because the
+  evaluator consumes every output before the next call. Capture errors raise
   `CudaGraphCaptureError` naming the reason (CPU sync such as `.item()`, data-dependent shapes, CPU tensors);
 - `cudnn`: CUDA-L1's cuDNN variant: the call runs under `torch.backends.cudnn.flags(enabled=True,
   benchmark=True, deterministic=False)` (cuDNN's TF32 stays at PyTorch's default, on);
@@ -57,6 +60,9 @@ CUDA_ONLY_KINDS: frozenset[str] = frozenset({"cuda_graph", "cudnn", "tf32"})
 
 #: Graphs kept per wrapper (one per distinct input signature).
 MAX_GRAPHS = 4
+
+#: Graphs bound to caller buffers that come back (the evaluator's rotated timing input sets).
+MAX_BOUND_GRAPHS = 4
 
 #: Warm-up calls on a side stream before capture (PyTorch's recipe uses a few; 3 absorbs lazy init).
 GRAPH_WARMUP_CALLS = 3
@@ -132,6 +138,8 @@ _COMPILE_RO_BODY = '''        mark = getattr(torch.compiler, "cudagraph_mark_ste
         return _clone_outputs(self.compiled(*inputs))'''
 
 _CUDA_GRAPH = '''
+import weakref
+
 
 class CudaGraphCaptureError(RuntimeError):
     """The reference cannot be captured in a CUDA graph; the message names why."""
@@ -140,6 +148,18 @@ class CudaGraphCaptureError(RuntimeError):
 def _signature(inputs):
     return tuple((tuple(x.shape), str(x.dtype), str(x.device), tuple(x.stride()))
                  if isinstance(x, torch.Tensor) else ("value", repr(x)) for x in inputs)
+
+
+def _addresses(inputs):
+    return tuple(x.data_ptr() if isinstance(x, torch.Tensor) else None for x in inputs)
+
+
+def _refs(inputs):
+    return tuple(weakref.ref(x) if isinstance(x, torch.Tensor) else None for x in inputs)
+
+
+def _same_objects(refs, inputs):
+    return all(r is None or r() is x for r, x in zip(refs, inputs))
 
 
 def _check_outputs(out):
@@ -151,11 +171,19 @@ def _check_outputs(out):
                                     f"{{type(out).__name__}}, not tensors")
 
 
+def _capture_error(exc):
+    lines = str(exc).strip().splitlines()
+    reason = f"{{type(exc).__name__}}: {{lines[0] if lines else ''}}"[:240]
+    return CudaGraphCaptureError(f"CUDA graph capture is illegal for this task: {{reason}}")
+
+
 class ModelNew(nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
         self.model = _Model(*args, **kwargs)
-        self._graphs = {{}}
+        self._graphs = {{}}  # signature -> (graph, static inputs, static outputs): inputs are copied in
+        self._bound = {{}}  # (signature, input addresses) -> (graph, outputs): reads the caller's buffers
+        self._seen = {{}}  # (signature, input addresses) -> (calls with these very tensors, weak refs)
 
     def _capture(self, inputs):
         _require_cuda(inputs, "the cuda_graph")
@@ -174,20 +202,47 @@ class ModelNew(nn.Module):
         except CudaGraphCaptureError:
             raise
         except Exception as exc:  # noqa: BLE001 - every capture failure is reported with its reason
-            lines = str(exc).strip().splitlines()
-            reason = f"{{type(exc).__name__}}: {{lines[0] if lines else ''}}"[:240]
-            raise CudaGraphCaptureError(f"CUDA graph capture is illegal for this task: {{reason}}") from None
+            raise _capture_error(exc) from None
         _check_outputs(static_out)
         return graph, static_in, static_out
 
+    def _bind(self, inputs):
+        # Capture records kernels without running them, so the caller's buffers are not touched now;
+        # the model is already warm from the signature graph's capture.
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                out = self.model(*inputs)
+        except Exception as exc:  # noqa: BLE001
+            raise _capture_error(exc) from None
+        return graph, out
+
     def forward(self, *inputs):
         key = _signature(inputs)
+        bound_key = (key, _addresses(inputs))
+        bound = self._bound.get(bound_key)
+        if bound is not None:
+            bound[0].replay()
+            return {bound_result}
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= {max_graphs}:
                 raise CudaGraphCaptureError("CUDA graph baseline: more than {max_graphs} input signatures "
                                             "(the task's shapes are not static)")
             entry = self._graphs[key] = self._capture(inputs)
+        # Tensors the caller passes again (the timed input sets, refilled in place) get a graph bound to
+        # their buffers, so replays skip the copy into static inputs; new tensors (even at a recycled
+        # address, as fresh per-trial inputs often are) take the copying graph.
+        calls, refs = self._seen.get(bound_key, (0, ()))
+        calls = calls + 1 if refs and _same_objects(refs, inputs) else 1
+        if calls >= 2 and len(self._bound) < {max_bound}:
+            graph, out = self._bound[bound_key] = self._bind(inputs)
+            graph.replay()
+            static_out = out
+            return {result}
+        if len(self._seen) >= 256:
+            self._seen.clear()
+        self._seen[bound_key] = (calls, _refs(inputs))
         graph, static_in, static_out = entry
         for dst, src in zip(static_in, inputs):
             if isinstance(dst, torch.Tensor):
@@ -258,7 +313,9 @@ def _body(kind: str, clone_outputs: bool) -> str:
         return _COMPILE.format(mode_arg=', mode="reduce-overhead"', body=body)
     if kind == "cuda_graph":
         result = "_clone_outputs(static_out)" if clone_outputs else "static_out"
-        return _CUDA_GRAPH.format(warmup=GRAPH_WARMUP_CALLS, max_graphs=MAX_GRAPHS, result=result)
+        bound_result = "_clone_outputs(bound[1])" if clone_outputs else "bound[1]"
+        return _CUDA_GRAPH.format(warmup=GRAPH_WARMUP_CALLS, max_graphs=MAX_GRAPHS, max_bound=MAX_BOUND_GRAPHS,
+                                  result=result, bound_result=bound_result)
     if kind == "cudnn":
         return _CUDNN
     if kind == "tf32":

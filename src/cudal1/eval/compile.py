@@ -256,6 +256,14 @@ def _is_context_line(line: str) -> bool:
     return line.startswith((" ", "\t")) or bool(re.match(r"^\s*\d*\s*\|", line))
 
 
+def build_failure_message(log: str, limit: int = 300) -> str:
+    """One line for a failed build: the first compiler error in `log`, else its first line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    first_error = next((ln for ln in lines if _KEEP_PATTERNS.search(ln) and not _BUILD_ERROR_HEAD.search(ln)
+                        and "ninja: build stopped" not in ln), None)
+    return "CUDA build failed: " + (first_error or (lines[0] if lines else "no compiler output"))[:limit]
+
+
 def trim_compiler_log(text: str, max_lines: int = 20, max_chars: int = 2000) -> str:
     """The first meaningful messages of a failed build, short enough to feed back to an LLM.
 

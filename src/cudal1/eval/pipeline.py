@@ -66,7 +66,7 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
     if not (cfg.device.startswith("cuda") and uses_load_inline(source)):
         return PreparedBuild({}, None)
     try:
-        from cudal1.eval.compile import CompileConfig, CompileService, local_arch
+        from cudal1.eval.compile import CompileConfig, CompileService, build_failure_message, local_arch
     except ImportError:
         return PreparedBuild({}, None)
     service = CompileService(CompileConfig(arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device))
@@ -76,8 +76,7 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
     if built.ok:
         return PreparedBuild(env, None)
     status = Status.TIMEOUT if "timed out" in built.log else Status.COMPILE_ERROR
-    first = (built.log.strip().splitlines() or ["build failed"])[0]
-    return PreparedBuild(env, EvalResult(status=status, message=f"CUDA build failed: {first[:300]}",
+    return PreparedBuild(env, EvalResult(status=status, message=build_failure_message(built.log),
                                          compile_log=built.log, task_id=task.id))
 
 

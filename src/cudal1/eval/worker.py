@@ -72,12 +72,12 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return msg[:limit]
 
 
-def _compile_log(exc: BaseException) -> str:
-    try:
-        from cudal1.eval.compile import trim_compiler_log
-    except ImportError:  # the compile service is optional in this phase
-        return str(exc)[-2000:]
-    return trim_compiler_log(str(exc))
+def _build_failure(exc: BaseException) -> Verdict:
+    """COMPILE_ERROR with the first compiler error as message and the trimmed log beside it."""
+    from cudal1.eval.compile import build_failure_message, trim_compiler_log
+
+    log = trim_compiler_log(str(exc))
+    return Verdict(Status.COMPILE_ERROR, build_failure_message(log), compile_log=log)
 
 
 def import_candidate(source: str, workdir: Path) -> Any:
@@ -100,9 +100,7 @@ def import_candidate(source: str, workdir: Path) -> Any:
     except Exception as exc:  # noqa: BLE001 - anything raised at import is the candidate's build/import failure
         text = str(exc)
         if "Error building extension" in text or type(exc).__name__ in ("RawCudaCompileError", "CalledProcessError"):
-            log = _compile_log(exc)
-            raise Verdict(Status.COMPILE_ERROR, "CUDA build failed: " + (log.splitlines() or [""])[0][:300],
-                          compile_log=log) from None
+            raise _build_failure(exc) from None
         raise Verdict(Status.COMPILE_ERROR, f"import failed: {_first_line(exc)}") from None
     if not isinstance(getattr(module, "ModelNew", None), type):
         raise Verdict(Status.COMPILE_ERROR, "the candidate defines no class ModelNew")
@@ -209,9 +207,7 @@ class Evaluation:
         except Exception as exc:  # noqa: BLE001
             text = str(exc)
             if "Error building extension" in text or type(exc).__name__ == "RawCudaCompileError":
-                log = _compile_log(exc)
-                raise Verdict(Status.COMPILE_ERROR, "CUDA build failed: " + (log.splitlines() or [""])[0][:300],
-                              compile_log=log) from None
+                raise _build_failure(exc) from None
             raise Verdict(Status.RUNTIME_ERROR, f"ModelNew(...) raised {_first_line(exc)}") from None
         self.guard(snapshot, "construction")
         return ref_model, cand_model
@@ -342,8 +338,10 @@ class Evaluation:
         if any(f.rule == "guard.timer_patching" for f in self.flags):
             return {"status": Status.HACK_DETECTED.value}  # patched at import: nothing it does can be trusted
         self.phase_s["import"] = time.perf_counter() - t0
+        t_construct = time.perf_counter()
         ref_model, cand_model = self.construct(ref, cand_module, snapshot)
         t1 = time.perf_counter()
+        self.phase_s["construct"] = t1 - t_construct
         for trial in range(self.cfg.correctness_trials):
             self.check_trial(ref, ref_model, cand_model, trial, snapshot)
         self.phase_s["correctness"] = time.perf_counter() - t1
@@ -352,7 +350,9 @@ class Evaluation:
         t2 = time.perf_counter()
         measured = self.measure(ref, ref_model, cand_model, snapshot)
         self.phase_s["timing"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
         self.check_decoy(ref, cand_model, snapshot)
+        self.phase_s["profile"] = time.perf_counter() - t3
         status = Status.HACK_DETECTED if self.rejecting_flags() else Status.CORRECT
         return {"status": status.value, "timing": measured}
 

@@ -109,7 +109,10 @@ class HFBackend:
             attention_mask = enc["attention_mask"].to(device)  # (B, T)
             greedy = params["temperature"] <= 0
             gen_kwargs: dict[str, Any] = {"max_new_tokens": int(params["max_tokens"]), "pad_token_id": pad_id,
-                                          "eos_token_id": tok.eos_token_id, "do_sample": not greedy}
+                                          "eos_token_id": tok.eos_token_id, "do_sample": not greedy,
+                                          # a checkpoint saved by a gradient-checkpointed run may say
+                                          # use_cache=false: without the cache each token re-reads the prompt
+                                          "use_cache": True}
             if not greedy:
                 gen_kwargs.update(temperature=float(params["temperature"]), top_p=float(params["top_p"]),
                                   top_k=0, num_return_sequences=n)

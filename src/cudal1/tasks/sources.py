@@ -129,8 +129,9 @@ def load_hf(name: str = HF_DEFAULT_DATASET, split: str | None = None) -> list[Ta
     return tasks
 
 
-def load_release(path: Path) -> list[tuple[Task, Candidate | None]]:
+def load_release(path: str | Path) -> list[tuple[Task, Candidate | None]]:
     """A JSONL release in CUDA-L1's schema: each line gives a task and (maybe) its published candidate."""
+    path = Path(path)
     label = path.stem
     pairs: list[tuple[Task, Candidate | None]] = []
     try:

@@ -129,6 +129,10 @@ def save_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
     """Save model (a LoRA model saves its adapters) and tokenizer to `path`; returns `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "use_cache", None) is False:
+        # Training with gradient checkpointing turns the KV cache off; a saved policy is for sampling.
+        config.use_cache = True
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
