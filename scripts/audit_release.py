@@ -2,11 +2,15 @@
 
     python scripts/audit_release.py OUT_DIR --release ../shared/data/cuda-l1/h100.jsonl --time-budget-s 480
 
-Writes into OUT_DIR: `store.sqlite` (unless --store names another; carry it into the next call to resume),
-`report/` (report.md, report.html, plots, audit.json, audit_tasks.md) and `summary.json`, and prints a
-short table last. Each call resumes where the store left off, so a release larger than one call's budget is
-finished by repeating the same command with the store carried over. Baselines (--baselines) are measured
-for the tasks of the sample only, after its candidates.
+Phases, each resuming from the store: (1) the candidates of a per-level sample, (2) every candidate,
+(3) the `--all-baselines` (default: the CUDA graph) for every task, (4) the `--baselines` (default: all
+kinds) for the sample's tasks. Writes into OUT_DIR: `store.sqlite` (unless --store names another; carry it
+into the next call to resume), `report/` (report.md, report.html, plots, audit.json, audit_tasks.md) and
+`summary.json`, and prints a short table last. A release larger than one call's budget is finished by
+repeating the same command with the store carried over.
+
+Several GPUs: one process per GPU, each with its own `--chunk I/N` and `CUDA_VISIBLE_DEVICES`, all on one
+`--store` (SQLite, safe for concurrent writers); then `--report-only` writes the report of the whole store.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="strict", help="strict or cuda-l1.")
     p.add_argument("--sample-per-level", type=int, default=3, help="Sample size per level of phase 1.")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--baselines", default="eager,cuda_graph", help="Baselines for the sample's tasks ('' none).")
+    p.add_argument("--baselines", default="all", help="Baselines for the sample's tasks ('' none).")
+    p.add_argument("--all-baselines", default="cuda_graph", help="Baselines for every task ('' none).")
+    p.add_argument("--chunk", default=None, help="Only chunk I/N of each phase's selection (one GPU each).")
+    p.add_argument("--report-only", action="store_true", help="Evaluate nothing; report what the store holds.")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-plots", action="store_true")
@@ -48,15 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     store = ResultsStore(args.store or args.out_dir / "store.sqlite")
     kinds = tuple(parse_kinds(args.baselines)) if args.baselines else ()
-    base = AuditConfig(release=args.release, profile=args.profile, batch_size=args.batch_size,
+    all_kinds = tuple(parse_kinds(args.all_baselines)) if args.all_baselines else ()
+    base = AuditConfig(release=args.release, profile=args.profile, batch_size=args.batch_size, chunk=args.chunk,
                        eval_config=EvalConfig(device=args.device, profile=args.profile))
-    phases = [("sample", dict(sample_per_level=args.sample_per_level, seed=args.seed, baselines=kinds)),
-              ("all", {})]
+    sample = dict(sample_per_level=args.sample_per_level, seed=args.seed)
+    phases = [("sample", sample), ("all", {}), ("all_baselines", dict(baselines=all_kinds)),
+              ("sample_baselines", dict(sample, baselines=kinds))]
+    if args.report_only:
+        phases = [("report", dict(chunk=None))]
     done = {}
     outcome = None
     for name, extra in phases:
-        left = args.time_budget_s - (time.monotonic() - started)
-        if left <= 0:
+        left = 0.0 if args.report_only else args.time_budget_s - (time.monotonic() - started)
+        if left <= 0 and not args.report_only:
             break
         cfg = AuditConfig(**{**base.__dict__, **extra, "time_budget_s": left})
         outcome = run_audit(cfg, store)
