@@ -124,3 +124,14 @@ def test_real_evaluation_in_an_actor(pool):
     assert result.status is Status.CORRECT, result.message
     assert result.environment["gpu_name"] == "cpu"
 
+
+
+def test_actors_that_cannot_start_fail_the_items_with_the_reason(cluster):
+    # Actors for `cuda` on a machine without CUDA die in their first call; the pool must not replace
+    # them forever (every caller would hang) but resolve the items with the actor's error.
+    cfg = RayPoolConfig(n_actors=1, device="cuda", num_gpus_per_actor=0, num_cpus_per_actor=0)
+    with RayPool(FAST_CONFIG, cfg, evaluate_fn=fake_evaluate) as broken:
+        result = broken.submit(tiny_task(), fake_source()).result(120)
+        assert result.status is Status.RUNTIME_ERROR
+        assert "failed to start 3 times" in result.message and "CUDA" in result.message, result.message
+        assert broken.stats["actor_restarts"] == 2

@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.05
 
+#: Consecutive start failures of one slot's actor before the slot gives up (and says why).
+MAX_START_FAILURES = 3
+
 
 def import_ray() -> Any:
     """`ray`, or `MissingDependencyError` naming the extra."""
@@ -119,12 +122,19 @@ class EvalActor:
         return self.evaluate_fn(task, source, config)
 
 
-def prebuild_on_node(source: str, arch: str, timeout_s: float) -> bool:
-    """Body of the CPU build task: build one `load_inline` candidate into this node's cache."""
-    try:
-        from cudal1.eval.compile import build_candidates
+def prebuild_on_node(source: str, arch: str, timeout_s: float, init_inputs: list[Any] | None = None) -> bool:
+    """Body of the CPU build task: build one `load_inline` candidate into this node's cache.
 
-        return bool(build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda")[0].ok)
+    `init_inputs` must be the task's JSON init inputs, as the actor's evaluation passes them: they are part
+    of the build key (lazy builds in `ModelNew.__init__`), so without them the actor would not find this
+    build and would build the candidate a second time.
+    """
+    try:
+        from cudal1.eval import compile as compile_mod
+
+        built = compile_mod.build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda",
+                                             init_inputs=[init_inputs])
+        return bool(built[0].ok)
     except Exception:  # noqa: BLE001 - the actor rebuilds and reports the error itself
         logging.getLogger(__name__).debug("CPU prebuild failed", exc_info=True)
         return False
@@ -139,6 +149,8 @@ class _Slot:
     info: dict[str, Any] | None = None
     in_flight: int = 0
     solo_busy: bool = False  # running a solo item: nothing else goes to this actor meanwhile
+    start_failures: int = 0  # consecutive actors of this slot that died while starting
+    failed: str = ""  # why this slot gave up (after MAX_START_FAILURES); its work goes elsewhere
 
 
 @dataclass
@@ -175,7 +187,8 @@ class RayPool:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._dispatch_loop, name="cudal1-ray-dispatch", daemon=True)
         self._thread.start()
-        logger.info("ray pool: %d actor(s) on %s", n, pc.device)
+        logger.info("ray pool: %d actor(s) on %s; cluster resources %s", n, pc.device,
+                    {k: v for k, v in self.ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")})
 
     # ---------------------------------------------------------------------------------- cluster, actors
     def _connect(self) -> bool:
@@ -226,15 +239,37 @@ class RayPool:
     def _slot_ready(self, slot: _Slot) -> bool:
         if slot.info is not None:
             return True
+        if slot.failed:
+            return False
         ready, _ = self.ray.wait([slot.info_ref], timeout=0)
         if not ready:
             return False
         try:
             slot.info = self.ray.get(ready[0])
         except Exception as exc:  # noqa: BLE001 - the new actor died while starting
+            slot.start_failures += 1
+            if slot.start_failures >= MAX_START_FAILURES:
+                # A systematic failure (import error, no device...): replacing it forever would hang
+                # every caller; give up on this slot and say why.
+                lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+                slot.failed = (f"Ray actor {slot.index} failed to start {slot.start_failures} times: "
+                               f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}")
+                logger.error("%s", slot.failed)
+                return False
             self._replace_actor(slot, slot.generation, f"{type(exc).__name__} while starting")
             return False
+        slot.start_failures = 0
         return True
+
+    def _fail_queue_if_no_actor_can_start(self) -> None:
+        """When every slot gave up, resolve the waiting items with the reason instead of waiting forever."""
+        if not all(slot.failed for slot in self._slots):
+            return
+        for slot in self._slots:
+            while (job := self._queue.get(slot.index, timeout_s=0)) is not None:
+                if job.future.running() or job.future.set_running_or_notify_cancel():
+                    self.stats["failed"] += 1
+                    job.future.set_result(failure_result(job.task, job.source, slot.failed))
 
     def actor(self, slot: int) -> Any:
         """The actor handle of `slot` (tests kill it)."""
@@ -281,6 +316,7 @@ class RayPool:
                 logger.exception("ray pool dispatcher error")
 
     def _fill(self) -> None:
+        self._fail_queue_if_no_actor_can_start()
         limit = self.pool_config.max_in_flight_per_actor
         for slot in self._slots:
             while slot.in_flight < limit and not slot.solo_busy and self._slot_ready(slot):
@@ -326,9 +362,11 @@ class RayPool:
     def _prebuild_ref(self, job: Job, info: dict[str, Any], cfg: EvalConfig) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        from cudal1.eval.pipeline import json_init_inputs
+
         strategy = NodeAffinitySchedulingStrategy(node_id=info["node_id"], soft=True)
         return self._build_task.options(scheduling_strategy=strategy).remote(
-            job.source, info["arch"], cfg.build_timeout_s)
+            job.source, info["arch"], cfg.build_timeout_s, json_init_inputs(job.task))
 
     def _collect(self, ref: Any) -> None:
         entry = self._in_flight.pop(ref)
