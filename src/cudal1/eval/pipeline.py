@@ -147,20 +147,36 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
 
 def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
                        workers: WorkerSupply | None) -> EvalResult:
+    # Where an evaluation's wall time goes, beside the worker's own phases (reported in protocol.phase_s).
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = now - clock
+        clock = now
+
+    def with_phases(result: EvalResult) -> EvalResult:
+        merged = {**phases, **result.protocol.get("phase_s", {})}
+        return result.replace(protocol={**result.protocol, "phase_s": merged})
+
     preset = cfg.profile_obj.static_preset
     report = None if cfg.skip_static else static_report(source, task.source, preset)
     static_flags = list(report.flags) if report is not None else []
     kernel_class = KernelClass(report.kernel_class) if report is not None else None
+    lap("static")
     if report is not None:
         from cudal1.analysis import rejection_message
 
         message = rejection_message(report, preset)
         if message:
-            return EvalResult(status=Status.HACK_DETECTED, message=message, flags=static_flags,
-                              kernel_class=kernel_class)
+            return with_phases(EvalResult(status=Status.HACK_DETECTED, message=message, flags=static_flags,
+                                          kernel_class=kernel_class))
     build = prepare_build(task, source, cfg)
+    lap("build")
     if build.result is not None:
-        return build.result.replace(flags=static_flags, kernel_class=kernel_class)
+        return with_phases(build.result.replace(flags=static_flags, kernel_class=kernel_class))
     payload = {"task_id": task.id, "ref_source": task.source, "cand_source": source,
                "config": cfg.to_dict(), "device": cfg.device,
                "static_report": report.to_dict() if report is not None else None}
@@ -169,13 +185,15 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
     limits = Limits(timeout_s=cfg.timeout_s + (cfg.build_timeout_s if build_in_worker else 0.0),
                     memory_bytes=cfg.memory_bytes)
     worker = workers.take() if workers is not None else None
+    lap("worker_take")
     outcome = run_isolated(WORKER_ENTRY, payload, limits=limits, env=build.env, worker=worker)
+    lap("worker_run")
     result = outcome_to_result(outcome, task, cand_hash)
     if kernel_class is not None:
         from cudal1.eval.profiling import reclassify
 
         kernel_class = reclassify(kernel_class, result.flags)  # a decoy counts as what actually ran
-    return result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class)
+    return with_phases(result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class))
 
 
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
