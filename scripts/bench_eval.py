@@ -15,6 +15,7 @@ Writes bench_eval.json (every result) under OUT_DIR; prints a short table last.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -37,7 +38,9 @@ def sample_release(path: Path, per_level: int, seed: int):
     for task, cand in load_release(path):
         if cand is not None:
             by_level.setdefault(task.level, []).append((task, cand.source))
-    return [pair for level in sorted(by_level) for pair in rng.sample(by_level[level], min(per_level, len(by_level[level])))]
+    picked = [rng.sample(by_level[level], min(per_level, len(by_level[level]))) for level in sorted(by_level)]
+    # Levels interleaved, so a run cut short by its budget still covers every level.
+    return [pair for row in itertools.zip_longest(*picked) for pair in row if pair is not None]
 
 
 def throughput(pairs, cfg: EvalConfig, deadline: float) -> dict:

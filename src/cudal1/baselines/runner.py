@@ -8,9 +8,9 @@ speedup. The outcome is cached with `ResultsStore.put_baseline` under
 
     (task source hash, kind, environment_key(GPU name, torch, CUDA, device type), baseline protocol version)
 
-where the protocol version is `PROTOCOL_VERSION` and `WRAPPER_VERSION` plus the problem sizes and a short hash of the protocol
-fields that change what a time means (L2 flush, input rotation), not those that only change its precision
-(buckets, iterations, trials) or the verdict (profile). Failures (capture illegal, compile error, a
+where the protocol version is `PROTOCOL_VERSION` and `WRAPPER_VERSION` plus the problem sizes and a short
+hash of the protocol fields that change what a time means (L2 flush, input rotation), not those that only
+change its precision (buckets, iterations, trials) or the verdict (profile). Failures (capture illegal, compile error, a
 CUDA-only kind on CPU) are cached too, with `status="failed"` and a one-line `reason`, so reports can name
 them; the `ms` column then holds 0.0 (it cannot be NULL) and must be ignored.
 

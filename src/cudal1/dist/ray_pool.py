@@ -130,10 +130,9 @@ def prebuild_on_node(source: str, arch: str, timeout_s: float, init_inputs: list
     build and would build the candidate a second time.
     """
     try:
-        from cudal1.eval import compile as compile_mod
+        from cudal1.eval.compile import build_candidates
 
-        built = compile_mod.build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda",
-                                             init_inputs=[init_inputs])
+        built = build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda", init_inputs=[init_inputs])
         return bool(built[0].ok)
     except Exception:  # noqa: BLE001 - the actor rebuilds and reports the error itself
         logging.getLogger(__name__).debug("CPU prebuild failed", exc_info=True)
