@@ -15,7 +15,7 @@ import pytest
 
 from cudal1.errors import ConfigError
 from cudal1.eval import compile as compile_mod
-from cudal1.eval.build_worker import install_build_hooks, light_cuda_sources
+from cudal1.eval.build_worker import install_build_hooks, light_cuda_sources, unbound_functions
 from cudal1.eval.compile import (
     BUILD_ENTRY,
     BuildLevers,
@@ -233,6 +233,43 @@ def test_light_cuda_sources_only_when_safe():
     assert light_cuda_sources(src + "torch::nn::Linear l(1, 2);") is None
     assert light_cuda_sources(src + "AT_DISPATCH_FLOATING_TYPES(x.type(), \"f\", [&] {});") is None
     assert light_cuda_sources(None) is None
+
+
+def test_unbound_functions_only_when_the_failure_is_certain():
+    # 49 of the 72 load_inline candidates (51 of 73 calls) in CUDA-L1's H100 release look like this: nothing
+    # declares `forward` in main.cpp, so torch's build fails after compiling everything (20-55 s each on H200).
+    assert unbound_functions("", ["forward"]) == ["forward"]
+    assert unbound_functions(["", "  \n"], "forward") == ["forward"]
+    assert unbound_functions(None, ["a", "b"]) == ["a", "b"]
+    assert unbound_functions("torch::Tensor forward(torch::Tensor x);", ["forward"]) == []
+    assert unbound_functions('#include "decl.h"', ["forward"]) == []  # maybe declared: the compiler decides
+    assert unbound_functions("", None) == []  # no binding generated (PYBIND11_MODULE in the sources)
+    assert unbound_functions(["", 3], ["forward"]) == []  # not plain strings: leave it to torch
+
+
+def test_unbound_functions_fail_at_once_like_torch(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as ce
+
+    calls = []
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(ce, "load_inline", lambda *a, **k: calls.append(a) or "module")
+    monkeypatch.setattr(ce, "load", lambda *a, **k: None)
+    recorder = install_build_hooks(BuildLevers())
+    cuda = "torch::Tensor forward(torch::Tensor x) { return x; }"
+    with pytest.raises(RuntimeError, match="Error building extension 'ext'") as info:
+        ce.load_inline(name="ext", cpp_sources="", cuda_sources=cuda, functions=["forward"])
+    assert calls == []  # nothing was compiled
+    assert "main.cpp: error: 'forward' was not declared in this scope" in str(info.value)
+    assert "declare each function there" in str(info.value)
+    assert [(r.name, r.ok, r.variant) for r in recorder.records] == [("ext", False, "unbound")]
+    trimmed = trim_compiler_log(str(info.value))
+    assert build_failure_message(trimmed) == ("CUDA build failed: main.cpp: error: 'forward' was not declared "
+                                              "in this scope")
+    # Declared in cpp_sources: built as usual; and the lever can be switched off.
+    assert ce.load_inline("ok", "torch::Tensor forward(torch::Tensor x);", cuda, functions=["forward"]) == "module"
+    install_build_hooks(BuildLevers(fail_fast_unbound=False))
+    assert ce.load_inline("off", "", cuda, functions=["forward"]) == "module"
+    assert len(calls) == 2
 
 
 def test_hooks_fall_back_to_original_and_remember(monkeypatch, tmp_path):

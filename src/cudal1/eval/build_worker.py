@@ -56,6 +56,32 @@ _NEEDS_FULL_HEADERS = re.compile(r"PYBIND11|pybind11|\bpy::|torch::nn\b|torch::o
                                  r"\.type\(\s*\)")
 
 
+def unbound_functions(cpp_sources: Any, functions: Any) -> list[str]:
+    """The `functions=` of a load_inline call that its binding file (main.cpp) cannot declare.
+
+    load_inline writes main.cpp as `#include <torch/extension.h>`, then `cpp_sources`, then a
+    `PYBIND11_MODULE` whose `m.def(name, torch::wrap_pybind_function(name))` needs every name declared
+    there. With empty `cpp_sources` nothing declares them (the CUDA file is a separate translation unit),
+    so the build is certain to fail. Anything less certain (non-empty cpp_sources, computed arguments)
+    returns [] and is left to the compiler.
+    """
+    if functions is None or (cpp_sources is not None and not isinstance(cpp_sources, (str, list, tuple))):
+        return []
+    texts = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
+    if not all(isinstance(t, str) for t in texts) or any(t.strip() for t in texts):
+        return []
+    names = [functions] if isinstance(functions, str) else list(functions)
+    return [n for n in names if isinstance(n, str)]
+
+
+def unbound_functions_log(name: str, missing: list[str]) -> str:
+    """The compiler's verdict on main.cpp for `missing`, plus the fix (it becomes LLM feedback)."""
+    errors = "\n".join(f"main.cpp: error: '{f}' was not declared in this scope" for f in missing)
+    return (f"{errors}\nload_inline(name='{name}', functions=[...]) binds C++ functions through main.cpp, which "
+            "only holds cpp_sources, and cpp_sources is empty: declare each function there, e.g. "
+            f"cpp_sources='torch::Tensor {missing[0]}(torch::Tensor x);' (not a __global__ kernel).")
+
+
 @dataclass
 class BuildRecord:
     """One recorded `load_inline`/`load` call."""
@@ -64,7 +90,8 @@ class BuildRecord:
     seconds: float
     ok: bool
     log: str = ""
-    variant: str = "original"  # "light": lighter headers built; "fallback": light failed, original built
+    variant: str = "original"  # "light": lighter headers built; "fallback": light failed, original built;
+    # "unbound": failed at once, `functions=` cannot be bound (see `unbound_functions`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "seconds": round(self.seconds, 3), "ok": self.ok, "variant": self.variant}
@@ -192,6 +219,13 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
     def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
         if levers.quiet:
             kwargs["verbose"] = False
+        missing = unbound_functions(cpp_sources, kwargs.get("functions")) if levers.fail_fast_unbound else []
+        if missing:
+            # Same exception type and head as torch's failed build, so a candidate's except clause behaves
+            # exactly as it would after the real (certain) failure.
+            log = unbound_functions_log(name, missing)
+            recorder.records.append(BuildRecord(name, 0.0, False, log, "unbound"))
+            raise RuntimeError(f"Error building extension '{name}':\n{log}")
         light = light_cuda_sources(cuda_sources) if levers.light_cuda_headers and not args else None
         if light is None:
             return _timed_call(recorder, real_inline, name, "original", (name, cpp_sources, cuda_sources),

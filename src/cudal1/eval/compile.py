@@ -73,6 +73,10 @@ class BuildLevers:
                 "<torch/types.h>); falls back to the original source automatically if that fails to build."})
     quiet: bool = field(default=True, metadata={
         "help": "Force verbose=False so the build output is captured in the exception, not printed."})
+    fail_fast_unbound: bool = field(default=True, metadata={
+        "help": "A load_inline call whose `functions=` cannot be bound (cpp_sources empty, so the generated "
+                "binding file never declares them) raises torch's build error at once instead of after a "
+                "full build that is certain to fail."})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
