@@ -89,6 +89,14 @@ def test_syntax_error_and_missing_class_are_compile_errors(task):
     assert r.status is Status.COMPILE_ERROR and "ModelNew" in r.message
 
 
+def test_unbindable_extension_fails_at_once_with_the_compiler_s_verdict(task):
+    r = run(task, "unbound_extension")
+    assert r.status is Status.COMPILE_ERROR
+    assert r.message.startswith("CUDA build failed: main.cpp: error: 'scale_add' was not declared in this scope")
+    assert "declare it there" in r.message and "declare it there" in r.compile_log
+    assert r.protocol["phase_s"]["worker_run"] < 30  # no compiler ran (a g++ build of main.cpp alone: ~20 s)
+
+
 @pytest.mark.parametrize("name, rule", [
     ("flag_flip", "guard.global_state"),
     ("patch_timer", "guard.timer_patching"),

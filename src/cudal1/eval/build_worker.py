@@ -75,11 +75,12 @@ def unbound_functions(cpp_sources: Any, functions: Any) -> list[str]:
 
 
 def unbound_functions_log(name: str, missing: list[str]) -> str:
-    """The compiler's verdict on main.cpp for `missing`, plus the fix (it becomes LLM feedback)."""
-    errors = "\n".join(f"main.cpp: error: '{f}' was not declared in this scope" for f in missing)
-    return (f"{errors}\nload_inline(name='{name}', functions=[...]) binds C++ functions through main.cpp, which "
-            "only holds cpp_sources, and cpp_sources is empty: declare each function there, e.g. "
-            f"cpp_sources='torch::Tensor {missing[0]}(torch::Tensor x);' (not a __global__ kernel).")
+    """The compiler's verdict on main.cpp for `missing`, with the fix (it becomes LLM feedback)."""
+    return "\n".join(
+        f"main.cpp: error: '{f}' was not declared in this scope (load_inline '{name}' binds functions= in "
+        "main.cpp, which holds only cpp_sources, and cpp_sources is empty: declare it there, e.g. "
+        f"cpp_sources='torch::Tensor {f}(torch::Tensor x);')"
+        for f in missing)
 
 
 @dataclass

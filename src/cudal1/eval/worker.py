@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import os
 import platform
 import random
 import secrets
@@ -84,11 +83,11 @@ def import_candidate(source: str, workdir: Path) -> Any:
     """Import the candidate module from source; build failures become COMPILE_ERROR verdicts."""
     path = workdir / "candidate.py"
     path.write_text(source)
-    if os.environ.get("CUDAL1_BUILD_LEVERS"):
-        # Same load_inline hooks and levers as the compile service, so its cached build is reused.
-        from cudal1.eval.build_worker import install_build_hooks
+    # The compile service's load_inline hooks and levers (from its environment, so its cached build is
+    # reused; the default levers where no build was prepared, e.g. C++ extensions on cpu).
+    from cudal1.eval.build_worker import install_build_hooks
 
-        install_build_hooks()
+    install_build_hooks()
     name = f"cudal1_candidate_{abs(hash(source)) % 10**12}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
