@@ -197,15 +197,17 @@ def _out_of_time(config: AuditConfig, started: float) -> bool:
 def _measure_baselines(config: AuditConfig, cfg: EvalConfig, store: Any, items: list[Item], started: float,
                        on_baseline: Callable[..., None] | None) -> None:
     from cudal1.baselines.runner import measure_baseline
+    from cudal1.eval.pipeline import worker_supply
 
     tasks = list({t.hash: t for t, _ in items}.values())
-    for task in tasks:
-        for kind in config.baselines:
-            if _out_of_time(config, started):
-                return
-            record = measure_baseline(task, kind, cfg, store=store)
-            if on_baseline is not None:
-                on_baseline(task, kind, record)
+    with worker_supply(cfg.device) as workers:
+        for task in tasks:
+            for kind in config.baselines:
+                if _out_of_time(config, started):
+                    return
+                record = measure_baseline(task, kind, cfg, store=store, workers=workers)
+                if on_baseline is not None:
+                    on_baseline(task, kind, record)
 
 
 def audit_rows(store: Any, items: list[Item], cfg: EvalConfig, label: str) -> list[ResultRow]:

@@ -131,11 +131,12 @@ def record_from_result(task: Task, kind: str, result: EvalResult, profile: str) 
 
 
 def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *, store: Any = None,
-                     force: bool = False) -> BaselineRecord:
+                     force: bool = False, workers: Any = None) -> BaselineRecord:
     """Time one baseline of `task` (or return it from the cache) and cache the outcome.
 
-    Never raises for what the baseline does at run time: failures come back as a record with
-    `status="failed"` and the reason.
+    `workers` is a `WorkerSupply` shared by a series of measurements (see `ensure_baselines`). Never
+    raises for what the baseline does at run time: failures come back as a record with `status="failed"`
+    and the reason.
     """
     cfg = baseline_config(config or EvalConfig(), kind)
     env_key, version = _cache_coordinates(cfg)
@@ -150,7 +151,7 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
         # No output clones: the evaluator checks each output before the next call, and a clone would add a
         # device copy to the graph kinds that the reference does not pay.
         source = baseline_source(task, kind, cfg.sizes, clone_outputs=False)
-        result = evaluate_baseline_source(task, source, cfg, store=store, force=force, kind=kind)
+        result = evaluate_baseline_source(task, source, cfg, store=store, force=force, kind=kind, workers=workers)
         record = record_from_result(task, kind, result, cfg.profile)
     if store is not None:
         store.put_baseline(task.hash, kind, env_key, version, record.ms or 0.0, extra=record.to_extra())
@@ -160,11 +161,12 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
 
 
 def evaluate_baseline_source(task: Task, source: str, cfg: EvalConfig, *, store: Any, force: bool,
-                             kind: str) -> EvalResult:
+                             kind: str, workers: Any = None) -> EvalResult:
     """Evaluate a generated baseline through the standard pipeline (stored under label `baseline:<kind>`)."""
     from cudal1.eval.pipeline import evaluate_candidate
 
-    return evaluate_candidate(task, source, cfg, store=store, force=force, label=LABEL_PREFIX + kind)
+    return evaluate_candidate(task, source, cfg, store=store, force=force, label=LABEL_PREFIX + kind,
+                              workers=workers)
 
 
 def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalConfig | None = None, *,
@@ -173,14 +175,18 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
     """Measure every (task, kind) pair not yet cached (all of them with `force`); resumable.
 
     Returns the records in (task, kind) order; `on_result` is called after each (cached ones included).
+    Evaluation workers are started ahead of need, as in `evaluate_many`.
     """
+    from cudal1.eval.pipeline import worker_supply
+
     records = []
-    for task in tasks:
-        for kind in kinds:
-            record = measure_baseline(task, kind, config, store=store, force=force)
-            records.append(record)
-            if on_result is not None:
-                on_result(task, kind, record)
+    with worker_supply(resolve_device((config or EvalConfig()).device)) as workers:
+        for task in tasks:
+            for kind in kinds:
+                record = measure_baseline(task, kind, config, store=store, force=force, workers=workers)
+                records.append(record)
+                if on_result is not None:
+                    on_result(task, kind, record)
     return records
 
 

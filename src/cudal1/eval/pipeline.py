@@ -196,6 +196,11 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
     return with_phases(result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class))
 
 
+def worker_supply(device: str) -> WorkerSupply:
+    """Pre-started evaluation workers for a series of evaluations on `device` (close it when done)."""
+    return WorkerSupply(WORKER_ENTRY, warm_device=device if device.startswith("cuda") else None)
+
+
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
                   force: bool = False, label: str = "", run_id: str | None = None,
                   on_result: Callable[[Task, EvalResult], None] | None = None,
@@ -213,7 +218,7 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     if device.startswith("cuda"):
         prebuild(items, cfg.resolved(device))
     results = []
-    with WorkerSupply(WORKER_ENTRY, warm_device=device if device.startswith("cuda") else None) as workers:
+    with worker_supply(device) as workers:
         for task, source in items:
             if should_stop is not None and should_stop():
                 break

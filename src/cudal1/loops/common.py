@@ -205,14 +205,13 @@ class CandidateEvaluator:
 
     def _evaluate_local(self, items: Sequence[tuple[Task, str]], on_result: Callable[[int, EvalResult], None] | None,
                         should_stop: Callable[[], bool] | None) -> list[EvalResult | None]:
-        from cudal1.eval.isolation import WorkerSupply
-        from cudal1.eval.pipeline import WORKER_ENTRY, evaluate_candidate, prebuild
+        from cudal1.eval.pipeline import evaluate_candidate, prebuild, worker_supply
 
         device = resolve_device(self.config.device)
         if device.startswith("cuda"):
             prebuild(list(items), self.config.resolved(device))
         if self._supply is None:
-            self._supply = WorkerSupply(WORKER_ENTRY, warm_device=device if device.startswith("cuda") else None)
+            self._supply = worker_supply(device)
         results: list[EvalResult | None] = [None] * len(items)
         for i, (task, source) in enumerate(items):
             if should_stop is not None and should_stop():
