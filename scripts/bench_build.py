@@ -12,8 +12,10 @@ Run on the GPU machine (a 9-minute call):
     python scripts/bench_build.py OUT_DIR --limit 72 --workers 16 --time-budget-s 330 --timeout-s 200
 Writes OUT_DIR/bench_build.json after every finished job (partial results survive a kill) and prints a
 short table last: per mode, jobs, successful builds, failures, median and p90 per-candidate build seconds
-(successful builds only), worker-busy seconds (throughput), then the median per-candidate ratio
-plain/cudal1 and the pool's wall time for all jobs of both modes. No new build is launched after
+(successful builds only), worker-busy seconds (throughput), then two median per-candidate ratios
+plain/cudal1 — of build time where both modes built, and of time to a verdict (built or failed) over
+every candidate, with how many failed fast as unbindable (`BuildLevers.fail_fast_unbound`) — and the
+pool's wall time for all jobs of both modes. No new build is launched after
 --time-budget-s; running ones are awaited (keep --timeout-s below what remains of the call).
 Both modes run in the same environment (MAX_JOBS=2, TORCH_CUDA_ARCH_LIST of the GPU); in (a) the hooks
 only time the calls (every lever off, verbose untouched).
@@ -105,8 +107,16 @@ def summarize(results: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
             pairs.setdefault(r["index"], {})[r["mode"]] = r["build_s"]
     ratios = [p["plain"] / p["cudal1"] for p in pairs.values()
               if p.get("plain") and p.get("cudal1")]
+    # Time to a verdict (built, or failed) of every candidate both modes finished: what an evaluation waits.
+    verdicts: dict[int, dict[str, float]] = {}
+    for r in results:
+        verdicts.setdefault(r["index"], {})[r["mode"]] = r["wall_s"]
+    ratios_all = [v["plain"] / v["cudal1"] for v in verdicts.values() if v.get("plain") and v.get("cudal1")]
+    fail_fast = sum(any(b.get("variant") == "unbound" for b in r["builds"]) for r in results if r["mode"] == "cudal1")
     return {"plain": plain, "cudal1": ours, "median_ratio_plain_over_cudal1":
-            statistics.median(ratios) if ratios else None, "pool_wall_s": wall_s}
+            statistics.median(ratios) if ratios else None, "pairs_built": len(ratios),
+            "median_ratio_to_verdict_all": statistics.median(ratios_all) if ratios_all else None,
+            "pairs_all": len(ratios_all), "cudal1_fail_fast": fail_fast, "pool_wall_s": wall_s}
 
 
 def print_table(summary: dict[str, Any]) -> None:
@@ -119,8 +129,11 @@ def print_table(summary: dict[str, Any]) -> None:
         print(f"{mode:8} {s['jobs']:>5} {s['with_builds']:>6} {s['failures']:>5} "
               f"{fmt(s['median_build_s']):>9} {fmt(s['p90_build_s']):>7} {fmt(s['worker_busy_s']):>8}")
     ratio = summary["median_ratio_plain_over_cudal1"]
-    print(f"median per-candidate ratio plain/cudal1: {fmt(ratio)}x; pool wall time (all jobs, both modes): "
-          f"{summary['pool_wall_s']:.1f} s")
+    print(f"median per-candidate build ratio plain/cudal1, both built: {fmt(ratio)}x ({summary['pairs_built']} "
+          f"candidates)")
+    print(f"median time-to-verdict ratio plain/cudal1, all candidates: {fmt(summary['median_ratio_to_verdict_all'])}x "
+          f"({summary['pairs_all']} candidates; {summary['cudal1_fail_fast']} failed fast as unbindable)")
+    print(f"pool wall time (all jobs, both modes): {summary['pool_wall_s']:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
