@@ -108,6 +108,12 @@ POSITIVE = {
         inline() + model("try:\n    return ext.run(x)\nexcept Exception:\n    return torch.relu(x)"),
         model("try:\n    y = torch.relu(x)\nexcept:\n    pass\nreturn y"),
     ],
+    "unbuildable_extension": [
+        inline().replace('cpp_sources="torch::Tensor run(torch::Tensor x);"', 'cpp_sources=""')
+        + model("return ext.run(x)"),
+        "CPP = ''\n" + inline().replace('cpp_sources="torch::Tensor run(torch::Tensor x);"', "cpp_sources=CPP")
+        + model("return ext.run(x)"),
+    ],
     "unused_kernel": [
         inline() + model("return torch.relu(x)"),
     ],
@@ -179,6 +185,14 @@ NEGATIVE = {
     ],
     "exception_fallback": [inline() + model("return ext.run(x)")],
     "unused_kernel": [inline() + model("return ext.run(x)")],
+    "unbuildable_extension": [
+        inline() + model("return ext.run(x)"),  # declared in cpp_sources
+        inline().replace('cpp_sources="torch::Tensor run(torch::Tensor x);"', 'cpp_sources=decls()')
+        + model("return ext.run(x)"),  # computed: the compiler decides
+        inline().replace(',\n                  functions=["run"]', "").replace(
+            'cpp_sources="torch::Tensor run(torch::Tensor x);"', 'cpp_sources=""')
+        + model("return ext.run(x)"),  # no functions=: nothing generated to bind
+    ],
     "inner_compile_or_graph": [model("return torch.relu(x)")],
     "lazy_tensor": [
         model("return torch.relu(x)"),

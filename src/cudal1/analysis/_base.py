@@ -38,6 +38,9 @@ DEFAULT_SEVERITY: dict[str, Severity] = {
     "size_constants_redefined": E,
     # Rationale: a compiled kernel the forward never launches is a decoy (looks custom, runs torch).
     "unused_kernel": W,
+    # Rationale: load_inline(functions=[...]) with empty cpp_sources can never build (main.cpp declares
+    # nothing); with a fallback the candidate runs PyTorch. A build problem, not a cheat: it only warns.
+    "unbuildable_extension": W,
     # Rationale: torch.compile / CUDA graphs inside a candidate are baselines, not custom kernels.
     "inner_compile_or_graph": W,
     # Rationale: tensor subclasses or non-tensor outputs defer the work until the result is compared.

@@ -8,7 +8,9 @@ candidate changes global backend flags; `pytorch_only` otherwise.
 Choice for fallbacks: when every launch site of custom kernels on the forward path sits inside a `try`
 whose handler runs something else (torch ops, the reference), the candidate is classified by what is
 guaranteed to run, i.e. *not* custom (`pytorch_only` or `flags_only`), and the `exception_fallback` rule
-flags it. A decoy (compiled, never launched) is likewise not custom and gets `unused_kernel`.
+flags it. A decoy (compiled, never launched) is likewise not custom and gets `unused_kernel`, and so are the
+kernels of a `load_inline` that can never build (`functions=` with empty `cpp_sources`: torch's main.cpp
+cannot declare them), which get `unbuildable_extension`.
 
 Limits: launches are matched by name (an exported function, a kernel name, the variable holding a compiled
 module) anywhere on the forward path; a name that is mentioned but not actually called still counts.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from cudal1.analysis.context import AnalysisContext, Extension
 from cudal1.eval.types import KernelClass
 
-__all__ = ["LaunchInfo", "classify_kernel", "launch_info"]
+__all__ = ["LaunchInfo", "classify_kernel", "launch_info", "unbuildable"]
 
 
 @dataclass
@@ -36,9 +38,32 @@ class LaunchInfo:
     functions_exported: list[str] = field(default_factory=list)
     functions_used: list[str] = field(default_factory=list)
     unused_extensions: list[Extension] = field(default_factory=list)
+    unbuildable_kernels: list[str] = field(default_factory=list)  # launched through an unbuildable extension
     inline_asm_launched: bool = False
     fallback_only: bool = False  # every launch site is inside a try with a fallback handler
     fallback_lines: list[int] = field(default_factory=list)
+
+
+def _certainly_empty(node: ast.AST | None, ctx: AnalysisContext) -> bool:
+    """`node` is an empty (or blank) string for sure: a constant, a list of them, or a module-level name
+    whose every assignment is one."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return not node.value.strip()
+    if isinstance(node, ast.List | ast.Tuple):
+        return all(_certainly_empty(e, ctx) for e in node.elts)
+    if isinstance(node, ast.Name) and ctx.module_assigns.get(node.id):
+        return all(_certainly_empty(v, ctx) for v in ctx.module_assigns[node.id])
+    return False
+
+
+def unbuildable(ext: Extension, ctx: AnalysisContext) -> bool:
+    """A load_inline whose `functions=` torch's generated main.cpp can never declare (empty cpp_sources)."""
+    call = ext.node
+    if ext.origin != "load_inline" or call is None or not ext.functions:
+        return False
+    kwargs = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+    cpp = kwargs.get("cpp_sources", call.args[1] if len(call.args) > 1 else None)
+    return "functions" in kwargs and _certainly_empty(cpp, ctx)
 
 
 def _extension_used(ext: Extension, ctx: AnalysisContext) -> bool:
@@ -133,6 +158,9 @@ def launch_info(ctx: AnalysisContext) -> LaunchInfo:
         if _extension_used(ext, ctx):
             used_exts.append(ext)
             got = _launched_by_extension(ext, ctx, info)
+            if unbuildable(ext, ctx):
+                info.unbuildable_kernels.extend(sorted(got))  # never built, so never launched
+                continue
             launched |= got
             if any(s.info.has_inline_asm for s in ext.sources) and (
                 got or not any(s.info.kernels for s in ext.sources)

@@ -59,6 +59,7 @@ RULES: dict[str, Rule] = {
         _rule("precision_downcast", va.check_precision_downcast, "fp16/bf16/TF32 for an fp32 task"),
         _rule("exception_fallback", st.check_exception_fallback, "try/except fallbacks, swallowed errors"),
         _rule("unused_kernel", st.check_unused_kernel, "decoy kernels never launched from forward"),
+        _rule("unbuildable_extension", st.check_unbuildable_extension, "load_inline that can never build"),
         _rule(
             "inner_compile_or_graph", rt.check_inner_compile_or_graph, "torch.compile / CUDA graphs inside"
         ),

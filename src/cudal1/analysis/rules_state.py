@@ -5,7 +5,8 @@ Covered: memo decorators on functions that take tensors; containers keyed on `da
 `return self.x` of attributes that the forward path itself assigns; module globals returned from forward;
 try/except fallbacks and swallowed exceptions; module constants and `get_inputs`/`get_init_inputs`
 compared with the reference by AST; kernels, extension functions and Triton kernels never launched from the
-forward path; uses of the reference's `Model`, `get_inputs` or modules.
+forward path; `load_inline` calls that can never build (`functions=` with empty `cpp_sources`); uses of the
+reference's `Model`, `get_inputs` or modules.
 Not covered: caches hidden in closures or C++ statics (the runtime rotates inputs and re-checks timed
 outputs), fallbacks written as `if` tests on capability (`if not x.is_cuda: return torch...`), and sizes
 hard-coded inside forward (the runtime compares output shapes).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import ast
 
 from cudal1.analysis._base import flag, is_self_attr
-from cudal1.analysis.classify import launch_info
+from cudal1.analysis.classify import launch_info, unbuildable
 from cudal1.analysis.context import AnalysisContext
 from cudal1.eval.types import Flag, Severity
 
@@ -324,7 +325,7 @@ def check_unused_kernel(ctx: AnalysisContext) -> list[Flag]:
     out: list[Flag] = []
     line_of = {k: cs.py_line_of(line) for cs in ctx.cuda_strings for k, line in cs.info.kernels.items()}
     for k in info.kernels_defined:
-        if k not in info.kernels_launched:
+        if k not in info.kernels_launched and k not in info.unbuildable_kernels:
             out.append(
                 flag("unused_kernel", f"kernel {k} is defined but never launched from forward", line_of[k])
             )
@@ -350,6 +351,15 @@ def check_unused_kernel(ctx: AnalysisContext) -> list[Flag]:
                 )
             )
     return out
+
+
+def check_unbuildable_extension(ctx: AnalysisContext) -> list[Flag]:
+    """load_inline calls whose `functions=` main.cpp can never declare, because `cpp_sources` is empty."""
+    return [
+        flag("unbuildable_extension", f"load_inline binds {', '.join(sorted(ext.functions))} but cpp_sources is "
+             "empty, so main.cpp cannot declare them: the build always fails", ext.line)
+        for ext in ctx.extensions if unbuildable(ext, ctx)
+    ]
 
 
 def _defines(tree: ast.Module, name: str) -> bool:
