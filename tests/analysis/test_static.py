@@ -192,6 +192,15 @@ NEGATIVE = {
         inline().replace(',\n                  functions=["run"]', "").replace(
             'cpp_sources="torch::Tensor run(torch::Tensor x);"', 'cpp_sources=""')
         + model("return ext.run(x)"),  # no functions=: nothing generated to bind
+        "CPP = ''\nCPP += 'torch::Tensor run(torch::Tensor x);'\n"
+        + inline().replace('cpp_sources="torch::Tensor run(torch::Tensor x);"', "cpp_sources=CPP")
+        + model("return ext.run(x)"),  # filled in later
+        "CPP = []\nCPP.append('torch::Tensor run(torch::Tensor x);')\n"
+        + inline().replace('cpp_sources="torch::Tensor run(torch::Tensor x);"', "cpp_sources=CPP")
+        + model("return ext.run(x)"),
+        "CPP = ''\ndef build(CPP='torch::Tensor run(torch::Tensor x);'):\n    return CPP\n"
+        + inline().replace('cpp_sources="torch::Tensor run(torch::Tensor x);"', "cpp_sources=CPP")
+        + model("return ext.run(x)"),  # shadowed by a parameter somewhere: not certain
     ],
     "inner_compile_or_graph": [model("return torch.relu(x)")],
     "lazy_tensor": [

@@ -135,6 +135,18 @@ def test_cuda_graph_binds_reused_buffers_and_copies_one_off_inputs(monkeypatch, 
         for n in range(2, 8):  # more distinct shapes than MAX_GRAPHS
             model(torch.randn(n, 8))
 
+    # A bound capture that fails (e.g. no memory for one more graph pool) falls back to the copying graph.
+    fresh = module.ModelNew(8)
+
+    def no_room(inputs):
+        raise torch.cuda.OutOfMemoryError("no room for another graph pool")
+
+    fresh._bind = no_room
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        fresh(x)
+    assert not fresh._bound and len(fresh._unbindable) == 1 and len(fresh._graphs) == 1
+
 
 def module_max_bound() -> int:
     from cudal1.baselines.variants import MAX_BOUND_GRAPHS

@@ -142,3 +142,22 @@ def test_real_evaluation_through_the_pool(tmp_path):
         assert result.status is Status.CORRECT, result.message
         assert result.speedup is not None and result.speedup > 0
         assert len(store.query_evaluations(task_id="test/add", status="correct")) == 1
+
+
+def test_retired_slot_hands_its_lane_to_live_slots():
+    from cudal1.dist.pool import Job, JobQueue, PoolFuture
+
+    queue = JobQueue(3, capacity=8)
+
+    def job(avoid):
+        return Job(tiny_task(), fake_source(), FAST_CONFIG, False, "", None, avoid, PoolFuture())
+
+    queue.put(job(avoid=0))
+    queue.put(job(avoid=0))  # lanes 1 and 2, one each (shortest lane first)
+    queue.retire(1)
+    assert len(queue._lanes[1]) == 0 and len(queue._lanes[2]) == 2  # its job moved to the live slot
+    queue.put(job(avoid=0))
+    assert len(queue._lanes[2]) == 3  # never to the retired lane
+    queue.retire(2)  # no live slot but the avoided one: the jobs still run somewhere rather than never
+    assert all(queue.get(0, timeout_s=0) is not None for _ in range(3))
+    assert queue.get(0, timeout_s=0) is None

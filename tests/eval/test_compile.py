@@ -240,7 +240,10 @@ def test_unbound_functions_only_when_the_failure_is_certain():
     # declares `forward` in main.cpp, so torch's build fails after compiling everything (20-55 s each on H200).
     assert unbound_functions("", ["forward"]) == ["forward"]
     assert unbound_functions(["", "  \n"], "forward") == ["forward"]
-    assert unbound_functions(None, ["a", "b"]) == ["a", "b"]
+    assert unbound_functions([], {"a": "doc", "b": "doc"}) == ["a", "b"]
+    assert unbound_functions(None, ["f"]) == []  # torch raises its own AttributeError: leave it to torch
+    assert unbound_functions("", ("f",)) == []  # torch raises ValueError for a tuple
+    assert unbound_functions("", ["f"], extra_cflags=["-include", "decl.h"]) == []  # declared by force
     assert unbound_functions("torch::Tensor forward(torch::Tensor x);", ["forward"]) == []
     assert unbound_functions('#include "decl.h"', ["forward"]) == []  # maybe declared: the compiler decides
     assert unbound_functions("", None) == []  # no binding generated (PYBIND11_MODULE in the sources)
@@ -468,3 +471,30 @@ def test_service_reports_a_hanging_build_as_timeout(tmp_path):
     assert not result.ok and not result.cached and 1.0 <= result.seconds < 30
     assert result.log.startswith("build timed out after")
     assert not (tmp_path / "torch_extensions" / result.key / ".cudal1_ok").exists()
+
+
+def test_prepare_build_reuses_an_import_only_build_made_elsewhere(monkeypatch, tmp_path):
+    # A Ray pool's CPU task builds import-time extensions without init inputs (no GPU there); the actor's
+    # evaluation, whose own key includes the init inputs, must reuse that build rather than redo it.
+    from cudal1.eval import pipeline
+    from cudal1.eval.config import EvalConfig
+    from cudal1.tasks.sources import load_file
+
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "local_arch", lambda arch=None: arch or "9.0")
+
+    def no_build(self, sources, **kwargs):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(CompileService, "build", no_build)
+    task = load_file(Path(__file__).parent.parent / "fixtures" / "tasks" / "tiny_scale_add.py")
+    source = "from torch.utils.cpp_extension import load_inline\n# uses load_inline at import\n"
+    service = CompileService(CompileConfig(arch="9.0", device="cuda"))
+    bare_key = service.key_for(source, None)
+    compile_mod.write_marker(bare_key, {"builds": [{"name": "ext", "seconds": 30.0, "ok": True}]})
+    prepared = pipeline.prepare_build(task, source, EvalConfig(device="cuda"))
+    assert prepared.result is None and prepared.env == service.environment(bare_key)
+    # Without extensions in the import-only build (everything builds lazily) it would be built: no reuse.
+    compile_mod.write_marker(bare_key, {"builds": []})
+    with pytest.raises(AssertionError, match="built again"):
+        pipeline.prepare_build(task, source, EvalConfig(device="cuda"))

@@ -44,15 +44,31 @@ class LaunchInfo:
     fallback_lines: list[int] = field(default_factory=list)
 
 
+def _bound_once_and_never_mutated(name: str, ctx: AnalysisContext) -> bool:
+    """`name` has one binding in the whole module (no re-assignment, `+=`, parameter or loop variable of the
+    same name anywhere) and no `name.append/extend/insert(...)` call."""
+    bindings = 0
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store | ast.Del):
+            bindings += 1
+        elif isinstance(node, ast.arg) and node.arg == name:
+            bindings += 1
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == name
+              and node.func.attr in ("append", "extend", "insert", "__iadd__")):
+            return False
+    return bindings == 1
+
+
 def _certainly_empty(node: ast.AST | None, ctx: AnalysisContext) -> bool:
     """`node` is an empty (or blank) string for sure: a constant, a list of them, or a module-level name
-    whose every assignment is one."""
+    bound once to one and never changed."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return not node.value.strip()
     if isinstance(node, ast.List | ast.Tuple):
         return all(_certainly_empty(e, ctx) for e in node.elts)
-    if isinstance(node, ast.Name) and ctx.module_assigns.get(node.id):
-        return all(_certainly_empty(v, ctx) for v in ctx.module_assigns[node.id])
+    if isinstance(node, ast.Name) and len(ctx.module_assigns.get(node.id, ())) == 1:
+        return _bound_once_and_never_mutated(node.id, ctx) and _certainly_empty(ctx.module_assigns[node.id][0], ctx)
     return False
 
 

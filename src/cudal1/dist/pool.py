@@ -151,6 +151,7 @@ class JobQueue:
         self._cv = threading.Condition()
         self._shared: collections.deque[Job] = collections.deque()
         self._lanes: list[collections.deque[Job]] = [collections.deque() for _ in range(n_slots)]
+        self._retired: set[int] = set()  # slots that will never take work again
         self.closed = False
 
     def __len__(self) -> int:
@@ -163,9 +164,14 @@ class JobQueue:
             if self.closed:
                 raise Cudal1Error("the pool is closed")
             if job.avoid_slot is not None and len(self._lanes) > 1:
-                lanes = [i for i in range(len(self._lanes)) if i != job.avoid_slot]
-                target = min(lanes, key=lambda i: len(self._lanes[i]))
-                self._lanes[target].append(job)
+                lanes = [i for i in range(len(self._lanes)) if i != job.avoid_slot and i not in self._retired]
+                if lanes:
+                    target = min(lanes, key=lambda i: len(self._lanes[i]))
+                    self._lanes[target].append(job)
+                    self._cv.notify_all()
+                    return
+                # No other live slot: run it wherever possible rather than never.
+                self._shared.appendleft(job)
                 self._cv.notify_all()
                 return
             while len(self._shared) >= self.capacity and not front:
@@ -176,6 +182,15 @@ class JobQueue:
                     raise Cudal1Error("the pool is closed")
             (self._shared.appendleft if front else self._shared.append)(job)
             self._cv.notify_all()
+
+    def retire(self, slot: int) -> None:
+        """`slot` takes no more work: jobs waiting in its lane go to other slots (or the shared queue)."""
+        with self._cv:
+            self._retired.add(slot)
+            moved = list(self._lanes[slot])
+            self._lanes[slot].clear()
+        for job in moved:
+            self.put(job, front=True)
 
     def get(self, slot: int, timeout_s: float | None = None) -> Job | None:
         """The next job for `slot` (its lane first), or None when closed (or after `timeout_s`)."""

@@ -122,18 +122,16 @@ class EvalActor:
         return self.evaluate_fn(task, source, config)
 
 
-def prebuild_on_node(source: str, arch: str, timeout_s: float, init_inputs: list[Any] | None = None) -> bool:
-    """Body of the CPU build task: build one `load_inline` candidate into this node's cache.
-
-    `init_inputs` must be the task's JSON init inputs, as the actor's evaluation passes them: they are part
-    of the build key (lazy builds in `ModelNew.__init__`), so without them the actor would not find this
-    build and would build the candidate a second time.
+def prebuild_on_node(source: str, arch: str, timeout_s: float) -> bool:
+    """Body of the CPU build task: build one `load_inline` candidate's import-time extensions into this
+    node's cache. Import only, so no candidate code touches a GPU here (`ModelNew` is not instantiated);
+    the actor's evaluation reuses these builds (`pipeline.prepare_build`), and builds what a candidate
+    compiles lazily in `ModelNew.__init__` itself.
     """
     try:
         from cudal1.eval.compile import build_candidates
 
-        built = build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda", init_inputs=[init_inputs])
-        return bool(built[0].ok)
+        return bool(build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda")[0].ok)
     except Exception:  # noqa: BLE001 - the actor rebuilds and reports the error itself
         logging.getLogger(__name__).debug("CPU prebuild failed", exc_info=True)
         return False
@@ -254,6 +252,11 @@ class RayPool:
                 slot.failed = (f"Ray actor {slot.index} failed to start {slot.start_failures} times: "
                                f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}")
                 logger.error("%s", slot.failed)
+                self._queue.retire(slot.index)  # its waiting items go to the other actors
+                try:
+                    self.ray.kill(slot.actor, no_restart=True)  # a live but broken actor holds its GPU
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
                 return False
             self._replace_actor(slot, slot.generation, f"{type(exc).__name__} while starting")
             return False
@@ -361,11 +364,9 @@ class RayPool:
     def _prebuild_ref(self, job: Job, info: dict[str, Any], cfg: EvalConfig) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from cudal1.eval.pipeline import json_init_inputs
-
         strategy = NodeAffinitySchedulingStrategy(node_id=info["node_id"], soft=True)
         return self._build_task.options(scheduling_strategy=strategy).remote(
-            job.source, info["arch"], cfg.build_timeout_s, json_init_inputs(job.task))
+            job.source, info["arch"], cfg.build_timeout_s)
 
     def _collect(self, ref: Any) -> None:
         entry = self._in_flight.pop(ref)

@@ -56,19 +56,23 @@ _NEEDS_FULL_HEADERS = re.compile(r"PYBIND11|pybind11|\bpy::|torch::nn\b|torch::o
                                  r"\.type\(\s*\)")
 
 
-def unbound_functions(cpp_sources: Any, functions: Any) -> list[str]:
+def unbound_functions(cpp_sources: Any, functions: Any, extra_cflags: Any = None) -> list[str]:
     """The `functions=` of a load_inline call that its binding file (main.cpp) cannot declare.
 
     load_inline writes main.cpp as `#include <torch/extension.h>`, then `cpp_sources`, then a
-    `PYBIND11_MODULE` whose `m.def(name, torch::wrap_pybind_function(name))` needs every name declared
-    there. With empty `cpp_sources` nothing declares them (the CUDA file is a separate translation unit),
-    so the build is certain to fail. Anything less certain (non-empty cpp_sources, computed arguments)
-    returns [] and is left to the compiler.
+    `PYBIND11_MODULE` whose `m.def(name, ...)` needs every name declared there. With empty `cpp_sources`
+    nothing declares them (the CUDA file is a separate translation unit), so the build is certain to fail.
+    Only argument types torch accepts count (str or list of str; functions as str, list or dict: torch
+    raises its own AttributeError/ValueError for others), and a forced `-include` in `extra_cflags` could
+    declare them; anything less certain returns [] and is left to torch and the compiler.
     """
-    if functions is None or (cpp_sources is not None and not isinstance(cpp_sources, (str, list, tuple))):
+    if not isinstance(functions, str | list | dict) or not functions:
         return []
-    texts = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
-    if not all(isinstance(t, str) for t in texts) or any(t.strip() for t in texts):
+    texts = [cpp_sources] if isinstance(cpp_sources, str) else cpp_sources
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts) or any(t.strip() for t in texts):
+        return []
+    flags = extra_cflags if isinstance(extra_cflags, list | tuple) else []
+    if any(isinstance(f, str) and f.lstrip("-").startswith(("include", "imacros")) for f in flags):
         return []
     names = [functions] if isinstance(functions, str) else list(functions)
     return [n for n in names if isinstance(n, str)]
@@ -220,7 +224,8 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
     def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
         if levers.quiet:
             kwargs["verbose"] = False
-        missing = unbound_functions(cpp_sources, kwargs.get("functions")) if levers.fail_fast_unbound else []
+        missing = (unbound_functions(cpp_sources, kwargs.get("functions"), kwargs.get("extra_cflags"))
+                   if levers.fail_fast_unbound else [])
         if missing:
             # Same exception type and head as torch's failed build, so a candidate's except clause behaves
             # exactly as it would after the real (certain) failure.

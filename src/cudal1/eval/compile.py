@@ -429,6 +429,10 @@ class CompileService:
                         progress(done, total, result)
         return [results[k] for k in keys]
 
+    def cached_result(self, key: str) -> BuildResult | None:
+        """The successful build of `key` already in the cache, else None (nothing is built)."""
+        return self._cached_result(key)
+
     def _cached_result(self, key: str) -> BuildResult | None:
         info = read_marker(key, self.config.cache_dir)
         if info is None:

@@ -73,7 +73,8 @@ class EvalConfig:
     target_bucket_ms: float = _f(100.0, "Time each model should spend per bucket; sets iterations.")
     min_iters_per_bucket: int = _f(3, "Lower bound on timed calls per model per bucket.")
     max_iters_per_bucket: int = _f(100, "Upper bound on timed calls per model per bucket.")
-    warmup_iters: int = _f(3, "Untimed calls of each model before timing (absorbs JIT/autotuning).")
+    warmup_iters: int = _f(3, "Untimed calls of each model before timing (absorbs JIT/autotuning); at least "
+                               "two per timing input set.")
     flush_l2: bool = _f(True, "Flush the L2 cache before every timed call (cold-cache timing, primary).")
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     input_sets: int = _f(3, "Input sets rotated during timing (bounded by input_sets_max_bytes).")

@@ -71,8 +71,15 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
         return PreparedBuild({}, None)
     service = CompileService(CompileConfig(arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device))
     init = json_init_inputs(task)
+    key = service.key_for(source, init)
+    if init is not None and service.cached_result(key) is None:
+        # An import-only build made elsewhere (a Ray pool's CPU task) is reused; whatever the candidate
+        # builds lazily in ModelNew.__init__ is then built by the worker while it constructs the model.
+        bare = service.cached_result(service.key_for(source, None))
+        if bare is not None and bare.builds:
+            return PreparedBuild(service.environment(bare.key), None)
     built = service.build([source], init_inputs=[init])[0]
-    env = service.environment(service.key_for(source, init))
+    env = service.environment(key)
     if built.ok:
         return PreparedBuild(env, None)
     status = Status.TIMEOUT if "timed out" in built.log else Status.COMPILE_ERROR
