@@ -3,6 +3,7 @@
 
 Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
                                     [--precision-n 20] [--time-budget-s 500] [--profile strict]
+                                    [--store STORE.sqlite]
 
 1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included: all
    `load_inline` builds in parallel first, then every candidate evaluated by the full protocol (`--profile`).
@@ -43,11 +44,13 @@ def sample_release(path: Path, per_level: int, seed: int):
     return [pair for row in itertools.zip_longest(*picked) for pair in row if pair is not None]
 
 
-def throughput(pairs, cfg: EvalConfig, deadline: float) -> dict:
+def throughput(pairs, cfg: EvalConfig, deadline: float, store=None) -> dict:
     t0 = time.monotonic()
     prebuild(list(pairs), cfg.resolved("cuda"))
     build_s = time.monotonic() - t0
-    results = evaluate_many(pairs, cfg, should_stop=lambda: time.monotonic() > deadline)
+    # force: every candidate is really evaluated (and stored, when a store is given), never read back.
+    results = evaluate_many(pairs, cfg, store=store, force=True, label="bench_eval",
+                            should_stop=lambda: time.monotonic() > deadline)
     wall_s = time.monotonic() - t0
     n_ok = sum(r.status is Status.CORRECT for r in results)
     statuses: dict[str, int] = {}
@@ -88,13 +91,19 @@ def main() -> None:
     ap.add_argument("--time-budget-s", type=float, default=500.0)
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
+    ap.add_argument("--store", type=Path, default=None, help="Also store the throughput sample's results here.")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     cfg = EvalConfig(device="cuda", profile=args.profile)
     out: dict = {"config": cfg.to_dict()}
     pairs = sample_release(args.release, args.per_level, args.seed)
-    out["throughput"] = throughput(pairs, cfg, start + args.time_budget_s * args.throughput_share)
+    store = None
+    if args.store:
+        from cudal1.store import ResultsStore
+
+        store = ResultsStore(args.store)
+    out["throughput"] = throughput(pairs, cfg, start + args.time_budget_s * args.throughput_share, store)
     (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
     correct = {r["task"] for r in out["throughput"]["results"] if r["status"] == "correct"}
     chosen = [(t, s) for t, s in pairs if t.id in correct]
