@@ -131,3 +131,32 @@ def test_store_hit_on_identical_evaluation(task, tmp_path):
     assert second.speedup == first.speedup
     third = evaluate_candidate(task, source, cfg, store=store, force=True)
     assert not third.cached
+
+
+def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeypatch):
+    # On a GPU machine evaluate_many builds load_inline candidates first; a candidate whose result is
+    # already stored is not evaluated again, so it must not be built either.
+    import contextlib
+
+    from cudal1.eval import pipeline
+    from cudal1.eval.types import EvalResult
+    from cudal1.tasks.task import source_hash
+
+    env = {"device_type": "cuda", "gpu_name": "test"}
+    built, evaluated = [], []
+    monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
+    monkeypatch.setattr(pipeline, "local_environment", lambda device: env)
+    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, on_build=None: built.extend(s for _, s in items))
+    monkeypatch.setattr(pipeline, "worker_supply", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(pipeline, "evaluate_candidate",
+                        lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT))
+    done, todo = "# load_inline candidate A\n", "# load_inline candidate B\n"
+    cfg = EvalConfig(device="cuda")
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        key, _ = store.lookup(task.hash, source_hash(done), cfg.resolved("cuda:0").protocol(), env)
+        store.put_evaluation(EvalResult(status=Status.CORRECT, speedup=1.5), task_hash=task.hash, key=key)
+        pipeline.evaluate_many([(task, done), (task, todo)], cfg, store=store)
+        assert built == [todo] and evaluated == [done, todo]  # the stored one is read back, not rebuilt
+        built.clear()
+        pipeline.evaluate_many([(task, done), (task, todo)], cfg, store=store, force=True)
+        assert built == [done, todo]

@@ -9,7 +9,7 @@ import typer
 
 from cudal1.cli import common
 from cudal1.errors import SourceError
-from cudal1.eval import evaluate_candidate
+from cudal1.eval import evaluate_candidate, evaluate_many
 from cudal1.eval.config import resolve_device
 from cudal1.eval.types import EvalResult
 from cudal1.tasks import Task, find_task, load_tasks
@@ -45,13 +45,23 @@ def eval_command(
     rows: list[tuple[str, EvalResult]] = []
     with common.progress_bar() as bar:
         job = bar.add_task("evaluating", total=len(pairs), best="", visible=len(pairs) > 1 and not as_json)
-        for t, src in pairs:
-            result = evaluate_candidate(t, src, cfg, store=store, force=force, label=label, run_id=run_id)
+
+        def on_build(done: int, total: int) -> None:
+            bar.update(job, description=f"building {done}/{total}")
+
+        def on_result(t: Task, result: EvalResult) -> None:
             rows.append((t.id, result))
             if as_json:
                 typer.echo(json.dumps(result.to_dict()))
             best = max((r.speedup for _, r in rows if r.speedup), default=None)
-            bar.update(job, advance=1, best=f"best {best:.2f}x" if best else "")
+            bar.update(job, advance=1, description="evaluating", best=f"best {best:.2f}x" if best else "")
+
+        if len(pairs) == 1:  # one candidate: no build pool, no spare worker
+            on_result(pairs[0][0], evaluate_candidate(pairs[0][0], pairs[0][1], cfg, store=store, force=force,
+                                                      label=label, run_id=run_id))
+        else:  # a batch: builds in parallel first, then the evaluations with pre-started workers
+            evaluate_many(pairs, cfg, store=store, force=force, label=label, run_id=run_id, on_result=on_result,
+                          on_build=on_build)
     if store and run_id:
         store.finish_run(run_id, {"n": len(rows), "correct": sum(r.status.is_success for _, r in rows)})
     if not as_json:

@@ -211,19 +211,26 @@ def worker_supply(device: str) -> WorkerSupply:
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
                   force: bool = False, label: str = "", run_id: str | None = None,
                   on_result: Callable[[Task, EvalResult], None] | None = None,
-                  should_stop: Callable[[], bool] | None = None) -> list[EvalResult]:
+                  should_stop: Callable[[], bool] | None = None,
+                  on_build: Callable[[int, int], None] | None = None) -> list[EvalResult]:
     """Evaluate (task, source) pairs one after another on this machine's device.
 
     `load_inline` builds of all pairs are started first in the compile pool (every CPU core), so the GPU
-    phase finds them in the build cache; the worker for the next candidate starts (interpreter, imports,
-    CUDA context) while the current one is evaluated. `should_stop` is asked before each candidate (a time
-    budget, a signal); the results so far are returned when it says stop.
+    phase finds them in the build cache (`on_build(done, total)` follows them); the worker for the next
+    candidate starts (interpreter, imports, CUDA context) while the current one is evaluated.
+    `should_stop` is asked before each candidate (a time budget, a signal); the results so far are
+    returned when it says stop.
     """
     items = list(items)
     cfg = config or EvalConfig()
     device = resolve_device(cfg.device)
     if device.startswith("cuda"):
-        prebuild(items, cfg.resolved(device))
+        to_build = items
+        if store is not None and not force:  # a resumed batch builds only what it will evaluate
+            resolved, env = cfg.resolved(device), local_environment(device)
+            to_build = [(t, s) for t, s in items
+                        if store.lookup(t.hash, source_hash(s), resolved.protocol(), env)[1] is None]
+        prebuild(to_build, cfg.resolved(device), on_build=on_build)
     results = []
     with worker_supply(device) as workers:
         for task, source in items:
@@ -258,7 +265,8 @@ def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
     return values
 
 
-def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig) -> None:
+def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
+             on_build: Callable[[int, int], None] | None = None) -> None:
     """Build every `load_inline` candidate in parallel ahead of the serial GPU phase."""
     todo = [(t, s) for t, s in items if uses_load_inline(s)]
     if not todo:
@@ -267,8 +275,9 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig) -> None:
         from cudal1.eval.compile import build_candidates, local_arch
     except ImportError:
         return
+    progress = (lambda done, total, _result: on_build(done, total)) if on_build is not None else None
     build_candidates([s for _, s in todo], arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device,
-                     init_inputs=[json_init_inputs(t) for t, _ in todo])
+                     init_inputs=[json_init_inputs(t) for t, _ in todo], progress=progress)
 
 
 __all__ = ["evaluate_candidate", "evaluate_many", "local_environment", "prebuild"]
