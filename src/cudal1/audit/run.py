@@ -196,18 +196,11 @@ def _out_of_time(config: AuditConfig, started: float) -> bool:
 
 def _measure_baselines(config: AuditConfig, cfg: EvalConfig, store: Any, items: list[Item], started: float,
                        on_baseline: Callable[..., None] | None) -> None:
-    from cudal1.baselines.runner import measure_baseline
-    from cudal1.eval.pipeline import worker_supply
+    from cudal1.baselines.runner import ensure_baselines
 
     tasks = list({t.hash: t for t, _ in items}.values())
-    with worker_supply(cfg.device) as workers:
-        for task in tasks:
-            for kind in config.baselines:
-                if _out_of_time(config, started):
-                    return
-                record = measure_baseline(task, kind, cfg, store=store, workers=workers)
-                if on_baseline is not None:
-                    on_baseline(task, kind, record)
+    ensure_baselines(tasks, config.baselines, cfg, store=store, on_result=on_baseline,
+                     should_stop=lambda: _out_of_time(config, started))
 
 
 def audit_rows(store: Any, items: list[Item], cfg: EvalConfig, label: str) -> list[ResultRow]:

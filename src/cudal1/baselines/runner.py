@@ -171,11 +171,13 @@ def evaluate_baseline_source(task: Task, source: str, cfg: EvalConfig, *, store:
 
 def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalConfig | None = None, *,
                      store: Any = None, force: bool = False,
-                     on_result: Callable[[Task, str, BaselineRecord], None] | None = None) -> list[BaselineRecord]:
+                     on_result: Callable[[Task, str, BaselineRecord], None] | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> list[BaselineRecord]:
     """Measure every (task, kind) pair not yet cached (all of them with `force`); resumable.
 
     Returns the records in (task, kind) order; `on_result` is called after each (cached ones included).
-    Evaluation workers are started ahead of need, as in `evaluate_many`.
+    `should_stop` is asked before each pair (a time budget); the records so far are returned when it says
+    stop. Evaluation workers are started ahead of need, as in `evaluate_many`.
     """
     from cudal1.eval.pipeline import worker_supply
 
@@ -183,6 +185,8 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
     with worker_supply(resolve_device((config or EvalConfig()).device)) as workers:
         for task in tasks:
             for kind in kinds:
+                if should_stop is not None and should_stop():
+                    return records
                 record = measure_baseline(task, kind, config, store=store, force=force, workers=workers)
                 records.append(record)
                 if on_result is not None:

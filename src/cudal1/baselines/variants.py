@@ -171,12 +171,6 @@ def _check_outputs(out):
                                     f"{{type(out).__name__}}, not tensors")
 
 
-def _capture_error(exc):
-    lines = str(exc).strip().splitlines()
-    reason = f"{{type(exc).__name__}}: {{lines[0] if lines else ''}}"[:240]
-    return CudaGraphCaptureError(f"CUDA graph capture is illegal for this task: {{reason}}")
-
-
 class ModelNew(nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
@@ -203,7 +197,9 @@ class ModelNew(nn.Module):
         except CudaGraphCaptureError:
             raise
         except Exception as exc:  # noqa: BLE001 - every capture failure is reported with its reason
-            raise _capture_error(exc) from None
+            lines = str(exc).strip().splitlines()
+            reason = f"{{type(exc).__name__}}: {{lines[0] if lines else ''}}"[:240]
+            raise CudaGraphCaptureError(f"CUDA graph capture is illegal for this task: {{reason}}") from None
         _check_outputs(static_out)
         return graph, static_in, static_out
 

@@ -7,6 +7,7 @@ to isolated children (`isolation.run_isolated`), and turns what comes back into 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -212,14 +213,16 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                   force: bool = False, label: str = "", run_id: str | None = None,
                   on_result: Callable[[Task, EvalResult], None] | None = None,
                   should_stop: Callable[[], bool] | None = None,
-                  on_build: Callable[[int, int], None] | None = None) -> list[EvalResult]:
+                  on_build: Callable[[int, int], None] | None = None,
+                  workers: WorkerSupply | None = None) -> list[EvalResult]:
     """Evaluate (task, source) pairs one after another on this machine's device.
 
     `load_inline` builds of all pairs are started first in the compile pool (every CPU core), so the GPU
     phase finds them in the build cache (`on_build(done, total)` follows them); the worker for the next
     candidate starts (interpreter, imports, CUDA context) while the current one is evaluated.
     `should_stop` is asked before each candidate (a time budget, a signal); the results so far are
-    returned when it says stop.
+    returned when it says stop. `workers` is a supply the caller keeps across calls (closed by the
+    caller); without it one is started for this call.
     """
     items = list(items)
     cfg = config or EvalConfig()
@@ -232,12 +235,12 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                         if store.lookup(t.hash, source_hash(s), resolved.protocol(), env)[1] is None]
         prebuild(to_build, cfg.resolved(device), on_build=on_build)
     results = []
-    with worker_supply(device) as workers:
+    with contextlib.nullcontext(workers) if workers is not None else worker_supply(device) as supply:
         for task, source in items:
             if should_stop is not None and should_stop():
                 break
             result = evaluate_candidate(task, source, cfg, store=store, force=force, label=label, run_id=run_id,
-                                        workers=workers)
+                                        workers=supply)
             results.append(result)
             if on_result is not None:
                 on_result(task, result)

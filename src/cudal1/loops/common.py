@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -205,24 +206,20 @@ class CandidateEvaluator:
 
     def _evaluate_local(self, items: Sequence[tuple[Task, str]], on_result: Callable[[int, EvalResult], None] | None,
                         should_stop: Callable[[], bool] | None) -> list[EvalResult | None]:
-        from cudal1.eval.pipeline import evaluate_candidate, prebuild, worker_supply
+        from cudal1.eval.pipeline import evaluate_many, worker_supply
 
-        device = resolve_device(self.config.device)
-        if device.startswith("cuda"):
-            prebuild(list(items), self.config.resolved(device))
-        if self._supply is None:
-            self._supply = worker_supply(device)
-        results: list[EvalResult | None] = [None] * len(items)
-        for i, (task, source) in enumerate(items):
-            if should_stop is not None and should_stop():
-                break
-            result = evaluate_candidate(task, source, self.config, store=self.store, label=self.label,
-                                        run_id=self.run_id, workers=self._supply)
-            results[i] = result
+        if self._supply is None:  # kept across rounds: the next round's first worker is already warm
+            self._supply = worker_supply(resolve_device(self.config.device))
+        index = itertools.count()
+
+        def record(_task: Task, result: EvalResult) -> None:
             self.evaluated += 1
             if on_result is not None:
-                on_result(i, result)
-        return results
+                on_result(next(index), result)
+
+        done = evaluate_many(items, self.config, store=self.store, label=self.label, run_id=self.run_id,
+                             on_result=record, should_stop=should_stop, workers=self._supply)
+        return [*done, *[None] * (len(items) - len(done))]
 
     def close(self) -> None:
         """Discard the spare warm worker (if any)."""

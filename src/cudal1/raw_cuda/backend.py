@@ -18,30 +18,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from cudal1.errors import MissingDependencyError
 from cudal1.raw_cuda.arguments import CArg, to_ctypes
+from cudal1.raw_cuda.compiler import cuda_bindings
 from cudal1.raw_cuda.errors import RawCudaLaunchError
 
 # The driver's default cap on dynamic shared memory; above it the kernel must opt in by attribute.
 DEFAULT_DYNAMIC_SHARED_LIMIT_BYTES = 48 * 1024
 
 
-def _import_driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        try:
-            from cuda import cuda as driver  # cuda-python < 12.6
-        except ImportError:
-            raise MissingDependencyError("cuda-python", "cuda", "launching raw CUDA kernels") from None
-    return driver
-
-
 class DriverBackend:
     """Module loading and kernel launch with `cuda.bindings.driver`."""
 
     def __init__(self) -> None:
-        self._drv = _import_driver()
+        self._drv = cuda_bindings("driver", "launching raw CUDA kernels")
         self._lock = threading.Lock()
         self._primary: dict[int, object] = {}
         self._streams: dict[int, object] = {}

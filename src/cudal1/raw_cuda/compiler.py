@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import types
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,15 +141,19 @@ def cuda_include_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def _nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError:
+def cuda_bindings(module: str, purpose: str) -> types.ModuleType:
+    """`cuda.bindings.<module>` (cuda-python >= 12.6; before that `cuda.cuda` for the driver, `cuda.<module>`
+    otherwise), or `MissingDependencyError` naming the `cuda` extra and what it was needed for."""
+    for name in (f"cuda.bindings.{module}", "cuda.cuda" if module == "driver" else f"cuda.{module}"):
         try:
-            from cuda import nvrtc  # cuda-python < 12.6
+            return importlib.import_module(name)
         except ImportError:
-            raise MissingDependencyError("cuda-python", "cuda", "compiling raw CUDA kernels") from None
-    return nvrtc
+            continue
+    raise MissingDependencyError("cuda-python", "cuda", purpose)
+
+
+def _nvrtc() -> types.ModuleType:
+    return cuda_bindings("nvrtc", "compiling raw CUDA kernels")
 
 
 @functools.lru_cache(maxsize=1)
