@@ -101,6 +101,12 @@ def run_form(form: str, args: argparse.Namespace, out_dir: Path) -> dict:
             "per_gpu_hour": candidates / (wall_s / 3600.0) if wall_s > 0 else None}
 
 
+def _ratio(results: dict[str, dict]) -> float | None:
+    raw, inline = results.get("raw_cuda"), results.get("load_inline")
+    return (raw["per_gpu_hour"] / inline["per_gpu_hour"]
+            if raw and inline and raw["per_gpu_hour"] and inline["per_gpu_hour"] else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
@@ -121,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out_dir.mkdir(parents=True, exist_ok=True)
     forms = [f.strip() for f in args.forms.split(",") if f.strip()]
-    results = {form: run_form(form, args, args.out_dir) for form in forms}
-    raw, inline = results.get("raw_cuda"), results.get("load_inline")
-    ratio = (raw["per_gpu_hour"] / inline["per_gpu_hour"]
-             if raw and inline and raw["per_gpu_hour"] and inline["per_gpu_hour"] else None)
-    report = {"gpu": torch.cuda.get_device_name(), "args": {k: str(v) for k, v in vars(args).items()},
-              "forms": results, "ratio_raw_over_load_inline": ratio}
-    (args.out_dir / "bench_optimize.json").write_text(json.dumps(report, indent=2))
+    results: dict[str, dict] = {}
+    for form in forms:
+        results[form] = run_form(form, args, args.out_dir)
+        report = {"gpu": torch.cuda.get_device_name(), "args": {k: str(v) for k, v in vars(args).items()},
+                  "forms": results, "ratio_raw_over_load_inline": _ratio(results)}
+        (args.out_dir / "bench_optimize.json").write_text(json.dumps(report, indent=2))  # kept if killed later
+    ratio = _ratio(results)
     print(f"\n{'form':<12} {'candidates':>10} {'wall s':>8} {'per GPU-hour':>13}")
     for form, r in results.items():
         per_hour = f"{r['per_gpu_hour']:.0f}" if r["per_gpu_hour"] else "-"

@@ -14,9 +14,12 @@ of both runs, wall times, ratio) and prints a short summary last.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import sys
+import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -52,21 +55,39 @@ def make_bench_pool(workers: str, n_gpus: int, config: EvalConfig) -> Any:
     return LocalPool(config, LocalPoolConfig(devices=tuple(f"cuda:{i}" for i in range(n_gpus))))
 
 
-def save_ray_logs(out_dir: Path, max_bytes: int = 20_000) -> None:
-    """The tail of every log of the current Ray session, copied under OUT_DIR/ray_logs (for a stuck run)."""
+def save_ray_logs(out_dir: Path, max_bytes: int = 20_000) -> Path:
+    """The tail of every log of the current Ray session, in one archive OUT_DIR/ray_logs.tar.gz (for a stuck
+    run; one file, so it survives copy tools that limit the number of files)."""
     try:
         import ray
 
         session = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001 - no public API
     except Exception:  # noqa: BLE001 - best effort, never hides the real failure
         session = Path("/tmp/ray/session_latest")
-    dest = out_dir / "ray_logs"
-    dest.mkdir(parents=True, exist_ok=True)
-    for log in sorted((session / "logs").glob("*")):
-        if log.is_file() and log.stat().st_size:
-            with open(log, "rb") as f:
-                f.seek(max(0, log.stat().st_size - max_bytes))
-                (dest / log.name).write_bytes(f.read())
+    archive = out_dir / "ray_logs.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for log in sorted((session / "logs").glob("*")):
+            if log.is_file() and log.stat().st_size:
+                with open(log, "rb") as f:
+                    f.seek(max(0, log.stat().st_size - max_bytes))
+                    data = f.read()
+                info = tarfile.TarInfo(f"ray_logs/{log.name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def close_within(pool: Any, workers: str, timeout_s: float = 30.0) -> None:
+    """Close the pool, but never hang the benchmark on a stuck actor: give up after `timeout_s`."""
+    closer = threading.Thread(target=pool.close, daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        print(f"pool.close() did not return within {timeout_s:.0f} s; leaving it", file=sys.stderr)
+    if workers == "ray":
+        import ray
+
+        ray.shutdown()
 
 
 def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: EvalConfig,
@@ -82,16 +103,10 @@ def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: 
                                      for f in futures]
         wall_s = time.monotonic() - started
     except TimeoutError:
-        if workers == "ray":
-            save_ray_logs(out_dir)
-        raise SystemExit(f"{workers} pool on {n_gpus} GPU(s): no result within {timeout_s:.0f} s "
-                         f"(Ray logs, if any, under {out_dir / 'ray_logs'})") from None
+        where = f" (Ray logs: {save_ray_logs(out_dir)})" if workers == "ray" else ""
+        raise SystemExit(f"{workers} pool on {n_gpus} GPU(s): no result within {timeout_s:.0f} s{where}") from None
     finally:
-        pool.close()
-        if workers == "ray":
-            import ray
-
-            ray.shutdown()
+        close_within(pool, workers)
     return {"n_gpus": n_gpus, "wall_s": wall_s, "per_s": len(pairs) / wall_s,
             "verdicts": [r.status.value for r in results], "speedups": [r.speedup for r in results]}
 

@@ -135,3 +135,13 @@ def test_actors_that_cannot_start_fail_the_items_with_the_reason(cluster):
         assert result.status is Status.RUNTIME_ERROR
         assert "failed to start 3 times" in result.message and "CUDA" in result.message, result.message
         assert broken.stats["actor_restarts"] == 2
+
+
+def test_an_actor_no_node_can_host_is_a_config_error(cluster):
+    # 2 (fake) GPUs in the cluster: an actor asking for 3 would wait forever; the pool says so at once.
+    from cudal1.errors import ConfigError
+
+    cfg = RayPoolConfig(n_actors=1, device="cpu", num_gpus_per_actor=3, num_cpus_per_actor=0)
+    with pytest.raises(ConfigError, match="needs 3 GPU, the cluster has 2"):
+        RayPool(FAST_CONFIG, cfg, evaluate_fn=fake_evaluate)
+    assert ray.is_initialized()  # the cluster it joined is left running

@@ -218,6 +218,10 @@ def test_failure_message_names_the_first_compiler_error():
                                           "from \"const at::DeprecatedTypeProperties\" to \"c10::ScalarType\" exists")
     assert build_failure_message("Error building extension 'x'") == "CUDA build failed: Error building extension 'x'"
     assert build_failure_message("") == "CUDA build failed: no compiler output"
+    assert build_failure_message("SyntaxError: unterminated triple-quoted string literal (detected at line 554) "
+                                 "(cudal1_candidate_8bc1.py, line 6)") == (
+        "syntax error at line 6: unterminated triple-quoted string literal (detected at line 554)")
+    assert build_failure_message("IndentationError: unexpected indent") == "syntax error: unexpected indent"
     assert len(build_failure_message("x.cu(1): error: " + "y" * 1000)) == len("CUDA build failed: ") + 300
 
 

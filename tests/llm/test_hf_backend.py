@@ -93,3 +93,15 @@ def test_generation_on_gpu(tiny):
     backend = HFBackend(LLMConfig(spec="hf:tiny", max_tokens=6), model=gpu_model, tokenizer=tok)
     out = backend.generate(["a", "bb"], n=2)
     assert all(c.error is None and 1 <= c.completion_tokens <= 6 for g in out for c in g)
+
+
+def test_time_limit_ends_a_batch_early(tiny):
+    model, tok = tiny
+    unlimited = HFBackend(LLMConfig(spec="hf:tiny", temperature=0.0, max_tokens=120), model=model, tokenizer=tok)
+    full = unlimited.generate(["a prompt"], n=1)[0][0]
+    assert full.completion_tokens > 10, "the check below needs a long greedy completion"
+    limited = HFBackend(LLMConfig(spec="hf:tiny", temperature=0.0, max_tokens=120, timeout_s=1e-6),
+                        model=model, tokenizer=tok)
+    cut = limited.generate(["a prompt"], n=1)[0][0]
+    assert cut.error is None and cut.finish_reason == "length"
+    assert 1 <= cut.completion_tokens <= 3 and full.text.startswith(cut.text)

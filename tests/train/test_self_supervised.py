@@ -83,3 +83,26 @@ def test_stopping_rule():
     assert should_stop([_stats(0.1), _stats(0.6)], cfg) == "target_success_rate"
     assert should_stop([_stats(0.3), _stats(0.31), _stats(0.32)], cfg) == "patience"
     assert should_stop([_stats(0.1), _stats(0.2), _stats(0.3)], cfg) is None
+
+
+def test_time_budget_stops_the_stage():
+    import time
+
+    cfg = SelfSupervisedConfig(model="scratch", output_dir="x", rounds=10)
+    spent, ahead = time.monotonic() - 1, time.monotonic() + 60
+    assert should_stop([], cfg, spent) == "time_budget"  # no round starts once the budget is gone
+    assert should_stop([_stats(0.1)], cfg, spent) == "time_budget"
+    assert should_stop([_stats(0.1)], cfg, ahead) is None
+    assert should_stop([_stats(0.1)] * 10, cfg, spent) == "rounds"  # the configured limit is named first
+
+
+def test_sampling_time_is_bounded_per_batch():
+    import time
+
+    from cudal1.train.self_supervised import SAMPLING_SHARE, _batch_time_s
+
+    cfg = SelfSupervisedConfig(model="scratch", output_dir="x", generation_batch_size=4)
+    assert _batch_time_s(cfg, 8, None) == 600.0  # unbudgeted: the backend's default
+    share = _batch_time_s(cfg, 8, time.monotonic() + 100)  # 2 batches share 40 % of 100 s
+    assert abs(share - SAMPLING_SHARE * 100 / 2) < 1.0
+    assert _batch_time_s(cfg, 8, time.monotonic() - 5) == 1.0  # never zero or negative

@@ -23,9 +23,14 @@ per actor, so a mixed cluster stores its results under each GPU's own key. Build
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import faulthandler
 import logging
+import sys
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +56,23 @@ POLL_S = 0.05
 
 #: Consecutive start failures of one slot's actor before the slot gives up (and says why).
 MAX_START_FAILURES = 3
+
+#: An actor call or CPU build still running after this many seconds dumps every thread's stack to its
+#: stderr (forwarded to the driver with `log_to_driver`), and again each period: a stuck one says where.
+WATCHDOG_S = 120.0
+
+
+@contextlib.contextmanager
+def stack_watchdog(what: str, after_s: float = WATCHDOG_S) -> Iterator[None]:
+    """Log `what` with its duration to stderr; dump all stacks there if it runs past `after_s`."""
+    started = time.monotonic()
+    print(f"cudal1 ray: {what} started", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback_later(after_s, repeat=True, file=sys.stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        print(f"cudal1 ray: {what} done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def import_ray() -> Any:
@@ -107,19 +129,21 @@ class EvalActor:
         from cudal1.dist.pool import pool_environment
         from cudal1.eval.config import resolve_device
 
-        device = resolve_device(self.device)
-        arch = None
-        if device.startswith("cuda"):
-            from cudal1.eval.compile import local_arch
+        with stack_watchdog("describe"):
+            device = resolve_device(self.device)
+            arch = None
+            if device.startswith("cuda"):
+                from cudal1.eval.compile import local_arch
 
-            arch = local_arch()
+                arch = local_arch()
         return {"environment": pool_environment(device), "device": device, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id(), "arch": arch,
                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def evaluate(self, task: Task, source: str, config: EvalConfig, _prebuilt: Any = None) -> EvalResult:
         """Evaluate one item; `_prebuilt` is only a dependency (the CPU build task's result)."""
-        return self.evaluate_fn(task, source, config)
+        with stack_watchdog(f"evaluate {task.id}"):
+            return self.evaluate_fn(task, source, config)
 
 
 def prebuild_on_node(source: str, arch: str, timeout_s: float) -> bool:
@@ -131,7 +155,8 @@ def prebuild_on_node(source: str, arch: str, timeout_s: float) -> bool:
     try:
         from cudal1.eval.compile import build_candidates
 
-        return bool(build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda")[0].ok)
+        with stack_watchdog("CPU prebuild"):
+            return bool(build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda")[0].ok)
     except Exception:  # noqa: BLE001 - the actor rebuilds and reports the error itself
         logging.getLogger(__name__).debug("CPU prebuild failed", exc_info=True)
         return False
@@ -173,6 +198,12 @@ class RayPool:
         pc = self.pool_config
         self._actor_cls = self.ray.remote(EvalActor)
         self._build_task = self.ray.remote(num_cpus=1, num_gpus=0)(prebuild_on_node)
+        try:
+            self._check_actor_fits()
+        except ConfigError:
+            if self._owns_ray:
+                self.ray.shutdown()
+            raise
         n = pc.n_actors or self._default_actors()
         self._slots = [_Slot(i) for i in range(n)]
         for slot in self._slots:
@@ -202,6 +233,18 @@ class RayPool:
         else:
             ray.init(address=pc.address, **kwargs) if pc.address else ray.init(**kwargs)
         return True
+
+    def _check_actor_fits(self) -> None:
+        """An actor no node can host would wait forever (Ray only logs it): say so at once instead.
+
+        Checked against the cluster's totals, so a cluster that autoscales from zero GPUs is refused too;
+        start it with one GPU node."""
+        pc, totals = self.pool_config, self.ray.cluster_resources()
+        for name, need in (("GPU", pc.num_gpus_per_actor), ("CPU", pc.num_cpus_per_actor)):
+            if need > totals.get(name, 0):
+                hint = " (evaluating on cpu? set num_gpus_per_actor=0)" if name == "GPU" else ""
+                raise ConfigError(f"each Ray actor needs {need:g} {name}, the cluster has "
+                                  f"{totals.get(name, 0):g}{hint}")
 
     def _default_actors(self) -> int:
         pc = self.pool_config

@@ -260,11 +260,18 @@ def _is_context_line(line: str) -> bool:
     return line.startswith((" ", "\t")) or bool(re.match(r"^\s*\d*\s*\|", line))
 
 
+_PYTHON_SYNTAX_ERROR = re.compile(r"(?:SyntaxError|IndentationError|TabError): (.*?)(?: \([^,()]*, line (\d+)\))?$")
+
+
 def build_failure_message(log: str, limit: int = 300) -> str:
     """One line for a failed build: the first compiler error in `log`, else its first line."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     first_error = next((ln for ln in lines if _KEEP_PATTERNS.search(ln) and not _BUILD_ERROR_HEAD.search(ln)
                         and "ninja: build stopped" not in ln), None)
+    syntax = _PYTHON_SYNTAX_ERROR.match(lines[0]) if first_error is None and lines else None
+    if syntax:  # the module never reached a compiler; worded as the worker words it
+        where = f" at line {syntax.group(2)}" if syntax.group(2) else ""
+        return f"syntax error{where}: {syntax.group(1)}"[:limit]
     return "CUDA build failed: " + (first_error or (lines[0] if lines else "no compiler output"))[:limit]
 
 

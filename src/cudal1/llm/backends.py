@@ -98,7 +98,9 @@ class LLMConfig:
         "help": "Maximum completion tokens per sample (analysis + design + code need several thousand)."})
     concurrency: int = field(default=16, metadata={
         "help": "OpenAI: requests in flight at once. HF: prompts per generation batch."})
-    timeout_s: float = field(default=600.0, metadata={"help": "Per-request time limit in seconds (OpenAI)."})
+    timeout_s: float = field(default=600.0, metadata={
+        "help": "Per-request time limit in seconds. OpenAI: each HTTP request. HF: each generation batch "
+                "(transformers' max_time; the batch returns what it generated so far)."})
     max_retries: int = field(default=5, metadata={
         "help": "Retries after the first attempt on 429, 5xx, timeouts, connection errors, malformed replies."})
     backoff_base_s: float = field(default=1.0, metadata={

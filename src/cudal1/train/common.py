@@ -99,6 +99,13 @@ def resolve_resume(config: CommonTrainConfig) -> str | None:
     return spec
 
 
+def training_device(config: Any) -> str:
+    """Where the trainer will put the model: the GPU when one is visible, unless `use_cpu`."""
+    import torch
+
+    return "cpu" if getattr(config, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
+
+
 def time_budget_callback(budget_s: float) -> Any:
     """A transformers `TrainerCallback` that stops training cleanly (and saves) after `budget_s` seconds."""
     import transformers

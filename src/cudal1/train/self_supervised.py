@@ -9,7 +9,9 @@ fine-tuned on them (or on all rounds' successes with `accumulate`).
 Logged per round (into `<output_dir>/rounds.json`, the log, TensorBoard through the SFT trainer): sample
 success rate, task success rate, mean speedup of the successes, examples kept, and the fine-tuning loss.
 Stopping rule: `rounds` at most; earlier when the sample success rate reaches `target_success_rate`, or
-after `patience` rounds without an improvement of `min_improvement`.
+after `patience` rounds without an improvement of `min_improvement`, or when `time_budget_s` is spent. With a
+budget, each round's sampling gets at most `SAMPLING_SHARE` of what is left (a generation batch that runs
+out returns what it has) and its fine-tuning stops at the stage's deadline.
 
 Resume: with `resume_from_checkpoint` set, finished rounds (in `rounds.json`) are skipped and the policy of
 the last finished round (`round_N/model`) is loaded.
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,12 +43,16 @@ from cudal1.train.common import (
     fenced,
     open_store,
     resolve_tasks,
+    time_budget_callback,
+    training_device,
 )
 from cudal1.train.config import SelfSupervisedConfig
 from cudal1.train.models import load_policy, save_policy
 from cudal1.train.sft import Record, fit_sft, loss_curve
 
 logger = logging.getLogger(__name__)
+
+SAMPLING_SHARE = 0.4  # of the stage's remaining time budget, per round; evaluation and fine-tuning get the rest
 
 
 class CompletionSampler(Protocol):
@@ -58,12 +66,12 @@ class CompletionSampler(Protocol):
 class PolicySampler:
     """Samples from the policy being trained through `HFBackend` (always the current weights)."""
 
-    def __init__(self, model: Any, tokenizer: Any, config: SelfSupervisedConfig):
+    def __init__(self, model: Any, tokenizer: Any, config: SelfSupervisedConfig, batch_time_s: float = 600.0):
         from cudal1.llm.backends import LLMConfig, make_backend
 
         llm_cfg = LLMConfig(spec="hf:policy", temperature=config.temperature, top_p=config.top_p,
                             max_tokens=config.max_new_tokens, concurrency=config.generation_batch_size,
-                            seed=config.seed)
+                            seed=config.seed, timeout_s=batch_time_s)
         self.backend = make_backend(llm_cfg, model=model, tokenizer=tokenizer)
 
     def sample(self, prompts: list[list[dict[str, str]]], n: int) -> list[list[str]]:
@@ -142,12 +150,15 @@ def _round_stats(index: int, tasks: Sequence[Task], flat_tasks: list[Task], resu
                       statuses=statuses)
 
 
-def should_stop(history: Sequence[RoundStats], config: SelfSupervisedConfig) -> str | None:
-    """Why to stop after the last round (None: go on)."""
+def should_stop(history: Sequence[RoundStats], config: SelfSupervisedConfig,
+                deadline: float | None = None) -> str | None:
+    """Why to stop after the last round (None: go on); `deadline` is a `time.monotonic()` value."""
+    if history and len(history) >= config.rounds:
+        return "rounds"
+    if deadline is not None and time.monotonic() >= deadline:
+        return "time_budget"
     if not history:
         return None
-    if len(history) >= config.rounds:
-        return "rounds"
     if config.target_success_rate > 0 and history[-1].success_rate >= config.target_success_rate:
         return "target_success_rate"
     if config.patience > 0 and len(history) > config.patience:
@@ -169,6 +180,8 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
                         tasks: Sequence[Task] | None = None, sampler: CompletionSampler | None = None,
                         evaluator: Evaluator | None = None) -> StageResult:
     """Stage 2 end to end (see the module docstring); the final policy is saved in `<output_dir>/final`."""
+    started = time.monotonic()
+    deadline = started + config.time_budget_s if config.time_budget_s > 0 else None
     store = open_store(config.store)
     recorder = RunRecorder("self_supervised", config, store)
     tasks = resolve_tasks(config, tasks)
@@ -177,6 +190,7 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         model, tokenizer = load_policy(history[-1].model_dir)
     elif model is None or tokenizer is None:
         model, tokenizer = load_policy(config.model, config.tokenizer, seed=config.seed)
+    model = model.to(training_device(config))  # sampling runs where training will (a loaded policy is on cpu)
     evaluator = evaluator or default_evaluator(config, store, recorder.run_id, label=f"self_supervised:{config.model}")
     db = None
     if config.exemplar_db:
@@ -185,10 +199,10 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         db = ExemplarDB(config.exemplar_db)
     all_kept: list[Record] = []
     log: list[dict[str, Any]] = []
-    reason = should_stop(history, config)
+    reason = should_stop(history, config, deadline)
     while reason is None:
         index = len(history)
-        round_sampler = sampler or PolicySampler(model, tokenizer, config)
+        round_sampler = sampler or PolicySampler(model, tokenizer, config, _batch_time_s(config, len(tasks), deadline))
         flat_tasks, codes, results, prompts = sample_and_evaluate(tasks, round_sampler, evaluator, config)
         kept = keep_successes(flat_tasks, codes, results, config.max_kept_per_task)
         stats = _round_stats(index, tasks, flat_tasks, results, len(kept))
@@ -202,25 +216,38 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         train_on = all_kept if config.accumulate else records
         round_dir = Path(config.output_dir) / f"round_{index}"
         if train_on:
-            model, stats, round_log = _fine_tune_round(model, tokenizer, train_on, config, round_dir, stats)
+            left_s = deadline - time.monotonic() if deadline is not None else 0.0
+            model, stats, round_log = _fine_tune_round(model, tokenizer, train_on, config, round_dir, stats,
+                                                       budget_s=max(1.0, left_s) if deadline is not None else 0.0)
             log.extend({**e, "round": index} for e in round_log)
         logger.info("self-supervised round %d: %d/%d samples correct (%.0f%%), %d tasks solved, %d kept",
                     index, stats.correct, stats.samples, 100 * stats.success_rate, stats.tasks_solved, stats.kept)
         stats.model_dir = str(save_policy(model, tokenizer, round_dir / "model"))
         history.append(stats)
         (Path(config.output_dir) / "rounds.json").write_text(json.dumps([asdict(r) for r in history], indent=1))
-        reason = should_stop(history, config)
+        reason = should_stop(history, config, deadline)
     final = save_policy(model, tokenizer, Path(config.output_dir) / "final")
     summary = {"rounds": [asdict(r) for r in history], "stopped_because": reason,
                "success_rate_last": history[-1].success_rate if history else None}
     return recorder.finish(StageResult("self_supervised", config.output_dir, str(final), log, summary))
 
 
+def _batch_time_s(config: SelfSupervisedConfig, n_prompts: int, deadline: float | None) -> float:
+    """Time limit of one generation batch: an even share of this round's sampling budget (600 s unbudgeted)."""
+    if deadline is None:
+        return 600.0
+    batches = max(1, math.ceil(n_prompts / config.generation_batch_size))
+    return max(1.0, SAMPLING_SHARE * (deadline - time.monotonic()) / batches)
+
+
 def _fine_tune_round(model: Any, tokenizer: Any, records: list[Record], config: SelfSupervisedConfig,
-                     round_dir: Path, stats: RoundStats) -> tuple[Any, RoundStats, list[dict[str, Any]]]:
-    """Fine-tune on this round's successes; LoRA adapters are merged so the next round starts clean."""
+                     round_dir: Path, stats: RoundStats, budget_s: float = 0.0
+                     ) -> tuple[Any, RoundStats, list[dict[str, Any]]]:
+    """Fine-tune on this round's successes (stopping after `budget_s` if > 0); LoRA adapters are merged so the
+    next round starts clean."""
     trainer = fit_sft(model, tokenizer, records, [], config, output_dir=str(round_dir), max_length=config.max_length,
-                      extra_args={"save_strategy": "no"})
+                      extra_args={"save_strategy": "no"},
+                      callbacks=[time_budget_callback(budget_s)] if budget_s > 0 else None)
     curve = loss_curve(trainer.state.log_history)
     stats.loss_first = curve[0][1] if curve else None
     stats.loss_last = curve[-1][1] if curve else None
