@@ -7,7 +7,9 @@ What it does:
 1. Stage-1 data: the release's optimized kernels for `--tasks` tasks (shortest reference first), each run
    through the hardened evaluator (`evaluate_many`, builds in parallel); only CORRECT ones are kept. With
    `--trusted-jsonl` (rows `task_id`, `code`, optional `status`) precomputed verdicts are used instead.
-2. Stage 1 (SFT) of a small Llama trained from scratch with the byte tokenizer (`--model-spec`).
+2. Stage 1 (SFT) of a small Llama trained from scratch with the byte tokenizer (`--model-spec`), on each
+   kernel under the plain prompt and under the contrastive prompt showing it as the scored exemplar (stage
+   3's format: a model trained from scratch writes parseable answers only to prompts like those it saw).
 3. Stage 2: one self-supervised round (sample, evaluate, keep successes, fine-tune).
 4. Stage 3: a few contrastive GRPO steps, the exemplar database seeded with the stage-1 kernels.
 Each stage gets a share of the time budget and stops cleanly when it is spent. Everything lands in
@@ -103,6 +105,24 @@ def common(args: argparse.Namespace, out: Path, stage: str, budget_s: float) -> 
             "gradient_accumulation_steps": 1, "eval_workers": 8}
 
 
+def stage1_rows(tasks: list, rows: list[dict], prompt_token_budget: int) -> list[dict]:
+    """Stage-1 SFT rows: each kernel under the plain prompt, and under the contrastive prompt that shows it as
+    the one scored exemplar (stage 3's format; a model trained from scratch knows only the formats it saw)."""
+    from cudal1.exemplars.db import ScoredCode
+    from cudal1.llm.prompts import build_contrastive_prompt
+    from cudal1.train.common import fenced
+
+    by_id = {t.id: t for t in tasks}
+    plain = [{"task_id": r["task_id"], "code": r["code"], "ref_code": r.get("ref_code") or by_id[r["task_id"]].source}
+             for r in rows]
+    contrastive = [{"prompt": build_contrastive_prompt(by_id[r["task_id"]].source,
+                                                       [ScoredCode(r["code"], float(r.get("speedup") or 1.0))],
+                                                       token_budget=prompt_token_budget),
+                    "completion": [{"role": "assistant", "content": fenced(r["code"])}], "task_id": r["task_id"]}
+                   for r in rows]
+    return plain + contrastive
+
+
 def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s: float) -> dict:
     """Stages 1-3 in order; returns one summary dict per stage."""
     from cudal1.exemplars import ExemplarDB
@@ -113,10 +133,7 @@ def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s:
 
     out = args.out_dir
     data = out / "stage1.jsonl"
-    data.write_text("".join(json.dumps({k: r[k] for k in ("task_id", "code") if k in r} |
-                                       {"ref_code": r.get("ref_code") or next(t.source for t in tasks
-                                                                              if t.id == r["task_id"])}) + "\n"
-                            for r in rows))
+    data.write_text("".join(json.dumps(r) + "\n" for r in stage1_rows(tasks, rows, args.max_length // 2)))
     sft = run_sft(load_config(SFTStageConfig, None, {
         **common(args, out, "sft", stage_s), "model": args.model_spec, "dataset": str(data),
         "max_steps": args.sft_steps, "max_length": args.max_length, "learning_rate": 1e-3,
@@ -137,6 +154,11 @@ def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s:
     return {"sft": sft.summary, "self_supervised": ss.summary, "rl": rl.summary}
 
 
+def _per_batch(rl: dict, key: str) -> str:
+    values = [b.get(key) for b in rl.get("reward_batches") or []]
+    return " ".join("-" if v is None else f"{v:.2f}" for v in values) or "-"
+
+
 def print_table(summary: dict) -> None:
     sft, ss, rl = summary["stages"]["sft"], summary["stages"]["self_supervised"], summary["stages"]["rl"]
     last_round = (ss.get("rounds") or [{}])[-1]
@@ -144,6 +166,8 @@ def print_table(summary: dict) -> None:
             ("stage 1 loss first -> last", f"{sft.get('first_loss')} -> {sft.get('last_loss')}"),
             ("stage 2 success rate", f"{last_round.get('success_rate')}"),
             ("stage 3 reward first -> last", f"{rl.get('reward_first')} -> {rl.get('reward_last')}"),
+            ("stage 3 raw reward per batch", _per_batch(rl, "raw_reward_mean")),
+            ("stage 3 success rate per batch", _per_batch(rl, "success_rate")),
             ("stage 3 steps", f"{rl.get('steps')}"), ("wall s", f"{summary['wall_s']:.0f}")]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
