@@ -93,14 +93,24 @@ def close_within(pool: Any, workers: str, timeout_s: float = 30.0) -> None:
 def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: EvalConfig,
               out_dir: Path, timeout_s: float) -> dict[str, Any]:
     """Evaluate every pair on `n_gpus` GPUs; wall time excludes pool start-up."""
+    from cudal1.eval.pipeline import uses_load_inline
+
     pool = make_bench_pool(workers, n_gpus, config)
     try:
-        warm = pool.submit(pairs[0][0], pairs[0][1], force=True)  # start-up (actors, CUDA) off the clock
-        warm.result(timeout=timeout_s)
+        # Start-up (actors, CUDA) off the clock, on a candidate without a build: a stuck run then tells
+        # start-up problems apart from build problems.
+        warm_task, warm_source = next((p for p in pairs if not uses_load_inline(p[1])), pairs[0])
+        t0 = time.monotonic()
+        warm = pool.submit(warm_task, warm_source, force=True)
+        print(f"[{n_gpus} GPU] warm-up {warm_task.id}: {warm.result(timeout=timeout_s).status.value} "
+              f"in {time.monotonic() - t0:.1f} s", flush=True)
         started = time.monotonic()
         futures = [pool.submit(task, source, force=True) for task, source in pairs]
-        results: list[EvalResult] = [f.result(timeout=max(1.0, started + timeout_s - time.monotonic()))
-                                     for f in futures]
+        results: list[EvalResult] = []
+        for (task, _), f in zip(pairs, futures, strict=True):
+            results.append(f.result(timeout=max(1.0, started + timeout_s - time.monotonic())))
+            print(f"[{n_gpus} GPU] {time.monotonic() - started:6.1f} s {task.id}: {results[-1].status.value}",
+                  flush=True)
         wall_s = time.monotonic() - started
     except TimeoutError:
         where = f" (Ray logs: {save_ray_logs(out_dir)})" if workers == "ray" else ""
