@@ -161,3 +161,20 @@ def test_retired_slot_hands_its_lane_to_live_slots():
     queue.retire(2)  # no live slot but the avoided one: the jobs still run somewhere rather than never
     assert all(queue.get(0, timeout_s=0) is not None for _ in range(3))
     assert queue.get(0, timeout_s=0) is None
+
+
+def test_pool_evaluations_reuse_pre_started_workers():
+    # The real evaluator as pools call it: the calling thread keeps a warm worker ready for its next
+    # evaluation, and the slot's end stops it.
+    from cudal1.dist import pool as pool_mod
+
+    first = pool_mod.default_evaluate(tiny_task(), TINY_CANDIDATE, FAST_CONFIG)
+    supply = pool_mod._thread_state.supplies["cpu"]
+    assert first.status is Status.CORRECT and supply.n_ready == 1
+    spare = supply._ready[0]
+    second = pool_mod.default_evaluate(tiny_task(), TINY_CANDIDATE, FAST_CONFIG)
+    assert second.status is Status.CORRECT
+    assert spare not in supply._ready and supply.n_ready == 1  # the spare ran it; a new one waits
+    waiting = supply._ready[0]
+    pool_mod.close_thread_supplies()
+    assert waiting.proc.wait(timeout=10) is not None and not hasattr(pool_mod._thread_state, "supplies")

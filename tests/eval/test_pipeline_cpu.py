@@ -6,6 +6,7 @@ Each test runs the full pipeline (static analysis, isolated child, correctness, 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -147,7 +148,9 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
     monkeypatch.setattr(pipeline, "local_environment", lambda device: env)
     monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, on_build=None: built.extend(s for _, s in items))
-    monkeypatch.setattr(pipeline, "worker_supply", lambda device: contextlib.nullcontext())
+    filled = []
+    monkeypatch.setattr(pipeline, "worker_supply",
+                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1))))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT))
     done, todo = "# load_inline candidate A\n", "# load_inline candidate B\n"
@@ -157,6 +160,7 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
         store.put_evaluation(EvalResult(status=Status.CORRECT, speedup=1.5), task_hash=task.hash, key=key)
         pipeline.evaluate_many([(task, done), (task, todo)], cfg, store=store)
         assert built == [todo] and evaluated == [done, todo]  # the stored one is read back, not rebuilt
+        assert filled == [1]  # workers started before the builds
         built.clear()
         pipeline.evaluate_many([(task, done), (task, todo)], cfg, store=store, force=True)
         assert built == [done, todo]

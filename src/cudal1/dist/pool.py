@@ -73,11 +73,28 @@ class EvaluatorPool(Protocol):
     def close(self) -> None: ...
 
 
-def default_evaluate(task: Task, source: str, config: EvalConfig) -> EvalResult:
-    """The real evaluator without the store (the pool's driver side owns the store)."""
-    from cudal1.eval.pipeline import evaluate_candidate
+_thread_state = threading.local()
 
-    return evaluate_candidate(task, source, config)
+
+def default_evaluate(task: Task, source: str, config: EvalConfig) -> EvalResult:
+    """The real evaluator without the store (the pool's driver side owns the store).
+
+    Each calling thread (a local slot, a Ray actor) keeps pre-started workers per device, so a worker's
+    start (interpreter, imports, CUDA context: seconds) overlaps the evaluation before it."""
+    from cudal1.eval.config import resolve_device
+    from cudal1.eval.pipeline import evaluate_candidate, worker_supply
+
+    supplies = _thread_state.__dict__.setdefault("supplies", {})
+    device = resolve_device(config.device)
+    if device not in supplies:
+        supplies[device] = worker_supply(device)
+    return evaluate_candidate(task, source, config, workers=supplies[device])
+
+
+def close_thread_supplies() -> None:
+    """Stop the calling thread's pre-started workers (a slot thread ends; tests)."""
+    for supply in _thread_state.__dict__.pop("supplies", {}).values():
+        supply.close()
 
 
 def key_protocol(config: EvalConfig, device: str) -> dict[str, Any]:
@@ -318,6 +335,12 @@ class LocalPool:
         return [f.result() for f in futures]
 
     def _work(self, slot: int) -> None:
+        try:
+            self._serve(slot)
+        finally:
+            close_thread_supplies()
+
+    def _serve(self, slot: int) -> None:
         device = self.devices[slot]
         while True:
             job = self._queue.get(slot)

@@ -228,9 +228,18 @@ class WorkerSupply:
         while self._ready and self._ready[0].proc.poll() is not None:
             self._ready.pop(0).discard()
         worker = self._ready.pop(0) if self._ready else self._spawn()
+        self.fill()
+        return worker
+
+    def fill(self) -> None:
+        """Start spares up to `spares` now (e.g. while a batch's builds run), so the first `take` is warm."""
         while len(self._ready) < self.spares:
             self._ready.append(self._spawn())
-        return worker
+
+    @property
+    def n_ready(self) -> int:
+        """Started workers waiting to be taken."""
+        return len(self._ready)
 
     def _spawn(self) -> WorkerProcess:
         return WorkerProcess(self.entry, env=self.env, warm_device=self.warm_device)

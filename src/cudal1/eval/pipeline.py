@@ -204,9 +204,16 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
     return with_phases(result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class))
 
 
+#: Warm workers kept ready on a GPU. A worker's start (interpreter, imports, CUDA context) took up to ~9 s
+#: on the H200 host, longer than many evaluations (2.5-5 s), so one spare still made the next one wait.
+#: On cpu one: a starting worker competes with the host timers of the evaluation in progress.
+CUDA_SPARES = 2
+
+
 def worker_supply(device: str) -> WorkerSupply:
     """Pre-started evaluation workers for a series of evaluations on `device` (close it when done)."""
-    return WorkerSupply(WORKER_ENTRY, warm_device=device if device.startswith("cuda") else None)
+    cuda = device.startswith("cuda")
+    return WorkerSupply(WORKER_ENTRY, warm_device=device if cuda else None, spares=CUDA_SPARES if cuda else 1)
 
 
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
@@ -218,8 +225,9 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     """Evaluate (task, source) pairs one after another on this machine's device.
 
     `load_inline` builds of all pairs are started first in the compile pool (every CPU core), so the GPU
-    phase finds them in the build cache (`on_build(done, total)` follows them); the worker for the next
-    candidate starts (interpreter, imports, CUDA context) while the current one is evaluated.
+    phase finds them in the build cache (`on_build(done, total)` follows them); the first workers start
+    meanwhile, and the workers for the next candidates start (interpreter, imports, CUDA context) while the
+    current one is evaluated.
     `should_stop` is asked before each candidate (a time budget, a signal); the results so far are
     returned when it says stop. `workers` is a supply the caller keeps across calls (closed by the
     caller); without it one is started for this call.
@@ -227,15 +235,17 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     items = list(items)
     cfg = config or EvalConfig()
     device = resolve_device(cfg.device)
-    if device.startswith("cuda"):
-        to_build = items
-        if store is not None and not force:  # a resumed batch builds only what it will evaluate
-            resolved, env = cfg.resolved(device), local_environment(device)
-            to_build = [(t, s) for t, s in items
-                        if store.lookup(t.hash, source_hash(s), resolved.protocol(), env)[1] is None]
-        prebuild(to_build, cfg.resolved(device), on_build=on_build)
     results = []
     with contextlib.nullcontext(workers) if workers is not None else worker_supply(device) as supply:
+        if device.startswith("cuda"):
+            to_build = items
+            if store is not None and not force:  # a resumed batch builds only what it will evaluate
+                resolved, env = cfg.resolved(device), local_environment(device)
+                to_build = [(t, s) for t, s in items
+                            if store.lookup(t.hash, source_hash(s), resolved.protocol(), env)[1] is None]
+            if to_build and workers is None:
+                supply.fill()  # the first workers start while the builds run
+            prebuild(to_build, cfg.resolved(device), on_build=on_build)
         for task, source in items:
             if should_stop is not None and should_stop():
                 break
