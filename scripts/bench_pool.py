@@ -49,7 +49,8 @@ def make_bench_pool(workers: str, n_gpus: int, config: EvalConfig) -> Any:
 
         # Actor output goes to the driver's stderr: a failing actor is otherwise silent here.
         return RayPool(config, RayPoolConfig(address=None, n_actors=n_gpus,
-                                             init_kwargs={"num_gpus": n_gpus, "log_to_driver": True}))
+                                             init_kwargs={"num_gpus": n_gpus, "log_to_driver": True},
+                                             trace_calls=True))
     from cudal1.dist.pool import LocalPool, LocalPoolConfig
 
     return LocalPool(config, LocalPoolConfig(devices=tuple(f"cuda:{i}" for i in range(n_gpus))))

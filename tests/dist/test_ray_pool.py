@@ -145,3 +145,16 @@ def test_an_actor_no_node_can_host_is_a_config_error(cluster):
     with pytest.raises(ConfigError, match="needs 3 GPU, the cluster has 2"):
         RayPool(FAST_CONFIG, cfg, evaluate_fn=fake_evaluate)
     assert ray.is_initialized()  # the cluster it joined is left running
+
+
+def test_stack_watchdog_traces_and_dumps_a_stuck_call(capfd):
+    from cudal1.dist.ray_pool import stack_watchdog
+
+    with stack_watchdog("quick call"):
+        pass
+    assert capfd.readouterr().err == ""  # quiet unless asked, or stuck
+    with stack_watchdog("slow call", trace=True, after_s=0.2):
+        time.sleep(0.5)
+    err = capfd.readouterr().err
+    assert "cudal1 ray: slow call started" in err and "cudal1 ray: slow call done in" in err
+    assert "test_stack_watchdog_traces_and_dumps_a_stuck_call" in err  # the stack of the stuck frame

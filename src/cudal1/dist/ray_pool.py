@@ -63,16 +63,19 @@ WATCHDOG_S = 120.0
 
 
 @contextlib.contextmanager
-def stack_watchdog(what: str, after_s: float = WATCHDOG_S) -> Iterator[None]:
-    """Log `what` with its duration to stderr; dump all stacks there if it runs past `after_s`."""
+def stack_watchdog(what: str, trace: bool = False, after_s: float = WATCHDOG_S) -> Iterator[None]:
+    """Dump all stacks to stderr if `what` runs past `after_s`; with `trace`, also log its start and
+    duration there."""
     started = time.monotonic()
-    print(f"cudal1 ray: {what} started", file=sys.stderr, flush=True)
+    if trace:
+        print(f"cudal1 ray: {what} started", file=sys.stderr, flush=True)
     faulthandler.dump_traceback_later(after_s, repeat=True, file=sys.stderr)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
-        print(f"cudal1 ray: {what} done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+        if trace:
+            print(f"cudal1 ray: {what} done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def import_ray() -> Any:
@@ -105,6 +108,9 @@ class RayPoolConfig:
     max_retries: int = field(default=2, metadata=_h("Re-tries of an item whose actor died."))
     prebuild_on_cpu: bool = field(default=True, metadata=_h("Build load_inline candidates in CPU tasks first."))
     init_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_h("Extra ray.init arguments."))
+    trace_calls: bool = field(default=False, metadata=_h(
+        "Actors and CPU builds print each call's start and duration to their stderr (the driver shows it "
+        "with log_to_driver). Stacks of a call still running after 120 s are printed regardless."))
 
     def __post_init__(self) -> None:
         if self.n_actors is not None and self.n_actors < 1:
@@ -116,9 +122,10 @@ class RayPoolConfig:
 class EvalActor:
     """The body of one evaluation actor (wrapped with `ray.remote` by the pool)."""
 
-    def __init__(self, evaluate_fn: EvaluateFn, device: str):
+    def __init__(self, evaluate_fn: EvaluateFn, device: str, trace: bool = False):
         self.evaluate_fn = evaluate_fn
         self.device = device
+        self.trace = trace
 
     def describe(self) -> dict[str, Any]:
         """Where this actor runs: environment (the store key half), node, pid, CUDA arch."""
@@ -129,7 +136,7 @@ class EvalActor:
         from cudal1.dist.pool import pool_environment
         from cudal1.eval.config import resolve_device
 
-        with stack_watchdog("describe"):
+        with stack_watchdog("describe", self.trace):
             device = resolve_device(self.device)
             arch = None
             if device.startswith("cuda"):
@@ -142,11 +149,11 @@ class EvalActor:
 
     def evaluate(self, task: Task, source: str, config: EvalConfig, _prebuilt: Any = None) -> EvalResult:
         """Evaluate one item; `_prebuilt` is only a dependency (the CPU build task's result)."""
-        with stack_watchdog(f"evaluate {task.id}"):
+        with stack_watchdog(f"evaluate {task.id}", self.trace):
             return self.evaluate_fn(task, source, config)
 
 
-def prebuild_on_node(source: str, arch: str, timeout_s: float) -> bool:
+def prebuild_on_node(source: str, arch: str, timeout_s: float, trace: bool = False) -> bool:
     """Body of the CPU build task: build one `load_inline` candidate's import-time extensions into this
     node's cache. Import only, so no candidate code touches a GPU here (`ModelNew` is not instantiated);
     the actor's evaluation reuses these builds (`pipeline.prepare_build`), and builds what a candidate
@@ -155,7 +162,7 @@ def prebuild_on_node(source: str, arch: str, timeout_s: float) -> bool:
     try:
         from cudal1.eval.compile import build_candidates
 
-        with stack_watchdog("CPU prebuild"):
+        with stack_watchdog("CPU prebuild", trace):
             return bool(build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda")[0].ok)
     except Exception:  # noqa: BLE001 - the actor rebuilds and reports the error itself
         logging.getLogger(__name__).debug("CPU prebuild failed", exc_info=True)
@@ -259,7 +266,7 @@ class RayPool:
     def _start_actor(self, slot: _Slot) -> None:
         pc = self.pool_config
         slot.actor = self._actor_cls.options(num_gpus=pc.num_gpus_per_actor, num_cpus=pc.num_cpus_per_actor,
-                                             max_concurrency=1).remote(self._evaluate, pc.device)
+                                             max_concurrency=1).remote(self._evaluate, pc.device, pc.trace_calls)
         slot.info_ref = slot.actor.describe.remote()
         slot.info = None
         slot.solo_busy = False
@@ -409,7 +416,7 @@ class RayPool:
 
         strategy = NodeAffinitySchedulingStrategy(node_id=info["node_id"], soft=True)
         return self._build_task.options(scheduling_strategy=strategy).remote(
-            job.source, info["arch"], cfg.build_timeout_s)
+            job.source, info["arch"], cfg.build_timeout_s, self.pool_config.trace_calls)
 
     def _collect(self, ref: Any) -> None:
         entry = self._in_flight.pop(ref)
