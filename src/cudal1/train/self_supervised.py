@@ -190,7 +190,8 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         model, tokenizer = load_policy(history[-1].model_dir)
     elif model is None or tokenizer is None:
         model, tokenizer = load_policy(config.model, config.tokenizer, seed=config.seed)
-    model = model.to(training_device(config))  # sampling runs where training will (a loaded policy is on cpu)
+    if getattr(model, "hf_device_map", None) is None:  # a dispatched (device_map) model stays where it is
+        model = model.to(training_device(config))  # sample where training will run (a loaded policy is on cpu)
     evaluator = evaluator or default_evaluator(config, store, recorder.run_id, label=f"self_supervised:{config.model}")
     db = None
     if config.exemplar_db:
