@@ -35,7 +35,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baselines", default="all", help="Baselines for the sample's tasks ('' none).")
     p.add_argument("--all-baselines", default="cuda_graph", help="Baselines for every task ('' none).")
     p.add_argument("--chunk", default=None, help="Only chunk I/N of each phase's selection (one GPU each).")
-    p.add_argument("--report-only", action="store_true", help="Evaluate nothing; report what the store holds.")
+    p.add_argument("--report-only", action="store_true",
+                   help="Evaluate nothing; report what the store holds (no GPU needed: the results of the GPU "
+                        "with the most results under this profile, or of --gpu).")
+    p.add_argument("--gpu", default=None, help="With --report-only: report the results measured on this GPU name.")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-plots", action="store_true")
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cudal1.audit import AuditConfig, profile_comparison, run_audit, survival_table
-    from cudal1.audit.run import report_audit
+    from cudal1.audit.run import report_audit, report_only_config
     from cudal1.baselines import parse_kinds
     from cudal1.eval.config import EvalConfig
     from cudal1.store import ResultsStore
@@ -62,14 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     phases = [("sample", sample), ("all", {}), ("all_baselines", dict(baselines=all_kinds)),
               ("sample_baselines", dict(sample, baselines=kinds))]
     if args.report_only:
-        phases = [("report", dict(chunk=None))]
+        base = report_only_config(base, store, args.gpu)
+        env = base.environment
+        print(f"reporting results measured on {env['gpu_name']} (torch {env['torch_version']}, "
+              f"CUDA {env['cuda_version']})", flush=True)
+        phases = [("report", {})]
     done = {}
     outcome = None
     for name, extra in phases:
         left = 0.0 if args.report_only else args.time_budget_s - (time.monotonic() - started)
         if left <= 0 and not args.report_only:
             break
-        cfg = AuditConfig(**{**base.__dict__, **extra, "time_budget_s": left})
+        cfg = base if args.report_only else AuditConfig(**{**base.__dict__, **extra, "time_budget_s": left})
         outcome = run_audit(cfg, store)
         done[name] = {"evaluated": outcome.evaluated, "reused": outcome.reused,
                       "left_for_later": outcome.skipped_for_time, "pending": outcome.pending}

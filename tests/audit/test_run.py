@@ -92,3 +92,58 @@ def test_prefilled_store_then_real_cpu_evaluation_and_report(release, store, tmp
     tasks_md = written["audit_tasks.md"].read_text()
     assert "tiny/level2/1 | 2 | incorrect" in tasks_md and "1.60 / 1.50" in tasks_md
     assert "Audit of published speedups" in written["report.md"].read_text()
+
+
+H200 = {"device_type": "cuda", "gpu_name": "NVIDIA H200", "torch_version": "2.11.0+cu130", "cuda_version": "13.0"}
+H100 = {**H200, "gpu_name": "NVIDIA H100"}
+
+
+def _store_gpu_results(store, release, label):
+    """Results as two GPU machines stored them: the H200 has all 3 items (speedups 2, 3, 4), the H100 two."""
+    measured = dataclasses.replace(FAST, profile="strict").resolved("cuda")  # as the GPU machine ran it
+    for i, (task, cand) in enumerate(load_release(release)):
+        for env, speedup in ((H200, 2.0 + i), (H100, 1.0)) if i < 2 else ((H200, 2.0 + i),):
+            key, _ = stored_result(store, task, cand.hash, measured, env)
+            store.put_evaluation(synthetic(Status.CORRECT, speedup, env, measured.protocol()).replace(task_id=task.id),
+                                 task_hash=task.hash, key=key, label=label)
+
+
+def test_report_only_anywhere_reads_the_measuring_machines_results(release, store, tmp_path):
+    # Results measured on a GPU (another machine's environment) are reported on this CPU-only box: the
+    # environment comes from the store (the GPU with the most results, or the one named), nothing runs.
+    import pytest
+
+    from cudal1.audit.run import report_only_config, stored_measurement
+    from cudal1.errors import ConfigError
+
+    gpu_cfg = AuditConfig(release=str(release), eval_config=dataclasses.replace(FAST, device="cuda"))
+    _store_gpu_results(store, release, gpu_cfg.label)
+    environment, protocol = stored_measurement(store, gpu_cfg.label)
+    assert environment["gpu_name"] == "NVIDIA H200"  # 3 results against 2
+    assert protocol["target_bucket_ms"] == FAST.target_bucket_ms and protocol["profile"] == "strict"
+    fake = FakeEvaluate(store)
+    cfg = report_only_config(gpu_cfg, store)
+    outcome = run_audit(cfg, store, evaluate=fake)
+    assert fake.calls == [] and outcome.pending == 0
+    assert sorted(r.speedup for r in outcome.rows) == [2.0, 3.0, 4.0]
+    on_h100 = run_audit(report_only_config(gpu_cfg, store, gpu="NVIDIA H100"), store, evaluate=fake)
+    assert [r.speedup for r in on_h100.rows] == [1.0, 1.0] and on_h100.pending == 1
+    written = report_audit(outcome, cfg, store, tmp_path / "report", plots=False)
+    assert written["report.md"].is_file()
+    with pytest.raises(ConfigError, match="nothing to report"):
+        report_only_config(dataclasses.replace(gpu_cfg, profile="cuda-l1"), store)
+
+
+def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):
+    from cudal1.cli.main import main
+
+    _store_gpu_results(store, release, audit_label("tiny", "strict"))
+    out = tmp_path / "rep"
+    args = ["audit", str(release), "--store", str(store.path), "--out", str(out), "--no-plots", "--trials", "2",
+            "--buckets", "3", "--report-only"]
+    assert main(args) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # Rich wraps long lines
+    assert "measured on NVIDIA H200" in printed and "3/3 evaluated" in printed
+    assert (out / "report.md").is_file()
+    assert main([*args, "--profile", "cuda-l1"]) == 2  # nothing stored under that profile: one-line error
+    assert "nothing to report" in capsys.readouterr().err

@@ -18,8 +18,10 @@ Limits: one device per process; builds of a batch that is cut short are wasted o
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from cudal1.errors import ConfigError
 from cudal1.eval.config import PROFILES, EvalConfig, resolve_device
 from cudal1.eval.types import EvalResult
 from cudal1.metrics.rows import ResultRow
+from cudal1.store.keys import canonical_json, key_environment
 from cudal1.tasks.sources import load_release
 from cudal1.tasks.task import Task
 
@@ -60,6 +63,9 @@ class AuditConfig:
     force: bool = _f(False, "Re-evaluate items already in the store.")
     survive_fraction: float = _f(0.9, "A published speedup survives when ours >= this x published.")
     eval_config: EvalConfig | None = _f(None, "Evaluation settings (device, trials, ...); profile is overridden.")
+    environment: dict[str, Any] | None = _f(None, "Machine whose stored results are used (gpu_name, torch_version, "
+                                            "cuda_version, device_type); default: this one. A report made "
+                                            "elsewhere takes it from the store (`stored_measurement`).")
 
     def __post_init__(self) -> None:
         if not self.release:
@@ -83,9 +89,11 @@ class AuditConfig:
         return audit_label(self.release_name, self.profile)
 
     def resolved_eval(self) -> EvalConfig:
-        """The evaluation config with this audit's profile and the device made concrete."""
+        """The evaluation config with this audit's profile and the device made concrete (the device type of
+        `environment` when set: reporting needs no GPU)."""
         cfg = dataclasses.replace(self.eval_config, profile=self.profile)
-        return cfg.resolved(resolve_device(cfg.device))
+        device = self.environment["device_type"] if self.environment else resolve_device(cfg.device)
+        return cfg.resolved(device)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "eval_config"}
@@ -128,11 +136,40 @@ def record_published(store: Any, items: list[Item], release_name: str) -> None:
     store.put_meta(PUBLISHED_META_PREFIX + release_name, table)
 
 
-def stored_result(store: Any, task: Task, source_hash: str, cfg: EvalConfig) -> tuple[str, EvalResult | None]:
-    """(key, stored result or None) of a candidate under `cfg` on this machine."""
-    from cudal1.eval.pipeline import local_environment
+def stored_result(store: Any, task: Task, source_hash: str, cfg: EvalConfig,
+                  environment: dict[str, Any] | None = None) -> tuple[str, EvalResult | None]:
+    """(key, stored result or None) of a candidate under `cfg` on `environment`'s machine (default: this one)."""
+    if environment is None:
+        from cudal1.eval.pipeline import local_environment
 
-    return store.lookup(task.hash, source_hash, cfg.protocol(), local_environment(cfg.device))
+        environment = local_environment(cfg.device)
+    return store.lookup(task.hash, source_hash, cfg.protocol(), environment)
+
+
+def stored_measurement(store: Any, label: str, gpu: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(machine, protocol) of most results under `label`, optionally only on GPUs named `gpu`: what a
+    report made on another machine, or with other options, shows. ConfigError when there is none."""
+    fields = {f.name for f in dataclasses.fields(EvalConfig)}
+    counts: Counter[str] = Counter()
+    for row in store.query_evaluations(label=label, gpu_name=gpu):
+        result = row["result"]
+        protocol = {k: v for k, v in (result.get("protocol") or {}).items() if k in fields}
+        counts[canonical_json([key_environment(result.get("environment") or {}), protocol])] += 1
+    if not counts:
+        where = f" on {gpu!r}" if gpu else ""
+        raise ConfigError(f"the store holds no results under {label!r}{where}: nothing to report")
+    environment, protocol = json.loads(counts.most_common(1)[0][0])
+    return environment, protocol
+
+
+def report_only_config(config: AuditConfig, store: Any, gpu: str | None = None) -> AuditConfig:
+    """`config` set to evaluate and measure nothing and to read the results of the machine and protocol that
+    produced most of them (`stored_measurement`): the report can be made anywhere, without a GPU, and
+    without repeating the measuring run's options."""
+    environment, protocol = stored_measurement(store, config.label, gpu)
+    eval_config = dataclasses.replace(config.eval_config, **protocol)
+    return dataclasses.replace(config, environment=environment, eval_config=eval_config, time_budget_s=0.0,
+                               baselines=(), chunk=None)
 
 
 def _ensure_labelled(store: Any, key: str, result: EvalResult, task: Task, label: str, run_id: str | None) -> None:
@@ -168,7 +205,7 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
     record_published(store, todo, config.release_name)
     pending: list[Item] = []
     for task, cand in todo:
-        key, hit = stored_result(store, task, cand.hash, cfg)
+        key, hit = stored_result(store, task, cand.hash, cfg, config.environment)
         if hit is None or config.force:
             pending.append((task, cand))
         else:
@@ -184,7 +221,7 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
         outcome.evaluated += len(batch)
     if config.baselines and not _out_of_time(config, started):
         _measure_baselines(config, cfg, store, todo, started, on_baseline)
-    outcome.rows = audit_rows(store, selected, cfg, config.label)
+    outcome.rows = audit_rows(store, selected, cfg, config.label, config.environment)
     store.finish_run(outcome.run_id, {"evaluated": outcome.evaluated, "reused": outcome.reused,
                                       "skipped_for_time": outcome.skipped_for_time, "rows": len(outcome.rows)})
     return outcome
@@ -203,11 +240,13 @@ def _measure_baselines(config: AuditConfig, cfg: EvalConfig, store: Any, items: 
                      should_stop=lambda: _out_of_time(config, started))
 
 
-def audit_rows(store: Any, items: list[Item], cfg: EvalConfig, label: str) -> list[ResultRow]:
-    """Rows of the items with a stored result on this machine under `cfg`, in selection order."""
+def audit_rows(store: Any, items: list[Item], cfg: EvalConfig, label: str,
+               environment: dict[str, Any] | None = None) -> list[ResultRow]:
+    """Rows of the items with a stored result under `cfg` on `environment`'s machine (default: this one), in
+    selection order."""
     rows = []
     for task, cand in items:
-        _, result = stored_result(store, task, cand.hash, cfg)
+        _, result = stored_result(store, task, cand.hash, cfg, environment)
         if result is not None:
             rows.append(row_from_result(result, task, label=label, published=cand.published, store=store))
     return rows

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
-from cudal1.audit.run import report_audit
+from cudal1.audit.run import report_audit, report_only_config
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
 from cudal1.eval.types import EvalResult
@@ -26,6 +26,10 @@ _OUT_OPT = typer.Option(None, "--out", "-o", help="Report folder (default audit-
 _TIME_BUDGET_S_OPT = typer.Option(None, "--time-budget-s", help="Stop starting batches after this.")
 _BATCH_SIZE_OPT = typer.Option(16, "--batch-size", help="Items per parallel-build batch.")
 _PLOTS_OPT = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs matplotlib).")
+_REPORT_ONLY_OPT = typer.Option(False, "--report-only", help=(
+    "Evaluate nothing; report the stored results of the GPU with the most of them (works without a GPU, e.g. "
+    "on a store copied from the GPU machine)."))
+_GPU_OPT = typer.Option(None, "--gpu", help="With --report-only: the GPU name whose results to report.")
 
 
 def audit_command(
@@ -43,7 +47,7 @@ def audit_command(
     device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
     buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
-    plots: bool = _PLOTS_OPT,
+    plots: bool = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
 ) -> None:
     """Verdict, speedup, kernel class and flags next to each published score; which speedups survive."""
     cfg = AuditConfig(
@@ -52,6 +56,11 @@ def audit_command(
         batch_size=batch_size, time_budget_s=time_budget_s, force=force,
         eval_config=common.make_config(device, profile, trials, sizes, buckets=buckets, timeout_s=timeout_s))
     store = common.open_store(store_path, False)
+    if report_only:
+        cfg = report_only_config(cfg, store, gpu)
+        env = cfg.environment
+        common.console.print(f"reporting results measured on {env['gpu_name']} (torch {env['torch_version']}, "
+                             f"CUDA {env['cuda_version']})")
     with common.progress_bar() as bar:
         job = bar.add_task("auditing", total=None, best="")
 
