@@ -107,3 +107,42 @@ def test_torch_compile_baseline_on_cpu_is_correct_and_raises_no_guard(store):
     flags = store.query_evaluations(label="baseline:torch_compile")[0]["result"]["flags"]
     assert record.profile == "trusted"  # strict tolerances; inductor's cold-cache helper thread only warns
     assert all(f["rule"].startswith("guard.") for f in flags), flags
+
+
+def test_pending_compile_kinds_are_warmed_together_first(store, monkeypatch):
+    # torch.compile kinds not yet cached compile once in parallel workers before the serial timed runs.
+    from cudal1.baselines import warm
+
+    tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(3)]
+    cfg = runner.baseline_config(FAST, "torch_compile")
+    env_key, version = runner._cache_coordinates(cfg)
+    store.put_baseline(tasks[0].hash, "torch_compile", env_key, version, 1.0, extra={})  # cached: not warmed
+    warmed, timed = [], []
+    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: warmed.append(
+        ([(t.id, k) for t, k in pairs], c.device, c.skip_static)))
+    monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: timed.append((task.id, kind)))
+    runner.ensure_baselines(tasks, ["eager", "torch_compile"], FAST, store=store)
+    assert warmed == [([("t/tiny1", "torch_compile"), ("t/tiny2", "torch_compile")], "cpu", True)]
+    assert len(timed) == 6  # then every pair in order, as before
+    warmed.clear()
+    runner.ensure_baselines(tasks[:2], ["eager", "torch_compile"], FAST, store=store)
+    assert warmed == []  # a single pending compile gains nothing from a separate warm-up
+
+
+def test_warm_up_stops_when_asked():
+    from cudal1.baselines.warm import warm_compile_caches
+
+    pairs = [(Task(id="t/tiny", source=TINY), "torch_compile"), (Task(id="t/tiny", source=TINY), "eager")]
+    done = warm_compile_caches(pairs, runner.baseline_config(FAST, "torch_compile"), should_stop=lambda: True)
+    assert done == {("t/tiny", "torch_compile"): "skipped (stopped)"}  # eager has nothing to compile
+
+
+@pytest.mark.slow
+def test_warm_up_compiles_each_pending_baseline_in_a_worker():
+    from cudal1.baselines.warm import warm_compile_caches
+
+    tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(2)]
+    done = warm_compile_caches([(t, "torch_compile_reduce_overhead") for t in tasks],
+                               runner.baseline_config(FAST, "torch_compile"), parallel=2)
+    assert set(done) == {("t/tiny0", "torch_compile_reduce_overhead"), ("t/tiny1", "torch_compile_reduce_overhead")}
+    assert all(isinstance(v, float) and v > 0 for v in done.values()), done

@@ -177,10 +177,13 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
 
     Returns the records in (task, kind) order; `on_result` is called after each (cached ones included).
     `should_stop` is asked before each pair (a time budget); the records so far are returned when it says
-    stop. Evaluation workers are started ahead of need, as in `evaluate_many`.
+    stop. Evaluation workers are started ahead of need, as in `evaluate_many`, and torch.compile kinds
+    compile once in parallel first (`cudal1.baselines.warm`), so their timed runs find the caches filled.
     """
     from cudal1.eval.pipeline import worker_supply
 
+    tasks = list(tasks)
+    _warm_compile_kinds(tasks, kinds, config or EvalConfig(), store, force, should_stop)
     records = []
     with worker_supply(resolve_device((config or EvalConfig()).device)) as workers:
         for task in tasks:
@@ -192,6 +195,21 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
                 if on_result is not None:
                     on_result(task, kind, record)
     return records
+
+
+def _warm_compile_kinds(tasks: list[Task], kinds: Sequence[str], config: EvalConfig, store: Any, force: bool,
+                        should_stop: Callable[[], bool] | None) -> None:
+    """Fill torch.compile's caches in parallel for the compile kinds about to be measured (two or more)."""
+    from cudal1.baselines.warm import COMPILE_KINDS, warm_compile_caches
+
+    pending = []
+    for kind in (k for k in kinds if k in COMPILE_KINDS):
+        cfg = baseline_config(config, kind)
+        env_key, version = _cache_coordinates(cfg)
+        pending += [(t, kind) for t in tasks
+                    if force or store is None or store.get_baseline(t.hash, kind, env_key, version) is None]
+    if len(pending) > 1:
+        warm_compile_caches(pending, baseline_config(config, pending[0][1]), should_stop=should_stop)
 
 
 def load_baselines(store: Any, task_hash: str, environment: dict[str, Any],
