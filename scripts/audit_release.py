@@ -47,6 +47,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.gpu and not args.report_only:
+        print("--gpu chooses whose results a report shows: use it with --report-only", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cudal1.audit import AuditConfig, profile_comparison, run_audit, survival_table
     from cudal1.audit.run import report_audit, report_only_config

@@ -114,7 +114,12 @@ def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: 
                   flush=True)
         wall_s = time.monotonic() - started
     except TimeoutError:
-        where = f" (Ray logs: {save_ray_logs(out_dir)})" if workers == "ray" else ""
+        where = ""
+        if workers == "ray":
+            try:
+                where = f" (Ray logs: {save_ray_logs(out_dir)})"
+            except OSError as exc:  # never hide the timeout behind a log-copying error
+                where = f" (Ray logs not saved: {exc})"
         raise SystemExit(f"{workers} pool on {n_gpus} GPU(s): no result within {timeout_s:.0f} s{where}") from None
     finally:
         close_within(pool, workers)

@@ -132,6 +132,15 @@ def test_report_only_anywhere_reads_the_measuring_machines_results(release, stor
     assert written["report.md"].is_file()
     with pytest.raises(ConfigError, match="nothing to report"):
         report_only_config(dataclasses.replace(gpu_cfg, profile="cuda-l1"), store)
+    # More results from an older protocol version cannot be looked up: they must not win the choice.
+    old = dataclasses.replace(FAST, profile="strict").resolved("cuda")
+    a100 = {**H200, "gpu_name": "NVIDIA A100"}
+    for i, (task, cand) in enumerate(load_release(release)):
+        for copy in range(2):
+            store.put_evaluation(synthetic(Status.CORRECT, 9.0, a100, old.protocol() | {"version": "1"})
+                                 .replace(task_id=task.id, candidate_hash=cand.hash),
+                                 task_hash=task.hash, key=f"old-{i}-{copy}", label=gpu_cfg.label)
+    assert stored_measurement(store, gpu_cfg.label)[0]["gpu_name"] == "NVIDIA H200"
 
 
 def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):

@@ -137,14 +137,21 @@ def test_actors_that_cannot_start_fail_the_items_with_the_reason(cluster):
         assert broken.stats["actor_restarts"] == 2
 
 
-def test_an_actor_no_node_can_host_is_a_config_error(cluster):
-    # 2 (fake) GPUs in the cluster: an actor asking for 3 would wait forever; the pool says so at once.
+def test_an_actor_no_node_can_host(cluster, caplog):
+    # 2 (fake) GPUs on the one node: an actor asking for 3 would wait forever. On a cluster the pool joined
+    # (an autoscaler might add a node) that is a warning; on one it started, a ConfigError.
     from cudal1.errors import ConfigError
 
     cfg = RayPoolConfig(n_actors=1, device="cpu", num_gpus_per_actor=3, num_cpus_per_actor=0)
-    with pytest.raises(ConfigError, match="needs 3 GPU, the cluster has 2"):
-        RayPool(FAST_CONFIG, cfg, evaluate_fn=fake_evaluate)
+    with caplog.at_level("WARNING", logger="cudal1.dist.ray_pool"):
+        joined = RayPool(FAST_CONFIG, cfg, evaluate_fn=fake_evaluate)
+        joined.close()
+    assert "no node can host an actor needing 3 GPU" in caplog.text
     assert ray.is_initialized()  # the cluster it joined is left running
+    probe = RayPool.__new__(RayPool)
+    probe.ray, probe.pool_config, probe._owns_ray = ray, cfg, True
+    with pytest.raises(ConfigError, match="largest node: 2 GPU"):
+        probe._check_actor_fits()
 
 
 def test_stack_watchdog_traces_and_dumps_a_stuck_call(capfd):

@@ -100,7 +100,7 @@ def test_time_limit_ends_a_batch_early(tiny):
     unlimited = HFBackend(LLMConfig(spec="hf:tiny", temperature=0.0, max_tokens=120), model=model, tokenizer=tok)
     full = unlimited.generate(["a prompt"], n=1)[0][0]
     assert full.completion_tokens > 10, "the check below needs a long greedy completion"
-    limited = HFBackend(LLMConfig(spec="hf:tiny", temperature=0.0, max_tokens=120, timeout_s=1e-6),
+    limited = HFBackend(LLMConfig(spec="hf:tiny", temperature=0.0, max_tokens=120, batch_time_limit_s=1e-6),
                         model=model, tokenizer=tok)
     cut = limited.generate(["a prompt"], n=1)[0][0]
     assert cut.error is None and cut.finish_reason == "length"

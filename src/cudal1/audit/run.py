@@ -21,7 +21,6 @@ import dataclasses
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 from cudal1.audit.rows import PUBLISHED_META_PREFIX, row_from_result
 from cudal1.audit.select import Item, chunk_items, parse_chunk, select_items
 from cudal1.errors import ConfigError
-from cudal1.eval.config import PROFILES, EvalConfig, resolve_device
+from cudal1.eval.config import PROFILES, PROTOCOL_VERSION, EvalConfig, resolve_device
 from cudal1.eval.types import EvalResult
 from cudal1.metrics.rows import ResultRow
 from cudal1.store.keys import canonical_json, key_environment
@@ -147,18 +146,26 @@ def stored_result(store: Any, task: Task, source_hash: str, cfg: EvalConfig,
 
 
 def stored_measurement(store: Any, label: str, gpu: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(machine, protocol) of most results under `label`, optionally only on GPUs named `gpu`: what a
-    report made on another machine, or with other options, shows. ConfigError when there is none."""
-    fields = {f.name for f in dataclasses.fields(EvalConfig)}
-    counts: Counter[str] = Counter()
+    """(machine, protocol) that measured the most candidates under `label` (optionally only on GPUs named
+    `gpu`), among results this version can look up: what a report made on another machine, or with other
+    options, shows. ConfigError when there is none."""
+    fields = {f.name for f in dataclasses.fields(EvalConfig)} - {"device"}  # the device type comes with the machine
+    candidates: dict[str, set[tuple[str, str]]] = {}
     for row in store.query_evaluations(label=label, gpu_name=gpu):
         result = row["result"]
-        protocol = {k: v for k, v in (result.get("protocol") or {}).items() if k in fields}
-        counts[canonical_json([key_environment(result.get("environment") or {}), protocol])] += 1
-    if not counts:
+        protocol = result.get("protocol") or {}
+        if str(protocol.get("version")) != str(PROTOCOL_VERSION):
+            continue  # measured under another protocol version: its keys never match this one's
+        group = canonical_json([key_environment(result.get("environment") or {}),
+                                {k: v for k, v in protocol.items() if k in fields}])
+        candidates.setdefault(group, set()).add((row["task_hash"], row["candidate_hash"]))
+    if not candidates:
         where = f" on {gpu!r}" if gpu else ""
-        raise ConfigError(f"the store holds no results under {label!r}{where}: nothing to report")
-    environment, protocol = json.loads(counts.most_common(1)[0][0])
+        raise ConfigError(f"the store holds no results of protocol version {PROTOCOL_VERSION} under {label!r}"
+                          f"{where}: nothing to report")
+    environment, protocol = json.loads(max(candidates, key=lambda g: len(candidates[g])))
+    if not environment.get("device_type"):
+        raise ConfigError(f"the results under {label!r} do not record their device type: re-evaluate them")
     return environment, protocol
 
 

@@ -55,6 +55,8 @@ def audit_command(
         limit=limit, chunk=chunk, baselines=tuple(parse_kinds(baselines)) if baselines else (),
         batch_size=batch_size, time_budget_s=time_budget_s, force=force,
         eval_config=common.make_config(device, profile, trials, sizes, buckets=buckets, timeout_s=timeout_s))
+    if gpu and not report_only:
+        raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
     store = common.open_store(store_path, False)
     if report_only:
         cfg = report_only_config(cfg, store, gpu)

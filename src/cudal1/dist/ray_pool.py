@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import io
 import logging
 import sys
 import threading
@@ -69,7 +70,10 @@ def stack_watchdog(what: str, trace: bool = False, after_s: float = WATCHDOG_S) 
     started = time.monotonic()
     if trace:
         print(f"cudal1 ray: {what} started", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback_later(after_s, repeat=True, file=sys.stderr)
+    try:
+        faulthandler.dump_traceback_later(after_s, repeat=True, file=sys.stderr)
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # a stderr without a file descriptor
+        faulthandler.dump_traceback_later(after_s, repeat=True, file=sys.__stderr__)
     try:
         yield
     finally:
@@ -146,6 +150,12 @@ class EvalActor:
         return {"environment": pool_environment(device), "device": device, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id(), "arch": arch,
                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def close(self) -> None:
+        """Stop this actor's pre-started evaluation workers (before the pool kills it)."""
+        from cudal1.dist.pool import close_thread_supplies
+
+        close_thread_supplies()
 
     def evaluate(self, task: Task, source: str, config: EvalConfig, _prebuilt: Any = None) -> EvalResult:
         """Evaluate one item; `_prebuilt` is only a dependency (the CPU build task's result)."""
@@ -242,16 +252,20 @@ class RayPool:
         return True
 
     def _check_actor_fits(self) -> None:
-        """An actor no node can host would wait forever (Ray only logs it): say so at once instead.
-
-        Checked against the cluster's totals, so a cluster that autoscales from zero GPUs is refused too;
-        start it with one GPU node."""
-        pc, totals = self.pool_config, self.ray.cluster_resources()
-        for name, need in (("GPU", pc.num_gpus_per_actor), ("CPU", pc.num_cpus_per_actor)):
-            if need > totals.get(name, 0):
-                hint = " (evaluating on cpu? set num_gpus_per_actor=0)" if name == "GPU" else ""
-                raise ConfigError(f"each Ray actor needs {need:g} {name}, the cluster has "
-                                  f"{totals.get(name, 0):g}{hint}")
+        """An actor no node can host waits forever (Ray only logs it). On a cluster this pool started, that is
+        a ConfigError at once; on a joined cluster a warning (an autoscaler may still add such a node)."""
+        pc = self.pool_config
+        nodes = [n.get("Resources", {}) for n in self.ray.nodes() if n.get("Alive")]
+        need = {"GPU": pc.num_gpus_per_actor, "CPU": pc.num_cpus_per_actor}
+        if any(all(res.get(k, 0) >= v for k, v in need.items()) for res in nodes):
+            return
+        most = {k: max((res.get(k, 0) for res in nodes), default=0) for k in need}
+        message = (f"no node can host an actor needing {need['GPU']:g} GPU and {need['CPU']:g} CPU (largest "
+                   f"node: {most['GPU']:g} GPU, {most['CPU']:g} CPU)")
+        if self._owns_ray:
+            hint = "; evaluating on cpu? set num_gpus_per_actor=0" if most["GPU"] < need["GPU"] else ""
+            raise ConfigError(message + hint)
+        logger.warning("%s; actors wait until such a node joins", message)
 
     def _default_actors(self) -> int:
         pc = self.pool_config
@@ -479,6 +493,12 @@ class RayPool:
             if not entry.job.future.done():
                 entry.job.future.set_result(failure_result(entry.job.task, entry.job.source, "the pool was closed"))
         self._in_flight.clear()
+        try:  # idle actors stop their warm workers; a busy or dead one is killed regardless
+            refs = [slot.actor.close.remote() for slot in self._slots if not slot.failed]
+            if refs:
+                self.ray.wait(refs, num_returns=len(refs), timeout=5)
+        except Exception:  # noqa: BLE001 - best effort before the kill
+            pass
         for slot in self._slots:
             try:
                 self.ray.kill(slot.actor, no_restart=True)

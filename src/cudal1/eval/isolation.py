@@ -228,7 +228,10 @@ class WorkerSupply:
         while self._ready and self._ready[0].proc.poll() is not None:
             self._ready.pop(0).discard()
         worker = self._ready.pop(0) if self._ready else self._spawn()
-        self.fill()
+        try:
+            self.fill()
+        except OSError:  # no spare now (out of processes or files): the next take starts one itself
+            logger.warning("could not start a spare evaluation worker", exc_info=True)
         return worker
 
     def fill(self) -> None:

@@ -243,7 +243,7 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                 resolved, env = cfg.resolved(device), local_environment(device)
                 to_build = [(t, s) for t, s in items
                             if store.lookup(t.hash, source_hash(s), resolved.protocol(), env)[1] is None]
-            if to_build and workers is None:
+            if to_build:
                 supply.fill()  # the first workers start while the builds run
             prebuild(to_build, cfg.resolved(device), on_build=on_build)
         for task, source in items:

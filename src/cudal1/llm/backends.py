@@ -98,9 +98,10 @@ class LLMConfig:
         "help": "Maximum completion tokens per sample (analysis + design + code need several thousand)."})
     concurrency: int = field(default=16, metadata={
         "help": "OpenAI: requests in flight at once. HF: prompts per generation batch."})
-    timeout_s: float = field(default=600.0, metadata={
-        "help": "Per-request time limit in seconds. OpenAI: each HTTP request. HF: each generation batch "
-                "(transformers' max_time; the batch returns what it generated so far)."})
+    timeout_s: float = field(default=600.0, metadata={"help": "Per-request time limit in seconds (OpenAI)."})
+    batch_time_limit_s: float | None = field(default=None, metadata={
+        "help": "HF: stop a generation batch after this many seconds and return what it generated so far "
+                "(transformers' max_time; a cut completion ends with finish_reason 'length'). None: no limit."})
     max_retries: int = field(default=5, metadata={
         "help": "Retries after the first attempt on 429, 5xx, timeouts, connection errors, malformed replies."})
     backoff_base_s: float = field(default=1.0, metadata={
@@ -125,6 +126,8 @@ class LLMConfig:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.batch_time_limit_s is not None and self.batch_time_limit_s <= 0:
+            raise ConfigError(f"batch_time_limit_s must be > 0 (or None), got {self.batch_time_limit_s}")
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.max_retries < 0:

@@ -112,9 +112,9 @@ class HFBackend:
                                           "eos_token_id": tok.eos_token_id, "do_sample": not greedy,
                                           # a checkpoint saved by a gradient-checkpointed run may say
                                           # use_cache=false: without the cache each token re-reads the prompt
-                                          "use_cache": True,
-                                          # the batch stops and returns what it has (finish_reason "length")
-                                          "max_time": float(self.config.timeout_s)}
+                                          "use_cache": True}
+            if self.config.batch_time_limit_s is not None:  # the batch returns what it has by then
+                gen_kwargs["max_time"] = float(self.config.batch_time_limit_s)
             if not greedy:
                 gen_kwargs.update(temperature=float(params["temperature"]), top_p=float(params["top_p"]),
                                   top_k=0, num_return_sequences=n)

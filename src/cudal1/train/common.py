@@ -106,8 +106,9 @@ def training_device(config: Any) -> str:
     return "cpu" if getattr(config, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
 
 
-def time_budget_callback(budget_s: float) -> Any:
-    """A transformers `TrainerCallback` that stops training cleanly (and saves) after `budget_s` seconds."""
+def time_budget_callback(budget_s: float, save: bool = True) -> Any:
+    """A transformers `TrainerCallback` that stops training cleanly after `budget_s` seconds, saving a
+    checkpoint there unless `save` is False (a caller that saves the model itself)."""
     import transformers
 
     class TimeBudgetCallback(transformers.TrainerCallback):
@@ -125,7 +126,7 @@ def time_budget_callback(budget_s: float) -> Any:
                 logger.info("time budget of %.0f s spent at step %d; stopping", budget_s, state.global_step)
                 self.stopped_early = True
                 control.should_training_stop = True
-                control.should_save = True
+                control.should_save = save
             return control
 
     return TimeBudgetCallback()

@@ -66,12 +66,12 @@ class CompletionSampler(Protocol):
 class PolicySampler:
     """Samples from the policy being trained through `HFBackend` (always the current weights)."""
 
-    def __init__(self, model: Any, tokenizer: Any, config: SelfSupervisedConfig, batch_time_s: float = 600.0):
+    def __init__(self, model: Any, tokenizer: Any, config: SelfSupervisedConfig, batch_time_s: float | None = None):
         from cudal1.llm.backends import LLMConfig, make_backend
 
         llm_cfg = LLMConfig(spec="hf:policy", temperature=config.temperature, top_p=config.top_p,
                             max_tokens=config.max_new_tokens, concurrency=config.generation_batch_size,
-                            seed=config.seed, timeout_s=batch_time_s)
+                            seed=config.seed, batch_time_limit_s=batch_time_s)
         self.backend = make_backend(llm_cfg, model=model, tokenizer=tokenizer)
 
     def sample(self, prompts: list[list[dict[str, str]]], n: int) -> list[list[str]]:
@@ -216,10 +216,10 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         all_kept.extend(records)
         train_on = all_kept if config.accumulate else records
         round_dir = Path(config.output_dir) / f"round_{index}"
-        if train_on:
-            left_s = deadline - time.monotonic() if deadline is not None else 0.0
+        left_s = deadline - time.monotonic() if deadline is not None else float("inf")
+        if train_on and left_s > 0:
             model, stats, round_log = _fine_tune_round(model, tokenizer, train_on, config, round_dir, stats,
-                                                       budget_s=max(1.0, left_s) if deadline is not None else 0.0)
+                                                       budget_s=left_s if deadline is not None else 0.0)
             log.extend({**e, "round": index} for e in round_log)
         logger.info("self-supervised round %d: %d/%d samples correct (%.0f%%), %d tasks solved, %d kept",
                     index, stats.correct, stats.samples, 100 * stats.success_rate, stats.tasks_solved, stats.kept)
@@ -233,10 +233,10 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
     return recorder.finish(StageResult("self_supervised", config.output_dir, str(final), log, summary))
 
 
-def _batch_time_s(config: SelfSupervisedConfig, n_prompts: int, deadline: float | None) -> float:
-    """Time limit of one generation batch: an even share of this round's sampling budget (600 s unbudgeted)."""
+def _batch_time_s(config: SelfSupervisedConfig, n_prompts: int, deadline: float | None) -> float | None:
+    """Time limit of one generation batch: an even share of this round's sampling budget (None: unbudgeted)."""
     if deadline is None:
-        return 600.0
+        return None
     batches = max(1, math.ceil(n_prompts / config.generation_batch_size))
     return max(1.0, SAMPLING_SHARE * (deadline - time.monotonic()) / batches)
 
@@ -248,7 +248,7 @@ def _fine_tune_round(model: Any, tokenizer: Any, records: list[Record], config: 
     next round starts clean."""
     trainer = fit_sft(model, tokenizer, records, [], config, output_dir=str(round_dir), max_length=config.max_length,
                       extra_args={"save_strategy": "no"},
-                      callbacks=[time_budget_callback(budget_s)] if budget_s > 0 else None)
+                      callbacks=[time_budget_callback(budget_s, save=False)] if budget_s > 0 else None)
     curve = loss_curve(trainer.state.log_history)
     stats.loss_first = curve[0][1] if curve else None
     stats.loss_last = curve[-1][1] if curve else None
