@@ -37,8 +37,10 @@ def test_ray_pool_one_actor_per_gpu():
 
     n = torch.cuda.device_count()
     config = EvalConfig(device="cuda", buckets=3, target_bucket_ms=20, warm_buckets=0)
-    with RayPool(config, RayPoolConfig(address=None, n_actors=n, init_kwargs={"num_gpus": n})) as pool:
-        results = pool.map(_pairs(2 * n))
+    with RayPool(config, RayPoolConfig(address=None, n_actors=n, init_kwargs={"num_gpus": n, "log_to_driver": True},
+                                       trace_calls=True)) as pool:
+        futures = [pool.submit(task, source) for task, source in _pairs(2 * n)]
+        results = [f.result(timeout=300) for f in futures]  # a stuck pool fails here, not at the suite's limit
         visible = {pool.slot_info(i)["visible_devices"] for i in range(n)}
     assert not ray.is_initialized()
     assert all(r.status is Status.CORRECT for r in results), [r.message for r in results]
