@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cudal1.audit import AuditConfig, profile_comparison, run_audit, survival_table
-    from cudal1.audit.run import report_audit, report_only_config
+    from cudal1.audit.run import measured_on, report_audit, report_only_config
     from cudal1.baselines import parse_kinds
     from cudal1.eval.config import EvalConfig
     from cudal1.store import ResultsStore
@@ -69,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
               ("sample_baselines", dict(sample, baselines=kinds))]
     if args.report_only:
         base = report_only_config(base, store, args.gpu)
-        env = base.environment
-        print(f"reporting results measured on {env['gpu_name']} (torch {env['torch_version']}, "
-              f"CUDA {env['cuda_version']})", flush=True)
+        print(measured_on(base.environment), flush=True)
         phases = [("report", {})]
     done = {}
     outcome = None

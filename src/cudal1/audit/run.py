@@ -169,6 +169,12 @@ def stored_measurement(store: Any, label: str, gpu: str | None = None) -> tuple[
     return environment, protocol
 
 
+def measured_on(environment: dict[str, Any]) -> str:
+    """One line naming the machine a report's results come from."""
+    return (f"reporting results measured on {environment['gpu_name']} (torch {environment['torch_version']}, "
+            f"CUDA {environment['cuda_version']})")
+
+
 def report_only_config(config: AuditConfig, store: Any, gpu: str | None = None) -> AuditConfig:
     """`config` set to evaluate and measure nothing and to read the results of the machine and protocol that
     produced most of them (`stored_measurement`): the report can be made anywhere, without a GPU, and

@@ -117,6 +117,11 @@ def _cache_coordinates(cfg: EvalConfig) -> tuple[str, str]:
     return environment_key(local_environment(cfg.device)), baseline_protocol_version(cfg.protocol())
 
 
+def _stored_baseline(store: Any, task: Task, kind: str, cfg: EvalConfig) -> dict[str, Any] | None:
+    """The cached row of `kind` for `task` on this machine under the baseline config `cfg`, or None."""
+    return store.get_baseline(task.hash, kind, *_cache_coordinates(cfg))
+
+
 def record_from_result(task: Task, kind: str, result: EvalResult, profile: str) -> BaselineRecord:
     """Turn the evaluation of a baseline candidate into its record (failed unless correct and timed)."""
     if result.status is Status.CORRECT and result.timing is not None:
@@ -139,9 +144,8 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
     and the reason.
     """
     cfg = baseline_config(config or EvalConfig(), kind)
-    env_key, version = _cache_coordinates(cfg)
     if store is not None and not force:
-        hit = store.get_baseline(task.hash, kind, env_key, version)
+        hit = _stored_baseline(store, task, kind, cfg)
         if hit is not None:
             return BaselineRecord.from_store(task.hash, kind, hit)
     if kind in CUDA_ONLY_KINDS and not cfg.device.startswith("cuda"):
@@ -154,7 +158,7 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
         result = evaluate_baseline_source(task, source, cfg, store=store, force=force, kind=kind, workers=workers)
         record = record_from_result(task, kind, result, cfg.profile)
     if store is not None:
-        store.put_baseline(task.hash, kind, env_key, version, record.ms or 0.0, extra=record.to_extra())
+        store.put_baseline(task.hash, kind, *_cache_coordinates(cfg), record.ms or 0.0, extra=record.to_extra())
     if not record.ok:
         logger.info("baseline %s of %s failed: %s", kind, task.id, record.reason)
     return record
@@ -205,9 +209,7 @@ def _warm_compile_kinds(tasks: list[Task], kinds: Sequence[str], config: EvalCon
     pending = []
     for kind in (k for k in kinds if k in COMPILE_KINDS):
         cfg = baseline_config(config, kind)
-        env_key, version = _cache_coordinates(cfg)
-        pending += [(t, kind) for t in tasks
-                    if force or store is None or store.get_baseline(t.hash, kind, env_key, version) is None]
+        pending += [(t, kind) for t in tasks if force or store is None or _stored_baseline(store, t, kind, cfg) is None]
     if len(pending) > 1:
         warm_compile_caches(pending, baseline_config(config, pending[0][1]), should_stop=should_stop)
 

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
-from cudal1.audit.run import report_audit, report_only_config
+from cudal1.audit.run import measured_on, report_audit, report_only_config
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
 from cudal1.eval.types import EvalResult
@@ -60,9 +60,7 @@ def audit_command(
     store = common.open_store(store_path, False)
     if report_only:
         cfg = report_only_config(cfg, store, gpu)
-        env = cfg.environment
-        common.console.print(f"reporting results measured on {env['gpu_name']} (torch {env['torch_version']}, "
-                             f"CUDA {env['cuda_version']})")
+        common.console.print(measured_on(cfg.environment))
     with common.progress_bar() as bar:
         job = bar.add_task("auditing", total=None, best="")
 

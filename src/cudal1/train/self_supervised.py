@@ -216,10 +216,10 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         all_kept.extend(records)
         train_on = all_kept if config.accumulate else records
         round_dir = Path(config.output_dir) / f"round_{index}"
-        left_s = deadline - time.monotonic() if deadline is not None else float("inf")
-        if train_on and left_s > 0:
+        left_s = deadline - time.monotonic() if deadline is not None else None
+        if train_on and (left_s is None or left_s > 0):
             model, stats, round_log = _fine_tune_round(model, tokenizer, train_on, config, round_dir, stats,
-                                                       budget_s=left_s if deadline is not None else 0.0)
+                                                       budget_s=left_s or 0.0)
             log.extend({**e, "round": index} for e in round_log)
         logger.info("self-supervised round %d: %d/%d samples correct (%.0f%%), %d tasks solved, %d kept",
                     index, stats.correct, stats.samples, 100 * stats.success_rate, stats.tasks_solved, stats.kept)
