@@ -147,7 +147,7 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     built, evaluated = [], []
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
     monkeypatch.setattr(pipeline, "local_environment", lambda device: env)
-    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, on_build=None: built.extend(s for _, s in items))
+    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: built.extend(s for _, s in items))
     filled = []
     monkeypatch.setattr(pipeline, "worker_supply",
                         lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1))))
@@ -164,3 +164,66 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
         built.clear()
         pipeline.evaluate_many([(task, done), (task, todo)], cfg, store=store, force=True)
         assert built == [done, todo]
+
+
+def _fake_gpu_batch(monkeypatch, build_release):
+    """evaluate_many on a pretend GPU whose builds finish only when `build_release` is set."""
+    import contextlib
+
+    from cudal1.eval import pipeline
+    from cudal1.eval.types import EvalResult
+
+    evaluated = []
+
+    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None):
+        assert max_workers is not None and max_workers >= 1  # cores are left to the evaluation
+        assert build_release.wait(timeout=30)
+        for i in range(len(items)):
+            on_item(i)
+
+    monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
+    monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
+    monkeypatch.setattr(pipeline, "worker_supply",
+                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: None)))
+    monkeypatch.setattr(pipeline, "evaluate_candidate",
+                        lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT, message=s))
+    return pipeline, evaluated
+
+
+def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypatch):
+    # The GPU must not idle while load_inline candidates compile: candidates without a build go first,
+    # each built one as soon as its build is done; results still come back in input order.
+    import threading
+
+    release = threading.Event()
+    pipeline, evaluated = _fake_gpu_batch(monkeypatch, release)
+    sources = ["# load_inline A\n", "# plain B\n", "# load_inline C\n", "# plain D\n"]
+    seen = []
+
+    def on_result(i, result):
+        seen.append((i, result.message))
+        if len(seen) == 2:  # both plain ones ran before any build finished
+            release.set()
+
+    results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"), on_result=on_result)
+    assert evaluated == [sources[1], sources[3], sources[0], sources[2]]
+    assert seen == [(1, sources[1]), (3, sources[3]), (0, sources[0]), (2, sources[2])]
+    assert [r.message for r in results] == sources
+
+
+def test_batch_stopped_while_builds_run_leaves_the_rest_unevaluated(task, monkeypatch):
+    import threading
+
+    release = threading.Event()
+    pipeline, evaluated = _fake_gpu_batch(monkeypatch, release)
+    sources = ["# load_inline A\n", "# plain B\n", "# load_inline C\n"]
+    stop = threading.Event()
+
+    def on_result(i, result):
+        stop.set()  # a budget that runs out after the first candidate
+        release.set()
+
+    results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"),
+                                     on_result=on_result, should_stop=stop.is_set)
+    assert evaluated == [sources[1]]
+    assert results[0] is None and results[1].message == sources[1] and results[2] is None

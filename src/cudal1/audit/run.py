@@ -38,7 +38,7 @@ from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
 
-Evaluate = Callable[..., list[EvalResult]]
+Evaluate = Callable[..., list[EvalResult | None]]
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -228,10 +228,11 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
         if _out_of_time(config, started):
             outcome.skipped_for_time = len(pending) - start
             break
-        batch = pending[start:start + config.batch_size]
-        evaluate([(t, c.source) for t, c in batch], cfg, store=store, force=config.force, label=config.label,
-                 run_id=outcome.run_id, on_result=on_result)
-        outcome.evaluated += len(batch)
+        pairs = [(t, c.source) for t, c in pending[start:start + config.batch_size]]
+        report = None if on_result is None else (lambda i, result, pairs=pairs: on_result(pairs[i][0], result))
+        evaluate(pairs, cfg, store=store, force=config.force, label=config.label, run_id=outcome.run_id,
+                 on_result=report)
+        outcome.evaluated += len(pairs)
     if config.baselines and not _out_of_time(config, started):
         _measure_baselines(config, cfg, store, todo, started, on_baseline)
     outcome.rows = audit_rows(store, selected, cfg, config.label, config.environment)

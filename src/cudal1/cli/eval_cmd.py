@@ -59,8 +59,9 @@ def eval_command(
         if len(pairs) == 1:  # one candidate: no build pool, no spare worker
             on_result(pairs[0][0], evaluate_candidate(pairs[0][0], pairs[0][1], cfg, store=store, force=force,
                                                       label=label, run_id=run_id))
-        else:  # a batch: builds in parallel first, then the evaluations with pre-started workers
-            evaluate_many(pairs, cfg, store=store, force=force, label=label, run_id=run_id, on_result=on_result,
+        else:  # a batch: builds in parallel beside the evaluations, pre-started workers
+            evaluate_many(pairs, cfg, store=store, force=force, label=label, run_id=run_id,
+                          on_result=lambda i, result: on_result(pairs[i][0], result),
                           on_build=on_build)
     if store and run_id:
         store.finish_run(run_id, {"n": len(rows), "correct": sum(r.status.is_success for _, r in rows)})

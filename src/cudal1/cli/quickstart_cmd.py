@@ -32,7 +32,7 @@ def quickstart_command(
     with common.progress_bar() as bar:
         job = bar.add_task("evaluating", total=len(pairs), best="")
 
-        def on_result(task, result):
+        def on_result(_index, result):
             rows.append(result)
             best = max((r.speedup for r in rows if r.speedup), default=None)
             bar.update(job, advance=1, best=f"best {best:.2f}x" if best else "")

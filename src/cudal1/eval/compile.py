@@ -362,7 +362,7 @@ class BuildResult:
 
     key: str
     ok: bool
-    cached: bool  # True when the marker existed and no child was started
+    cached: bool  # True when no child was started (the marker existed, or this process saw it fail)
     seconds: float  # wall time of the build child (0.0 when cached)
     log: str  # trimmed compiler log or one-line import error; "" when ok
     builds: tuple[ExtensionBuild, ...] = ()
@@ -373,6 +373,29 @@ class BuildResult:
 
 
 ProgressCallback = Callable[[int, int, BuildResult], None]  # (done, total, result of the one just done)
+
+#: Compile errors of this process, by key, newest last. A batch builds its candidates ahead of evaluation
+#: and the evaluation asks for the same build again: without this, every failing candidate was compiled
+#: twice (4-19 s each for the CUDA-L1 release's failures on the H200 host), the second time on the GPU's
+#: critical path. Only failures with a compiler verdict are kept; a build that was killed or timed out
+#: may succeed on a quieter machine and is tried again.
+_COMPILE_ERRORS: dict[str, BuildResult] = {}
+_COMPILE_ERRORS_MAX = 1024
+_compile_errors_lock = threading.Lock()
+
+
+def _remember_compile_error(result: BuildResult) -> None:
+    with _compile_errors_lock:
+        _COMPILE_ERRORS.pop(result.key, None)
+        _COMPILE_ERRORS[result.key] = result
+        while len(_COMPILE_ERRORS) > _COMPILE_ERRORS_MAX:
+            _COMPILE_ERRORS.pop(next(iter(_COMPILE_ERRORS)))
+
+
+def _known_compile_error(key: str) -> BuildResult | None:
+    with _compile_errors_lock:
+        failed = _COMPILE_ERRORS.get(key)
+    return dataclasses.replace(failed, cached=True, seconds=0.0) if failed is not None else None
 
 
 def _device_env_and_name(device: str) -> tuple[dict[str, str], str]:
@@ -414,7 +437,7 @@ class CompileService:
         results: dict[str, BuildResult] = {}
         todo: dict[str, tuple[str, list[Any] | None]] = {}
         for key, src, init in zip(keys, sources, inits, strict=True):
-            cached = self._cached_result(key)
+            cached = self._cached_result(key) or _known_compile_error(key)
             if cached is not None:
                 results[key] = cached
             elif key not in todo:
@@ -469,6 +492,8 @@ class CompileService:
         if result.ok:
             write_marker(key, {"builds": [b.to_dict() for b in builds], "seconds": outcome.duration_s,
                                "protocol": BUILD_PROTOCOL_VERSION}, cfg.cache_dir)
+        else:
+            _remember_compile_error(result)
         logger.info("build %s: ok=%s in %.1f s (%d extensions)", key[:12], result.ok, result.seconds,
                     len(builds))
         return result

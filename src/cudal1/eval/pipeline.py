@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -218,43 +220,107 @@ def worker_supply(device: str) -> WorkerSupply:
 
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
                   force: bool = False, label: str = "", run_id: str | None = None,
-                  on_result: Callable[[Task, EvalResult], None] | None = None,
+                  on_result: Callable[[int, EvalResult], None] | None = None,
                   should_stop: Callable[[], bool] | None = None,
                   on_build: Callable[[int, int], None] | None = None,
-                  workers: WorkerSupply | None = None) -> list[EvalResult]:
+                  workers: WorkerSupply | None = None) -> list[EvalResult | None]:
     """Evaluate (task, source) pairs one after another on this machine's device.
 
-    `load_inline` builds of all pairs are started first in the compile pool (every CPU core), so the GPU
-    phase finds them in the build cache (`on_build(done, total)` follows them); the first workers start
-    meanwhile, and the workers for the next candidates start (interpreter, imports, CUDA context) while the
-    current one is evaluated.
-    `should_stop` is asked before each candidate (a time budget, a signal); the results so far are
-    returned when it says stop. `workers` is a supply the caller keeps across calls (closed by the
-    caller); without it one is started for this call.
+    On a GPU, the `load_inline` builds of all pairs start at once in the compile pool, in the background
+    (`on_build(done, total)` follows them), and the GPU does not wait for them: each candidate is evaluated
+    as soon as it can be, those without a pending build first (in input order), the others as their builds
+    finish. Pre-started workers (interpreter, imports, CUDA context) are ready meanwhile.
+    `on_result(index, result)` is called in evaluation order; the returned list is in input order.
+    `should_stop` is asked before each candidate (a time budget, a signal): once it says stop, the pairs not
+    evaluated yet are None in the returned list (the only way a None appears). `workers` is a supply the
+    caller keeps across calls (closed by the caller); without it one is started for this call.
     """
     items = list(items)
     cfg = config or EvalConfig()
     device = resolve_device(cfg.device)
-    results = []
+    results: list[EvalResult | None] = [None] * len(items)
     with contextlib.nullcontext(workers) if workers is not None else worker_supply(device) as supply:
+        builds = _BackgroundBuilds()
         if device.startswith("cuda"):
-            to_build = items
+            to_build = list(range(len(items)))
             if store is not None and not force:  # a resumed batch builds only what it will evaluate
                 resolved, env = cfg.resolved(device), local_environment(device)
-                to_build = [(t, s) for t, s in items
-                            if store.lookup(t.hash, source_hash(s), resolved.protocol(), env)[1] is None]
+                to_build = [i for i in to_build if store.lookup(items[i][0].hash, source_hash(items[i][1]),
+                                                                resolved.protocol(), env)[1] is None]
+            to_build = [i for i in to_build if uses_load_inline(items[i][1])]
             if to_build:
                 supply.fill()  # the first workers start while the builds run
-            prebuild(to_build, cfg.resolved(device), on_build=on_build)
-        for task, source in items:
-            if should_stop is not None and should_stop():
-                break
-            result = evaluate_candidate(task, source, cfg, store=store, force=force, label=label, run_id=run_id,
-                                        workers=supply)
-            results.append(result)
-            if on_result is not None:
-                on_result(task, result)
+                builds.start(items, to_build, cfg.resolved(device), on_build)
+        try:
+            remaining = list(range(len(items)))
+            while remaining:
+                i = builds.next_ready(remaining, should_stop)
+                if i is None:
+                    break
+                remaining.remove(i)
+                task, source = items[i]
+                results[i] = evaluate_candidate(task, source, cfg, store=store, force=force, label=label,
+                                                run_id=run_id, workers=supply)
+                if on_result is not None:
+                    on_result(i, results[i])
+        finally:
+            builds.join()
     return results
+
+
+#: Cores left to the evaluation while builds run beside it (its worker launches kernels and, on cpu,
+#: runs the timed code itself).
+CORES_KEPT_FOR_EVALUATION = 2
+
+
+class _BackgroundBuilds:
+    """`load_inline` builds of a batch, running in a thread while the batch is evaluated."""
+
+    def __init__(self) -> None:
+        self._pending: set[int] = set()  # item indices whose build has not finished
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
+              on_build: Callable[[int, int], None] | None) -> None:
+        todo = [items[i] for i in indices]
+        self._pending = set(indices)
+
+        def done(index_in_todo: int) -> None:
+            with self._changed:
+                self._pending.discard(indices[index_in_todo])
+                self._changed.notify_all()
+
+        def run() -> None:
+            try:
+                workers = max(1, (os.cpu_count() or 1) - CORES_KEPT_FOR_EVALUATION)
+                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=workers)
+            except Exception:  # noqa: BLE001 - each candidate is then built by its own evaluation
+                logger.warning("background builds failed; each candidate builds when evaluated", exc_info=True)
+            finally:
+                with self._changed:
+                    self._pending.clear()
+                    self._changed.notify_all()
+
+        self._thread = threading.Thread(target=run, name="cudal1-builds", daemon=True)
+        self._thread.start()
+
+    def next_ready(self, remaining: list[int], should_stop: Callable[[], bool] | None) -> int | None:
+        """The first of `remaining` (input order) whose build is not pending, waiting for one if need be;
+        None once `should_stop` says stop."""
+        with self._changed:
+            while True:
+                if should_stop is not None and should_stop():
+                    return None
+                ready = next((i for i in remaining if i not in self._pending), None)
+                if ready is not None:
+                    return ready
+                self._changed.wait(timeout=1.0)  # also re-asks should_stop while builds run
+
+    def join(self) -> None:
+        """Wait for the builds (a batch stopped early leaves none running behind it)."""
+        if self._thread is not None:
+            self._thread.join()
 
 
 def json_init_inputs(task: Task) -> list[Any] | None:
@@ -279,18 +345,41 @@ def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
 
 
 def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
-             on_build: Callable[[int, int], None] | None = None) -> None:
-    """Build every `load_inline` candidate in parallel ahead of the serial GPU phase."""
-    todo = [(t, s) for t, s in items if uses_load_inline(s)]
+             on_build: Callable[[int, int], None] | None = None,
+             on_item: Callable[[int], None] | None = None, max_workers: int | None = None) -> None:
+    """Build every `load_inline` candidate of `items` in parallel (cached), ahead of their evaluation.
+
+    `on_build(done, total)` follows the distinct builds; `on_item(i)` is called once for each item `i`
+    when its build is done (at once for items that need none).
+    """
+    todo = [i for i, (_, s) in enumerate(items) if uses_load_inline(s)]
+    for i in sorted(set(range(len(items))) - set(todo)):
+        if on_item is not None:
+            on_item(i)
     if not todo:
         return
     try:
-        from cudal1.eval.compile import build_candidates, local_arch
+        from cudal1.eval.compile import CompileConfig, CompileService, local_arch
     except ImportError:
+        for i in todo:
+            if on_item is not None:
+                on_item(i)
         return
-    progress = (lambda done, total, _result: on_build(done, total)) if on_build is not None else None
-    build_candidates([s for _, s in todo], arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device,
-                     init_inputs=[json_init_inputs(t) for t, _ in todo], progress=progress)
+    service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers,
+                                           timeout_s=cfg.build_timeout_s, device=cfg.device))
+    inits = [json_init_inputs(items[i][0]) for i in todo]
+    waiting: dict[str, list[int]] = {}
+    for i, init in zip(todo, inits, strict=True):
+        waiting.setdefault(service.key_for(items[i][1], init), []).append(i)
+
+    def progress(done: int, total: int, result: Any) -> None:
+        for i in waiting.pop(result.key, []):
+            if on_item is not None:
+                on_item(i)
+        if on_build is not None:
+            on_build(done, total)
+
+    service.build([items[i][1] for i in todo], init_inputs=inits, progress=progress)
 
 
 __all__ = ["evaluate_candidate", "evaluate_many", "local_environment", "prebuild"]

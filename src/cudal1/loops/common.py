@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -210,16 +209,14 @@ class CandidateEvaluator:
 
         if self._supply is None:  # kept across rounds: the next round's first worker is already warm
             self._supply = worker_supply(resolve_device(self.config.device))
-        index = itertools.count()
 
-        def record(_task: Task, result: EvalResult) -> None:
+        def record(i: int, result: EvalResult) -> None:
             self.evaluated += 1
             if on_result is not None:
-                on_result(next(index), result)
+                on_result(i, result)
 
-        done = evaluate_many(items, self.config, store=self.store, label=self.label, run_id=self.run_id,
+        return evaluate_many(items, self.config, store=self.store, label=self.label, run_id=self.run_id,
                              on_result=record, should_stop=should_stop, workers=self._supply)
-        return [*done, *[None] * (len(items) - len(done))]
 
     def close(self) -> None:
         """Discard the spare warm worker (if any)."""
