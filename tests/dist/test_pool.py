@@ -178,3 +178,21 @@ def test_pool_evaluations_reuse_pre_started_workers():
     waiting = supply._ready[0]
     pool_mod.close_thread_supplies()
     assert waiting.proc.wait(timeout=10) is not None and not hasattr(pool_mod._thread_state, "supplies")
+
+
+def test_cpu_prebuild_skips_a_build_the_node_already_holds(tmp_path, monkeypatch):
+    # A Ray pool's CPU build task ran an import-only build even when the node already held the evaluation's
+    # own build (made with the task's init inputs): ~40 s of compile per load_inline item, for nothing.
+    from cudal1.dist.ray_pool import prebuild_on_node
+    from cudal1.eval import compile as compile_mod
+    from cudal1.eval.compile import CompileConfig, CompileService, write_marker
+
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
+    builds = []
+    monkeypatch.setattr(CompileService, "build", lambda self, sources, **kw: builds.append(sources) or
+                        [compile_mod.BuildResult(key="k", ok=True, cached=False, seconds=1.0, log="")])
+    source = "# load_inline candidate\n"
+    service = CompileService(CompileConfig(arch="9.0", device="cuda"))
+    write_marker(service.key_for(source, [128]), {"builds": []})
+    assert prebuild_on_node(source, "9.0", 60.0, init_inputs=[128]) and builds == []
+    assert prebuild_on_node(source, "9.0", 60.0, init_inputs=[64]) and builds == [[source]]

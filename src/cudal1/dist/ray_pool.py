@@ -163,17 +163,22 @@ class EvalActor:
             return self.evaluate_fn(task, source, config)
 
 
-def prebuild_on_node(source: str, arch: str, timeout_s: float, trace: bool = False) -> bool:
+def prebuild_on_node(source: str, arch: str, timeout_s: float, trace: bool = False,
+                     init_inputs: list[Any] | None = None) -> bool:
     """Body of the CPU build task: build one `load_inline` candidate's import-time extensions into this
     node's cache. Import only, so no candidate code touches a GPU here (`ModelNew` is not instantiated);
     the actor's evaluation reuses these builds (`pipeline.prepare_build`), and builds what a candidate
-    compiles lazily in `ModelNew.__init__` itself.
+    compiles lazily in `ModelNew.__init__` itself. Nothing is built when the node already holds the
+    evaluation's own build (with `init_inputs`, e.g. from an earlier batch on this node).
     """
     try:
-        from cudal1.eval.compile import build_candidates
+        from cudal1.eval.compile import CompileConfig, CompileService
 
         with stack_watchdog("CPU prebuild", trace):
-            return bool(build_candidates([source], arch=arch, timeout_s=timeout_s, device="cuda")[0].ok)
+            service = CompileService(CompileConfig(arch=arch, timeout_s=timeout_s, device="cuda"))
+            if init_inputs is not None and service.cached_result(service.key_for(source, init_inputs)):
+                return True
+            return bool(service.build([source])[0].ok)
     except Exception:  # noqa: BLE001 - the actor rebuilds and reports the error itself
         logging.getLogger(__name__).debug("CPU prebuild failed", exc_info=True)
         return False
@@ -429,8 +434,10 @@ class RayPool:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         strategy = NodeAffinitySchedulingStrategy(node_id=info["node_id"], soft=True)
+        from cudal1.eval.pipeline import json_init_inputs
+
         return self._build_task.options(scheduling_strategy=strategy).remote(
-            job.source, info["arch"], cfg.build_timeout_s, self.pool_config.trace_calls)
+            job.source, info["arch"], cfg.build_timeout_s, self.pool_config.trace_calls, json_init_inputs(job.task))
 
     def _collect(self, ref: Any) -> None:
         entry = self._in_flight.pop(ref)
