@@ -3,11 +3,12 @@
 
 Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
                                     [--precision-n 20] [--time-budget-s 500] [--profile strict]
-                                    [--store STORE.sqlite]
+                                    [--store STORE.sqlite] [--overlap-builds]
 
 1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included: all
-   `load_inline` builds in parallel in the background while every candidate is evaluated by the full
-   protocol (`--profile`) as soon as its build is done.
+   `load_inline` builds in parallel, then every candidate evaluated by the full protocol (`--profile`);
+   with `--overlap-builds` the candidates are evaluated beside the builds, each as soon as it can be, and
+   the correct ones are then re-timed on a quiet host (how far the overlap moved their speedups).
    Prints candidates and correct-and-timed candidates per GPU-hour.
 2. Precision: up to `--precision-n` candidates that were correct in (1) (topped up with the built-in
    examples) evaluated twice more in the same run; prints the median relative difference of speedups.
@@ -44,8 +45,8 @@ def sample_release(path: Path, per_level: int, seed: int):
     return [pair for row in itertools.zip_longest(*picked) for pair in row if pair is not None]
 
 
-def throughput(pairs, cfg: EvalConfig, deadline: float, store=None) -> dict:
-    """Candidates per GPU-hour, compile included: builds run in the background of the evaluations."""
+def throughput(pairs, cfg: EvalConfig, deadline: float, store=None, overlap_builds: bool = False) -> dict:
+    """Candidates per GPU-hour, compile included (builds first, or beside the evaluations)."""
     t0 = time.monotonic()
     builds_done: list[float] = []
 
@@ -55,7 +56,7 @@ def throughput(pairs, cfg: EvalConfig, deadline: float, store=None) -> dict:
 
     # force: every candidate is really evaluated (and stored, when a store is given), never read back.
     evaluated = evaluate_many(pairs, cfg, store=store, force=True, label="bench_eval", on_build=on_build,
-                              should_stop=lambda: time.monotonic() > deadline)
+                              should_stop=lambda: time.monotonic() > deadline, overlap_builds=overlap_builds)
     wall_s = time.monotonic() - t0
     done = [((t, s), r) for (t, s), r in zip(pairs, evaluated, strict=True) if r is not None]
     results = [r for _, r in done]
@@ -73,6 +74,26 @@ def throughput(pairs, cfg: EvalConfig, deadline: float, store=None) -> dict:
             "results": [dict(task=t.id, **r.to_dict()) for (t, _), r in done]}
 
 
+def _rel_diff(a: float, b: float) -> float:
+    return abs(a - b) / ((a + b) / 2)
+
+
+def overlap_vs_quiet(pairs, timed: list[dict], cfg: EvalConfig, deadline: float) -> dict:
+    """The correct candidates of an overlapped run evaluated again on a quiet host (builds cached now):
+    how far builds running beside the timing moved the speedups."""
+    speedup = {r["task"]: r["speedup"] for r in timed if r["status"] == "correct" and r.get("speedup")}
+    chosen = [(t, s) for t, s in pairs if t.id in speedup]
+    quiet = evaluate_many(chosen, cfg, should_stop=lambda: time.monotonic() > deadline)
+    rows = [{"task": t.id, "overlapped": speedup[t.id], "quiet": r.speedup,
+             "rel_diff": _rel_diff(speedup[t.id], r.speedup)}
+            for (t, _), r in zip(chosen, quiet, strict=True) if r is not None and r.speedup]
+    diffs = [r["rel_diff"] for r in rows]
+    return {"n": len(rows), "median_rel_diff": statistics.median(diffs) if diffs else None,
+            "max_rel_diff": max(diffs) if diffs else None,
+            "mean_signed": statistics.fmean((r["overlapped"] - r["quiet"]) / r["quiet"] for r in rows) if rows else None,
+            "rows": rows}
+
+
 def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
     """Each candidate evaluated twice, back to back, in one batch (builds in parallel, warm workers)."""
     doubled = [pair for pair in pairs for _ in range(2)]
@@ -81,7 +102,7 @@ def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
     for k, (task, _) in enumerate(pairs):
         a, b = results[2 * k], results[2 * k + 1]
         if a is not None and b is not None and a.speedup and b.speedup:
-            diff = abs(a.speedup - b.speedup) / ((a.speedup + b.speedup) / 2)
+            diff = _rel_diff(a.speedup, b.speedup)
             diffs.append(diff)
             rows.append({"task": task.id, "speedup_1": a.speedup, "speedup_2": b.speedup, "rel_diff": diff,
                          "stability_1": a.stability, "stability_2": b.stability})
@@ -100,6 +121,9 @@ def main() -> None:
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
     ap.add_argument("--store", type=Path, default=None, help="Also store the throughput sample's results here.")
+    ap.add_argument("--overlap-builds", action="store_true",
+                    help="Evaluate beside the builds (evaluate_many's overlap_builds); then re-time the correct "
+                         "candidates on a quiet host and print how far the overlapped speedups were off.")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -111,9 +135,16 @@ def main() -> None:
         from cudal1.store import ResultsStore
 
         store = ResultsStore(args.store)
-    out["throughput"] = throughput(pairs, cfg, start + args.time_budget_s * args.throughput_share, store)
+    out["throughput"] = throughput(pairs, cfg, start + args.time_budget_s * args.throughput_share, store,
+                                   overlap_builds=args.overlap_builds)
     (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
     print_throughput(out["throughput"])
+    if args.overlap_builds:
+        out["overlap_vs_quiet"] = ovq = overlap_vs_quiet(pairs, out["throughput"]["results"], cfg,
+                                                         start + args.time_budget_s)
+        (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
+        print(f"overlapped vs quiet     n={ovq['n']}: median rel diff {ovq['median_rel_diff']}, max "
+              f"{ovq['max_rel_diff']}, mean signed {ovq['mean_signed']}", flush=True)
     correct = {r["task"] for r in out["throughput"]["results"] if r["status"] == "correct"}
     chosen = [(t, s) for t, s in pairs if t.id in correct]
     chosen += [(t, s) for t, _, s in example_candidates("cuda")]

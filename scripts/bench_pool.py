@@ -98,12 +98,15 @@ def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: 
 
     pool = make_bench_pool(workers, n_gpus, config)
     try:
-        # Start-up (actors, CUDA) off the clock, on a candidate without a build: a stuck run then tells
-        # start-up problems apart from build problems.
+        # Start-up (actors, CUDA, warm workers) off the clock on every GPU, on a candidate without a build:
+        # a stuck run then tells start-up problems apart from build problems. One item per slot: each
+        # avoids the next slot, and the pool puts it on the shortest remaining lane.
         warm_task, warm_source = next((p for p in pairs if not uses_load_inline(p[1])), pairs[0])
         t0 = time.monotonic()
-        warm = pool.submit(warm_task, warm_source, force=True)
-        print(f"[{n_gpus} GPU] warm-up {warm_task.id}: {warm.result(timeout=timeout_s).status.value} "
+        warm = [pool.submit(warm_task, warm_source, force=True, avoid_slot=(i + 1) % n_gpus if n_gpus > 1 else None)
+                for i in range(n_gpus)]
+        verdicts = [f.result(timeout=timeout_s).status.value for f in warm]
+        print(f"[{n_gpus} GPU] warm-up {warm_task.id} on slots {sorted({f.slot for f in warm})}: {verdicts} "
               f"in {time.monotonic() - t0:.1f} s", flush=True)
         started = time.monotonic()
         futures = [pool.submit(task, source, force=True) for task, source in pairs]

@@ -123,8 +123,14 @@ def stage1_rows(tasks: list, rows: list[dict], prompt_token_budget: int) -> list
     return plain + contrastive
 
 
-def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s: float) -> dict:
-    """Stages 1-3 in order; returns one summary dict per stage."""
+#: Kept back from the last stage for saving the policy and the summary.
+FINAL_MARGIN_S = 15.0
+
+
+def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s: float,
+               deadline: float | None = None) -> dict:
+    """Stages 1-3 in order; returns one summary dict per stage. Stage 3 also gets whatever stage 2 left of
+    its share (a stage-2 round often ends early), up to `deadline` (a `time.monotonic()` value)."""
     from cudal1.exemplars import ExemplarDB
     from cudal1.train.config import RLStageConfig, SelfSupervisedConfig, SFTStageConfig, load_config
     from cudal1.train.rl import run_rl
@@ -145,8 +151,9 @@ def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s:
     db = ExemplarDB(out / "exemplars.sqlite")
     for r in rows:
         db.add(r["task_id"], r["code"], float(r.get("speedup") or 1.0), {"model": "cuda-l1-release"})
+    rl_s = max(stage_s, deadline - time.monotonic() - FINAL_MARGIN_S) if deadline is not None else stage_s
     rl = run_rl(load_config(RLStageConfig, None, {
-        **common(args, out, "rl", stage_s), "model": ss.final_model_dir, "num_generations": 4,
+        **common(args, out, "rl", rl_s), "model": ss.final_model_dir, "num_generations": 4,
         "per_device_train_batch_size": 4, "max_steps": args.grpo_steps,
         "max_completion_length": args.completion_tokens, "temperature": args.temperature,
         "learning_rate": 1e-5, "beta": 0.01,
@@ -189,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     left_s = total_s - (time.monotonic() - started)
     stage_s = args.time_budget_s or max(30.0, left_s / 3.5)
-    stages = run_stages(args, tasks, rows, stage_s)
+    stages = run_stages(args, tasks, rows, stage_s, deadline=None if args.time_budget_s else started + total_s)
     summary = {"tasks": len(tasks), "kernels": len(rows), "stage_budget_s": stage_s, "stages": stages,
                "wall_s": time.monotonic() - started}
     (args.out_dir / "e2e_summary.json").write_text(json.dumps(summary, indent=1, default=str))

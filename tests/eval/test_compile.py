@@ -536,3 +536,17 @@ def test_prebuild_tells_each_item_when_its_build_is_done(tmp_path, monkeypatch):
              max_workers=2)
     assert done[0] == 1 and sorted(done) == [0, 1, 2, 3]
     assert sorted(builds) == [(1, 2), (2, 2)]
+
+
+def test_build_children_run_niced(tmp_path):
+    # Builds share the host with evaluations being timed (pool slots, overlapped batches): their
+    # compilers must yield the CPU.
+    import os
+
+    probe = tmp_path / "niceness.txt"
+    source = f"import os\nopen({str(probe)!r}, 'w').write(str(os.nice(0)))\nclass ModelNew: pass\n"
+    base = os.nice(0)
+    build_candidates([source], arch="9.0", device="cpu", cache_dir=str(tmp_path / "c"))
+    assert int(probe.read_text()) == min(19, base + 10)
+    with pytest.raises(ConfigError):
+        CompileConfig(arch="9.0", nice=20)

@@ -205,7 +205,8 @@ def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypa
         if len(seen) == 2:  # both plain ones ran before any build finished
             release.set()
 
-    results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"), on_result=on_result)
+    results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"), on_result=on_result,
+                                     overlap_builds=True)
     assert evaluated == [sources[1], sources[3], sources[0], sources[2]]
     assert seen == [(1, sources[1]), (3, sources[3]), (0, sources[0]), (2, sources[2])]
     assert [r.message for r in results] == sources
@@ -224,6 +225,23 @@ def test_batch_stopped_while_builds_run_leaves_the_rest_unevaluated(task, monkey
         release.set()
 
     results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"),
-                                     on_result=on_result, should_stop=stop.is_set)
+                                     on_result=on_result, should_stop=stop.is_set, overlap_builds=True)
     assert evaluated == [sources[1]]
     assert results[0] is None and results[1].message == sources[1] and results[2] is None
+
+
+def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monkeypatch):
+    # The quiet default: no candidate is timed while compilers load the host.
+    import threading
+
+    release = threading.Event()
+    pipeline, evaluated = _fake_gpu_batch(monkeypatch, release)
+    sources = ["# load_inline A\n", "# plain B\n"]
+    timed_while_building = []
+    real = pipeline.evaluate_candidate
+    monkeypatch.setattr(pipeline, "evaluate_candidate",
+                        lambda *a, **kw: timed_while_building.append(not release.is_set()) or real(*a, **kw))
+    threading.Timer(0.3, release.set).start()
+    results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"))
+    assert evaluated == sources and timed_while_building == [False, False]
+    assert [r.message for r in results] == sources

@@ -302,13 +302,15 @@ def _one_line(exc: BaseException) -> str:
 
 def prepare_candidate(payload: dict[str, Any]) -> dict[str, Any]:
     """Entry of the build child. Payload: `source` (str), `init_inputs` (JSON list or None), `device`
-    ('cpu' or 'cuda:N'), `levers` (dict of `BuildLevers`).
+    ('cpu' or 'cuda:N'), `levers` (dict of `BuildLevers`), `nice` (added niceness, inherited by the compilers).
 
     Returns {"ok", "builds": [{"name", "seconds", "ok", "variant"}], "seconds", "log", "import_ok"}:
     ok is True when the import (and instantiation) succeeded and every recorded build succeeded; log is
     the trimmed compiler log of the first failed build, else the one-line exception, else "".
     """
     start = time.monotonic()
+    if payload.get("nice"):
+        os.nice(int(payload["nice"]))
     recorder = install_build_hooks(payload.get("levers"))
     error: BaseException | None = None
     try:

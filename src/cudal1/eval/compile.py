@@ -104,8 +104,13 @@ class CompileConfig:
     cache_dir: str | None = field(default=None, metadata={
         "help": "Cache root; None: $CUDAL1_CACHE_DIR or ~/.cache/cudal1."})
     levers: BuildLevers = field(default_factory=BuildLevers, metadata={"help": "Build-time levers."})
+    nice: int = field(default=10, metadata={
+        "help": "Niceness of build children and their compilers (0-19): an evaluation timed on the same host "
+                "(another pool slot, a batch's next candidate) keeps its CPU while builds run."})
 
     def __post_init__(self) -> None:
+        if not 0 <= self.nice <= 19:
+            raise ConfigError("nice must be between 0 and 19")
         if self.max_workers is not None and self.max_workers < 1:
             raise ConfigError("max_workers must be >= 1 (or None for os.cpu_count())")
         if self.timeout_s <= 0:
@@ -476,7 +481,7 @@ class CompileService:
         env = {**self.environment(key), **device_env}
         extensions_dir(key, cfg.cache_dir).mkdir(parents=True, exist_ok=True)
         payload = {"source": source, "init_inputs": init_inputs, "device": child_device,
-                   "levers": cfg.levers.to_dict()}
+                   "levers": cfg.levers.to_dict(), "nice": cfg.nice}
         limits = Limits(timeout_s=cfg.timeout_s, memory_bytes=cfg.memory_bytes)
         outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, env=env)
         value = outcome.value

@@ -223,13 +223,16 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                   on_result: Callable[[int, EvalResult], None] | None = None,
                   should_stop: Callable[[], bool] | None = None,
                   on_build: Callable[[int, int], None] | None = None,
-                  workers: WorkerSupply | None = None) -> list[EvalResult | None]:
+                  workers: WorkerSupply | None = None, overlap_builds: bool = False) -> list[EvalResult | None]:
     """Evaluate (task, source) pairs one after another on this machine's device.
 
-    On a GPU, the `load_inline` builds of all pairs start at once in the compile pool, in the background
-    (`on_build(done, total)` follows them), and the GPU does not wait for them: each candidate is evaluated
-    as soon as it can be, those without a pending build first (in input order), the others as their builds
-    finish. Pre-started workers (interpreter, imports, CUDA context) are ready meanwhile.
+    On a GPU, the `load_inline` builds of all pairs run first, in parallel in the compile pool
+    (`on_build(done, total)` follows them), while the first workers start (interpreter, imports, CUDA
+    context); then the pairs are evaluated in input order. With `overlap_builds` the GPU does not wait for
+    the builds: each candidate is evaluated as soon as it can be, those without a pending build first, the
+    others as their builds finish (on a CUDA-L1 release sample builds were half of a batch's wall time).
+    Builds run niced and leave two cores free, but timing beside a compiler-loaded host is less quiet:
+    keep it off where every speedup must be as precise as possible.
     `on_result(index, result)` is called in evaluation order; the returned list is in input order.
     `should_stop` is asked before each candidate (a time budget, a signal): once it says stop, the pairs not
     evaluated yet are None in the returned list (the only way a None appears). `workers` is a supply the
@@ -250,7 +253,9 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
             to_build = [i for i in to_build if uses_load_inline(items[i][1])]
             if to_build:
                 supply.fill()  # the first workers start while the builds run
-                builds.start(items, to_build, cfg.resolved(device), on_build)
+                builds.start(items, to_build, cfg.resolved(device), on_build, overlap_builds)
+                if not overlap_builds:
+                    builds.join()
         try:
             remaining = list(range(len(items)))
             while remaining:
@@ -282,7 +287,7 @@ class _BackgroundBuilds:
         self._thread: threading.Thread | None = None
 
     def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
-              on_build: Callable[[int, int], None] | None) -> None:
+              on_build: Callable[[int, int], None] | None, beside_evaluation: bool) -> None:
         todo = [items[i] for i in indices]
         self._pending = set(indices)
 
@@ -293,7 +298,8 @@ class _BackgroundBuilds:
 
         def run() -> None:
             try:
-                workers = max(1, (os.cpu_count() or 1) - CORES_KEPT_FOR_EVALUATION)
+                cores = os.cpu_count() or 1
+                workers = max(1, cores - CORES_KEPT_FOR_EVALUATION) if beside_evaluation else cores
                 prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=workers)
             except Exception:  # noqa: BLE001 - each candidate is then built by its own evaluation
                 logger.warning("background builds failed; each candidate builds when evaluated", exc_info=True)

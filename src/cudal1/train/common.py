@@ -221,6 +221,16 @@ def evaluate_batch(evaluator: Evaluator, items: Sequence[tuple[Task, str | None]
     return [r for r in results if r is not None]
 
 
+def first_failure(results: Sequence[EvalResult]) -> str:
+    """The first failed result as 'status: message' (trimmed), '' when none failed: a log line that says why
+    a batch earned nothing."""
+    failed = next((r for r in results if r.status is not Status.CORRECT), None)
+    if failed is None:
+        return ""
+    message = " ".join((failed.message or "").split())
+    return f"{failed.status.value}: {message[:160]}"
+
+
 def extract_code(text: str) -> str | None:
     """The candidate module in an LLM completion, or None (shared with the TRL/verl adapters)."""
     return extract_code_or_why(text)[0]

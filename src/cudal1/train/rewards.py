@@ -30,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from cudal1.eval.types import EvalResult, Status
 from cudal1.tasks.task import Task
-from cudal1.train.common import Evaluator, completion_text, evaluate_batch, extract_code
+from cudal1.train.common import Evaluator, completion_text, evaluate_batch, extract_code, first_failure
 
 logger = logging.getLogger(__name__)
 
@@ -190,5 +190,6 @@ class KernelReward:
             log_metric("kernel/raw_reward_mean", entry["raw_reward_mean"])
             log_metric("kernel/mean_speedup", entry["mean_speedup"] or 0.0)
             log_metric("kernel/judge_vetoes", float(vetoed))
-        logger.info("reward batch: %d candidates, %.0f%% correct, raw mean %.3f, statuses %s",
-                    n, 100 * entry["success_rate"], entry["raw_reward_mean"], statuses)
+        logger.info("reward batch: %d candidates, %.0f%% correct, raw mean %.3f, statuses %s%s",
+                    n, 100 * entry["success_rate"], entry["raw_reward_mean"], statuses,
+                    f"; first failure {why}" if (why := first_failure(results)) else "")

@@ -41,6 +41,7 @@ from cudal1.train.common import (
     evaluate_batch,
     extract_code,
     fenced,
+    first_failure,
     open_store,
     resolve_tasks,
     time_budget_callback,
@@ -221,8 +222,10 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
             model, stats, round_log = _fine_tune_round(model, tokenizer, train_on, config, round_dir, stats,
                                                        budget_s=left_s or 0.0)
             log.extend({**e, "round": index} for e in round_log)
-        logger.info("self-supervised round %d: %d/%d samples correct (%.0f%%), %d tasks solved, %d kept",
-                    index, stats.correct, stats.samples, 100 * stats.success_rate, stats.tasks_solved, stats.kept)
+        logger.info("self-supervised round %d: %d/%d samples correct (%.0f%%), %d tasks solved, %d kept; "
+                    "statuses %s%s", index, stats.correct, stats.samples, 100 * stats.success_rate,
+                    stats.tasks_solved, stats.kept, stats.statuses,
+                    f"; first failure {why}" if (why := first_failure(results)) else "")
         stats.model_dir = str(save_policy(model, tokenizer, round_dir / "model"))
         history.append(stats)
         (Path(config.output_dir) / "rounds.json").write_text(json.dumps([asdict(r) for r in history], indent=1))
