@@ -59,7 +59,7 @@ def eval_command(
         if len(pairs) == 1:  # one candidate: no build pool, no spare worker
             on_result(pairs[0][0], evaluate_candidate(pairs[0][0], pairs[0][1], cfg, store=store, force=force,
                                                       label=label, run_id=run_id))
-        else:  # a batch: builds in parallel beside the evaluations, pre-started workers
+        else:  # a batch: builds in parallel first, then the evaluations with pre-started workers
             evaluate_many(pairs, cfg, store=store, force=force, label=label, run_id=run_id,
                           on_result=lambda i, result: on_result(pairs[i][0], result),
                           on_build=on_build)

@@ -433,9 +433,9 @@ class RayPool:
     def _prebuild_ref(self, job: Job, info: dict[str, Any], cfg: EvalConfig) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        strategy = NodeAffinitySchedulingStrategy(node_id=info["node_id"], soft=True)
         from cudal1.eval.pipeline import json_init_inputs
 
+        strategy = NodeAffinitySchedulingStrategy(node_id=info["node_id"], soft=True)
         return self._build_task.options(scheduling_strategy=strategy).remote(
             job.source, info["arch"], cfg.build_timeout_s, self.pool_config.trace_calls, json_init_inputs(job.task))
 

@@ -256,20 +256,18 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                 builds.start(items, to_build, cfg.resolved(device), on_build, overlap_builds)
                 if not overlap_builds:
                     builds.join()
-        try:
-            remaining = list(range(len(items)))
-            while remaining:
-                i = builds.next_ready(remaining, should_stop)
-                if i is None:
-                    break
-                remaining.remove(i)
-                task, source = items[i]
-                results[i] = evaluate_candidate(task, source, cfg, store=store, force=force, label=label,
-                                                run_id=run_id, workers=supply)
-                if on_result is not None:
-                    on_result(i, results[i])
-        finally:
-            builds.join()
+        remaining = list(range(len(items)))
+        while remaining:
+            i = builds.next_ready(remaining, should_stop)
+            if i is None:
+                break
+            remaining.remove(i)
+            task, source = items[i]
+            results[i] = evaluate_candidate(task, source, cfg, store=store, force=force, label=label,
+                                            run_id=run_id, workers=supply)
+            if on_result is not None:
+                on_result(i, results[i])
+        builds.join()  # a batch stopped early leaves no build running behind it (an exception does not wait)
     return results
 
 
@@ -279,7 +277,7 @@ CORES_KEPT_FOR_EVALUATION = 2
 
 
 class _BackgroundBuilds:
-    """`load_inline` builds of a batch, running in a thread while the batch is evaluated."""
+    """`load_inline` builds of a batch in a thread; `next_ready` hands out the items whose build is done."""
 
     def __init__(self) -> None:
         self._pending: set[int] = set()  # item indices whose build has not finished
@@ -324,7 +322,7 @@ class _BackgroundBuilds:
                 self._changed.wait(timeout=1.0)  # also re-asks should_stop while builds run
 
     def join(self) -> None:
-        """Wait for the builds (a batch stopped early leaves none running behind it)."""
+        """Wait for the builds."""
         if self._thread is not None:
             self._thread.join()
 
@@ -358,18 +356,17 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
     `on_build(done, total)` follows the distinct builds; `on_item(i)` is called once for each item `i`
     when its build is done (at once for items that need none).
     """
+    notify = on_item or (lambda i: None)
     todo = [i for i, (_, s) in enumerate(items) if uses_load_inline(s)]
     for i in sorted(set(range(len(items))) - set(todo)):
-        if on_item is not None:
-            on_item(i)
+        notify(i)
     if not todo:
         return
     try:
         from cudal1.eval.compile import CompileConfig, CompileService, local_arch
-    except ImportError:
+    except ImportError:  # no build service here: each candidate builds in its own evaluation
         for i in todo:
-            if on_item is not None:
-                on_item(i)
+            notify(i)
         return
     service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers,
                                            timeout_s=cfg.build_timeout_s, device=cfg.device))
@@ -380,8 +377,7 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
 
     def progress(done: int, total: int, result: Any) -> None:
         for i in waiting.pop(result.key, []):
-            if on_item is not None:
-                on_item(i)
+            notify(i)
         if on_build is not None:
             on_build(done, total)
 
