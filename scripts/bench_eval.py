@@ -96,6 +96,8 @@ def overlap_vs_quiet(pairs, timed: list[dict], cfg: EvalConfig, deadline: float)
 
 def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
     """Each candidate evaluated twice, back to back, in one batch (builds in parallel, warm workers)."""
+    if time.monotonic() > deadline:  # the batch would build everything before it first asks
+        return {"n": 0, "median_rel_diff": None, "max_rel_diff": None, "rows": []}
     doubled = [pair for pair in pairs for _ in range(2)]
     results = evaluate_many(doubled, cfg, should_stop=lambda: time.monotonic() > deadline)
     diffs, rows = [], []

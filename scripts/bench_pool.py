@@ -91,6 +91,28 @@ def close_within(pool: Any, workers: str, timeout_s: float = 30.0) -> None:
         ray.shutdown()
 
 
+def warm_up_every_slot(pool: Any, n_slots: int, pair: tuple[Task, str], timeout_s: float, rounds: int = 4) -> None:
+    """Start-up (actors, CUDA, warm workers) off the clock on every GPU, on a candidate without a build (a
+    stuck run then tells start-up problems apart from build problems). Each round submits one item per slot
+    not warmed yet, each avoiding the next slot (the pool puts it on the shortest remaining lane); which slot
+    ran it is checked, since an idle slot may take more than its share."""
+    task, source = pair
+    t0, warmed = time.monotonic(), set()
+    for _ in range(rounds):
+        missing = [i for i in range(n_slots) if i not in warmed]
+        if not missing:
+            break
+        futures = [pool.submit(task, source, force=True, avoid_slot=(i + 1) % n_slots if n_slots > 1 else None)
+                   for i in missing]
+        verdicts = [f.result(timeout=timeout_s).status.value for f in futures]
+        warmed |= {f.slot for f in futures if f.slot is not None}
+        print(f"[{n_slots} GPU] warm-up {task.id}: {verdicts}, slots warm {sorted(warmed)}, "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
+    if len(warmed) < n_slots:
+        print(f"[{n_slots} GPU] slots {sorted(set(range(n_slots)) - warmed)} not warmed: their start-up is timed",
+              flush=True)
+
+
 def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: EvalConfig,
               out_dir: Path, timeout_s: float) -> dict[str, Any]:
     """Evaluate every pair on `n_gpus` GPUs; wall time excludes pool start-up."""
@@ -98,16 +120,8 @@ def timed_run(workers: str, n_gpus: int, pairs: list[tuple[Task, str]], config: 
 
     pool = make_bench_pool(workers, n_gpus, config)
     try:
-        # Start-up (actors, CUDA, warm workers) off the clock on every GPU, on a candidate without a build:
-        # a stuck run then tells start-up problems apart from build problems. One item per slot: each
-        # avoids the next slot, and the pool puts it on the shortest remaining lane.
-        warm_task, warm_source = next((p for p in pairs if not uses_load_inline(p[1])), pairs[0])
-        t0 = time.monotonic()
-        warm = [pool.submit(warm_task, warm_source, force=True, avoid_slot=(i + 1) % n_gpus if n_gpus > 1 else None)
-                for i in range(n_gpus)]
-        verdicts = [f.result(timeout=timeout_s).status.value for f in warm]
-        print(f"[{n_gpus} GPU] warm-up {warm_task.id} on slots {sorted({f.slot for f in warm})}: {verdicts} "
-              f"in {time.monotonic() - t0:.1f} s", flush=True)
+        warm_up_every_slot(pool, n_gpus, next((p for p in pairs if not uses_load_inline(p[1])), pairs[0]),
+                           timeout_s)
         started = time.monotonic()
         futures = [pool.submit(task, source, force=True) for task, source in pairs]
         results: list[EvalResult] = []

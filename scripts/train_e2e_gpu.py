@@ -130,8 +130,8 @@ FINAL_MARGIN_S = 40.0
 
 def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s: float,
                deadline: float | None = None) -> dict:
-    """Stages 1-3 in order; returns one summary dict per stage. Stage 3 also gets whatever stage 2 left of
-    its share (a stage-2 round often ends early), up to `deadline` (a `time.monotonic()` value)."""
+    """Stages 1-3 in order; returns one summary dict per stage. With `deadline` (a `time.monotonic()` value)
+    stage 3 gets whatever is left before it (a stage-2 round often ends early), at least 30 s."""
     from cudal1.exemplars import ExemplarDB
     from cudal1.train.config import RLStageConfig, SelfSupervisedConfig, SFTStageConfig, load_config
     from cudal1.train.rl import run_rl
@@ -152,7 +152,7 @@ def run_stages(args: argparse.Namespace, tasks: list, rows: list[dict], stage_s:
     db = ExemplarDB(out / "exemplars.sqlite")
     for r in rows:
         db.add(r["task_id"], r["code"], float(r.get("speedup") or 1.0), {"model": "cuda-l1-release"})
-    rl_s = max(stage_s, deadline - time.monotonic() - FINAL_MARGIN_S) if deadline is not None else stage_s
+    rl_s = stage_s if deadline is None else max(30.0, deadline - time.monotonic() - FINAL_MARGIN_S)
     rl = run_rl(load_config(RLStageConfig, None, {
         **common(args, out, "rl", rl_s), "model": ss.final_model_dir, "num_generations": 4,
         "per_device_train_batch_size": 4, "max_steps": args.grpo_steps,

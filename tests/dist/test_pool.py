@@ -196,3 +196,26 @@ def test_cpu_prebuild_skips_a_build_the_node_already_holds(tmp_path, monkeypatch
     write_marker(service.key_for(source, [128]), {"builds": []})
     assert prebuild_on_node(source, "9.0", 60.0, init_inputs=[128]) and builds == []
     assert prebuild_on_node(source, "9.0", 60.0, init_inputs=[64]) and builds == [[source]]
+
+
+def test_gpu_pool_builds_load_inline_candidates_ahead_of_their_slot(monkeypatch):
+    # The build of a queued load_inline candidate starts at submit, so the GPU slot finds it done.
+    from cudal1.dist import pool as pool_mod
+    from cudal1.eval import pipeline
+
+    built = []
+    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: built.extend(items))
+    monkeypatch.setattr(pool_mod, "pool_environment", lambda device: {"gpu_name": "test"})
+    from cudal1.eval.types import EvalResult
+
+    seen = []
+
+    def evaluate(task, source, cfg):
+        seen.append(list(built))  # what was built when the slot started this item
+        return EvalResult(status=Status.CORRECT, speedup=1.0)
+
+    task, source = tiny_task(), "# load_inline\n" + TINY_CANDIDATE
+    with LocalPool(FAST_CONFIG, LocalPoolConfig(devices=("cuda:0",)), evaluate_fn=evaluate) as pool:
+        result = pool.submit(task, source).result(timeout=60)
+    assert result.status is Status.CORRECT
+    assert seen == [[(task, source)]]

@@ -454,13 +454,38 @@ def test_service_caches_by_marker(tmp_path, monkeypatch):
     assert [p[:2] for p in progress] == [(1, 2), (2, 2)]
     assert (tmp_path / "torch_extensions" / first[0].key / ".cudal1_ok").exists()
     second = build_candidates([PURE_PYTORCH, IMPORT_RAISES], **kwargs)
-    assert len(calls) == 2  # the success from its marker, the compile error from this process's memory
+    assert len(calls) == 3  # the success from its marker; the failure (not a compiler verdict) once more
     assert (second[0].ok, second[0].cached, second[0].seconds) == (True, True, 0.0)
-    assert (second[1].ok, second[1].cached, second[1].seconds) == (False, True, 0.0)
+    assert (second[1].ok, second[1].cached) == (False, False)
     assert second[1].log == "ValueError: boom at import"
+
+
+def test_service_remembers_compile_errors_not_other_failures(tmp_path, monkeypatch):
+    calls = []
+    real = compile_mod.run_isolated
+    monkeypatch.setattr(compile_mod, "run_isolated", lambda *a, **kw: calls.append(a[0]) or real(*a, **kw))
+    kwargs = dict(arch="9.0", device="cpu", cache_dir=str(tmp_path), max_workers=1)
+    syntax_error = "import torch\nclass ModelNew(:\n    pass\n"
+    first = build_candidates([syntax_error], **kwargs)[0]
+    again = build_candidates([syntax_error], **kwargs)[0]
+    assert len(calls) == 1 and not again.ok and again.cached and again.log == first.log
+    assert first.log.startswith("SyntaxError")
     compile_mod._COMPILE_ERRORS.clear()  # a new process knows no failures: it builds again
-    third = build_candidates([IMPORT_RAISES], **kwargs)
-    assert len(calls) == 3 and (third[0].ok, third[0].cached) == (False, False)
+    build_candidates([syntax_error], **kwargs)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("value, log, remembered", [
+    ({"builds": [{"ok": False}], "import_ok": True}, "main.cpp:4:1: error: expected ';'", True),
+    ({"builds": [], "import_ok": False}, "SyntaxError: invalid syntax (line 3)", True),
+    ({"builds": [{"ok": False}], "import_ok": True}, "c++: fatal error: Killed signal terminated program cc1plus",
+     False),
+    ({"builds": [], "import_ok": False}, "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False),
+    ({"builds": [{"ok": False}], "import_ok": False}, "OSError: [Errno 28] No space left on device", False),
+    ({"builds": [], "import_ok": False}, "ValueError: boom at import", False),
+])
+def test_only_verdicts_on_the_source_are_remembered(value, log, remembered):
+    assert compile_mod._is_compile_error(value, log) is remembered
 
 
 def test_service_keys_depend_on_levers_and_init_inputs(tmp_path):
@@ -550,3 +575,11 @@ def test_build_children_run_niced(tmp_path):
     assert int(probe.read_text()) == min(19, base + 10)
     with pytest.raises(ConfigError):
         CompileConfig(arch="9.0", nice=20)
+
+
+def test_cancelled_builds_start_no_child(tmp_path, monkeypatch):
+    monkeypatch.setattr(compile_mod, "run_isolated", lambda *a, **kw: pytest.fail("a cancelled build ran"))
+    service = CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path)))
+    [result] = service.build([PURE_PYTORCH], should_cancel=lambda: True)
+    assert (result.ok, result.log) == (False, "build cancelled")
+    assert compile_mod._known_compile_error(result.key) is None  # tried again next time

@@ -175,10 +175,13 @@ def _fake_gpu_batch(monkeypatch, build_release):
 
     evaluated = []
 
-    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None):
+    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None, should_cancel=None):
         assert max_workers is not None and max_workers >= 1  # cores are left to the evaluation
         assert build_release.wait(timeout=30)
         for i in range(len(items)):
+            if should_cancel():
+                evaluated.append("cancelled")
+                break
             on_item(i)
 
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
@@ -221,12 +224,12 @@ def test_batch_stopped_while_builds_run_leaves_the_rest_unevaluated(task, monkey
     stop = threading.Event()
 
     def on_result(i, result):
-        stop.set()  # a budget that runs out after the first candidate
-        release.set()
+        stop.set()  # a budget that runs out after the first candidate: its builds are not started
+        threading.Timer(1.5, release.set).start()  # after the batch has seen the stop
 
     results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"),
                                      on_result=on_result, should_stop=stop.is_set, overlap_builds=True)
-    assert evaluated == [sources[1]]
+    assert evaluated == [sources[1], "cancelled"]
     assert results[0] is None and results[1].message == sources[1] and results[2] is None
 
 

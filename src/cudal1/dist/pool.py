@@ -325,7 +325,7 @@ class LocalPool:
 
             if uses_load_inline(source):
                 device = next(d for d in self.devices if d.startswith("cuda"))
-                job.prebuilt = self._prebuilder.submit(prebuild, [source], cfg.resolved(device))
+                job.prebuilt = self._prebuilder.submit(prebuild, [(task, source)], cfg.resolved(device))
         self._queue.put(job, block=block)
         return job.future
 

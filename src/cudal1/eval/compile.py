@@ -382,11 +382,22 @@ ProgressCallback = Callable[[int, int, BuildResult], None]  # (done, total, resu
 #: Compile errors of this process, by key, newest last. A batch builds its candidates ahead of evaluation
 #: and the evaluation asks for the same build again: without this, every failing candidate was compiled
 #: twice (4-19 s each for the CUDA-L1 release's failures on the H200 host), the second time on the GPU's
-#: critical path. Only failures with a compiler verdict are kept; a build that was killed or timed out
-#: may succeed on a quieter machine and is tried again.
+#: critical path. Only what the source decides is kept (`_is_compile_error`): a failed compiler run or a
+#: syntax error. A build that was killed, timed out, ran out of memory or disk, or failed while
+#: instantiating `ModelNew` on a GPU may pass on a quieter machine and is tried again.
 _COMPILE_ERRORS: dict[str, BuildResult] = {}
 _COMPILE_ERRORS_MAX = 1024
 _compile_errors_lock = threading.Lock()
+_RESOURCE_FAILURE = re.compile(r"out of memory|MemoryError|Killed|No space left|Resource temporarily unavailable|"
+                               r"Cannot allocate memory|CUDA error|timed out", re.IGNORECASE)
+
+
+def _is_compile_error(value: dict[str, Any], log: str) -> bool:
+    """Whether a failed build child's report is a verdict on the source itself (see `_COMPILE_ERRORS`)."""
+    compiler_failed = any(not b.get("ok") for b in value.get("builds", []))
+    syntax_error = not value.get("import_ok", True) and log.startswith(("SyntaxError", "IndentationError",
+                                                                          "TabError"))
+    return (compiler_failed or syntax_error) and not _RESOURCE_FAILURE.search(log)
 
 
 def _remember_compile_error(result: BuildResult) -> None:
@@ -433,8 +444,10 @@ class CompileService:
                                  max_jobs=self.config.max_jobs, levers=self.config.levers)
 
     def build(self, sources: Sequence[str], *, init_inputs: Sequence[list[Any] | None] | None = None,
-              progress: ProgressCallback | None = None) -> list[BuildResult]:
-        """Build every source (same order in the result); identical keys are built once."""
+              progress: ProgressCallback | None = None,
+              should_cancel: Callable[[], bool] | None = None) -> list[BuildResult]:
+        """Build every source (same order in the result); identical keys are built once. Once `should_cancel`
+        says so, builds not started yet are skipped (not ok, log 'build cancelled'); running ones finish."""
         inits = list(init_inputs) if init_inputs is not None else [None] * len(sources)
         if len(inits) != len(sources):
             raise ConfigError("init_inputs must have one entry (or None) per source")
@@ -455,7 +468,8 @@ class CompileService:
         workers = self.config.max_workers or os.cpu_count() or 1
         if todo:
             with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="build") as pool:
-                futures = {pool.submit(self._build_one, k, s, i): k for k, (s, i) in todo.items()}
+                futures = {pool.submit(self._build_unless_cancelled, k, s, i, should_cancel): k
+                           for k, (s, i) in todo.items()}
                 for fut in as_completed(futures):
                     result = fut.result()
                     results[result.key] = result
@@ -474,6 +488,12 @@ class CompileService:
             return None
         builds = tuple(ExtensionBuild(b["name"], float(b["seconds"]), bool(b["ok"])) for b in info.get("builds", []))
         return BuildResult(key=key, ok=True, cached=True, seconds=0.0, log="", builds=builds)
+
+    def _build_unless_cancelled(self, key: str, source: str, init_inputs: list[Any] | None,
+                                should_cancel: Callable[[], bool] | None) -> BuildResult:
+        if should_cancel is not None and should_cancel():
+            return BuildResult(key=key, ok=False, cached=False, seconds=0.0, log="build cancelled")
+        return self._build_one(key, source, init_inputs)
 
     def _build_one(self, key: str, source: str, init_inputs: list[Any] | None) -> BuildResult:
         cfg = self.config
@@ -497,7 +517,7 @@ class CompileService:
         if result.ok:
             write_marker(key, {"builds": [b.to_dict() for b in builds], "seconds": outcome.duration_s,
                                "protocol": BUILD_PROTOCOL_VERSION}, cfg.cache_dir)
-        else:
+        elif _is_compile_error(value, result.log):
             _remember_compile_error(result)
         logger.info("build %s: ok=%s in %.1f s (%d extensions)", key[:12], result.ok, result.seconds,
                     len(builds))

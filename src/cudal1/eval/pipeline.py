@@ -267,7 +267,9 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                                             run_id=run_id, workers=supply)
             if on_result is not None:
                 on_result(i, results[i])
-        builds.join()  # a batch stopped early leaves no build running behind it (an exception does not wait)
+        if remaining:
+            builds.cancel()  # stopped early: builds not started yet are skipped
+        builds.join()  # no build keeps running behind the batch (an exception does not wait)
     return results
 
 
@@ -283,6 +285,7 @@ class _BackgroundBuilds:
         self._pending: set[int] = set()  # item indices whose build has not finished
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._cancelled = threading.Event()
 
     def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
               on_build: Callable[[int, int], None] | None, beside_evaluation: bool) -> None:
@@ -298,7 +301,8 @@ class _BackgroundBuilds:
             try:
                 cores = os.cpu_count() or 1
                 workers = max(1, cores - CORES_KEPT_FOR_EVALUATION) if beside_evaluation else cores
-                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=workers)
+                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=workers,
+                         should_cancel=self._cancelled.is_set)
             except Exception:  # noqa: BLE001 - each candidate is then built by its own evaluation
                 logger.warning("background builds failed; each candidate builds when evaluated", exc_info=True)
             finally:
@@ -320,6 +324,10 @@ class _BackgroundBuilds:
                 if ready is not None:
                     return ready
                 self._changed.wait(timeout=1.0)  # also re-asks should_stop while builds run
+
+    def cancel(self) -> None:
+        """Skip the builds not started yet."""
+        self._cancelled.set()
 
     def join(self) -> None:
         """Wait for the builds."""
@@ -350,11 +358,13 @@ def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
 
 def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
              on_build: Callable[[int, int], None] | None = None,
-             on_item: Callable[[int], None] | None = None, max_workers: int | None = None) -> None:
+             on_item: Callable[[int], None] | None = None, max_workers: int | None = None,
+             should_cancel: Callable[[], bool] | None = None) -> None:
     """Build every `load_inline` candidate of `items` in parallel (cached), ahead of their evaluation.
 
     `on_build(done, total)` follows the distinct builds; `on_item(i)` is called once for each item `i`
-    when its build is done (at once for items that need none).
+    when its build is done (at once for items that need none); builds not started when `should_cancel`
+    says so are skipped.
     """
     notify = on_item or (lambda i: None)
     todo = [i for i, (_, s) in enumerate(items) if uses_load_inline(s)]
@@ -381,7 +391,7 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
         if on_build is not None:
             on_build(done, total)
 
-    service.build([items[i][1] for i in todo], init_inputs=inits, progress=progress)
+    service.build([items[i][1] for i in todo], init_inputs=inits, progress=progress, should_cancel=should_cancel)
 
 
 __all__ = ["evaluate_candidate", "evaluate_many", "local_environment", "prebuild"]
