@@ -583,3 +583,15 @@ def test_cancelled_builds_start_no_child(tmp_path, monkeypatch):
     [result] = service.build([PURE_PYTORCH], should_cancel=lambda: True)
     assert (result.ok, result.log) == (False, "build cancelled")
     assert compile_mod._known_compile_error(result.key) is None  # tried again next time
+
+
+def test_build_children_stay_on_their_cores(tmp_path):
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    probe = tmp_path / "cpus.txt"
+    source = f"import os\nopen({str(probe)!r}, 'w').write(str(sorted(os.sched_getaffinity(0))))\nclass ModelNew: pass\n"
+    core = min(os.sched_getaffinity(0))
+    CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path / "c"), cpus=(core,))).build([source])
+    assert probe.read_text() == str([core])

@@ -150,7 +150,8 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: built.extend(s for _, s in items))
     filled = []
     monkeypatch.setattr(pipeline, "worker_supply",
-                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1))))
+                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1),
+                                                                              pin=lambda cpus: None)))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT))
     done, todo = "# load_inline candidate A\n", "# load_inline candidate B\n"
@@ -173,10 +174,11 @@ def _fake_gpu_batch(monkeypatch, build_release):
     from cudal1.eval import pipeline
     from cudal1.eval.types import EvalResult
 
-    evaluated = []
+    evaluated, pins, build_cpus = [], [], []
 
-    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None, should_cancel=None):
-        assert max_workers is not None and max_workers >= 1  # cores are left to the evaluation
+    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None, should_cancel=None, cpus=None):
+        assert max_workers is not None and max_workers >= 1
+        build_cpus.append(cpus)
         assert build_release.wait(timeout=30)
         for i in range(len(items)):
             if should_cancel():
@@ -186,11 +188,12 @@ def _fake_gpu_batch(monkeypatch, build_release):
 
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
     monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
+    monkeypatch.setattr(pipeline, "split_cores", lambda: (frozenset({0, 1}), frozenset({2, 3, 4})))
     monkeypatch.setattr(pipeline, "worker_supply",
-                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: None)))
+                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: None, pin=pins.append)))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT, message=s))
-    return pipeline, evaluated
+    return pipeline, evaluated, pins, build_cpus
 
 
 def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypatch):
@@ -199,7 +202,7 @@ def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypa
     import threading
 
     release = threading.Event()
-    pipeline, evaluated = _fake_gpu_batch(monkeypatch, release)
+    pipeline, evaluated, pins, build_cpus = _fake_gpu_batch(monkeypatch, release)
     sources = ["# load_inline A\n", "# plain B\n", "# load_inline C\n", "# plain D\n"]
     seen = []
 
@@ -213,13 +216,15 @@ def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypa
     assert evaluated == [sources[1], sources[3], sources[0], sources[2]]
     assert seen == [(1, sources[1]), (3, sources[3]), (0, sources[0]), (2, sources[2])]
     assert [r.message for r in results] == sources
+    # Compilers and the evaluation's workers on separate cores while both run; all cores again after.
+    assert build_cpus == [frozenset({2, 3, 4})] and pins == [frozenset({0, 1}), None]
 
 
 def test_batch_stopped_while_builds_run_leaves_the_rest_unevaluated(task, monkeypatch):
     import threading
 
     release = threading.Event()
-    pipeline, evaluated = _fake_gpu_batch(monkeypatch, release)
+    pipeline, evaluated, _, _ = _fake_gpu_batch(monkeypatch, release)
     sources = ["# load_inline A\n", "# plain B\n", "# load_inline C\n"]
     stop = threading.Event()
 
@@ -238,7 +243,7 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
     import threading
 
     release = threading.Event()
-    pipeline, evaluated = _fake_gpu_batch(monkeypatch, release)
+    pipeline, evaluated, pins, build_cpus = _fake_gpu_batch(monkeypatch, release)
     sources = ["# load_inline A\n", "# plain B\n"]
     timed_while_building = []
     real = pipeline.evaluate_candidate
@@ -248,3 +253,15 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
     results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"))
     assert evaluated == sources and timed_while_building == [False, False]
     assert [r.message for r in results] == sources
+    assert build_cpus == [None] and pins == [None]  # builds first: every core for them
+
+
+def test_split_cores_keeps_two_for_the_evaluation(monkeypatch):
+    import os
+
+    from cudal1.eval import pipeline
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4, 12)), raising=False)
+    assert pipeline.split_cores() == (frozenset({4, 5}), frozenset(range(6, 12)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert pipeline.split_cores() is None  # too few to give builds their own

@@ -19,3 +19,23 @@ def test_fill_starts_spares_ahead_and_take_tops_them_up():
     assert supply.n_ready == 0
     for w in waiting:  # close() stopped the ones never taken
         assert w.proc.wait(timeout=10) is not None
+
+
+def test_pin_confines_waiting_and_new_workers_then_releases_them():
+    import os
+
+    import pytest
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPU affinity and two cores")
+    one, every = frozenset({min(os.sched_getaffinity(0))}), os.sched_getaffinity(0)
+    with WorkerSupply("json:dumps", spares=1) as supply:
+        supply.fill()
+        waiting = supply._ready[0]
+        supply.pin(one)
+        assert os.sched_getaffinity(waiting.proc.pid) == one
+        assert supply.take() is waiting
+        assert os.sched_getaffinity(supply._ready[0].proc.pid) == one  # started while pinned
+        supply.pin(None)
+        assert os.sched_getaffinity(supply._ready[0].proc.pid) == every
+        waiting.discard()

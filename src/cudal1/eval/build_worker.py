@@ -302,7 +302,8 @@ def _one_line(exc: BaseException) -> str:
 
 def prepare_candidate(payload: dict[str, Any]) -> dict[str, Any]:
     """Entry of the build child. Payload: `source` (str), `init_inputs` (JSON list or None), `device`
-    ('cpu' or 'cuda:N'), `levers` (dict of `BuildLevers`), `nice` (added niceness, inherited by the compilers).
+    ('cpu' or 'cuda:N'), `levers` (dict of `BuildLevers`), `nice` (added niceness) and `cpus` (the cores it
+    may use), both inherited by the compilers.
 
     Returns {"ok", "builds": [{"name", "seconds", "ok", "variant"}], "seconds", "log", "import_ok"}:
     ok is True when the import (and instantiation) succeeded and every recorded build succeeded; log is
@@ -311,6 +312,8 @@ def prepare_candidate(payload: dict[str, Any]) -> dict[str, Any]:
     start = time.monotonic()
     if payload.get("nice"):
         os.nice(int(payload["nice"]))
+    if payload.get("cpus") and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, payload["cpus"])
     recorder = install_build_hooks(payload.get("levers"))
     error: BaseException | None = None
     try:

@@ -104,6 +104,8 @@ class CompileConfig:
     cache_dir: str | None = field(default=None, metadata={
         "help": "Cache root; None: $CUDAL1_CACHE_DIR or ~/.cache/cudal1."})
     levers: BuildLevers = field(default_factory=BuildLevers, metadata={"help": "Build-time levers."})
+    cpus: tuple[int, ...] | None = field(default=None, metadata={
+        "help": "CPU cores the build children and their compilers may use; None: every core."})
     nice: int = field(default=10, metadata={
         "help": "Niceness of build children and their compilers (0-19): an evaluation timed on the same host "
                 "(another pool slot, a batch's next candidate) keeps its CPU while builds run."})
@@ -501,7 +503,7 @@ class CompileService:
         env = {**self.environment(key), **device_env}
         extensions_dir(key, cfg.cache_dir).mkdir(parents=True, exist_ok=True)
         payload = {"source": source, "init_inputs": init_inputs, "device": child_device,
-                   "levers": cfg.levers.to_dict(), "nice": cfg.nice}
+                   "levers": cfg.levers.to_dict(), "nice": cfg.nice, "cpus": list(cfg.cpus) if cfg.cpus else None}
         limits = Limits(timeout_s=cfg.timeout_s, memory_bytes=cfg.memory_bytes)
         outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, env=env)
         value = outcome.value

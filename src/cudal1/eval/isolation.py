@@ -215,6 +215,17 @@ class WorkerProcess:
         self._tmp.cleanup()
 
 
+def set_cpu_affinity(pid: int, cpus: frozenset[int] | None) -> None:
+    """Let process `pid` (its main thread, and threads it starts later) run on `cpus` only; None: every core
+    this process may use. Best effort: a platform without affinity, or a process that is gone, is left."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        os.sched_setaffinity(pid, cpus if cpus is not None else os.sched_getaffinity(0))
+    except OSError:
+        pass
+
+
 class WorkerSupply:
     """Hands out warm workers, starting a replacement each time one is taken."""
 
@@ -222,6 +233,14 @@ class WorkerSupply:
                  spares: int = 1):
         self.entry, self.env, self.warm_device, self.spares = entry, env, warm_device, spares
         self._ready: list[WorkerProcess] = []
+        self._cpus: frozenset[int] | None = None
+
+    def pin(self, cpus: frozenset[int] | None) -> None:
+        """Run the workers (waiting ones and those started from now on) on `cpus` only; None: every core.
+        Used while builds run beside the evaluations on the other cores."""
+        self._cpus = cpus
+        for worker in self._ready:
+            set_cpu_affinity(worker.proc.pid, cpus)
 
     def take(self) -> WorkerProcess:
         """A started worker; spares that died while waiting are discarded, never handed out."""
@@ -245,7 +264,10 @@ class WorkerSupply:
         return len(self._ready)
 
     def _spawn(self) -> WorkerProcess:
-        return WorkerProcess(self.entry, env=self.env, warm_device=self.warm_device)
+        worker = WorkerProcess(self.entry, env=self.env, warm_device=self.warm_device)
+        if self._cpus is not None:
+            set_cpu_affinity(worker.proc.pid, self._cpus)
+        return worker
 
     def close(self) -> None:
         for worker in self._ready:

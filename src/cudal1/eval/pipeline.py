@@ -231,8 +231,9 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     context); then the pairs are evaluated in input order. With `overlap_builds` the GPU does not wait for
     the builds: each candidate is evaluated as soon as it can be, those without a pending build first, the
     others as their builds finish (on a CUDA-L1 release sample builds were half of a batch's wall time).
-    Builds run niced and leave two cores free, but timing beside a compiler-loaded host is less quiet:
-    keep it off where every speedup must be as precise as possible.
+    The builds then run niced on all cores but two, which the evaluation workers get to themselves
+    (`split_cores`); the host's memory and caches are still shared, so keep it off where every speedup
+    must be as precise as possible.
     `on_result(index, result)` is called in evaluation order; the returned list is in input order.
     `should_stop` is asked before each candidate (a time budget, a signal): once it says stop, the pairs not
     evaluated yet are None in the returned list (the only way a None appears). `workers` is a supply the
@@ -253,29 +254,48 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
             to_build = [i for i in to_build if uses_load_inline(items[i][1])]
             if to_build:
                 supply.fill()  # the first workers start while the builds run
-                builds.start(items, to_build, cfg.resolved(device), on_build, overlap_builds)
+                # Beside the evaluations, builds and the evaluation's workers get separate cores.
+                cores = split_cores() if overlap_builds else None
+                if cores is not None:
+                    supply.pin(cores[0])
+                builds.start(items, to_build, cfg.resolved(device), on_build, overlap_builds,
+                             cpus=cores[1] if cores is not None else None)
                 if not overlap_builds:
                     builds.join()
         remaining = list(range(len(items)))
-        while remaining:
-            i = builds.next_ready(remaining, should_stop)
-            if i is None:
-                break
-            remaining.remove(i)
-            task, source = items[i]
-            results[i] = evaluate_candidate(task, source, cfg, store=store, force=force, label=label,
-                                            run_id=run_id, workers=supply)
-            if on_result is not None:
-                on_result(i, results[i])
+        try:
+            while remaining:
+                i = builds.next_ready(remaining, should_stop)
+                if i is None:
+                    break
+                remaining.remove(i)
+                task, source = items[i]
+                results[i] = evaluate_candidate(task, source, cfg, store=store, force=force, label=label,
+                                                run_id=run_id, workers=supply)
+                if on_result is not None:
+                    on_result(i, results[i])
+        finally:
+            supply.pin(None)  # a caller's supply serves its next batch on every core
         if remaining:
             builds.cancel()  # stopped early: builds not started yet are skipped
         builds.join()  # no build keeps running behind the batch (an exception does not wait)
     return results
 
 
-#: Cores left to the evaluation while builds run beside it (its worker launches kernels and, on cpu,
-#: runs the timed code itself).
+#: Cores kept for the evaluation while builds run beside it (`overlap_builds`): its worker launches the
+#: kernels from there, and no compiler runs on them.
 CORES_KEPT_FOR_EVALUATION = 2
+
+
+def split_cores(keep: int = CORES_KEPT_FOR_EVALUATION) -> tuple[frozenset[int], frozenset[int]] | None:
+    """(evaluation cores, build cores) out of the cores this process may use; None with fewer than keep + 2."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+    else:  # no affinity on this platform: nothing to split
+        return None
+    if len(cores) < keep + 2:
+        return None
+    return frozenset(cores[:keep]), frozenset(cores[keep:])
 
 
 class _BackgroundBuilds:
@@ -288,7 +308,8 @@ class _BackgroundBuilds:
         self._cancelled = threading.Event()
 
     def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
-              on_build: Callable[[int, int], None] | None, beside_evaluation: bool) -> None:
+              on_build: Callable[[int, int], None] | None, beside_evaluation: bool,
+              cpus: frozenset[int] | None = None) -> None:
         todo = [items[i] for i in indices]
         self._pending = set(indices)
 
@@ -301,8 +322,8 @@ class _BackgroundBuilds:
             try:
                 cores = os.cpu_count() or 1
                 workers = max(1, cores - CORES_KEPT_FOR_EVALUATION) if beside_evaluation else cores
-                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=workers,
-                         should_cancel=self._cancelled.is_set)
+                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=len(cpus) if cpus else workers,
+                         should_cancel=self._cancelled.is_set, cpus=cpus)
             except Exception:  # noqa: BLE001 - each candidate is then built by its own evaluation
                 logger.warning("background builds failed; each candidate builds when evaluated", exc_info=True)
             finally:
@@ -359,12 +380,12 @@ def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
 def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
              on_build: Callable[[int, int], None] | None = None,
              on_item: Callable[[int], None] | None = None, max_workers: int | None = None,
-             should_cancel: Callable[[], bool] | None = None) -> None:
+             should_cancel: Callable[[], bool] | None = None, cpus: frozenset[int] | None = None) -> None:
     """Build every `load_inline` candidate of `items` in parallel (cached), ahead of their evaluation.
 
     `on_build(done, total)` follows the distinct builds; `on_item(i)` is called once for each item `i`
     when its build is done (at once for items that need none); builds not started when `should_cancel`
-    says so are skipped.
+    says so are skipped; `cpus` confines the builds to those cores.
     """
     notify = on_item or (lambda i: None)
     todo = [i for i, (_, s) in enumerate(items) if uses_load_inline(s)]
@@ -378,8 +399,8 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
         for i in todo:
             notify(i)
         return
-    service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers,
-                                           timeout_s=cfg.build_timeout_s, device=cfg.device))
+    service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers, timeout_s=cfg.build_timeout_s,
+                                           device=cfg.device, cpus=tuple(sorted(cpus)) if cpus else None))
     inits = [json_init_inputs(items[i][0]) for i in todo]
     waiting: dict[str, list[int]] = {}
     for i, init in zip(todo, inits, strict=True):
