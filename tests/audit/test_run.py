@@ -156,3 +156,18 @@ def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):
     assert (out / "report.md").is_file()
     assert main([*args, "--profile", "cuda-l1"]) == 2  # nothing stored under that profile: one-line error
     assert "nothing to report" in capsys.readouterr().err
+
+
+def test_gpu_audit_builds_every_pending_candidate_before_its_batches(release, store, monkeypatch):
+    # One parallel build pass for the whole chunk; batch by batch, each batch waited for its slowest build.
+    from cudal1.audit import run as run_mod
+    from cudal1.eval import pipeline
+
+    events = []
+    monkeypatch.setattr(run_mod, "resolve_device", lambda device: "cuda:0")
+    monkeypatch.setattr(pipeline, "local_environment", lambda device: {"device_type": "cuda", "gpu_name": "test"})
+    monkeypatch.setattr(run_mod, "_default_evaluate", lambda items, *a, **kw: events.append(len(items)) or
+                        [None] * len(items))
+    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg: events.append(("build", len(items))))
+    run_audit(_config(release, batch_size=2), store)
+    assert events == [("build", 3), 2, 1]

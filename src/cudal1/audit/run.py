@@ -3,8 +3,9 @@
     from cudal1.audit import AuditConfig, run_audit
     outcome = run_audit(AuditConfig(release="h100.jsonl", profile="strict", chunk="2/5"), store)
 
-Every selected candidate is evaluated through `evaluate_many` (its `load_inline` builds run in parallel
-first, batch by batch) and stored under the label `audit:<release>:<profile>`. Resuming is the store's
+Every selected candidate is evaluated through `evaluate_many`, batch by batch, and stored under the label
+`audit:<release>:<profile>`; on a GPU the `load_inline` builds of every pending candidate run first, all in
+parallel (a batch would otherwise wait for its own slowest build, once per batch). Resuming is the store's
 job: an item whose evaluation key (task, candidate, protocol, machine) is already stored is not evaluated
 again, whichever run stored it, so an interrupted run, a later chunk or another machine sharing the store
 simply continues. Published scores are stored with each candidate (`meta["published"]`, and the release's
@@ -224,6 +225,10 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
         else:
             outcome.reused += 1
             _ensure_labelled(store, key, hit, task, config.label, outcome.run_id)
+    if pending and evaluate is _default_evaluate and cfg.device.startswith("cuda") and not _out_of_time(config, started):
+        from cudal1.eval.pipeline import prebuild
+
+        prebuild([(t, c.source) for t, c in pending], cfg)  # cached: the batches below find them built
     for start in range(0, len(pending), config.batch_size):
         if _out_of_time(config, started):
             outcome.skipped_for_time = len(pending) - start
