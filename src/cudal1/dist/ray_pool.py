@@ -18,7 +18,10 @@ counting an attempt); an item that was alone when its actor died counts one atte
 candidate cannot take innocent neighbours down with it.
 
 Limits: all nodes are assumed to share the software stack; the environment (GPU name, versions) is taken
-per actor, so a mixed cluster stores its results under each GPU's own key. Build caches are per node.
+per actor, so a mixed cluster stores its results under each GPU's own key. Build caches are per node. A CPU
+build starts when its item is handed to an actor, so at most `max_in_flight_per_actor` builds per actor run
+at once: a stream of cache-miss `load_inline` candidates (~40 s each on an H200 host) keeps the GPUs waiting;
+build such batches ahead (`pipeline.prebuild` on each node) or use the raw-CUDA form.
 """
 
 from __future__ import annotations
