@@ -3,13 +3,13 @@
 
 Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
                                     [--precision-n 20] [--time-budget-s 500] [--profile strict]
-                                    [--store STORE.sqlite] [--overlap-builds]
+                                    [--store STORE.sqlite] [--modes serial,overlap]
 
-1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included: all
-   `load_inline` builds in parallel, then every candidate evaluated by the full protocol (`--profile`);
-   with `--overlap-builds` the candidates are evaluated beside the builds, each as soon as it can be, and
-   the correct ones are then re-timed on a quiet host (how far the overlap moved their speedups).
-   Prints candidates and correct-and-timed candidates per GPU-hour.
+1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included, on a cold
+   build cache, per `--modes`: serial (all `load_inline` builds in parallel, then every candidate evaluated
+   by the full protocol, `--profile`) and/or overlap (each candidate evaluated as soon as its build is done,
+   beside the others' builds); with overlap, its speedups are compared with quiet ones (the serial run's,
+   else a re-time after the builds). Prints candidates and correct-and-timed candidates per GPU-hour.
 2. Precision: up to `--precision-n` candidates that were correct in (1) (topped up with the built-in
    examples) evaluated twice more in the same run; prints the median relative difference of speedups.
 Writes bench_eval.json (every result) under OUT_DIR; prints a short table last.
@@ -18,11 +18,14 @@ Writes bench_eval.json (every result) under OUT_DIR; prints a short table last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,20 +81,42 @@ def _rel_diff(a: float, b: float) -> float:
     return abs(a - b) / ((a + b) / 2)
 
 
-def overlap_vs_quiet(pairs, timed: list[dict], cfg: EvalConfig, deadline: float) -> dict:
-    """The correct candidates of an overlapped run evaluated again on a quiet host (builds cached now):
-    how far builds running beside the timing moved the speedups."""
-    speedup = {r["task"]: r["speedup"] for r in timed if r["status"] == "correct" and r.get("speedup")}
-    chosen = [(t, s) for t, s in pairs if t.id in speedup]
-    quiet = evaluate_many(chosen, cfg, should_stop=lambda: time.monotonic() > deadline)
-    rows = [{"task": t.id, "overlapped": speedup[t.id], "quiet": r.speedup,
-             "rel_diff": _rel_diff(speedup[t.id], r.speedup)}
-            for (t, _), r in zip(chosen, quiet, strict=True) if r is not None and r.speedup]
+def compare_speedups(timed: list[dict], quiet: dict[str, float]) -> dict:
+    """How far the speedups of `timed` (result rows) are from `quiet` (task id -> speedup on a quiet host)."""
+    rows = [{"task": r["task"], "overlapped": r["speedup"], "quiet": quiet[r["task"]],
+             "rel_diff": _rel_diff(r["speedup"], quiet[r["task"]])}
+            for r in timed if r["status"] == "correct" and r.get("speedup") and quiet.get(r["task"])]
     diffs = [r["rel_diff"] for r in rows]
     return {"n": len(rows), "median_rel_diff": statistics.median(diffs) if diffs else None,
             "max_rel_diff": max(diffs) if diffs else None,
             "mean_signed": statistics.fmean((r["overlapped"] - r["quiet"]) / r["quiet"] for r in rows) if rows else None,
             "rows": rows}
+
+
+def quiet_speedups(pairs, timed: list[dict], cfg: EvalConfig, deadline: float) -> dict[str, float]:
+    """The correct candidates of `timed` evaluated again, builds first (cached by now): task id -> speedup."""
+    correct = {r["task"] for r in timed if r["status"] == "correct" and r.get("speedup")}
+    chosen = [(t, s) for t, s in pairs if t.id in correct]
+    again = evaluate_many(chosen, cfg, should_stop=lambda: time.monotonic() > deadline)
+    return {t.id: r.speedup for (t, _), r in zip(chosen, again, strict=True) if r is not None and r.speedup}
+
+
+@contextlib.contextmanager
+def cold_build_cache():
+    """An empty build cache and no remembered compile errors, so each mode pays its own cache-miss builds."""
+    from cudal1.eval.compile import forget_compile_errors
+
+    before = os.environ.get("CUDAL1_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="cudal1-bench-cache-") as cache:
+        os.environ["CUDAL1_CACHE_DIR"] = cache
+        forget_compile_errors()
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("CUDAL1_CACHE_DIR", None)
+            else:
+                os.environ["CUDAL1_CACHE_DIR"] = before
 
 
 def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
@@ -123,9 +148,10 @@ def main() -> None:
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
     ap.add_argument("--store", type=Path, default=None, help="Also store the throughput sample's results here.")
-    ap.add_argument("--overlap-builds", action="store_true",
-                    help="Evaluate beside the builds (evaluate_many's overlap_builds); then re-time the correct "
-                         "candidates on a quiet host and print how far the overlapped speedups were off.")
+    ap.add_argument("--modes", default="serial",
+                    help="Throughput modes, each on a cold build cache: serial (builds first, evaluate_many's "
+                         "default), overlap (evaluations beside the builds), or serial,overlap side by side "
+                         "(then the overlapped speedups are compared with the serial ones).")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -137,31 +163,44 @@ def main() -> None:
         from cudal1.store import ResultsStore
 
         store = ResultsStore(args.store)
-    out["throughput"] = throughput(pairs, cfg, start + args.time_budget_s * args.throughput_share, store,
-                                   overlap_builds=args.overlap_builds)
-    (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
-    print_throughput(out["throughput"])
-    if args.overlap_builds:
-        out["overlap_vs_quiet"] = ovq = overlap_vs_quiet(pairs, out["throughput"]["results"], cfg,
-                                                         start + args.time_budget_s)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"serial", "overlap"}:
+        raise SystemExit("--modes: serial, overlap or serial,overlap")
+    out["throughput"] = {}
+    share_s = args.time_budget_s * args.throughput_share / len(modes)
+    caches = contextlib.ExitStack()  # the last mode's builds serve the precision phase too
+    for k, mode in enumerate(modes):
+        caches.enter_context(cold_build_cache())
+        tp = throughput(pairs, cfg, time.monotonic() + share_s, store if k == 0 else None,
+                        overlap_builds=mode == "overlap")
+        out["throughput"][mode] = tp
+        (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
+        print_throughput(mode, tp)
+    if "overlap" in modes:
+        overlapped = out["throughput"]["overlap"]["results"]
+        quiet = ({r["task"]: r["speedup"] for r in out["throughput"]["serial"]["results"] if r.get("speedup")}
+                 if "serial" in modes else quiet_speedups(pairs, overlapped, cfg, start + args.time_budget_s))
+        out["overlap_vs_quiet"] = ovq = compare_speedups(overlapped, quiet)
         (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
         print(f"overlapped vs quiet     n={ovq['n']}: median rel diff {ovq['median_rel_diff']}, max "
               f"{ovq['max_rel_diff']}, mean signed {ovq['mean_signed']}", flush=True)
-    correct = {r["task"] for r in out["throughput"]["results"] if r["status"] == "correct"}
+    first = out["throughput"][modes[0]]
+    correct = {r["task"] for r in first["results"] if r["status"] == "correct"}
     chosen = [(t, s) for t, s in pairs if t.id in correct]
     chosen += [(t, s) for t, _, s in example_candidates("cuda")]
-    out["precision"] = precision(chosen[:args.precision_n], cfg, start + args.time_budget_s)
+    with caches:
+        out["precision"] = precision(chosen[:args.precision_n], cfg, start + args.time_budget_s)
     (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
     pr = out["precision"]
     print(f"precision (n={pr['n']})       median rel diff {pr['median_rel_diff']}, max {pr['max_rel_diff']}", flush=True)
 
 
-def print_throughput(tp: dict) -> None:
-    """The throughput figures, printed as soon as they exist (a later kill keeps them)."""
-    print("\n== bench_eval ==")
+def print_throughput(mode: str, tp: dict) -> None:
+    """The throughput figures of one mode, printed as soon as they exist (a later kill keeps them)."""
+    print(f"\n== bench_eval, {mode} ==")
     print(f"throughput sample       {tp['n']} candidates ({tp['n_load_inline']} load_inline), statuses {tp['statuses']}")
     builds = f"{tp['build_wall_s']:.1f} s" if tp["build_wall_s"] is not None else "none"
-    print(f"builds done after       {builds} (in the background); total wall {tp['wall_s']:.1f} s")
+    print(f"builds done after       {builds}; total wall {tp['wall_s']:.1f} s")
     print(f"candidates / GPU-hour   {tp['candidates_per_gpu_hour']:.0f}; correct-and-timed {tp['correct_timed_per_gpu_hour']:.0f}")
     print(f"per-candidate eval      median {tp['median_eval_s']} s, mean {tp['mean_eval_s']} s", flush=True)
 

@@ -410,6 +410,12 @@ def _remember_compile_error(result: BuildResult) -> None:
             _COMPILE_ERRORS.pop(next(iter(_COMPILE_ERRORS)))
 
 
+def forget_compile_errors() -> None:
+    """Forget the compile errors this process has seen (a benchmark that times cold builds twice)."""
+    with _compile_errors_lock:
+        _COMPILE_ERRORS.clear()
+
+
 def _known_compile_error(key: str) -> BuildResult | None:
     with _compile_errors_lock:
         failed = _COMPILE_ERRORS.get(key)
