@@ -90,9 +90,9 @@ class ModelNew(nn.Module):
 @pytest.fixture(autouse=True)
 def _no_remembered_compile_errors():
     """Each test starts like a new process (the service remembers compile errors per process)."""
-    compile_mod._COMPILE_ERRORS.clear()
+    compile_mod.forget_compile_errors()
     yield
-    compile_mod._COMPILE_ERRORS.clear()
+    compile_mod.forget_compile_errors()
 
 
 # --------------------------------------------------------------------------- build_key / environment
@@ -470,7 +470,7 @@ def test_service_remembers_compile_errors_not_other_failures(tmp_path, monkeypat
     again = build_candidates([syntax_error], **kwargs)[0]
     assert len(calls) == 1 and not again.ok and again.cached and again.log == first.log
     assert first.log.startswith("SyntaxError")
-    compile_mod._COMPILE_ERRORS.clear()  # a new process knows no failures: it builds again
+    compile_mod.forget_compile_errors()  # a new process knows no failures: it builds again
     build_candidates([syntax_error], **kwargs)
     assert len(calls) == 2
 
