@@ -206,10 +206,13 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
     return with_phases(result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class))
 
 
-#: Warm workers kept ready on a GPU. A worker's start (interpreter, imports, CUDA context) took up to ~9 s
-#: on the H200 host, longer than many evaluations (2.5-5 s), so one spare still made the next one wait.
+#: Warm workers kept ready on a GPU. A worker's start (interpreter, imports, CUDA context) takes ~9 s on the
+#: H200 host and an evaluation 2-5 s, so a replacement started at each take is ready about three takes
+#: later: with two spares, on a release sample, 4 of 13 correct candidates waited 2.7-4.3 s for their
+#: worker beyond the first one's 10.6 s (the other 8: 0.1-0.2 s). Each spare is a process with torch
+#: imported and a CUDA context (GPU memory of its own).
 #: On cpu one: a starting worker competes with the host timers of the evaluation in progress.
-CUDA_SPARES = 2
+CUDA_SPARES = 4
 
 
 def worker_supply(device: str) -> WorkerSupply:
