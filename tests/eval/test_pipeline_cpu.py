@@ -150,7 +150,7 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: built.extend(s for _, s in items))
     filled = []
     monkeypatch.setattr(pipeline, "worker_supply",
-                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1),
+                        lambda device, *a: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1),
                                                                               pin=lambda cpus: None)))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT))
@@ -190,7 +190,7 @@ def _fake_gpu_batch(monkeypatch, build_release):
     monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
     monkeypatch.setattr(pipeline, "split_cores", lambda: (frozenset({0, 1}), frozenset({2, 3, 4})))
     monkeypatch.setattr(pipeline, "worker_supply",
-                        lambda device: contextlib.nullcontext(SimpleNamespace(fill=lambda: None, pin=pins.append)))
+                        lambda device, *a: contextlib.nullcontext(SimpleNamespace(fill=lambda: None, pin=pins.append)))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT, message=s))
     return pipeline, evaluated, pins, build_cpus

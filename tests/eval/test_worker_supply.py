@@ -39,3 +39,12 @@ def test_pin_confines_waiting_and_new_workers_then_releases_them():
         supply.pin(None)
         assert os.sched_getaffinity(supply._ready[0].proc.pid) == every
         waiting.discard()
+
+
+def test_short_series_keep_no_more_spares_than_evaluations():
+    from cudal1.eval.pipeline import CUDA_SPARES, worker_supply
+
+    assert worker_supply("cuda:0").spares == CUDA_SPARES
+    assert worker_supply("cuda:0", 2).spares == min(2, CUDA_SPARES)
+    assert worker_supply("cuda:0", 0).spares == 1
+    assert worker_supply("cpu", 8).spares == 1  # a starting worker would compete with the host timers

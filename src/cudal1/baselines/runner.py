@@ -189,7 +189,7 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
     tasks = list(tasks)
     _warm_compile_kinds(tasks, kinds, config or EvalConfig(), store, force, should_stop)
     records = []
-    with worker_supply(resolve_device((config or EvalConfig()).device)) as workers:
+    with worker_supply(resolve_device((config or EvalConfig()).device), len(tasks) * len(kinds)) as workers:
         for task in tasks:
             for kind in kinds:
                 if should_stop is not None and should_stop():

@@ -215,10 +215,13 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, cand_hash: str,
 CUDA_SPARES = 4
 
 
-def worker_supply(device: str) -> WorkerSupply:
-    """Pre-started evaluation workers for a series of evaluations on `device` (close it when done)."""
+def worker_supply(device: str, at_most: int | None = None) -> WorkerSupply:
+    """Pre-started evaluation workers for a series of evaluations on `device` (close it when done); a series
+    known to be short (`at_most` evaluations) keeps no more spares than that."""
     cuda = device.startswith("cuda")
-    return WorkerSupply(WORKER_ENTRY, warm_device=device if cuda else None, spares=CUDA_SPARES if cuda else 1)
+    spares = CUDA_SPARES if cuda else 1
+    return WorkerSupply(WORKER_ENTRY, warm_device=device if cuda else None,
+                        spares=max(1, min(spares, at_most)) if at_most is not None else spares)
 
 
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
@@ -246,7 +249,7 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     cfg = config or EvalConfig()
     device = resolve_device(cfg.device)
     results: list[EvalResult | None] = [None] * len(items)
-    with contextlib.nullcontext(workers) if workers is not None else worker_supply(device) as supply:
+    with contextlib.nullcontext(workers) if workers is not None else worker_supply(device, len(items)) as supply:
         builds = _BackgroundBuilds()
         if device.startswith("cuda"):
             to_build = list(range(len(items)))
