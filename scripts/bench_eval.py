@@ -164,14 +164,14 @@ def main() -> None:
 
         store = ResultsStore(args.store)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - {"serial", "overlap"}:
+    if not modes or set(modes) - {"serial", "overlap"} or len(set(modes)) < len(modes):
         raise SystemExit("--modes: serial, overlap or serial,overlap")
     out["throughput"] = {}
     share_s = args.time_budget_s * args.throughput_share / len(modes)
     caches = contextlib.ExitStack()  # the last mode's builds serve the precision phase too
     for k, mode in enumerate(modes):
         caches.enter_context(cold_build_cache())
-        tp = throughput(pairs, cfg, time.monotonic() + share_s, store if k == 0 else None,
+        tp = throughput(pairs, cfg, start + share_s * (k + 1), store if k == 0 else None,  # fixed shares
                         overlap_builds=mode == "overlap")
         out["throughput"][mode] = tp
         (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))

@@ -158,16 +158,45 @@ def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):
     assert "nothing to report" in capsys.readouterr().err
 
 
-def test_gpu_audit_builds_every_pending_candidate_before_its_batches(release, store, monkeypatch):
-    # One parallel build pass for the whole chunk; batch by batch, each batch waited for its slowest build.
+def _fake_gpu(monkeypatch, prebuild):
+    """run_audit on a pretend GPU: records the build pass, the worker supply and the batches."""
+    import contextlib
+    from types import SimpleNamespace
+
     from cudal1.audit import run as run_mod
     from cudal1.eval import pipeline
 
     events = []
+    supply = SimpleNamespace(fill=lambda: events.append("fill"))
     monkeypatch.setattr(run_mod, "resolve_device", lambda device: "cuda:0")
     monkeypatch.setattr(pipeline, "local_environment", lambda device: {"device_type": "cuda", "gpu_name": "test"})
-    monkeypatch.setattr(run_mod, "_default_evaluate", lambda items, *a, **kw: events.append(len(items)) or
-                        [None] * len(items))
-    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg: events.append(("build", len(items))))
+    monkeypatch.setattr(run_mod, "_audit_workers", lambda cfg, n: contextlib.nullcontext(supply))
+    monkeypatch.setattr(run_mod, "_default_evaluate", lambda items, *a, workers=None, **kw: events.append(
+        (len(items), workers is supply)) or [None] * len(items))
+    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: prebuild(events, items, kw))
+    return events
+
+
+def test_gpu_audit_builds_every_pending_candidate_before_its_batches(release, store, monkeypatch):
+    # One parallel build pass for the whole chunk (batch by batch, each batch waited for its slowest build),
+    # while the first workers start; every batch then uses the same warm workers.
+    def prebuild(events, items, kw):
+        assert callable(kw["should_cancel"]) and not kw["should_cancel"]()  # the time budget can stop it
+        events.append(("build", len(items)))
+
+    events = _fake_gpu(monkeypatch, prebuild)
     run_audit(_config(release, batch_size=2), store)
-    assert events == [("build", 3), 2, 1]
+    assert events == ["fill", ("build", 3), (2, True), (1, True)]
+
+
+def test_gpu_audit_survives_a_failed_build_pass_and_report_only_builds_nothing(release, store, monkeypatch):
+    def broken(events, items, kw):
+        events.append("build")
+        raise OSError("No space left on device")
+
+    events = _fake_gpu(monkeypatch, broken)
+    outcome = run_audit(_config(release, batch_size=3), store)
+    assert events == ["fill", "build", (3, True)] and outcome.evaluated == 3  # each builds when evaluated
+    events.clear()
+    run_audit(_config(release, environment={"device_type": "cuda", "gpu_name": "test"}), store)
+    assert "build" not in events and "fill" not in events

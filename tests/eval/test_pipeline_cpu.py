@@ -151,7 +151,7 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     filled = []
     monkeypatch.setattr(pipeline, "worker_supply",
                         lambda device, *a: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1),
-                                                                              pin=lambda cpus: None)))
+                                                                              pin=lambda *a, **kw: None)))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT))
     done, todo = "# load_inline candidate A\n", "# load_inline candidate B\n"
@@ -190,7 +190,8 @@ def _fake_gpu_batch(monkeypatch, build_release):
     monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
     monkeypatch.setattr(pipeline, "split_cores", lambda: (frozenset({0, 1}), frozenset({2, 3, 4})))
     monkeypatch.setattr(pipeline, "worker_supply",
-                        lambda device, *a: contextlib.nullcontext(SimpleNamespace(fill=lambda: None, pin=pins.append)))
+                        lambda device, *a: contextlib.nullcontext(SimpleNamespace(
+                            fill=lambda: None, pin=lambda cpus, others=None: pins.append((cpus, others)))))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT, message=s))
     return pipeline, evaluated, pins, build_cpus
@@ -216,8 +217,10 @@ def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypa
     assert evaluated == [sources[1], sources[3], sources[0], sources[2]]
     assert seen == [(1, sources[1]), (3, sources[3]), (0, sources[0]), (2, sources[2])]
     assert [r.message for r in results] == sources
-    # Compilers and the evaluation's workers on separate cores while both run; all cores again after.
-    assert build_cpus == [frozenset({2, 3, 4})] and pins == [frozenset({0, 1}), None]
+    # The timed worker on cores of its own while compilers (and starting workers) use the rest; all cores
+    # again once the builds are done.
+    assert build_cpus == [frozenset({2, 3, 4})]
+    assert pins[0] == (frozenset({0, 1}), frozenset({2, 3, 4})) and set(pins[1:]) == {(None, None)}
 
 
 def test_batch_stopped_while_builds_run_leaves_the_rest_unevaluated(task, monkeypatch):
@@ -253,7 +256,7 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
     results = pipeline.evaluate_many([(task, s) for s in sources], EvalConfig(device="cuda"))
     assert evaluated == sources and timed_while_building == [False, False]
     assert [r.message for r in results] == sources
-    assert build_cpus == [None] and pins == [None]  # builds first: every core for them
+    assert build_cpus == [None] and set(pins) == {(None, None)}  # builds first: every core for them
 
 
 def test_split_cores_keeps_two_for_the_evaluation(monkeypatch):

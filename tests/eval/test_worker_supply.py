@@ -21,24 +21,35 @@ def test_fill_starts_spares_ahead_and_take_tops_them_up():
         assert w.proc.wait(timeout=10) is not None
 
 
-def test_pin_confines_waiting_and_new_workers_then_releases_them():
+def test_pin_puts_the_worker_handed_out_on_its_own_cores_and_the_rest_elsewhere():
     import os
 
     import pytest
 
     if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs CPU affinity and two cores")
-    one, every = frozenset({min(os.sched_getaffinity(0))}), os.sched_getaffinity(0)
+    every = frozenset(os.sched_getaffinity(0))
+    timed, rest = frozenset({min(every)}), every - {min(every)}
     with WorkerSupply("json:dumps", spares=1) as supply:
         supply.fill()
         waiting = supply._ready[0]
-        supply.pin(one)
-        assert os.sched_getaffinity(waiting.proc.pid) == one
+        supply.pin(timed, others=rest)
+        assert os.sched_getaffinity(waiting.proc.pid) == rest  # waiting or starting: off the timed cores
         assert supply.take() is waiting
-        assert os.sched_getaffinity(supply._ready[0].proc.pid) == one  # started while pinned
+        assert os.sched_getaffinity(waiting.proc.pid) == timed  # handed out: the timed cores only
+        assert os.sched_getaffinity(supply._ready[0].proc.pid) == rest  # started while pinned
         supply.pin(None)
         assert os.sched_getaffinity(supply._ready[0].proc.pid) == every
         waiting.discard()
+
+
+def test_a_series_of_known_length_starts_no_more_workers_than_it_takes():
+    with WorkerSupply("json:dumps", spares=2, total=3) as supply:
+        supply.fill()
+        taken = [supply.take() for _ in range(3)]
+        assert supply.n_ready == 0 and supply._started == 3
+        for worker in taken:
+            worker.discard()
 
 
 def test_short_series_keep_no_more_spares_than_evaluations():

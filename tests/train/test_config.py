@@ -37,6 +37,8 @@ def test_required_inputs_are_named():
     ({"failure_rewards": {"exploded": -1.0}}, "unknown statuses"),
     ({"report_to": "mlflow"}, "report_to"),
     ({"split": "validation"}, "split"),
+    ({"temperature": 0.0}, "temperature must be > 0"),
+    ({"top_p": 1.5}, "top_p"),
 ])
 def test_impossible_rl_configs_raise_with_the_setting_to_change(bad, match):
     with pytest.raises(ConfigError, match=match):
@@ -89,3 +91,9 @@ def test_reference_yaml_loads_back(stage, tmp_path):
     path.write_text(reference_yaml(STAGES[stage]))
     cfg = load_config(STAGES[stage], path, {**BASE, "dataset": "d.jsonl"} if stage == "sft" else BASE)
     assert cfg.model == "scratch"
+
+
+def test_stage2_may_decode_greedily_but_not_with_an_empty_nucleus(tmp_path):
+    assert SelfSupervisedConfig(**{**BASE, "output_dir": str(tmp_path), "temperature": 0.0}).temperature == 0.0
+    with pytest.raises(ConfigError, match="top_p"):
+        SelfSupervisedConfig(**{**BASE, "output_dir": str(tmp_path), "top_p": 0.0})

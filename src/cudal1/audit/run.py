@@ -18,6 +18,7 @@ Limits: one device per process; builds of a batch that is cut short are wasted o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -225,25 +226,48 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
         else:
             outcome.reused += 1
             _ensure_labelled(store, key, hit, task, config.label, outcome.run_id)
-    if pending and evaluate is _default_evaluate and cfg.device.startswith("cuda") and not _out_of_time(config, started):
-        from cudal1.eval.pipeline import prebuild
-
-        prebuild([(t, c.source) for t, c in pending], cfg)  # cached: the batches below find them built
-    for start in range(0, len(pending), config.batch_size):
-        if _out_of_time(config, started):
-            outcome.skipped_for_time = len(pending) - start
-            break
-        pairs = [(t, c.source) for t, c in pending[start:start + config.batch_size]]
-        report = None if on_result is None else (lambda i, result, pairs=pairs: on_result(pairs[i][0], result))
-        evaluate(pairs, cfg, store=store, force=config.force, label=config.label, run_id=outcome.run_id,
-                 on_result=report)
-        outcome.evaluated += len(pairs)
+    gpu_run = (evaluate is _default_evaluate and config.environment is None and cfg.device.startswith("cuda")
+               and bool(pending))
+    with _audit_workers(cfg, len(pending)) if gpu_run else contextlib.nullcontext() as workers:
+        if gpu_run and not _out_of_time(config, started):
+            _build_all(pending, cfg, workers, should_cancel=lambda: _out_of_time(config, started))
+        extra = {"workers": workers} if workers is not None else {}
+        for start in range(0, len(pending), config.batch_size):
+            if _out_of_time(config, started):
+                outcome.skipped_for_time = len(pending) - start
+                break
+            pairs = [(t, c.source) for t, c in pending[start:start + config.batch_size]]
+            report = None if on_result is None else (lambda i, result, pairs=pairs: on_result(pairs[i][0], result))
+            evaluate(pairs, cfg, store=store, force=config.force, label=config.label, run_id=outcome.run_id,
+                     on_result=report, **extra)
+            outcome.evaluated += len(pairs)
     if config.baselines and not _out_of_time(config, started):
         _measure_baselines(config, cfg, store, todo, started, on_baseline)
     outcome.rows = audit_rows(store, selected, cfg, config.label, config.environment)
     store.finish_run(outcome.run_id, {"evaluated": outcome.evaluated, "reused": outcome.reused,
                                       "skipped_for_time": outcome.skipped_for_time, "rows": len(outcome.rows)})
     return outcome
+
+
+def _audit_workers(cfg: EvalConfig, n: int) -> Any:
+    """One supply of warm workers for every batch of the audit (a supply per batch waited ~9 s for its
+    first worker each time, once the builds were done ahead)."""
+    from cudal1.eval.pipeline import worker_supply
+
+    return worker_supply(cfg.device, n)
+
+
+def _build_all(pending: list[Item], cfg: EvalConfig, workers: Any, should_cancel: Callable[[], bool]) -> None:
+    """Build every pending `load_inline` candidate in one parallel pass (the batches then find them built:
+    a batch waited for its own slowest build, once per batch), with the first workers starting meanwhile.
+    A failure here costs only time: each candidate then builds in its own evaluation."""
+    from cudal1.eval.pipeline import prebuild
+
+    workers.fill()
+    try:
+        prebuild([(t, c.source) for t, c in pending], cfg, should_cancel=should_cancel)
+    except Exception:  # noqa: BLE001 - see the docstring
+        logger.warning("the audit's build pass failed; candidates build when evaluated", exc_info=True)
 
 
 def _out_of_time(config: AuditConfig, started: float) -> bool:

@@ -313,7 +313,8 @@ def prepare_candidate(payload: dict[str, Any]) -> dict[str, Any]:
     if payload.get("nice"):
         os.nice(int(payload["nice"]))
     if payload.get("cpus") and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, payload["cpus"])
+        with contextlib.suppress(OSError):  # cores this process may not use: build wherever allowed
+            os.sched_setaffinity(0, payload["cpus"])
     recorder = install_build_hooks(payload.get("levers"))
     error: BaseException | None = None
     try:

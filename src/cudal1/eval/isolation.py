@@ -216,37 +216,49 @@ class WorkerProcess:
 
 
 def set_cpu_affinity(pid: int, cpus: frozenset[int] | None) -> None:
-    """Let process `pid` (its main thread, and threads it starts later) run on `cpus` only; None: every core
-    this process may use. Best effort: a platform without affinity, or a process that is gone, is left."""
+    """Let process `pid` (every thread it has, and those it starts later) run on `cpus` only; None: every
+    core this process may use. Best effort: a platform without affinity, or a process that is gone, is left."""
     if not hasattr(os, "sched_setaffinity"):
         return
+    mask = cpus if cpus is not None else os.sched_getaffinity(0)
     try:
-        os.sched_setaffinity(pid, cpus if cpus is not None else os.sched_getaffinity(0))
-    except OSError:
-        pass
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:  # no /proc: the main thread only
+        threads = [pid]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, mask)
+        except OSError:
+            pass
 
 
 class WorkerSupply:
-    """Hands out warm workers, starting a replacement each time one is taken."""
+    """Hands out warm workers, starting a replacement each time one is taken (at most `total` workers in
+    all when given: a series of known length wastes no starts at its end)."""
 
     def __init__(self, entry: str, *, env: dict[str, str] | None = None, warm_device: str | None = None,
-                 spares: int = 1):
+                 spares: int = 1, total: int | None = None):
         self.entry, self.env, self.warm_device, self.spares = entry, env, warm_device, spares
+        self.total = total
+        self._started = 0
         self._ready: list[WorkerProcess] = []
-        self._cpus: frozenset[int] | None = None
+        self._cpus: tuple[frozenset[int], frozenset[int]] | None = None
 
-    def pin(self, cpus: frozenset[int] | None) -> None:
-        """Run the workers (waiting ones and those started from now on) on `cpus` only; None: every core.
-        Used while builds run beside the evaluations on the other cores."""
-        self._cpus = cpus
+    def pin(self, cpus: frozenset[int] | None, others: frozenset[int] | None = None) -> None:
+        """From now on, a worker handed out runs on `cpus` only, and the workers waiting or starting on
+        `others` (None: every core), so that a starting worker never competes with the one being timed.
+        `pin(None)`: every worker on every core again."""
+        self._cpus = (cpus, others) if cpus is not None else None
         for worker in self._ready:
-            set_cpu_affinity(worker.proc.pid, cpus)
+            set_cpu_affinity(worker.proc.pid, others if cpus is not None else None)
 
     def take(self) -> WorkerProcess:
         """A started worker; spares that died while waiting are discarded, never handed out."""
         while self._ready and self._ready[0].proc.poll() is not None:
             self._ready.pop(0).discard()
         worker = self._ready.pop(0) if self._ready else self._spawn()
+        if self._cpus is not None:
+            set_cpu_affinity(worker.proc.pid, self._cpus[0])
         try:
             self.fill()
         except OSError:  # no spare now (out of processes or files): the next take starts one itself
@@ -255,7 +267,7 @@ class WorkerSupply:
 
     def fill(self) -> None:
         """Start spares up to `spares` now (e.g. while a batch's builds run), so the first `take` is warm."""
-        while len(self._ready) < self.spares:
+        while len(self._ready) < self.spares and (self.total is None or self._started < self.total):
             self._ready.append(self._spawn())
 
     @property
@@ -265,8 +277,9 @@ class WorkerSupply:
 
     def _spawn(self) -> WorkerProcess:
         worker = WorkerProcess(self.entry, env=self.env, warm_device=self.warm_device)
+        self._started += 1
         if self._cpus is not None:
-            set_cpu_affinity(worker.proc.pid, self._cpus)
+            set_cpu_affinity(worker.proc.pid, self._cpus[1])
         return worker
 
     def close(self) -> None:

@@ -217,11 +217,12 @@ CUDA_SPARES = 4
 
 def worker_supply(device: str, at_most: int | None = None) -> WorkerSupply:
     """Pre-started evaluation workers for a series of evaluations on `device` (close it when done); a series
-    known to be short (`at_most` evaluations) keeps no more spares than that."""
+    of at most `at_most` evaluations starts no more workers than that."""
     cuda = device.startswith("cuda")
     spares = CUDA_SPARES if cuda else 1
     return WorkerSupply(WORKER_ENTRY, warm_device=device if cuda else None,
-                        spares=max(1, min(spares, at_most)) if at_most is not None else spares)
+                        spares=max(1, min(spares, at_most)) if at_most is not None else spares,
+                        total=max(1, at_most) if at_most is not None else None)
 
 
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
@@ -251,26 +252,14 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     results: list[EvalResult | None] = [None] * len(items)
     with contextlib.nullcontext(workers) if workers is not None else worker_supply(device, len(items)) as supply:
         builds = _BackgroundBuilds()
-        if device.startswith("cuda"):
-            to_build = list(range(len(items)))
-            if store is not None and not force:  # a resumed batch builds only what it will evaluate
-                resolved, env = cfg.resolved(device), local_environment(device)
-                to_build = [i for i in to_build if store.lookup(items[i][0].hash, source_hash(items[i][1]),
-                                                                resolved.protocol(), env)[1] is None]
-            to_build = [i for i in to_build if uses_load_inline(items[i][1])]
-            if to_build:
-                supply.fill()  # the first workers start while the builds run
-                # Beside the evaluations, builds and the evaluation's workers get separate cores.
-                cores = split_cores() if overlap_builds else None
-                if cores is not None:
-                    supply.pin(cores[0])
-                builds.start(items, to_build, cfg.resolved(device), on_build, overlap_builds,
-                             cpus=cores[1] if cores is not None else None)
-                if not overlap_builds:
-                    builds.join()
         remaining = list(range(len(items)))
         try:
+            if device.startswith("cuda"):
+                _start_builds(builds, items, cfg.resolved(device), store, force, supply, on_build, overlap_builds)
             while remaining:
+                if builds.cpus is not None and builds.idle():
+                    supply.pin(None)  # builds done: every core for the evaluations again
+                    builds.cpus = None
                 i = builds.next_ready(remaining, should_stop)
                 if i is None:
                     break
@@ -286,6 +275,29 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
             builds.cancel()  # stopped early: builds not started yet are skipped
         builds.join()  # no build keeps running behind the batch (an exception does not wait)
     return results
+
+
+def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg: EvalConfig, store: Any,
+                  force: bool, supply: WorkerSupply, on_build: Callable[[int, int], None] | None,
+                  overlap: bool) -> None:
+    """Start the `load_inline` builds of a batch on a GPU; wait for them unless `overlap`."""
+    to_build = list(range(len(items)))
+    if store is not None and not force:  # a resumed batch builds only what it will evaluate
+        env = local_environment(cfg.device)
+        to_build = [i for i in to_build if store.lookup(items[i][0].hash, source_hash(items[i][1]),
+                                                        cfg.protocol(), env)[1] is None]
+    to_build = [i for i in to_build if uses_load_inline(items[i][1])]
+    if not to_build:
+        return
+    supply.fill()  # the first workers start while the builds run
+    # Beside the evaluations: the worker being timed gets two cores of its own; compilers and the workers
+    # still starting share the rest (the compilers niced).
+    cores = split_cores() if overlap else None
+    if cores is not None:
+        supply.pin(cores[0], others=cores[1])
+    builds.start(items, to_build, cfg, on_build, overlap, cpus=cores[1] if cores is not None else None)
+    if not overlap:
+        builds.join()
 
 
 #: Cores kept for the evaluation while builds run beside it (`overlap_builds`): its worker launches the
@@ -312,12 +324,14 @@ class _BackgroundBuilds:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._cancelled = threading.Event()
+        self.cpus: frozenset[int] | None = None  # the cores the builds run on, while they are confined
 
     def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
               on_build: Callable[[int, int], None] | None, beside_evaluation: bool,
               cpus: frozenset[int] | None = None) -> None:
         todo = [items[i] for i in indices]
         self._pending = set(indices)
+        self.cpus = cpus
 
         def done(index_in_todo: int) -> None:
             with self._changed:
@@ -351,6 +365,10 @@ class _BackgroundBuilds:
                 if ready is not None:
                     return ready
                 self._changed.wait(timeout=1.0)  # also re-asks should_stop while builds run
+
+    def idle(self) -> bool:
+        """No build is running or waiting (all done, or none started)."""
+        return self._thread is None or not self._thread.is_alive()
 
     def cancel(self) -> None:
         """Skip the builds not started yet."""

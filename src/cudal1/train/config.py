@@ -162,6 +162,15 @@ class SFTStageConfig(CommonTrainConfig):
             raise ConfigError(f"max_length must be >= 16, got {self.max_length}")
 
 
+def _check_sampling(temperature: float, top_p: float, greedy_ok: bool) -> None:
+    """Sampling settings a stage would otherwise reject only after the stages before it have run (GRPO
+    divides the logits by the temperature: no greedy decoding there)."""
+    if temperature < 0 or (temperature == 0 and not greedy_ok):
+        raise ConfigError(f"temperature must be {'>= 0' if greedy_ok else '> 0'}, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+
+
 @dataclass
 class SelfSupervisedConfig(CommonTrainConfig):
     """Stage 2: rounds of sample -> evaluate -> keep successes -> fine-tune (REINFORCE with a 0/1 reward)."""
@@ -190,6 +199,7 @@ class SelfSupervisedConfig(CommonTrainConfig):
             raise ConfigError("max_new_tokens and generation_batch_size must be >= 1")
         if not 0.0 <= self.target_success_rate <= 1.0:
             raise ConfigError(f"target_success_rate must be in [0, 1], got {self.target_success_rate}")
+        _check_sampling(self.temperature, self.top_p, greedy_ok=True)
         if self.patience < 0:
             raise ConfigError("patience must be >= 0 (0: never stop early)")
 
@@ -234,6 +244,7 @@ class RLStageConfig(CommonTrainConfig):
         self._check_common()
         if self.num_generations < 2:
             raise ConfigError(f"num_generations must be >= 2 (GRPO needs a group), got {self.num_generations}")
+        _check_sampling(self.temperature, self.top_p, greedy_ok=False)
         gen = self.generation_batch_size or self.per_device_train_batch_size * self.gradient_accumulation_steps
         if gen % self.num_generations != 0:
             raise ConfigError(f"the generation batch ({gen} completions) must be a multiple of num_generations "
