@@ -238,9 +238,9 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     context); then the pairs are evaluated in input order. With `overlap_builds` the GPU does not wait for
     the builds: each candidate is evaluated as soon as it can be, those without a pending build first, the
     others as their builds finish (on a CUDA-L1 release sample builds were half of a batch's wall time).
-    The builds then run niced on all cores but two, which the evaluation workers get to themselves
-    (`split_cores`); the host's memory and caches are still shared, so keep it off where every speedup
-    must be as precise as possible.
+    The builds then run niced on all cores but two, which the worker being timed gets to itself
+    (`split_cores`; workers still starting share the build cores) until the builds are done; the host's
+    memory and caches are still shared, so keep it off where every speedup must be as precise as possible.
     `on_result(index, result)` is called in evaluation order; the returned list is in input order.
     `should_stop` is asked before each candidate (a time budget, a signal): once it says stop, the pairs not
     evaluated yet are None in the returned list (the only way a None appears). `workers` is a supply the
