@@ -81,16 +81,19 @@ def _rel_diff(a: float, b: float) -> float:
     return abs(a - b) / ((a + b) / 2)
 
 
+def _spread(diffs: list[float], rows: list[dict]) -> dict:
+    """Count, median and max of relative differences, with the rows they come from."""
+    return {"n": len(diffs), "median_rel_diff": statistics.median(diffs) if diffs else None,
+            "max_rel_diff": max(diffs) if diffs else None, "rows": rows}
+
+
 def compare_speedups(timed: list[dict], quiet: dict[str, float]) -> dict:
     """How far the speedups of `timed` (result rows) are from `quiet` (task id -> speedup on a quiet host)."""
     rows = [{"task": r["task"], "overlapped": r["speedup"], "quiet": quiet[r["task"]],
              "rel_diff": _rel_diff(r["speedup"], quiet[r["task"]])}
             for r in timed if r["status"] == "correct" and r.get("speedup") and quiet.get(r["task"])]
-    diffs = [r["rel_diff"] for r in rows]
-    return {"n": len(rows), "median_rel_diff": statistics.median(diffs) if diffs else None,
-            "max_rel_diff": max(diffs) if diffs else None,
-            "mean_signed": statistics.fmean((r["overlapped"] - r["quiet"]) / r["quiet"] for r in rows) if rows else None,
-            "rows": rows}
+    return {**_spread([r["rel_diff"] for r in rows], rows),
+            "mean_signed": statistics.fmean((r["overlapped"] - r["quiet"]) / r["quiet"] for r in rows) if rows else None}
 
 
 def quiet_speedups(pairs, timed: list[dict], cfg: EvalConfig, deadline: float) -> dict[str, float]:
@@ -122,7 +125,7 @@ def cold_build_cache():
 def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
     """Each candidate evaluated twice, back to back, in one batch (builds in parallel, warm workers)."""
     if time.monotonic() > deadline:  # the batch would build everything before it first asks
-        return {"n": 0, "median_rel_diff": None, "max_rel_diff": None, "rows": []}
+        return _spread([], [])
     doubled = [pair for pair in pairs for _ in range(2)]
     results = evaluate_many(doubled, cfg, should_stop=lambda: time.monotonic() > deadline)
     diffs, rows = [], []
@@ -133,8 +136,7 @@ def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
             diffs.append(diff)
             rows.append({"task": task.id, "speedup_1": a.speedup, "speedup_2": b.speedup, "rel_diff": diff,
                          "stability_1": a.stability, "stability_2": b.stability})
-    return {"n": len(diffs), "median_rel_diff": statistics.median(diffs) if diffs else None,
-            "max_rel_diff": max(diffs) if diffs else None, "rows": rows}
+    return _spread(diffs, rows)
 
 
 def main() -> None:

@@ -254,12 +254,12 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
         builds = _BackgroundBuilds()
         remaining = list(range(len(items)))
         try:
-            if device.startswith("cuda"):
-                _start_builds(builds, items, cfg.resolved(device), store, force, supply, on_build, overlap_builds)
+            pinned = device.startswith("cuda") and _start_builds(builds, items, cfg.resolved(device), store, force,
+                                                                 supply, on_build, overlap_builds)
             while remaining:
-                if builds.cpus is not None and builds.idle():
+                if pinned and builds.idle():
                     supply.pin(None)  # builds done: every core for the evaluations again
-                    builds.cpus = None
+                    pinned = False
                 i = builds.next_ready(remaining, should_stop)
                 if i is None:
                     break
@@ -279,8 +279,9 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
 
 def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg: EvalConfig, store: Any,
                   force: bool, supply: WorkerSupply, on_build: Callable[[int, int], None] | None,
-                  overlap: bool) -> None:
-    """Start the `load_inline` builds of a batch on a GPU; wait for them unless `overlap`."""
+                  overlap: bool) -> bool:
+    """Start the `load_inline` builds of a batch on a GPU; wait for them unless `overlap`. True when the
+    supply was pinned to cores of its own for the time the builds run."""
     to_build = list(range(len(items)))
     if store is not None and not force:  # a resumed batch builds only what it will evaluate
         env = local_environment(cfg.device)
@@ -288,16 +289,20 @@ def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg:
                                                         cfg.protocol(), env)[1] is None]
     to_build = [i for i in to_build if uses_load_inline(items[i][1])]
     if not to_build:
-        return
+        return False
     supply.fill()  # the first workers start while the builds run
     # Beside the evaluations: the worker being timed gets two cores of its own; compilers and the workers
     # still starting share the rest (the compilers niced).
     cores = split_cores() if overlap else None
     if cores is not None:
         supply.pin(cores[0], others=cores[1])
-    builds.start(items, to_build, cfg, on_build, overlap, cpus=cores[1] if cores is not None else None)
+    n_cores = os.cpu_count() or 1
+    max_workers = (len(cores[1]) if cores is not None
+                   else max(1, n_cores - CORES_KEPT_FOR_EVALUATION) if overlap else n_cores)
+    builds.start(items, to_build, cfg, on_build, max_workers, cpus=cores[1] if cores is not None else None)
     if not overlap:
         builds.join()
+    return cores is not None
 
 
 #: Cores kept for the evaluation while builds run beside it (`overlap_builds`): its worker launches the
@@ -324,14 +329,12 @@ class _BackgroundBuilds:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._cancelled = threading.Event()
-        self.cpus: frozenset[int] | None = None  # the cores the builds run on, while they are confined
 
     def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
-              on_build: Callable[[int, int], None] | None, beside_evaluation: bool,
+              on_build: Callable[[int, int], None] | None, max_workers: int,
               cpus: frozenset[int] | None = None) -> None:
         todo = [items[i] for i in indices]
         self._pending = set(indices)
-        self.cpus = cpus
 
         def done(index_in_todo: int) -> None:
             with self._changed:
@@ -340,9 +343,7 @@ class _BackgroundBuilds:
 
         def run() -> None:
             try:
-                cores = os.cpu_count() or 1
-                workers = max(1, cores - CORES_KEPT_FOR_EVALUATION) if beside_evaluation else cores
-                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=len(cpus) if cpus else workers,
+                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=max_workers,
                          should_cancel=self._cancelled.is_set, cpus=cpus)
             except Exception:  # noqa: BLE001 - each candidate is then built by its own evaluation
                 logger.warning("background builds failed; each candidate builds when evaluated", exc_info=True)
