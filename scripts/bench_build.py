@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.eval.compile import BuildLevers, build_environment, local_arch
-from cudal1.eval.isolation import Limits, run_isolated
+from cudal1.eval.isolation import Limits, run_isolated, usable_cpu_count
 
 DEFAULT_JSONL = "/work/shared/data/cuda-l1/h100.jsonl"
 ENTRY_PREPARE = "cudal1.eval.build_worker:prepare_candidate"
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("out_dir", type=Path)
     p.add_argument("--jsonl", default=DEFAULT_JSONL)
     p.add_argument("--limit", type=int, default=None, help="first N load_inline candidates")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="builds in parallel")
+    p.add_argument("--workers", type=int, default=usable_cpu_count(), help="builds in parallel")
     p.add_argument("--time-budget-s", type=float, default=480.0, help="launch no new build after this")
     p.add_argument("--timeout-s", type=float, default=600.0, help="limit of one build child")
     p.add_argument("--arch", default=None, help="TORCH_CUDA_ARCH_LIST (default: the local GPU)")

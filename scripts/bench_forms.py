@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_kernels import SIMPLE_KERNELS  # noqa: E402 (the folder beside this script)
 
+from cudal1.eval.isolation import usable_cpu_count  # noqa: E402
 from cudal1.raw_cuda import compile_only, normalize_arch  # noqa: E402
 from cudal1.tasks.builtin import BUILTIN_DIR  # noqa: E402
 
@@ -89,7 +90,7 @@ def kernel_pairs() -> list[KernelPair]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+    p.add_argument("--workers", type=int, default=max(1, usable_cpu_count() // 2),
                    help="load_inline builds in parallel (default: half the cores; each runs 2 ninja jobs)")
     p.add_argument("--time-budget-s", type=float, default=420.0,
                    help="start no new load_inline build after this many seconds")
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     arch = resolve_arch(args.arch, args.raw_only)
     pairs = kernel_pairs()
     meta = {"args": {k: str(v) for k, v in vars(args).items()}, "arch": arch, "kernels": len(pairs),
-            "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count(), "pairs": [
+            "date": time.strftime("%Y-%m-%d"), "cpu_count": usable_cpu_count(), "pairs": [
                 {k: v for k, v in asdict(p).items() if k in ("name", "origin")} for p in pairs]}
 
     def write(raw: dict[str, Any], inline: dict[str, Any] | None) -> None:

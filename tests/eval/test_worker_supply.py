@@ -59,3 +59,18 @@ def test_short_series_keep_no_more_spares_than_evaluations():
     assert worker_supply("cuda:0", 2).spares == min(2, CUDA_SPARES)
     assert worker_supply("cuda:0", 0).spares == 1
     assert worker_supply("cpu", 8).spares == 1  # a starting worker would compete with the host timers
+
+
+def test_pool_sizes_follow_the_cores_this_process_may_use_not_the_host():
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from cudal1.eval.isolation import usable_cpu_count; print(usable_cpu_count())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"

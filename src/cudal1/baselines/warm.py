@@ -12,7 +12,6 @@ only means the timed evaluation compiles (or fails) itself and reports why.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,12 +63,12 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
     (task id, kind), the seconds the compiling call took, or the reason it failed or was skipped
     (`should_stop` is asked before each one starts).
     """
-    from cudal1.eval.isolation import Limits, run_isolated
+    from cudal1.eval.isolation import Limits, run_isolated, usable_cpu_count
 
     pairs = [(t, k) for t, k in pairs if k in COMPILE_KINDS]
     if not pairs:
         return {}
-    workers = max(1, min(len(pairs), parallel or (os.cpu_count() or 2) // 2))
+    workers = max(1, min(len(pairs), parallel or usable_cpu_count() // 2))
     limits = Limits(timeout_s=timeout_s or cfg.build_timeout_s, memory_bytes=None)
 
     def one(pair: tuple[Task, str]) -> float | str:

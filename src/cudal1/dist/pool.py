@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from cudal1.errors import ConfigError, Cudal1Error
 from cudal1.eval.config import EvalConfig
+from cudal1.eval.isolation import usable_cpu_count
 from cudal1.eval.types import EvalResult, Status
 from cudal1.tasks.task import Task, source_hash
 
@@ -306,7 +307,7 @@ class LocalPool:
     def _make_prebuilder(self) -> ThreadPoolExecutor | None:
         if not any(d.startswith("cuda") for d in self.devices):
             return None
-        n = self.pool_config.compile_workers or max(1, (os.cpu_count() or 2) // 2)
+        n = self.pool_config.compile_workers or max(1, usable_cpu_count() // 2)
         return ThreadPoolExecutor(max_workers=n, thread_name_prefix="cudal1-prebuild")
 
     def environment(self, device: str) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.errors import ConfigError
-from cudal1.eval.isolation import Limits, run_isolated
+from cudal1.eval.isolation import Limits, run_isolated, usable_cpu_count
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class CompileConfig:
     arch: str | None = field(default=None, metadata={
         "help": "TORCH_CUDA_ARCH_LIST, e.g. '9.0'; None: the local GPU's capability (required without GPU)."})
     max_workers: int | None = field(default=None, metadata={
-        "help": "Builds in parallel; None: os.cpu_count()."})
+        "help": "Builds in parallel; None: every core this process may use."})
     timeout_s: float = field(default=900.0, metadata={"help": "Wall-clock limit of one candidate's build."})
     memory_bytes: int | None = field(default=24 * 2**30, metadata={
         "help": "Host memory limit of one build child (cicc alone takes about 3 GB on the torch headers)."})
@@ -114,7 +114,7 @@ class CompileConfig:
         if not 0 <= self.nice <= 19:
             raise ConfigError("nice must be between 0 and 19")
         if self.max_workers is not None and self.max_workers < 1:
-            raise ConfigError("max_workers must be >= 1 (or None for os.cpu_count())")
+            raise ConfigError("max_workers must be >= 1 (or None for every usable core)")
         if self.timeout_s <= 0:
             raise ConfigError("timeout_s must be positive")
         if self.max_jobs < 1:
@@ -473,7 +473,7 @@ class CompileService:
             done += 1
             if progress:
                 progress(done, total, result)
-        workers = self.config.max_workers or os.cpu_count() or 1
+        workers = self.config.max_workers or usable_cpu_count()
         if todo:
             with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="build") as pool:
                 futures = {pool.submit(self._build_unless_cancelled, k, s, i, should_cancel): k

@@ -215,6 +215,13 @@ class WorkerProcess:
         self._tmp.cleanup()
 
 
+def usable_cpu_count() -> int:
+    """Cores this process may run on (its affinity mask: taskset, cgroups' cpusets, Slurm), not the host's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def set_cpu_affinity(pid: int, cpus: frozenset[int] | None) -> None:
     """Let process `pid` (every thread it has, and those it starts later) run on `cpus` only; None: every
     core this process may use. Best effort: a platform without affinity, or a process that is gone, is left."""

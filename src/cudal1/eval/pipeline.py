@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudal1.eval.config import EvalConfig, resolve_device
-from cudal1.eval.isolation import IsolatedOutcome, Limits, WorkerSupply, run_isolated
+from cudal1.eval.isolation import IsolatedOutcome, Limits, WorkerSupply, run_isolated, usable_cpu_count
 from cudal1.eval.types import EvalResult, Flag, KernelClass, Mismatch, Status, TimingStats
 from cudal1.tasks.task import Task, source_hash
 
@@ -296,7 +296,7 @@ def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg:
     cores = split_cores() if overlap else None
     if cores is not None:
         supply.pin(cores[0], others=cores[1])
-    n_cores = os.cpu_count() or 1
+    n_cores = usable_cpu_count()
     max_workers = (len(cores[1]) if cores is not None
                    else max(1, n_cores - CORES_KEPT_FOR_EVALUATION) if overlap else n_cores)
     builds.start(items, to_build, cfg, on_build, max_workers, cpus=cores[1] if cores is not None else None)
