@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     written = report_audit(outcome, base, store, args.out_dir / "report", plots=not args.no_plots)
     comparison = profile_comparison(outcome.rows, base.survive_fraction)
+    coverage = json.loads(written["audit.json"].read_text()).get("baseline_coverage", {})
     summary = {"phases": done, "comparison": comparison, "elapsed_s": time.monotonic() - started,
+               "baseline_coverage": coverage,
                "by_kernel_class": survival_table(outcome.rows, "kernel_class", base.survive_fraction),
                "report": {k: str(v) for k, v in written.items()}}
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
@@ -98,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{line['survive']:>5}/{line['published']:<5} {x(line['mean']):>6} {x(line['median']):>6} "
               f"{x(line['geomean']):>7}")
     print(f"pending (not yet evaluated): {outcome.pending}; phases: {done}")
+    print("baselines measured/failed/not measured: " + ", ".join(
+        f"{kind} {c['measured']}/{c['failed']}/{c['not_measured']}" for kind, c in coverage.get("kinds", {}).items()))
     return 0
 
 

@@ -143,6 +143,35 @@ def test_report_only_anywhere_reads_the_measuring_machines_results(release, stor
     assert stored_measurement(store, gpu_cfg.label)[0]["gpu_name"] == "NVIDIA H200"
 
 
+def test_report_says_which_baselines_were_measured_failed_or_left(release, store, tmp_path):
+    """A GPU machine's store with one CUDA graph baseline measured and one illegal capture, read anywhere."""
+    import json
+
+    from cudal1.audit.run import report_only_config
+    from cudal1.baselines.runner import baseline_protocol_version
+    from cudal1.store import environment_key
+
+    gpu_cfg = AuditConfig(release=str(release), eval_config=dataclasses.replace(FAST, device="cuda"))
+    _store_gpu_results(store, release, gpu_cfg.label)
+    cfg = report_only_config(gpu_cfg, store)
+    (t1, _), (t2, _), _ = load_release(release)
+    version = baseline_protocol_version(cfg.resolved_eval().protocol())
+    store.put_baseline(t1.hash, "cuda_graph", environment_key(H200), version, 0.5,
+                       extra={"status": "ok", "speedup_vs_eager": 2.0, "task_id": t1.id})
+    store.put_baseline(t2.hash, "cuda_graph", environment_key(H200), version, 0.0,
+                       extra={"status": "failed", "task_id": t2.id,
+                              "reason": "capture_error: operation not permitted when stream is capturing"})
+    outcome = run_audit(cfg, store, evaluate=FakeEvaluate(store))
+    written = report_audit(outcome, cfg, store, tmp_path / "report", plots=False)
+    md = written["report.md"].read_text()
+    assert "| cuda_graph | 1 | 1 | 1 |" in md and "| torch_compile | 0 | 0 | 3 |" in md
+    assert f"| {t2.id} | cuda_graph | capture_error: operation not permitted" in md
+    coverage = json.loads(written["audit.json"].read_text())["baseline_coverage"]
+    assert coverage["tasks"] == 3 and "eager" not in coverage["kinds"]
+    assert coverage["failures"] == [{"task_id": t2.id, "baseline": "cuda_graph",
+                                     "reason": "capture_error: operation not permitted when stream is capturing"}]
+
+
 def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):
     from cudal1.cli.main import main
 

@@ -315,5 +315,37 @@ def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir
             "pending": outcome.pending, "compared with": ", ".join(others) or "-",
             "protocol": cfg.protocol()}
     extra = {"config": config.to_dict(), "pending": outcome.pending, "label": outcome.label}
+    coverage = baseline_coverage(store, [t for t, _ in outcome.selected], cfg, config.environment)
     return write_audit_outputs(rows, out_dir, title=f"Audit of {config.release_name} ({config.profile})",
-                               meta=meta, fraction=config.survive_fraction, plots=plots, extra=extra)
+                               meta=meta, fraction=config.survive_fraction, plots=plots, extra=extra,
+                               coverage=coverage)
+
+
+def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
+                      environment: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Which baselines the store holds for `tasks` under `cfg` on `environment`'s machine (default: this
+    one): per kind, tasks measured / failed / not measured, and each failure's reason. Eager is left out:
+    every evaluation times the reference beside its candidate."""
+    from cudal1.baselines import BASELINE_KINDS
+    from cudal1.baselines.runner import load_baselines
+
+    if environment is None:
+        from cudal1.eval.pipeline import local_environment
+
+        environment = local_environment(cfg.device)
+    unique = list({t.hash: t for t in tasks}.values())
+    kinds = {kind: {"measured": 0, "failed": 0, "not_measured": 0} for kind in BASELINE_KINDS
+             if kind != "eager"}
+    failures = []
+    for task in unique:
+        records = load_baselines(store, task.hash, environment, cfg.protocol())
+        for kind, counts in kinds.items():
+            record = records.get(kind)
+            if record is None:
+                counts["not_measured"] += 1
+            elif record.ok:
+                counts["measured"] += 1
+            else:
+                counts["failed"] += 1
+                failures.append({"task_id": task.id, "baseline": kind, "reason": record.reason})
+    return {"tasks": len(unique), "kinds": kinds, "failures": failures}

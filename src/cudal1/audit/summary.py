@@ -21,6 +21,7 @@ from typing import Any
 from cudal1.metrics.aggregate import baselines_present, summarize_rows
 from cudal1.metrics.rows import PUBLISHED_KEY_BY_BASELINE, ResultRow
 from cudal1.report import write_report
+from cudal1.report.document import Block, Heading, Paragraph, Table
 
 
 def _survives(row: ResultRow, baseline: str, fraction: float) -> bool | None:
@@ -101,12 +102,35 @@ def tasks_markdown(entries: Sequence[dict[str, Any]], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
+    """The report section of `baseline_coverage`: per kind, tasks measured, failed, not measured yet; then
+    every failure with its reason (e.g. a reference whose CUDA graph capture is illegal)."""
+    n = coverage["tasks"]
+    blocks: list[Block] = [
+        Heading("Baselines measured", 2),
+        Paragraph(f"Of the {n} selected tasks: a baseline is measured (correct, timed), failed (the reason is "
+                  "listed below) or not measured yet (left for a later run, or not asked for these tasks). Eager "
+                  "needs no row: every evaluation times the reference beside its candidate."),
+        Table(["Baseline", "Measured", "Failed", "Not measured"],
+              [[kind, str(c["measured"]), str(c["failed"]), str(c["not_measured"])]
+               for kind, c in coverage["kinds"].items()])]
+    if coverage["failures"]:
+        blocks += [Heading("Baseline failures", 3),
+                   Table(["Task", "Baseline", "Reason"],
+                         [[f["task_id"], f["baseline"], f["reason"]] for f in coverage["failures"]])]
+    return blocks
+
+
 def write_audit_outputs(rows: Sequence[ResultRow], out_dir: str | Path, *, title: str, meta: Mapping[str, Any],
-                        fraction: float = 0.9, plots: bool = True,
-                        extra: Mapping[str, Any] | None = None) -> dict[str, Path]:
-    """Write report.md/html (+plots), audit.json and audit_tasks.md under `out_dir`; return name -> path."""
+                        fraction: float = 0.9, plots: bool = True, extra: Mapping[str, Any] | None = None,
+                        coverage: Mapping[str, Any] | None = None) -> dict[str, Path]:
+    """Write report.md/html (+plots), audit.json and audit_tasks.md under `out_dir`; return name -> path.
+    `coverage` (`baseline_coverage`) adds the section of which baselines were measured, and goes into
+    audit.json."""
     out = Path(out_dir)
-    written = write_report(rows, out, title=title, meta=meta, plots=plots, survive_fraction=fraction)
+    written = write_report(rows, out, title=title, meta=meta, plots=plots, survive_fraction=fraction,
+                           extra_blocks=coverage_blocks(coverage) if coverage else ())
+    extra = {**dict(extra or {}), **({"baseline_coverage": dict(coverage)} if coverage else {})}
     entries = audit_entries(rows, fraction)
     document = {"title": title, "meta": dict(meta), "fraction": fraction, **dict(extra or {}),
                 "comparison": profile_comparison(rows, fraction),

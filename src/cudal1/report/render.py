@@ -109,7 +109,7 @@ def blocks_to_html(blocks: Sequence[Block], pngs: Mapping[str, bytes]) -> str:
 
 def render_markdown(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str, Any],
                     plot_paths: Mapping[str, str] | None = None, failures_as: float | None = 1.0,
-                    survive_fraction: float = 0.9) -> str:
+                    survive_fraction: float = 0.9, extra_blocks: Sequence[Block] = ()) -> str:
     """The report as Markdown.
 
     Args:
@@ -119,16 +119,17 @@ def render_markdown(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str,
         plot_paths: plot file name -> link to show it (as `write_report` passes); None: no plots.
         failures_as: how a failure counts in mean/median/percentiles (see `cudal1.metrics.summarize`).
         survive_fraction: share of a published speedup ours must reach for it to survive an audit.
+        extra_blocks: sections appended at the end (e.g. an audit's baseline coverage).
     """
     specs = [p for p in planned_plots(rows) if plot_paths and p.name in plot_paths]
     blocks = build_document(rows, title=title, meta=meta, plots=specs, failures_as=failures_as,
-                            survive_fraction=survive_fraction)
+                            survive_fraction=survive_fraction) + list(extra_blocks)
     return blocks_to_markdown(blocks, lambda name: (plot_paths or {}).get(name))
 
 
 def render_html(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str, Any], plots: bool = True,
                 failures_as: float | None = 1.0, survive_fraction: float = 0.9,
-                pngs: Mapping[str, bytes] | None = None) -> str:
+                pngs: Mapping[str, bytes] | None = None, extra_blocks: Sequence[Block] = ()) -> str:
     """The report as one self-contained HTML page (inline CSS, plots as base64 PNG data URIs, no script).
 
     `plots=False` leaves the plots out (and needs no matplotlib); `pngs` passes plots already drawn by
@@ -142,13 +143,13 @@ def render_html(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str, Any
     pngs = pngs if plots and pngs is not None else {}
     specs = [p for p in planned_plots(rows) if p.name in pngs]
     blocks = build_document(rows, title=title, meta=meta, plots=specs, failures_as=failures_as,
-                            survive_fraction=survive_fraction)
+                            survive_fraction=survive_fraction) + list(extra_blocks)
     return blocks_to_html(blocks, pngs)
 
 
 def write_report(rows: Sequence[ResultRow], out_dir: str | Path, *, title: str, meta: Mapping[str, Any],
                  plots: bool = True, failures_as: float | None = 1.0,
-                 survive_fraction: float = 0.9) -> dict[str, Path]:
+                 survive_fraction: float = 0.9, extra_blocks: Sequence[Block] = ()) -> dict[str, Path]:
     """Write `report.md`, `report.html` and the plots (`plots/*.png`) under `out_dir`.
 
     Returns:
@@ -165,9 +166,9 @@ def write_report(rows: Sequence[ResultRow], out_dir: str | Path, *, title: str, 
         path.write_bytes(data)
         written[f"{PLOTS_DIR}/{name}"] = path
     md = render_markdown(rows, title=title, meta=meta, plot_paths={n: f"{PLOTS_DIR}/{n}" for n in pngs},
-                         failures_as=failures_as, survive_fraction=survive_fraction)
+                         failures_as=failures_as, survive_fraction=survive_fraction, extra_blocks=extra_blocks)
     page = render_html(rows, title=title, meta=meta, plots=plots, failures_as=failures_as,
-                       survive_fraction=survive_fraction, pngs=pngs)
+                       survive_fraction=survive_fraction, pngs=pngs, extra_blocks=extra_blocks)
     for name, text in (("report.md", md), ("report.html", page)):
         path = out / name
         path.write_text(text, encoding="utf-8")
