@@ -61,3 +61,10 @@ def test_several_labels_get_their_own_blocks(rows):
     assert "Run: unlabelled" in heads and "Run: b" in heads
     status_table = next(b for b in blocks if isinstance(b, Table) and b.header[0] == "Status")
     assert status_table.header == ["Status", "rows", "b"]
+
+
+def test_flag_list_names_each_rule_once_with_its_count():
+    from cudal1.report.document import flag_list
+
+    assert flag_list(["b", "a", "b", "b"]) == "b x3, a"
+    assert flag_list([]) == "-"

@@ -21,7 +21,7 @@ from typing import Any
 from cudal1.metrics.aggregate import baselines_present, summarize_rows
 from cudal1.metrics.rows import PUBLISHED_KEY_BY_BASELINE, ResultRow
 from cudal1.report import write_report
-from cudal1.report.document import Block, Heading, Paragraph, Table
+from cudal1.report.document import Block, Heading, Paragraph, Table, flag_list
 
 
 def _survives(row: ResultRow, baseline: str, fraction: float) -> bool | None:
@@ -96,7 +96,7 @@ def tasks_markdown(entries: Sequence[dict[str, Any]], title: str) -> str:
         cells += [f"{_x(e['speedup_vs'].get(b))} / {_x(e['published'].get(PUBLISHED_KEY_BY_BASELINE[b]))}"
                   for b in baselines]
         survives = e["survives"]
-        cells += [e["kernel_class"] or "-", ", ".join(e["flags"]).replace("|", "/") or "-",
+        cells += [e["kernel_class"] or "-", flag_list(e["flags"]).replace("|", "/"),
                   "-" if survives is None else ("yes" if survives else "no")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -72,6 +72,14 @@ def fmt_pct(value: float | None) -> str:
     return MISSING if value is None else f"{100.0 * value:.1f}%"
 
 
+def flag_list(flags: Sequence[str]) -> str:
+    """Each rule once, in first-seen order, with its count when it fired more than once: "a x2, b"."""
+    counts: dict[str, int] = {}
+    for flag in flags:
+        counts[flag] = counts.get(flag, 0) + 1
+    return ", ".join(f"{f} x{n}" if n > 1 else f for f, n in counts.items()) or MISSING
+
+
 def fmt_level(level: int | str | None) -> str:
     """`all`, the level number, or `unknown`."""
     return "unknown" if level is None else str(level)
@@ -224,7 +232,7 @@ def _audit_task_table(rows: Sequence[ResultRow], fraction: float) -> list[Block]
                                                     _natural_key(e.task_id)))
     body = [([e.label] if multi else []) + [
         e.task_id, fmt_level(e.level), fmt_x(e.published), e.status, fmt_x(e.speedup), fmt_x(e.ratio),
-        e.kernel_class or MISSING, ", ".join(e.flags) or MISSING, "yes" if e.survives else "no",
+        e.kernel_class or MISSING, flag_list(e.flags), "yes" if e.survives else "no",
     ] for e in entries]
     header = (["Run"] if multi else []) + ["Task", "Level", "Published", "Our verdict", "Our speedup",
                                            "Ratio", "Kernel class", "Flags", "Survives"]
