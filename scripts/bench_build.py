@@ -42,7 +42,7 @@ ENTRY_PREPARE = "cudal1.eval.build_worker:prepare_candidate"
 ENTRY_INIT = "cudal1.eval.build_worker:reference_init_inputs"
 # (a) uses the same child but with every lever off and no decision file: torch exactly as the candidate
 # calls it (the hooks only time the calls); verbose stays as the candidate wrote it.
-PLAIN_LEVERS = {"light_cuda_headers": False, "quiet": False}
+PLAIN_LEVERS = BuildLevers.none().to_dict()  # every lever off, new ones included
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -47,12 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_kernels import SIMPLE_KERNELS  # noqa: E402 (the folder beside this script)
 
+from cudal1.eval.compile import BuildLevers  # noqa: E402
 from cudal1.eval.isolation import usable_cpu_count  # noqa: E402
 from cudal1.raw_cuda import compile_only, normalize_arch  # noqa: E402
 from cudal1.tasks.builtin import BUILTIN_DIR  # noqa: E402
 
 ENTRY_PREPARE = "cudal1.eval.build_worker:prepare_candidate"
-PLAIN_LEVERS = {"light_cuda_headers": False, "quiet": False}
+PLAIN_LEVERS = BuildLevers.none().to_dict()  # every lever off, new ones included
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,36 @@ def unbound_functions_log(name: str, missing: list[str]) -> str:
         for f in missing)
 
 
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def duplicate_module_log(name: str, cpp_sources: Any, cuda_sources: Any, functions: Any) -> str:
+    """The compiler's or linker's verdict when a load_inline call defines its Python module twice, else "".
+
+    With `functions=`, load_inline appends its own `PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)` to main.cpp
+    (TORCH_EXTENSION_NAME is `name`); a second one for the same module in `cpp_sources` is a redefinition
+    of `PyInit_<name>` in that file, one in `cuda_sources` a duplicate symbol at link time: certain
+    failures, after a full compile. Only plain-string sources and the argument types torch accepts count;
+    comments are ignored; anything less certain returns "" and is left to the compiler.
+    """
+    if not isinstance(functions, str | list | dict) or not functions or not isinstance(name, str):
+        return ""
+    module = re.compile(r"PYBIND11_MODULE\s*\(\s*(?:TORCH_EXTENSION_NAME|" + re.escape(name) + r")\s*,")
+
+    def defines(sources: Any) -> bool:
+        texts = [sources] if isinstance(sources, str) else sources
+        return isinstance(texts, list) and any(isinstance(t, str) and module.search(_COMMENTS.sub("", t))
+                                               for t in texts)
+
+    fix = (f"(load_inline '{name}' writes its own PYBIND11_MODULE to bind functions=; define the module "
+           "once: drop functions= or the PYBIND11_MODULE in the sources)")
+    if defines(cpp_sources):
+        return f"main.cpp: error: redefinition of 'PyObject* PyInit_{name}()' {fix}"
+    if defines(cuda_sources):
+        return f"ld: error: multiple definition of 'PyInit_{name}' (main.o and cuda.o) {fix}"
+    return ""
+
+
 @dataclass
 class BuildRecord:
     """One recorded `load_inline`/`load` call."""
@@ -96,7 +126,8 @@ class BuildRecord:
     ok: bool
     log: str = ""
     variant: str = "original"  # "light": lighter headers built; "fallback": light failed, original built;
-    # "unbound": failed at once, `functions=` cannot be bound (see `unbound_functions`)
+    # "unbound": failed at once, `functions=` cannot be bound (see `unbound_functions`);
+    # "duplicate_module": failed at once, the module is defined twice (see `duplicate_module_log`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "seconds": round(self.seconds, 3), "ok": self.ok, "variant": self.variant}
@@ -232,6 +263,11 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
             log = unbound_functions_log(name, missing)
             recorder.records.append(BuildRecord(name, 0.0, False, log, "unbound"))
             raise RuntimeError(f"Error building extension '{name}':\n{log}")
+        duplicate = (duplicate_module_log(name, cpp_sources, cuda_sources, kwargs.get("functions"))
+                     if levers.fail_fast_duplicate_module else "")
+        if duplicate:
+            recorder.records.append(BuildRecord(name, 0.0, False, duplicate, "duplicate_module"))
+            raise RuntimeError(f"Error building extension '{name}':\n{duplicate}")
         light = light_cuda_sources(cuda_sources) if levers.light_cuda_headers and not args else None
         if light is None:
             return _timed_call(recorder, real_inline, name, "original", (name, cpp_sources, cuda_sources),

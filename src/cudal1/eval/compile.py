@@ -77,9 +77,18 @@ class BuildLevers:
         "help": "A load_inline call whose `functions=` cannot be bound (cpp_sources empty, so the generated "
                 "binding file never declares them) raises torch's build error at once instead of after a "
                 "full build that is certain to fail."})
+    fail_fast_duplicate_module: bool = field(default=True, metadata={
+        "help": "A load_inline call with `functions=` whose sources define the extension's PYBIND11_MODULE "
+                "too (a redefinition in main.cpp, or a duplicate symbol at link time) raises torch's build "
+                "error at once instead of after a full build that is certain to fail."})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def none(cls) -> BuildLevers:
+        """Every lever off: torch exactly as the candidate calls it (verbose untouched)."""
+        return cls(**{f.name: False for f in dataclasses.fields(cls)})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> BuildLevers:
