@@ -310,12 +310,20 @@ def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir
         selected_ids = {t.id for t, _ in outcome.selected}
         rows += [row for row in rows_from_store(store, others) if row.task_id in selected_ids]
     cfg = config.resolved_eval()
+    if config.environment is not None:
+        machine = config.environment
+    else:
+        from cudal1.eval.pipeline import local_environment
+
+        machine = local_environment(cfg.device)
     meta = {"release": config.release, "profile": config.profile, "device": cfg.device,
+            "machine": f"{machine.get('gpu_name')} (torch {machine.get('torch_version')}, "
+                       f"CUDA {machine.get('cuda_version')})",
             "selected": len(outcome.selected), "evaluated so far": len(outcome.rows),
             "pending": outcome.pending, "compared with": ", ".join(others) or "-",
             "protocol": cfg.protocol()}
     extra = {"config": config.to_dict(), "pending": outcome.pending, "label": outcome.label}
-    coverage = baseline_coverage(store, [t for t, _ in outcome.selected], cfg, config.environment)
+    coverage = baseline_coverage(store, [t for t, _ in outcome.selected], cfg, machine)
     return write_audit_outputs(rows, out_dir, title=f"Audit of {config.release_name} ({config.profile})",
                                meta=meta, fraction=config.survive_fraction, plots=plots, extra=extra,
                                coverage=coverage)
