@@ -14,8 +14,8 @@ Writes OUT_DIR/bench_build.json after every finished job (partial results surviv
 short table last: per mode, jobs, successful builds, failures, median and p90 per-candidate build seconds
 (successful builds only), worker-busy seconds (throughput), then two median per-candidate ratios
 plain/cudal1 — of build time where both modes built, and of time to a verdict (built or failed) over
-every candidate, with how many failed fast as unbindable (`BuildLevers.fail_fast_unbound`) — and the
-pool's wall time for all jobs of both modes. No new build is launched after
+every candidate, with how many failed fast as certain failures (`BuildLevers.fail_fast_unbound` and
+`fail_fast_duplicate_module`) — and the pool's wall time for all jobs of both modes. No new build is launched after
 --time-budget-s; running ones are awaited (keep --timeout-s below what remains of the call).
 Both modes run in the same environment (MAX_JOBS=2, TORCH_CUDA_ARCH_LIST of the GPU); in (a) the hooks
 only time the calls (every lever off, verbose untouched).
@@ -43,6 +43,7 @@ ENTRY_INIT = "cudal1.eval.build_worker:reference_init_inputs"
 # (a) uses the same child but with every lever off and no decision file: torch exactly as the candidate
 # calls it (the hooks only time the calls); verbose stays as the candidate wrote it.
 PLAIN_LEVERS = BuildLevers.none().to_dict()  # every lever off, new ones included
+FAIL_FAST_VARIANTS = ("unbound", "duplicate_module")  # build records of a certain failure raised at once
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -112,7 +113,8 @@ def summarize(results: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     for r in results:
         verdicts.setdefault(r["index"], {})[r["mode"]] = r["wall_s"]
     ratios_all = [v["plain"] / v["cudal1"] for v in verdicts.values() if v.get("plain") and v.get("cudal1")]
-    fail_fast = sum(any(b.get("variant") == "unbound" for b in r["builds"]) for r in results if r["mode"] == "cudal1")
+    fail_fast = sum(any(b.get("variant") in FAIL_FAST_VARIANTS for b in r["builds"])
+                    for r in results if r["mode"] == "cudal1")
     return {"plain": plain, "cudal1": ours, "median_ratio_plain_over_cudal1":
             statistics.median(ratios) if ratios else None, "pairs_built": len(ratios),
             "median_ratio_to_verdict_all": statistics.median(ratios_all) if ratios_all else None,
@@ -132,7 +134,7 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"median per-candidate build ratio plain/cudal1, both built: {fmt(ratio)}x ({summary['pairs_built']} "
           f"candidates)")
     print(f"median time-to-verdict ratio plain/cudal1, all candidates: {fmt(summary['median_ratio_to_verdict_all'])}x "
-          f"({summary['pairs_all']} candidates; {summary['cudal1_fail_fast']} failed fast as unbindable)")
+          f"({summary['pairs_all']} candidates; {summary['cudal1_fail_fast']} failed fast as certain failures)")
     print(f"pool wall time (all jobs, both modes): {summary['pool_wall_s']:.1f} s")
 
 

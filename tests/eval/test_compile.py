@@ -308,6 +308,12 @@ def test_duplicate_module_only_when_the_failure_is_certain():
     assert duplicate_module_log("ext", decl + "// PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)", "", ["f"]) == ""
     assert duplicate_module_log("ext", decl + "/* PYBIND11_MODULE(ext, m) {} */", "", ["f"]) == ""
     assert duplicate_module_log("ext", (decl + module,), "", ["f"]) == ""  # torch's own error for a tuple
+    # a comment opener inside a string literal does not hide code, and commented-out code does not count
+    assert duplicate_module_log("ext", 'auto u = "http://x"; /* ' + module + " */", "", ["f"]) == ""
+    assert duplicate_module_log("ext", decl + "#ifdef WITH_MODULE\n" + module + "\n#endif\n", "", ["f"]) == ""
+    # once torch loaded an "ext", a new build is renamed ext_v1: only TORCH_EXTENSION_NAME still clashes
+    assert duplicate_module_log("ext", decl + "PYBIND11_MODULE(ext, m) {}", "", ["f"], name_in_use=True) == ""
+    assert "redefinition" in duplicate_module_log("ext", decl + module, "", ["f"], name_in_use=True)
 
 
 def test_duplicate_module_fails_at_once_like_torch_unless_switched_off(monkeypatch, tmp_path):

@@ -171,10 +171,15 @@ def stored_measurement(store: Any, label: str, gpu: str | None = None) -> tuple[
     return environment, protocol
 
 
+def machine_name(environment: dict[str, Any]) -> str:
+    """GPU (or device type), torch and CUDA versions of a stored environment, in one phrase."""
+    return (f"{environment.get('gpu_name')} (torch {environment.get('torch_version')}, "
+            f"CUDA {environment.get('cuda_version')})")
+
+
 def measured_on(environment: dict[str, Any]) -> str:
     """One line naming the machine a report's results come from."""
-    return (f"reporting results measured on {environment['gpu_name']} (torch {environment['torch_version']}, "
-            f"CUDA {environment['cuda_version']})")
+    return f"reporting results measured on {machine_name(environment)}"
 
 
 def report_only_config(config: AuditConfig, store: Any, gpu: str | None = None) -> AuditConfig:
@@ -317,8 +322,7 @@ def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir
 
         machine = local_environment(cfg.device)
     meta = {"release": config.release, "profile": config.profile, "device": cfg.device,
-            "machine": f"{machine.get('gpu_name')} (torch {machine.get('torch_version')}, "
-                       f"CUDA {machine.get('cuda_version')})",
+            "machine": machine_name(machine),
             "selected": len(outcome.selected), "evaluated so far": len(outcome.rows),
             "pending": outcome.pending, "compared with": ", ".join(others) or "-",
             "protocol": cfg.protocol()}

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor

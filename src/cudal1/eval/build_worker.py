@@ -87,33 +87,42 @@ def unbound_functions_log(name: str, missing: list[str]) -> str:
         for f in missing)
 
 
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_CONDITIONAL = re.compile(r"^\s*#\s*if", re.M)
 
 
-def duplicate_module_log(name: str, cpp_sources: Any, cuda_sources: Any, functions: Any) -> str:
+def duplicate_module_log(name: str, cpp_sources: Any, cuda_sources: Any, functions: Any, *,
+                         name_in_use: bool = False) -> str:
     """The compiler's or linker's verdict when a load_inline call defines its Python module twice, else "".
 
-    With `functions=`, load_inline appends its own `PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)` to main.cpp
-    (TORCH_EXTENSION_NAME is `name`); a second one for the same module in `cpp_sources` is a redefinition
-    of `PyInit_<name>` in that file, one in `cuda_sources` a duplicate symbol at link time: certain
-    failures, after a full compile. Only plain-string sources and the argument types torch accepts count;
-    comments are ignored; anything less certain returns "" and is left to the compiler.
+    With `functions=`, load_inline appends its own `PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)` to main.cpp; a
+    second one for the same module in `cpp_sources` is a redefinition of `PyInit_<name>` in that file, one
+    in `cuda_sources` a duplicate symbol at link time: certain failures, after a full compile.
+    TORCH_EXTENSION_NAME is `name`, unless this process already loaded an extension of that name
+    (`name_in_use`): torch then builds `<name>_v1`, so only a module spelled TORCH_EXTENSION_NAME is
+    certain to clash. Only plain-string sources and the argument types torch accepts count; comments and
+    strings are ignored, and a source with preprocessor conditionals is left to the compiler (the module
+    may be switched off), as is anything else less certain.
     """
     if not isinstance(functions, str | list | dict) or not functions or not isinstance(name, str):
         return ""
-    module = re.compile(r"PYBIND11_MODULE\s*\(\s*(?:TORCH_EXTENSION_NAME|" + re.escape(name) + r")\s*,")
+    from cudal1.analysis.cuda_source import strip_comments_and_strings
+
+    spellings = "TORCH_EXTENSION_NAME" if name_in_use else f"TORCH_EXTENSION_NAME|{re.escape(name)}"
+    module = re.compile(r"PYBIND11_MODULE\s*\(\s*(?:" + spellings + r")\s*,")
 
     def defines(sources: Any) -> bool:
         texts = [sources] if isinstance(sources, str) else sources
-        return isinstance(texts, list) and any(isinstance(t, str) and module.search(_COMMENTS.sub("", t))
-                                               for t in texts)
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            return False
+        code = [strip_comments_and_strings(t) for t in texts]
+        return not any(_CONDITIONAL.search(c) for c in code) and any(module.search(c) for c in code)
 
     fix = (f"(load_inline '{name}' writes its own PYBIND11_MODULE to bind functions=; define the module "
            "once: drop functions= or the PYBIND11_MODULE in the sources)")
     if defines(cpp_sources):
         return f"main.cpp: error: redefinition of 'PyObject* PyInit_{name}()' {fix}"
     if defines(cuda_sources):
-        return f"ld: error: multiple definition of 'PyInit_{name}' (main.o and cuda.o) {fix}"
+        return f"ld: error: multiple definition of 'PyInit_{name}' (main.o and cuda.cuda.o) {fix}"
     return ""
 
 
@@ -263,7 +272,8 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
             log = unbound_functions_log(name, missing)
             recorder.records.append(BuildRecord(name, 0.0, False, log, "unbound"))
             raise RuntimeError(f"Error building extension '{name}':\n{log}")
-        duplicate = (duplicate_module_log(name, cpp_sources, cuda_sources, kwargs.get("functions"))
+        duplicate = (duplicate_module_log(name, cpp_sources, cuda_sources, kwargs.get("functions"),
+                                          name_in_use=_name_in_use(cpp_extension, name))
                      if levers.fail_fast_duplicate_module else "")
         if duplicate:
             recorder.records.append(BuildRecord(name, 0.0, False, duplicate, "duplicate_module"))
@@ -329,6 +339,13 @@ def _instantiate(module: Any, init_inputs: list[Any], device: str) -> None:
         torch.cuda.set_device(torch.device(device))
     with torch.device(device):
         model_cls(*init_inputs)
+
+
+def _name_in_use(cpp_extension: Any, name: Any) -> bool:
+    """Whether torch may rename a new build of `name` (`<name>_v1`): it loaded one of that name before, or
+    its version table cannot be read (then assume so)."""
+    entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    return not isinstance(entries, dict) or name in entries
 
 
 def _one_line(exc: BaseException) -> str:
