@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import logging
 import os
 import random
 import statistics
@@ -157,6 +158,9 @@ def main() -> None:
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    # Each build's duration and outcome on stderr ("build KEY: ok=... in S s"): what the build phase waited for.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("cudal1.eval.compile").setLevel(logging.INFO)
     cfg = EvalConfig(device="cuda", profile=args.profile)
     out: dict = {"config": cfg.to_dict()}
     pairs = sample_release(args.release, args.per_level, args.seed)
