@@ -92,6 +92,9 @@ def test_prefilled_store_then_real_cpu_evaluation_and_report(release, store, tmp
     tasks_md = written["audit_tasks.md"].read_text()
     assert "tiny/level2/1 | 2 | incorrect" in tasks_md and "1.60 / 1.50" in tasks_md
     assert "Audit of published speedups" in written["report.md"].read_text()
+    # The audit measured this device's peaks once (cached per device name): the report has speed of light.
+    assert store.get_meta(f"peaks/{env['gpu_name']}")["copy_bytes_per_s"] > 0
+    assert "Speed of light" in written["report.md"].read_text()
 
 
 H200 = {"device_type": "cuda", "gpu_name": "NVIDIA H200", "torch_version": "2.11.0+cu130", "cuda_version": "13.0"}

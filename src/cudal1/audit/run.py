@@ -63,6 +63,8 @@ class AuditConfig:
     time_budget_s: float | None = _f(None, "Stop starting new batches after this many seconds.")
     force: bool = _f(False, "Re-evaluate items already in the store.")
     survive_fraction: float = _f(0.9, "A published speedup survives when ours >= this x published.")
+    peaks: bool = _f(True, "Measure the device's peaks once (cached in the store per GPU name), so reports give "
+                     "speed-of-light fractions.")
     eval_config: EvalConfig | None = _f(None, "Evaluation settings (device, trials, ...); profile is overridden.")
     environment: dict[str, Any] | None = _f(None, "Machine whose stored results are used (gpu_name, torch_version, "
                                             "cuda_version, device_type); default: this one. A report made "
@@ -231,8 +233,10 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
         else:
             outcome.reused += 1
             _ensure_labelled(store, key, hit, task, config.label, outcome.run_id)
-    gpu_run = (evaluate is _default_evaluate and config.environment is None and cfg.device.startswith("cuda")
-               and bool(pending))
+    measuring_here = evaluate is _default_evaluate and config.environment is None
+    if measuring_here and config.peaks:
+        _ensure_peaks(cfg, store)
+    gpu_run = measuring_here and cfg.device.startswith("cuda") and bool(pending)
     with _audit_workers(cfg, len(pending)) if gpu_run else contextlib.nullcontext() as workers:
         if gpu_run and not _out_of_time(config, started):
             _build_all(pending, cfg, workers, should_cancel=lambda: _out_of_time(config, started))
@@ -273,6 +277,17 @@ def _build_all(pending: list[Item], cfg: EvalConfig, workers: Any, should_cancel
         prebuild([(t, c.source) for t, c in pending], cfg, should_cancel=should_cancel)
     except Exception:  # noqa: BLE001 - see the docstring
         logger.warning("the audit's build pass failed; candidates build when evaluated", exc_info=True)
+
+
+def _ensure_peaks(cfg: EvalConfig, store: Any) -> None:
+    """The device's peaks in the store (measured once per GPU name); a failed probe only costs the report
+    its speed-of-light fractions."""
+    from cudal1.baselines.sol import measure_peaks
+
+    try:
+        measure_peaks(cfg.device, store)
+    except Exception:  # noqa: BLE001 - see the docstring
+        logger.warning("peak probe failed: the report will have no speed-of-light fractions", exc_info=True)
 
 
 def _out_of_time(config: AuditConfig, started: float) -> bool:
