@@ -78,3 +78,20 @@ def test_check_exit_code_gates_on_rejection(capsys):
     assert any(f["rule"] == "extra_cuda_stream" and f["severity"] == "error" for f in report["flags"])
     assert main(["check", str(corpus / "honest" / "cuda_relu.py")]) == 0
     assert "kernel class: custom_cuda" in capsys.readouterr().out
+
+
+def test_eval_batch_through_a_local_pool_stores_every_result(tmp_path, capsys):
+    ref = (FIXTURES / "tasks" / "tiny_scale_add.py").read_text()
+    rows = [{"level_id": 1, "task_id": i, "ref_code": ref, "custom_code": (FIXTURES / "eval" / f"{name}.py").read_text()}
+            for i, name in ((1, "correct"), (2, "wrong_values"))]
+    release = tmp_path / "release.jsonl"
+    release.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = tmp_path / "store.sqlite"
+    argv = ["eval", "--release", str(release), "--workers", "local", "--device", "cpu", "--trials", "2",
+            "--buckets", "2", "--json", "--store", str(store)]
+    assert main(argv) == 0
+    first = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert sorted(r["status"] for r in first) == ["correct", "incorrect"]
+    assert main(argv) == 0  # the pool wrote the store: the second run is served from it
+    second = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert sorted(r["status"] for r in second) == ["correct", "incorrect"] and all(r["cached"] for r in second)

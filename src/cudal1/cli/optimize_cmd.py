@@ -16,8 +16,9 @@ from cudal1.tasks import Task, find_task
 
 EvalSetOpt = typer.Option([], "--eval-set", help="Any evaluation setting as KEY=VALUE (repeatable), e.g. "
                                                  "target_bucket_ms=20 or warm_buckets=0.")
-PoolOpt = typer.Option("", "--pool", help="Evaluate through an evaluator pool: local, ray:auto or "
-                                          "ray://HOST:PORT (default: this machine, one candidate at a time).")
+PoolOpt = typer.Option("", "--workers", "--pool", help="Evaluate through an evaluator pool: local, ray:auto or "
+                                                     "ray://HOST:PORT (default: this machine, one candidate at "
+                                                     "a time).")
 SourceOpt = typer.Option(["builtin"], "--source", "-s", help="Where task ids are looked up.")
 OutOpt = typer.Option(None, "--out", "-o", help="Best candidate file (default <task name>_best.py).")
 ExemplarDbOpt = typer.Option(None, "--exemplar-db", help="Exemplar database (default: the store).")
@@ -65,7 +66,7 @@ def resolve_task(spec: str, sources: list[str]) -> Task:
 
 
 def open_pool(spec: str, config: EvalConfig, store: Any) -> Any:
-    """An evaluator pool from `--pool`, or None when it is empty."""
+    """An evaluator pool from `--workers` (alias `--pool`), or None when it is empty."""
     if not spec:
         return None
     from cudal1.dist import make_pool
