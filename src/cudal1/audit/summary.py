@@ -108,9 +108,10 @@ def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
     n = coverage["tasks"]
     blocks: list[Block] = [
         Heading("Baselines measured", 2),
-        Paragraph(f"Of the {n} distinct tasks of the selection: a baseline is measured (correct, timed), failed (the reason is "
-                  "listed below) or not measured yet (left for a later run, or not asked for these tasks). Eager "
-                  "needs no row: every evaluation times the reference beside its candidate."),
+        Paragraph(f"Of the {n} distinct tasks of the selection: a baseline is measured (correct, timed), "
+                  "failed (the reason is listed below) or not measured yet (left for a later run, or not asked "
+                  "for these tasks). Eager needs no row: every evaluation times the reference beside its "
+                  "candidate."),
         Table(["Baseline", "Measured", "Failed", "Not measured"],
               [[kind, str(c["measured"]), str(c["failed"]), str(c["not_measured"])]
                for kind, c in coverage["kinds"].items()])]

@@ -87,15 +87,20 @@ def _evaluate_in_pool(spec: str, pairs: list[tuple[Task, str]], cfg, store, *, f
     pool = make_pool(spec, cfg, store=store)
     try:
         def submit_all() -> None:
-            for i, (t, src) in enumerate(pairs):
-                future = pool.submit(t, src, cfg, force=force, label=label, run_id=run_id)
-                future.add_done_callback(lambda f, i=i: done.put((i, f)))
+            try:
+                for i, (t, src) in enumerate(pairs):
+                    future = pool.submit(t, src, cfg, force=force, label=label, run_id=run_id)
+                    future.add_done_callback(lambda f, i=i: done.put((i, f)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the reading loop, which raises it
+                done.put((None, exc))
 
         submitter = threading.Thread(target=submit_all, name="cudal1-submit", daemon=True)
         submitter.start()
         for _ in pairs:
-            i, future = done.get()
-            on_result(pairs[i][0], future.result())
+            i, item = done.get()
+            if i is None:
+                raise item
+            on_result(pairs[i][0], item.result())
         submitter.join()
     finally:
         pool.close()
