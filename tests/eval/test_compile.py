@@ -269,13 +269,21 @@ def test_unbound_functions_only_when_the_failure_is_certain():
     assert unbound_functions(["", 3], ["forward"]) == []  # not plain strings: leave it to torch
 
 
-def test_unbound_functions_fail_at_once_like_torch(monkeypatch, tmp_path):
+@pytest.fixture
+def fake_torch_build(monkeypatch, tmp_path):
+    """torch's load_inline/load replaced by fakes that compile nothing; returns (cpp_extension, the fake
+    load_inline's calls). Hooks installed afterwards wrap the fakes."""
     import torch.utils.cpp_extension as ce
 
     calls = []
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(ce, "load_inline", lambda *a, **k: calls.append(a) or "module")
     monkeypatch.setattr(ce, "load", lambda *a, **k: None)
+    return ce, calls
+
+
+def test_unbound_functions_fail_at_once_like_torch(fake_torch_build):
+    ce, calls = fake_torch_build
     recorder = install_build_hooks(BuildLevers())
     cuda = "torch::Tensor forward(torch::Tensor x) { return x; }"
     with pytest.raises(RuntimeError, match="Error building extension 'ext'") as info:
@@ -316,13 +324,8 @@ def test_duplicate_module_only_when_the_failure_is_certain():
     assert "redefinition" in duplicate_module_log("ext", decl + module, "", ["f"], name_in_use=True)
 
 
-def test_duplicate_module_fails_at_once_like_torch_unless_switched_off(monkeypatch, tmp_path):
-    import torch.utils.cpp_extension as ce
-
-    calls = []
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setattr(ce, "load_inline", lambda *a, **k: calls.append(a) or "module")
-    monkeypatch.setattr(ce, "load", lambda *a, **k: None)
+def test_duplicate_module_fails_at_once_like_torch_unless_switched_off(fake_torch_build):
+    ce, calls = fake_torch_build
     recorder = install_build_hooks(BuildLevers())
     cpp = "torch::Tensor f(torch::Tensor x);\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"f\", &f); }"
     cuda = "torch::Tensor f(torch::Tensor x) { return x; }"

@@ -142,11 +142,16 @@ def record_published(store: Any, items: list[Item], release_name: str) -> None:
 def stored_result(store: Any, task: Task, source_hash: str, cfg: EvalConfig,
                   environment: dict[str, Any] | None = None) -> tuple[str, EvalResult | None]:
     """(key, stored result or None) of a candidate under `cfg` on `environment`'s machine (default: this one)."""
-    if environment is None:
-        from cudal1.eval.pipeline import local_environment
+    return store.lookup(task.hash, source_hash, cfg.protocol(), _machine(cfg, environment))
 
-        environment = local_environment(cfg.device)
-    return store.lookup(task.hash, source_hash, cfg.protocol(), environment)
+
+def _machine(cfg: EvalConfig, environment: dict[str, Any] | None) -> dict[str, Any]:
+    """`environment`, else this machine's for `cfg.device`: whose stored results an audit reads."""
+    if environment is not None:
+        return environment
+    from cudal1.eval.pipeline import local_environment
+
+    return local_environment(cfg.device)
 
 
 def stored_measurement(store: Any, label: str, gpu: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -330,12 +335,7 @@ def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir
         selected_ids = {t.id for t, _ in outcome.selected}
         rows += [row for row in rows_from_store(store, others) if row.task_id in selected_ids]
     cfg = config.resolved_eval()
-    if config.environment is not None:
-        machine = config.environment
-    else:
-        from cudal1.eval.pipeline import local_environment
-
-        machine = local_environment(cfg.device)
+    machine = _machine(cfg, config.environment)
     meta = {"release": config.release, "profile": config.profile, "device": cfg.device,
             "machine": machine_name(machine),
             "selected": len(outcome.selected), "evaluated so far": len(outcome.rows),
@@ -356,10 +356,7 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
     from cudal1.baselines import BASELINE_KINDS
     from cudal1.baselines.runner import load_baselines
 
-    if environment is None:
-        from cudal1.eval.pipeline import local_environment
-
-        environment = local_environment(cfg.device)
+    environment = _machine(cfg, environment)
     unique = list({t.hash: t for t in tasks}.values())
     kinds = {kind: {"measured": 0, "failed": 0, "not_measured": 0} for kind in BASELINE_KINDS
              if kind != "eager"}

@@ -264,20 +264,13 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
     def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
         if levers.quiet:
             kwargs["verbose"] = False
-        missing = (unbound_functions(cpp_sources, kwargs.get("functions"), kwargs.get("extra_cflags"))
-                   if levers.fail_fast_unbound else [])
-        if missing:
+        failure = _certain_failure(levers, cpp_extension, name, cpp_sources, cuda_sources, kwargs)
+        if failure is not None:
             # Same exception type and head as torch's failed build, so a candidate's except clause behaves
             # exactly as it would after the real (certain) failure.
-            log = unbound_functions_log(name, missing)
-            recorder.records.append(BuildRecord(name, 0.0, False, log, "unbound"))
+            variant, log = failure
+            recorder.records.append(BuildRecord(name, 0.0, False, log, variant))
             raise RuntimeError(f"Error building extension '{name}':\n{log}")
-        duplicate = (duplicate_module_log(name, cpp_sources, cuda_sources, kwargs.get("functions"),
-                                          name_in_use=_name_in_use(cpp_extension, name))
-                     if levers.fail_fast_duplicate_module else "")
-        if duplicate:
-            recorder.records.append(BuildRecord(name, 0.0, False, duplicate, "duplicate_module"))
-            raise RuntimeError(f"Error building extension '{name}':\n{duplicate}")
         light = light_cuda_sources(cuda_sources) if levers.light_cuda_headers and not args else None
         if light is None:
             return _timed_call(recorder, real_inline, name, "original", (name, cpp_sources, cuda_sources),
@@ -339,6 +332,21 @@ def _instantiate(module: Any, init_inputs: list[Any], device: str) -> None:
         torch.cuda.set_device(torch.device(device))
     with torch.device(device):
         model_cls(*init_inputs)
+
+
+def _certain_failure(levers: BuildLevers, cpp_extension: Any, name: Any, cpp_sources: Any, cuda_sources: Any,
+                     kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """(record variant, compiler log) of a load_inline call certain to fail to build, by the fail-fast levers
+    that are on; None when the call should be built."""
+    functions = kwargs.get("functions")
+    missing = (unbound_functions(cpp_sources, functions, kwargs.get("extra_cflags"))
+               if levers.fail_fast_unbound else [])
+    if missing:
+        return "unbound", unbound_functions_log(name, missing)
+    duplicate = (duplicate_module_log(name, cpp_sources, cuda_sources, functions,
+                                      name_in_use=_name_in_use(cpp_extension, name))
+                 if levers.fail_fast_duplicate_module else "")
+    return ("duplicate_module", duplicate) if duplicate else None
 
 
 def _name_in_use(cpp_extension: Any, name: Any) -> bool:
