@@ -214,6 +214,7 @@ def test_gpu_audit_builds_every_pending_candidate_before_its_batches(release, st
     # while the first workers start; every batch then uses the same warm workers.
     def prebuild(events, items, kw):
         assert callable(kw["should_cancel"]) and not kw["should_cancel"]()  # the time budget can stop it
+        assert kw["warm_lazy"] is True  # the GPU is idle during the pass: lazy builds are triggered there
         events.append(("build", len(items)))
 
     events = _fake_gpu(monkeypatch, prebuild)

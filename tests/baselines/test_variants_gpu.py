@@ -34,3 +34,18 @@ def test_flag_and_graph_variants_pass_on_a_conv_task(kind):
     record = measure_baseline(task, kind, QUICK, force=True)
     assert record.ok, record.reason
     print(f"{task.id}: {kind} {record.ms:.3f} ms, {record.speedup_vs_eager:.2f}x vs eager ({record.profile})")
+
+
+def test_compile_warm_up_and_peak_probe_accept_cuda_without_an_index():
+    # Both once called torch.cuda.set_device(torch.device("cuda")), which torch rejects: every warm-up of an
+    # audit failed and its peaks were never measured.
+    from cudal1.baselines.sol import measure_peaks
+    from cudal1.baselines.warm import warm_compile_caches
+
+    task = next(t for t in BUILTIN if t.name == "conv_bn_relu")
+    done = warm_compile_caches([(task, "torch_compile")], QUICK.resolved("cuda"))
+    assert isinstance(done[(task.id, "torch_compile")], float), done
+    peaks = measure_peaks("cuda", copy_bytes=2**28, matmul_n=2048)
+    assert peaks["copy_bytes_per_s"] > 1e11 and peaks["matmul_flops_per_s"]["float32"] > 1e12, peaks
+    print(f"peaks: copy {peaks['copy_bytes_per_s'] / 1e9:.0f} GB/s, "
+          f"fp32 matmul {peaks['matmul_flops_per_s']['float32'] / 1e12:.1f} TFLOP/s")

@@ -269,19 +269,6 @@ def test_unbound_functions_only_when_the_failure_is_certain():
     assert unbound_functions(["", 3], ["forward"]) == []  # not plain strings: leave it to torch
 
 
-@pytest.fixture
-def fake_torch_build(monkeypatch, tmp_path):
-    """torch's load_inline/load replaced by fakes that compile nothing; returns (cpp_extension, the fake
-    load_inline's calls). Hooks installed afterwards wrap the fakes."""
-    import torch.utils.cpp_extension as ce
-
-    calls = []
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setattr(ce, "load_inline", lambda *a, **k: calls.append(a) or "module")
-    monkeypatch.setattr(ce, "load", lambda *a, **k: None)
-    return ce, calls
-
-
 def test_unbound_functions_fail_at_once_like_torch(fake_torch_build):
     ce, calls = fake_torch_build
     recorder = install_build_hooks(BuildLevers())

@@ -174,11 +174,13 @@ def _fake_gpu_batch(monkeypatch, build_release):
     from cudal1.eval import pipeline
     from cudal1.eval.types import EvalResult
 
-    evaluated, pins, build_cpus = [], [], []
+    evaluated, pins, build_cpus, warm = [], [], [], []
 
-    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None, should_cancel=None, cpus=None):
+    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None, should_cancel=None, cpus=None,
+                      warm_lazy=False):
         assert max_workers is not None and max_workers >= 1
         build_cpus.append(cpus)
+        warm.append(warm_lazy)
         assert build_release.wait(timeout=30)
         for i in range(len(items)):
             if should_cancel():
@@ -194,7 +196,7 @@ def _fake_gpu_batch(monkeypatch, build_release):
                             fill=lambda: None, pin=lambda cpus, others=None: pins.append((cpus, others)))))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT, message=s))
-    return pipeline, evaluated, pins, build_cpus
+    return pipeline, evaluated, pins, build_cpus, warm
 
 
 def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypatch):
@@ -203,7 +205,7 @@ def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypa
     import threading
 
     release = threading.Event()
-    pipeline, evaluated, pins, build_cpus = _fake_gpu_batch(monkeypatch, release)
+    pipeline, evaluated, pins, build_cpus, warm = _fake_gpu_batch(monkeypatch, release)
     sources = ["# load_inline A\n", "# plain B\n", "# load_inline C\n", "# plain D\n"]
     seen = []
 
@@ -220,6 +222,7 @@ def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypa
     # The timed worker on cores of its own while compilers (and starting workers) use the rest; all cores
     # again once the builds are done.
     assert build_cpus == [frozenset({2, 3, 4})]
+    assert warm == [False]  # no forward on the GPU while it times another candidate
     assert pins[0] == (frozenset({0, 1}), frozenset({2, 3, 4})) and set(pins[1:]) == {(None, None)}
 
 
@@ -227,7 +230,7 @@ def test_batch_stopped_while_builds_run_leaves_the_rest_unevaluated(task, monkey
     import threading
 
     release = threading.Event()
-    pipeline, evaluated, _, _ = _fake_gpu_batch(monkeypatch, release)
+    pipeline, evaluated, _, _, _ = _fake_gpu_batch(monkeypatch, release)
     sources = ["# load_inline A\n", "# plain B\n", "# load_inline C\n"]
     stop = threading.Event()
 
@@ -246,7 +249,7 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
     import threading
 
     release = threading.Event()
-    pipeline, evaluated, pins, build_cpus = _fake_gpu_batch(monkeypatch, release)
+    pipeline, evaluated, pins, build_cpus, warm = _fake_gpu_batch(monkeypatch, release)
     sources = ["# load_inline A\n", "# plain B\n"]
     timed_while_building = []
     real = pipeline.evaluate_candidate
@@ -257,6 +260,7 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
     assert evaluated == sources and timed_while_building == [False, False]
     assert [r.message for r in results] == sources
     assert build_cpus == [None] and set(pins) == {(None, None)}  # builds first: every core for them
+    assert warm == [True]  # and the idle GPU for the lazy builds of a forward
 
 
 def test_split_cores_keeps_two_for_the_evaluation(monkeypatch):

@@ -273,13 +273,14 @@ def _audit_workers(cfg: EvalConfig, n: int) -> Any:
 
 def _build_all(pending: list[Item], cfg: EvalConfig, workers: Any, should_cancel: Callable[[], bool]) -> None:
     """Build every pending `load_inline` candidate in one parallel pass (the batches then find them built:
-    a batch waited for its own slowest build, once per batch), with the first workers starting meanwhile.
+    a batch waited for its own slowest build, once per batch), with the first workers starting meanwhile;
+    the GPU is idle during the pass, so builds made lazily in `forward` are triggered there too.
     A failure here costs only time: each candidate then builds in its own evaluation."""
     from cudal1.eval.pipeline import prebuild
 
     workers.fill()
     try:
-        prebuild([(t, c.source) for t, c in pending], cfg, should_cancel=should_cancel)
+        prebuild([(t, c.source) for t, c in pending], cfg, should_cancel=should_cancel, warm_lazy=True)
     except Exception:  # noqa: BLE001 - see the docstring
         logger.warning("the audit's build pass failed; candidates build when evaluated", exc_info=True)
 

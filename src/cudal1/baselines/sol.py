@@ -185,9 +185,9 @@ def _time_best_s(fn: Any, device: torch.device, reps: int) -> float:
 
 def peaks_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
     """Isolated entry: measure copy bandwidth and matmul throughput on `payload["device"]`."""
-    device = torch.device(payload["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    from cudal1.eval.worker import use_device
+
+    device = use_device(payload["device"])
     copy_bytes, n, reps = int(payload["copy_bytes"]), int(payload["matmul_n"]), int(payload["reps"])
     src = torch.ones(copy_bytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)

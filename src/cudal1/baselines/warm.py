@@ -35,12 +35,10 @@ def compile_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from cudal1.eval.worker import import_candidate, make_inputs, sync
+    from cudal1.eval.worker import import_candidate, make_inputs, sync, use_device
     from cudal1.tasks.task import load_reference
 
-    device = torch.device(payload["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = use_device(payload["device"])
     ref = load_reference(payload["ref_source"], payload["task_id"], sizes=payload["sizes"])
     module = import_candidate(payload["source"], Path.cwd())  # as the evaluation worker imports it
     started = time.perf_counter()

@@ -11,14 +11,22 @@ the environment of `cudal1.eval.compile.build_environment`. It
 3. optionally instantiates `ModelNew(*init_inputs)` on the payload's device (many candidates build lazily
    in `__init__`).
 
+A second entry, `warm_lazy_builds`, runs one forward of the candidate on the reference's inputs, so that
+builds made lazily in `forward` happen in the build environment too (the compile service's
+`warm_lazy_builds` option). A build that fails with a compiler error is remembered in
+`TORCH_EXTENSIONS_DIR/.cudal1_failed_builds.json` (lever `remember_failures`): the same call in a later
+process (the evaluation worker) raises the same error at once instead of compiling again.
+
 The evaluation worker that later imports the same candidate must run in the same environment and call
 `install_build_hooks()` (levers from `$CUDAL1_BUILD_LEVERS`) before importing it: the hooks replay the
 decision recorded here (light or original headers, file `TORCH_EXTENSIONS_DIR/.cudal1_levers.json`), so
 the arguments, the ninja file and the build directory are identical and torch finds nothing to rebuild.
 
 Limits: a candidate that imports `load_inline` before the hooks are installed (impossible here, the hooks
-come first) or that compiles through other means (setuptools, raw nvcc, ctypes) is not recorded. Lazy
-builds in `forward` are not triggered.
+come first) or that compiles through other means (setuptools, raw nvcc, ctypes) is not recorded. A build
+that only a later forward (another input shape, a second call) would make is not triggered. A `load` call
+whose other arguments hold per-process paths (`extra_include_paths` in a fresh temporary directory) is
+never replayed as remembered.
 """
 
 from __future__ import annotations
@@ -36,13 +44,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from cudal1.eval.compile import LEVERS_ENV, BuildLevers, trim_compiler_log
+from cudal1.eval.compile import _RESOURCE_FAILURE, LEVERS_ENV, BuildLevers, trim_compiler_log
 
 logger = logging.getLogger(__name__)
 
 DECISIONS_FILE = ".cudal1_levers.json"
+FAILURES_FILE = ".cudal1_failed_builds.json"
+BUILD_ERROR = "Error building extension"  # head of torch's exception for a failed build
+# Arguments that change where or how loudly a build runs, not whether it compiles.
+_CALL_KEY_IGNORED = frozenset({"verbose", "build_directory", "keep_intermediates"})
 # Rationale: <torch/extension.h> = <torch/all.h> (nn, optim, data, jit, serialize ...) + pybind11 + Python.h;
 # load_inline already puts <torch/types.h> (ATen + autograd variable) in front of every CUDA source, which
 # is all a kernel file that only uses tensors, accessors and AT_DISPATCH needs.
@@ -136,41 +148,64 @@ class BuildRecord:
     log: str = ""
     variant: str = "original"  # "light": lighter headers built; "fallback": light failed, original built;
     # "unbound": failed at once, `functions=` cannot be bound (see `unbound_functions`);
-    # "duplicate_module": failed at once, the module is defined twice (see `duplicate_module_log`)
+    # "duplicate_module": failed at once, the module is defined twice (see `duplicate_module_log`);
+    # "remembered": failed at once, the same call failed to build before (`BuildLevers.remember_failures`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "seconds": round(self.seconds, 3), "ok": self.ok, "variant": self.variant}
 
 
+def _read_json(path: Path | None) -> dict[str, Any]:
+    """The JSON object in `path`; {} when there is none (no file, unreadable, not an object)."""
+    try:
+        data = json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _set_json_entry(path: Path | None, key: str, value: Any) -> None:
+    """Set one entry of the JSON object in `path`, atomically (a temporary file, then a rename): a process
+    reading it meanwhile sees the old or the new content, never half of it."""
+    if path is None:
+        return
+    data = _read_json(path)
+    data[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
 @dataclass
 class BuildRecorder:
-    """State of the installed hooks: the records, the levers, the decisions file."""
+    """State of the installed hooks: the records, the levers, the decisions and failures files."""
 
     levers: BuildLevers
     records: list[BuildRecord] = field(default_factory=list)
 
-    @property
-    def decisions_path(self) -> Path | None:
+    @staticmethod
+    def _path(filename: str) -> Path | None:
         root = os.environ.get("TORCH_EXTENSIONS_DIR")
-        return Path(root) / DECISIONS_FILE if root else None
+        return Path(root) / filename if root else None
 
     def load_decisions(self) -> dict[str, str]:
-        path = self.decisions_path
-        try:
-            return json.loads(path.read_text()) if path else {}
-        except (OSError, ValueError):
-            return {}
+        return _read_json(self._path(DECISIONS_FILE))
 
     def save_decision(self, key: str, variant: str) -> None:
-        path = self.decisions_path
-        if path is None:
-            return
-        decisions = self.load_decisions()
-        decisions[key] = variant
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{DECISIONS_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(decisions, sort_keys=True))
-        os.replace(tmp, path)
+        _set_json_entry(self._path(DECISIONS_FILE), key, variant)
+
+    def remembered_failure(self, call_key: str) -> str | None:
+        """The compiler log of an earlier failed build of the same call, else None."""
+        log = _read_json(self._path(FAILURES_FILE)).get(call_key)
+        return log if isinstance(log, str) else None
+
+    def remember_failure(self, call_key: str, log: str) -> None:
+        """Keep the trimmed log, without its head (the replayed exception adds it back)."""
+        lines = log.splitlines()
+        if lines and lines[0].startswith(BUILD_ERROR):
+            lines = lines[1:]
+        _set_json_entry(self._path(FAILURES_FILE), call_key, "\n".join(lines))
 
 
 @contextlib.contextmanager
@@ -225,8 +260,41 @@ def _forget_version(cpp_extension: Any, name: str) -> None:
         entries.pop(name, None)
 
 
-def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args: tuple, kwargs: dict) -> Any:
-    """Call the real builder, record time and outcome; re-raise its exception (the candidate may catch it)."""
+def _call_key(name: Any, sources: Any, args: tuple, kwargs: dict[str, Any]) -> str:
+    """`name:sha256` of what decides whether a build compiles: the sources and every argument except those
+    that only change where or how loudly it runs (`_CALL_KEY_IGNORED`)."""
+    kept = {k: v for k, v in kwargs.items() if k not in _CALL_KEY_IGNORED}
+    text = json.dumps([sources, list(args), kept], sort_keys=True, default=repr)
+    return f"{name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _file_digests(sources: Any) -> Any:
+    """`load`'s source paths as [file name, content hash]: a candidate writes its files into a directory of
+    its own (the child's temporary working directory, a new one in each process), so a path never recurs."""
+    paths = [sources] if isinstance(sources, str) else sources
+    if not isinstance(paths, list | tuple):
+        return repr(sources)
+    digests: list[Any] = []
+    for path in paths:
+        try:
+            digests.append([os.path.basename(path), hashlib.sha256(Path(path).read_bytes()).hexdigest()])
+        except (OSError, TypeError, ValueError):  # not a readable path: torch reports it
+            digests.append(repr(path))
+    return digests
+
+
+def _raise_build_error(recorder: BuildRecorder, name: Any, variant: str, log: str) -> NoReturn:
+    """Fail a call at once, recorded as `variant`, with the same exception type and head as torch's failed
+    build, so a candidate's except clause behaves exactly as it would after the real failure."""
+    recorder.records.append(BuildRecord(name, 0.0, False, log, variant))
+    raise RuntimeError(f"{BUILD_ERROR} '{name}':\n{log}")
+
+
+def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args: tuple, kwargs: dict,
+                remember: str | None = None) -> Any:
+    """Call the real builder, record time and outcome; re-raise its exception (the candidate may catch it).
+    With `remember` (a call key), a failed compile is remembered unless it looks like a lack of resources
+    (memory, disk, time: it may pass on a quieter machine)."""
     start = time.monotonic()
     with capture_fds() as captured:
         try:
@@ -240,7 +308,10 @@ def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args:
         recorder.records.append(BuildRecord(name, seconds, True, variant=variant))
         return result
     text = f"{captured[0] if captured else ''}\n{type(error).__name__}: {error}"
-    recorder.records.append(BuildRecord(name, seconds, False, trim_compiler_log(text), variant))
+    log = trim_compiler_log(text)
+    recorder.records.append(BuildRecord(name, seconds, False, log, variant))
+    if remember is not None and BUILD_ERROR in str(error) and not _RESOURCE_FAILURE.search(text):
+        recorder.remember_failure(remember, log)
     raise error
 
 
@@ -265,16 +336,17 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
         if levers.quiet:
             kwargs["verbose"] = False
         failure = _certain_failure(levers, cpp_extension, name, cpp_sources, cuda_sources, kwargs)
+        remember = (_call_key(name, [cpp_sources, cuda_sources], args, kwargs) if levers.remember_failures
+                    else None)
+        if failure is None and remember is not None:
+            log = recorder.remembered_failure(remember)
+            failure = ("remembered", log) if log is not None else None
         if failure is not None:
-            # Same exception type and head as torch's failed build, so a candidate's except clause behaves
-            # exactly as it would after the real (certain) failure.
-            variant, log = failure
-            recorder.records.append(BuildRecord(name, 0.0, False, log, variant))
-            raise RuntimeError(f"Error building extension '{name}':\n{log}")
+            _raise_build_error(recorder, name, *failure)
         light = light_cuda_sources(cuda_sources) if levers.light_cuda_headers and not args else None
         if light is None:
             return _timed_call(recorder, real_inline, name, "original", (name, cpp_sources, cuda_sources),
-                               kwargs)
+                               kwargs, remember)
         key = _decision_key(name, cuda_sources)
         lost_s = 0.0
         if recorder.load_decisions().get(key) != "original":
@@ -288,16 +360,20 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
                 recorder.save_decision(key, "light")
                 return module
         recorder.save_decision(key, "original")
-        try:
+        try:  # only this build's failure is remembered: the light variant is the hook's, not the candidate's
             return _timed_call(recorder, real_inline, name, "fallback" if lost_s else "original",
-                               (name, cpp_sources, cuda_sources), kwargs)
+                               (name, cpp_sources, cuda_sources), kwargs, remember)
         finally:
             recorder.records[-1].seconds += lost_s  # the failed light attempt is part of the cost
 
     def load(name, sources, *args, **kwargs):
         if levers.quiet:
             kwargs["verbose"] = False
-        return _timed_call(recorder, real_load, name, "original", (name, sources, *args), kwargs)
+        remember = _call_key(name, _file_digests(sources), args, kwargs) if levers.remember_failures else None
+        log = recorder.remembered_failure(remember) if remember is not None else None
+        if log is not None:
+            _raise_build_error(recorder, name, "remembered", log)
+        return _timed_call(recorder, real_load, name, "original", (name, sources, *args), kwargs, remember)
 
     load_inline.__cudal1_real__ = real_inline  # type: ignore[attr-defined]
     load.__cudal1_real__ = real_load  # type: ignore[attr-defined]
@@ -321,7 +397,7 @@ def import_candidate(source: str, directory: Path | None = None) -> Any:
     return module
 
 
-def _instantiate(module: Any, init_inputs: list[Any], device: str) -> None:
+def _instantiate(module: Any, init_inputs: list[Any], device: str) -> Any:
     """`ModelNew(*init_inputs)` with `device` as the default device (and current CUDA device)."""
     import torch
 
@@ -331,7 +407,7 @@ def _instantiate(module: Any, init_inputs: list[Any], device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     with torch.device(device):
-        model_cls(*init_inputs)
+        return model_cls(*init_inputs)
 
 
 def _certain_failure(levers: BuildLevers, cpp_extension: Any, name: Any, cpp_sources: Any, cuda_sources: Any,
@@ -371,12 +447,7 @@ def prepare_candidate(payload: dict[str, Any]) -> dict[str, Any]:
     the trimmed compiler log of the first failed build, else the one-line exception, else "".
     """
     start = time.monotonic()
-    if payload.get("nice"):
-        os.nice(int(payload["nice"]))
-    if payload.get("cpus") and hasattr(os, "sched_setaffinity"):
-        with contextlib.suppress(OSError):  # cores this process may not use: build wherever allowed
-            os.sched_setaffinity(0, payload["cpus"])
-    recorder = install_build_hooks(payload.get("levers"))
+    recorder = _setup_child(payload)
     error: BaseException | None = None
     try:
         with capture_fds():  # candidates print; keep the child's stdout clean
@@ -396,6 +467,67 @@ def prepare_candidate(payload: dict[str, Any]) -> dict[str, Any]:
     return {"ok": error is None and not failed, "import_ok": error is None,
             "builds": [r.to_dict() for r in recorder.records],
             "seconds": round(time.monotonic() - start, 3), "log": log}
+
+
+def _setup_child(payload: dict[str, Any]) -> BuildRecorder:
+    """The payload's niceness and cores for this child (its compilers inherit them), then the build hooks."""
+    if payload.get("nice"):
+        os.nice(int(payload["nice"]))
+    if payload.get("cpus") and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError):  # cores this process may not use: build wherever allowed
+            os.sched_setaffinity(0, payload["cpus"])
+    return install_build_hooks(payload.get("levers"))
+
+
+def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
+    """Entry of the warm-up child: run the candidate once, as the evaluation will, so that the builds it makes
+    lazily (in `forward`, or in `ModelNew(...)` when the build child had no init inputs) happen here, in the
+    build environment, instead of in the evaluation worker on the GPU's clock. Payload: `source`,
+    `ref_source` (the task's reference module: `get_init_inputs()`, `get_inputs()`), `device` ('cpu' or
+    'cuda:N'), `levers`, `nice`, `cpus` (as for `prepare_candidate`).
+
+    Returns {"builds": [{"name", "seconds", "ok", "variant", "phase"}], "forward_ok", "forward_error",
+    "seconds"}: phase says where a build happened ("import", "init" or "forward"), forward_error is the
+    candidate's one-line exception ("" when the forward ran). Judges nothing: whether a lazy failure fails
+    the candidate is the evaluation's verdict.
+    """
+    import torch
+
+    start = time.monotonic()
+    recorder = _setup_child(payload)
+    device = str(payload.get("device") or "cpu")
+    phase = "import"
+    phases: list[str] = []  # where each record was made
+
+    def begin(next_phase: str) -> None:
+        """The records made so far were made during the current phase; the next ones during `next_phase`."""
+        nonlocal phase
+        phases.extend([phase] * (len(recorder.records) - len(phases)))
+        phase = next_phase
+
+    error: BaseException | None = None
+    try:
+        with capture_fds():  # candidates print; keep the child's stdout clean
+            ref = import_candidate(payload["ref_source"])
+            module = import_candidate(payload["source"])
+            begin("init")
+            model = _instantiate(module, list(ref.get_init_inputs()), device)
+            if isinstance(model, torch.nn.Module):
+                model = model.to(device)
+            begin("forward")
+            with torch.device(device):
+                inputs = list(ref.get_inputs())
+            inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+            with torch.no_grad():
+                model(*inputs)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+    except BaseException as exc:  # noqa: BLE001 - the candidate is untrusted; report whatever it raised
+        error = exc
+    begin(phase)  # the records of the phase that ended the run
+    return {"builds": [{**r.to_dict(), "phase": p} for r, p in zip(recorder.records, phases, strict=True)],
+            "forward_ok": error is None, "forward_error": _one_line(error) if error is not None else "",
+            "seconds": round(time.monotonic() - start, 3)}
 
 
 def reference_init_inputs(payload: dict[str, Any]) -> dict[str, Any]:

@@ -19,13 +19,21 @@ and records successful builds so that nothing is built twice:
   without starting a child.
 - `trim_compiler_log(text)`: the few compiler lines that explain a failure, for LLM feedback.
 
-Limits: candidates that build lazily inside `forward` are not built here (only import and, when init
-inputs are given, `ModelNew(*init_inputs)`); they build during the evaluator's warm-up instead, in the
-same extension directory. The cache is never evicted here. Library code: logs, never prints.
+- Lazy builds: the build child imports the candidate and, when init inputs are given, runs
+  `ModelNew(*init_inputs)`. A candidate that builds inside `forward` would build in the evaluation worker,
+  on the GPU's clock; with `CompileConfig.warm_lazy_builds` (and the task's reference source), a candidate
+  with more `load_inline`/`load` call sites than recorded builds gets a second child
+  (`build_worker.warm_lazy_builds`) that runs one forward on the reference's inputs in the same extension
+  directory. Its outcome never changes the verdict: a failed lazy build is left to the evaluation, which
+  replays it at once (`BuildLevers.remember_failures`).
+
+Limits: the call-site count is a static approximation (a call in a loop, or a `load` that is not torch's,
+miscounts). The cache is never evicted here. Library code: logs, never prints.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -51,6 +59,7 @@ logger = logging.getLogger(__name__)
 BUILD_PROTOCOL_VERSION = "1"
 MARKER_NAME = ".cudal1_ok"
 BUILD_ENTRY = "cudal1.eval.build_worker:prepare_candidate"
+WARM_ENTRY = "cudal1.eval.build_worker:warm_lazy_builds"
 LEVERS_ENV = "CUDAL1_BUILD_LEVERS"  # JSON of BuildLevers, read by install_build_hooks() in the eval worker
 # Rationale: ninja runs main.cpp and cuda.cu in parallel; more jobs than that do not help one build
 # (measured on the H200 host: MAX_JOBS=2 no change), and the pool already fills the cores.
@@ -81,6 +90,11 @@ class BuildLevers:
         "help": "A load_inline call with `functions=` whose sources define the extension's PYBIND11_MODULE "
                 "too (a redefinition in main.cpp, or a duplicate symbol at link time) raises torch's build "
                 "error at once instead of after a full build that is certain to fail."})
+    remember_failures: bool = field(default=True, metadata={
+        "help": "A call that fails with torch's build error (not for lack of memory, disk or time) is remembered "
+                "in TORCH_EXTENSIONS_DIR/.cudal1_failed_builds.json; the same call (same sources and "
+                "arguments) then raises the same error at once instead of compiling again (a lazy build that "
+                "fails is otherwise recompiled at every evaluation)."})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -118,6 +132,11 @@ class CompileConfig:
     nice: int = field(default=10, metadata={
         "help": "Niceness of build children and their compilers (0-19): an evaluation timed on the same host "
                 "(another pool slot, a batch's next candidate) keeps its CPU while builds run."})
+    warm_lazy_builds: bool = field(default=False, metadata={
+        "help": "After a successful build, run one forward of the candidate on the reference's inputs in a "
+                "second child, on `device`, when it has more load_inline/load call sites than recorded builds: "
+                "builds made lazily in forward then happen before the evaluation, not on its clock. It uses "
+                "the device: for build passes while no evaluation is timed there. Never fails a build."})
 
     def __post_init__(self) -> None:
         if not 0 <= self.nice <= 19:
@@ -367,6 +386,7 @@ class ExtensionBuild:
     name: str
     seconds: float
     ok: bool
+    lazy: bool = False  # built by the warm-up child (`CompileConfig.warm_lazy_builds`), not by the build child
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -379,7 +399,7 @@ class BuildResult:
     key: str
     ok: bool
     cached: bool  # True when no child was started (the marker existed, or this process saw it fail)
-    seconds: float  # wall time of the build child (0.0 when cached)
+    seconds: float  # wall time of the build child, and of the warm-up child if one ran (0.0 when cached)
     log: str  # trimmed compiler log or one-line import error; "" when ok
     builds: tuple[ExtensionBuild, ...] = ()
 
@@ -431,6 +451,30 @@ def _known_compile_error(key: str) -> BuildResult | None:
     return dataclasses.replace(failed, cached=True, seconds=0.0) if failed is not None else None
 
 
+_BUILD_CALLS = ("load_inline", "load")
+
+
+def build_call_sites(source: str) -> int:
+    """How many calls in `source` go to a function named `load_inline` or `load` (`load_inline(...)`,
+    `cpp_extension.load(...)`): more than the build child recorded means the candidate may still build
+    something when it runs. Counts `json.load(...)` too; 0 for a source that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return 0
+    return sum(isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Name) and node.func.id in _BUILD_CALLS)
+        or (isinstance(node.func, ast.Attribute) and node.func.attr in _BUILD_CALLS))
+        for node in ast.walk(tree))
+
+
+def lazy_records(builds: Sequence[dict[str, Any]], instantiated: bool) -> list[dict[str, Any]]:
+    """The warm-up child's build records the build child did not make: those made in `forward`, and those
+    made in `ModelNew(...)` when the build child did not instantiate it (the import's builds are reloads)."""
+    phases = ("forward",) if instantiated else ("init", "forward")
+    return [b for b in builds if b.get("phase") in phases]
+
+
 def _device_env_and_name(device: str) -> tuple[dict[str, str], str]:
     """Make only the named GPU visible to the child; the child then uses 'cuda:0'."""
     if device == "cpu":
@@ -461,22 +505,25 @@ class CompileService:
                                  max_jobs=self.config.max_jobs, levers=self.config.levers)
 
     def build(self, sources: Sequence[str], *, init_inputs: Sequence[list[Any] | None] | None = None,
+              ref_sources: Sequence[str | None] | None = None,
               progress: ProgressCallback | None = None,
               should_cancel: Callable[[], bool] | None = None) -> list[BuildResult]:
-        """Build every source (same order in the result); identical keys are built once. Once `should_cancel`
+        """Build every source (same order in the result); identical keys are built once. `ref_sources` (the
+        tasks' reference modules, one or None per source) enable `warm_lazy_builds`. Once `should_cancel`
         says so, builds not started yet are skipped (not ok, log 'build cancelled'); running ones finish."""
         inits = list(init_inputs) if init_inputs is not None else [None] * len(sources)
-        if len(inits) != len(sources):
-            raise ConfigError("init_inputs must have one entry (or None) per source")
+        refs = list(ref_sources) if ref_sources is not None else [None] * len(sources)
+        if len(inits) != len(sources) or len(refs) != len(sources):
+            raise ConfigError("init_inputs and ref_sources must have one entry (or None) per source")
         keys = [self.key_for(s, i) for s, i in zip(sources, inits, strict=True)]
         results: dict[str, BuildResult] = {}
-        todo: dict[str, tuple[str, list[Any] | None]] = {}
-        for key, src, init in zip(keys, sources, inits, strict=True):
+        todo: dict[str, tuple[str, list[Any] | None, str | None]] = {}
+        for key, src, init, ref in zip(keys, sources, inits, refs, strict=True):
             cached = self._cached_result(key) or _known_compile_error(key)
             if cached is not None:
                 results[key] = cached
             elif key not in todo:
-                todo[key] = (src, init)
+                todo[key] = (src, init, ref)
         total, done = len(set(keys)), 0
         for result in results.values():
             done += 1
@@ -485,8 +532,8 @@ class CompileService:
         workers = self.config.max_workers or usable_cpu_count()
         if todo:
             with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="build") as pool:
-                futures = {pool.submit(self._build_unless_cancelled, k, s, i, should_cancel): k
-                           for k, (s, i) in todo.items()}
+                futures = {pool.submit(self._build_unless_cancelled, k, s, i, r, should_cancel): k
+                           for k, (s, i, r) in todo.items()}
                 for fut in as_completed(futures):
                     result = fut.result()
                     results[result.key] = result
@@ -503,24 +550,26 @@ class CompileService:
         info = read_marker(key, self.config.cache_dir)
         if info is None:
             return None
-        builds = tuple(ExtensionBuild(b["name"], float(b["seconds"]), bool(b["ok"])) for b in info.get("builds", []))
+        builds = tuple(ExtensionBuild(b["name"], float(b["seconds"]), bool(b["ok"]), bool(b.get("lazy", False)))
+                       for b in info.get("builds", []))
         return BuildResult(key=key, ok=True, cached=True, seconds=0.0, log="", builds=builds)
 
     def _build_unless_cancelled(self, key: str, source: str, init_inputs: list[Any] | None,
-                                should_cancel: Callable[[], bool] | None) -> BuildResult:
+                                ref_source: str | None, should_cancel: Callable[[], bool] | None) -> BuildResult:
         if should_cancel is not None and should_cancel():
             return BuildResult(key=key, ok=False, cached=False, seconds=0.0, log="build cancelled")
-        return self._build_one(key, source, init_inputs)
+        return self._build_one(key, source, init_inputs, ref_source)
 
-    def _build_one(self, key: str, source: str, init_inputs: list[Any] | None) -> BuildResult:
+    def _build_one(self, key: str, source: str, init_inputs: list[Any] | None,
+                   ref_source: str | None = None) -> BuildResult:
         cfg = self.config
         device_env, child_device = _device_env_and_name(cfg.device)
         env = {**self.environment(key), **device_env}
         extensions_dir(key, cfg.cache_dir).mkdir(parents=True, exist_ok=True)
-        payload = {"source": source, "init_inputs": init_inputs, "device": child_device,
-                   "levers": cfg.levers.to_dict(), "nice": cfg.nice, "cpus": list(cfg.cpus) if cfg.cpus else None}
+        common = {"source": source, "device": child_device, "levers": cfg.levers.to_dict(), "nice": cfg.nice,
+                  "cpus": list(cfg.cpus) if cfg.cpus else None}
         limits = Limits(timeout_s=cfg.timeout_s, memory_bytes=cfg.memory_bytes)
-        outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, env=env)
+        outcome = run_isolated(BUILD_ENTRY, {**common, "init_inputs": init_inputs}, limits=limits, env=env)
         value = outcome.value
         if value is None:
             detail = trim_compiler_log(outcome.stderr_tail, max_lines=6) if outcome.stderr_tail.strip() else ""
@@ -529,16 +578,43 @@ class CompileService:
             return BuildResult(key=key, ok=False, cached=False, seconds=outcome.duration_s, log=log)
         builds = tuple(ExtensionBuild(str(b.get("name")), float(b.get("seconds", 0.0)), bool(b.get("ok")))
                        for b in value.get("builds", []))
-        result = BuildResult(key=key, ok=bool(value.get("ok")), cached=False, seconds=outcome.duration_s,
-                             log=str(value.get("log", "")), builds=builds)
+        ok, seconds = bool(value.get("ok")), outcome.duration_s
+        if ok and cfg.warm_lazy_builds and ref_source is not None and build_call_sites(source) > len(builds):
+            lazy, warm_s = self._warm_lazy_builds(key, {**common, "ref_source": ref_source}, init_inputs is not None,
+                                                  limits, env)
+            builds, seconds = builds + lazy, seconds + warm_s
+        result = BuildResult(key=key, ok=ok, cached=False, seconds=seconds, log=str(value.get("log", "")),
+                             builds=builds)
         if result.ok:
-            write_marker(key, {"builds": [b.to_dict() for b in builds], "seconds": outcome.duration_s,
+            write_marker(key, {"builds": [b.to_dict() for b in builds], "seconds": seconds,
                                "protocol": BUILD_PROTOCOL_VERSION}, cfg.cache_dir)
         elif _is_compile_error(value, result.log):
             _remember_compile_error(result)
         logger.info("build %s: ok=%s in %.1f s (%d extensions)", key[:12], result.ok, result.seconds,
                     len(builds))
         return result
+
+    def _warm_lazy_builds(self, key: str, payload: dict[str, Any], instantiated: bool, limits: Limits,
+                          env: dict[str, str]) -> tuple[tuple[ExtensionBuild, ...], float]:
+        """(the lazy builds, the child's wall time) of one forward in a warm-up child. Whatever happens there
+        (a crash, a timeout, a failed build or forward) is only logged: the evaluation decides about it."""
+        try:
+            outcome = run_isolated(WARM_ENTRY, payload, limits=limits, env=env)
+            if outcome.value is None:
+                logger.info("build %s: warm-up forward gave no result (%s); lazy builds happen in the evaluation",
+                            key[:12], outcome.describe_failure())
+                return (), outcome.duration_s
+            lazy = tuple(ExtensionBuild(str(b.get("name")), float(b.get("seconds", 0.0)), bool(b.get("ok")),
+                                        lazy=True)
+                         for b in lazy_records(outcome.value.get("builds", []), instantiated))
+            forward = "ok" if outcome.value.get("forward_ok") else f"failed ({outcome.value.get('forward_error')})"
+        except Exception:  # noqa: BLE001 - a warm-up that goes wrong must not fail a build that succeeded
+            logger.warning("build %s: warm-up forward failed; lazy builds happen in the evaluation", key[:12],
+                           exc_info=True)
+            return (), 0.0
+        logger.info("build %s: warm-up forward %s in %.1f s, %d lazy builds (%d failed)", key[:12], forward,
+                    outcome.duration_s, len(lazy), sum(not b.ok for b in lazy))
+        return lazy, outcome.duration_s
 
 
 def build_candidates(sources: Sequence[str], *, arch: str | None, max_workers: int | None = None,

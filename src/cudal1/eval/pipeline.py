@@ -234,7 +234,8 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     """Evaluate (task, source) pairs one after another on this machine's device.
 
     On a GPU, the `load_inline` builds of all pairs run first, in parallel in the compile pool
-    (`on_build(done, total)` follows them), while the first workers start (interpreter, imports, CUDA
+    (`on_build(done, total)` follows them; a candidate that may build lazily in `forward` also runs one
+    forward there, the GPU being idle), while the first workers start (interpreter, imports, CUDA
     context); then the pairs are evaluated in input order. With `overlap_builds` the GPU does not wait for
     the builds: each candidate is evaluated as soon as it can be, those without a pending build first, the
     others as their builds finish (on a CUDA-L1 release sample builds were half of a batch's wall time).
@@ -299,7 +300,9 @@ def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg:
     n_cores = usable_cpu_count()
     max_workers = (len(cores[1]) if cores is not None
                    else max(1, n_cores - CORES_KEPT_FOR_EVALUATION) if overlap else n_cores)
-    builds.start(items, to_build, cfg, on_build, max_workers, cpus=cores[1] if cores is not None else None)
+    # Builds first: the GPU is idle meanwhile, so lazy builds may run a forward there (`warm_lazy`).
+    builds.start(items, to_build, cfg, on_build, max_workers, cpus=cores[1] if cores is not None else None,
+                 warm_lazy=not overlap)
     if not overlap:
         builds.join()
     return cores is not None
@@ -332,7 +335,7 @@ class _BackgroundBuilds:
 
     def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
               on_build: Callable[[int, int], None] | None, max_workers: int,
-              cpus: frozenset[int] | None = None) -> None:
+              cpus: frozenset[int] | None = None, warm_lazy: bool = False) -> None:
         todo = [items[i] for i in indices]
         self._pending = set(indices)
 
@@ -344,7 +347,7 @@ class _BackgroundBuilds:
         def run() -> None:
             try:
                 prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=max_workers,
-                         should_cancel=self._cancelled.is_set, cpus=cpus)
+                         should_cancel=self._cancelled.is_set, cpus=cpus, warm_lazy=warm_lazy)
             except Exception:  # noqa: BLE001 - each candidate is then built by its own evaluation
                 logger.warning("background builds failed; each candidate builds when evaluated", exc_info=True)
             finally:
@@ -405,12 +408,15 @@ def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
 def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
              on_build: Callable[[int, int], None] | None = None,
              on_item: Callable[[int], None] | None = None, max_workers: int | None = None,
-             should_cancel: Callable[[], bool] | None = None, cpus: frozenset[int] | None = None) -> None:
+             should_cancel: Callable[[], bool] | None = None, cpus: frozenset[int] | None = None,
+             warm_lazy: bool = False) -> None:
     """Build every `load_inline` candidate of `items` in parallel (cached), ahead of their evaluation.
 
     `on_build(done, total)` follows the distinct builds; `on_item(i)` is called once for each item `i`
     when its build is done (at once for items that need none); builds not started when `should_cancel`
-    says so are skipped; `cpus` confines the builds to those cores.
+    says so are skipped; `cpus` confines the builds to those cores. `warm_lazy` also runs one forward of
+    each candidate that may build lazily, on `cfg.device` (`CompileConfig.warm_lazy_builds`): only while
+    no evaluation is timed on that device.
     """
     notify = on_item or (lambda i: None)
     todo = [i for i, (_, s) in enumerate(items) if uses_load_inline(s)]
@@ -425,7 +431,8 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
             notify(i)
         return
     service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers, timeout_s=cfg.build_timeout_s,
-                                           device=cfg.device, cpus=tuple(sorted(cpus)) if cpus else None))
+                                           device=cfg.device, cpus=tuple(sorted(cpus)) if cpus else None,
+                                           warm_lazy_builds=warm_lazy))
     inits = [json_init_inputs(items[i][0]) for i in todo]
     waiting: dict[str, list[int]] = {}
     for i, init in zip(todo, inits, strict=True):
@@ -437,7 +444,8 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
         if on_build is not None:
             on_build(done, total)
 
-    service.build([items[i][1] for i in todo], init_inputs=inits, progress=progress, should_cancel=should_cancel)
+    service.build([items[i][1] for i in todo], init_inputs=inits, ref_sources=[items[i][0].source for i in todo],
+                  progress=progress, should_cancel=should_cancel)
 
 
 __all__ = ["evaluate_candidate", "evaluate_many", "local_environment", "prebuild"]

@@ -131,6 +131,17 @@ def poison(out: Any) -> None:
         t.detach().fill_(float("nan") if (t.is_floating_point() or t.is_complex()) else -12345)
 
 
+def use_device(name: str) -> torch.device:
+    """`name` as a device with an index, made the current CUDA device ('cuda' -> the current one:
+    `torch.cuda.set_device` rejects a CUDA device without an index)."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -156,10 +167,7 @@ class Evaluation:
 
     def __init__(self, payload: dict[str, Any]):
         self.cfg = EvalConfig.from_dict(payload["config"])
-        device = torch.device(payload["device"])
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
+        self.device = use_device(payload["device"])
         self.payload = payload
         self.flags: list[Flag] = []
         self.phase_s: dict[str, float] = {}
@@ -332,7 +340,6 @@ class Evaluation:
         t0 = time.perf_counter()
         ref = load_reference(self.payload["ref_source"], self.payload["task_id"], sizes=self.cfg.sizes)
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
             torch.zeros(1, device=self.device)  # create the context before the snapshot
         snapshot = guards.take_snapshot()
         cand_module = import_candidate(self.payload["cand_source"], Path.cwd())
