@@ -45,6 +45,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def asked_baselines(args: argparse.Namespace, selected: list, kinds: tuple[str, ...],
+                    all_kinds: tuple[str, ...]) -> dict[str, set[str]]:
+    """Baseline kind -> the ids of the tasks this script asks it for: `--all-baselines` for every task of
+    the selection, `--baselines` for the sample's tasks (phase 4)."""
+    from cudal1.audit.select import select_items
+    from cudal1.tasks import load_release
+
+    every = {task.id for task, _ in selected}
+    sample = {task.id for task, _ in select_items(load_release(Path(args.release)),
+                                                  sample_per_level=args.sample_per_level, seed=args.seed)}
+    asked: dict[str, set[str]] = {}
+    for kind in kinds:
+        asked.setdefault(kind, set()).update(sample & every)
+    for kind in all_kinds:
+        asked.setdefault(kind, set()).update(every)
+    return asked
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.gpu and not args.report_only:
@@ -84,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if outcome is None:
         print("no time left to run anything", file=sys.stderr)
         return 1
-    written = report_audit(outcome, base, store, args.out_dir / "report", plots=not args.no_plots)
+    written = report_audit(outcome, base, store, args.out_dir / "report", plots=not args.no_plots,
+                           asked=asked_baselines(args, outcome.selected, kinds, all_kinds))
     comparison = profile_comparison(outcome.rows, base.survive_fraction)
     coverage = json.loads(written["audit.json"].read_text()).get("baseline_coverage", {})
     summary = {"phases": done, "comparison": comparison, "elapsed_s": time.monotonic() - started,

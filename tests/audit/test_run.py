@@ -174,6 +174,13 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
     assert coverage["failures"] == [{"task_id": t2.id, "baseline": "cuda_graph",
                                      "reason": "capture_error: operation not permitted when stream is capturing"}]
 
+    # Asked per kind (CUDA graph for every task, torch.compile for a one-task sample): each counts its own.
+    asked = {"cuda_graph": {t.id for t, _ in outcome.selected}, "torch_compile": {t1.id}}
+    md = report_audit(outcome, cfg, store, tmp_path / "asked", plots=False, asked=asked)["report.md"].read_text()
+    assert "| Baseline | Asked | Measured | Failed | Not measured |" in md
+    assert "| cuda_graph | 3 | 1 | 1 | 1 |" in md and "| torch_compile | 1 | 0 | 0 | 1 |" in md
+    assert "| cudnn | 0 | 0 | 0 | 0 |" in md
+
 
 def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):
     from cudal1.cli.main import main

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,9 +322,12 @@ def audit_rows(store: Any, items: list[Item], cfg: EvalConfig, label: str,
 
 
 def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir: str | Path, *,
-                 plots: bool = True, compare_profiles: bool = True) -> dict[str, Path]:
+                 plots: bool = True, compare_profiles: bool = True,
+                 asked: Mapping[str, Collection[str]] | None = None) -> dict[str, Path]:
     """Write the audit's report (see `write_audit_outputs`); the other profiles' stored runs of the same
-    release are added as extra labels, so strict and cuda-l1 verdicts appear side by side."""
+    release are added as extra labels, so strict and cuda-l1 verdicts appear side by side. `asked` (baseline
+    kind -> the task ids it was asked for) makes the coverage section count each baseline over its own tasks
+    (e.g. the CUDA graph for every task, torch.compile for a sample)."""
     from cudal1.audit.rows import rows_from_store, stored_labels
     from cudal1.audit.summary import write_audit_outputs
 
@@ -343,17 +346,19 @@ def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir
             "pending": outcome.pending, "compared with": ", ".join(others) or "-",
             "protocol": cfg.protocol()}
     extra = {"config": config.to_dict(), "pending": outcome.pending, "label": outcome.label}
-    coverage = baseline_coverage(store, [t for t, _ in outcome.selected], cfg, machine)
+    coverage = baseline_coverage(store, [t for t, _ in outcome.selected], cfg, machine, asked=asked)
     return write_audit_outputs(rows, out_dir, title=f"Audit of {config.release_name} ({config.profile})",
                                meta=meta, fraction=config.survive_fraction, plots=plots, extra=extra,
                                coverage=coverage)
 
 
 def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
-                      environment: dict[str, Any] | None = None) -> dict[str, Any]:
+                      environment: dict[str, Any] | None = None,
+                      asked: Mapping[str, Collection[str]] | None = None) -> dict[str, Any]:
     """Which baselines the store holds for `tasks` under `cfg` on `environment`'s machine (default: this
     one): per kind, tasks measured / failed / not measured, and each failure's reason. Eager is left out:
-    every evaluation times the reference beside its candidate."""
+    every evaluation times the reference beside its candidate. With `asked` (kind -> task ids), each kind
+    counts only the tasks it was asked for, and says how many that is ("asked")."""
     from cudal1.baselines import BASELINE_KINDS
     from cudal1.baselines.runner import load_baselines
 
@@ -361,10 +366,15 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
     unique = list({t.hash: t for t in tasks}.values())
     kinds = {kind: {"measured": 0, "failed": 0, "not_measured": 0} for kind in BASELINE_KINDS
              if kind != "eager"}
+    if asked is not None:
+        for kind, counts in kinds.items():
+            counts["asked"] = sum(t.id in asked.get(kind, ()) for t in unique)
     failures = []
     for task in unique:
         records = load_baselines(store, task.hash, environment, cfg.protocol())
         for kind, counts in kinds.items():
+            if asked is not None and task.id not in asked.get(kind, ()):
+                continue
             record = records.get(kind)
             if record is None:
                 counts["not_measured"] += 1

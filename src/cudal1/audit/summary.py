@@ -103,18 +103,22 @@ def tasks_markdown(entries: Sequence[dict[str, Any]], title: str) -> str:
 
 
 def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
-    """The report section of `baseline_coverage`: per kind, tasks measured, failed, not measured yet; then
-    every failure with its reason (e.g. a reference whose CUDA graph capture is illegal)."""
+    """The report section of `baseline_coverage`: per kind, tasks measured, failed, not measured yet (out
+    of the tasks it was asked for, when known); then every failure with its reason (e.g. a reference whose
+    CUDA graph capture is illegal)."""
     n = coverage["tasks"]
+    with_asked = all("asked" in c for c in coverage["kinds"].values())
+    scope = ("each baseline counts the tasks it was asked for" if with_asked
+             else "not measured means left for a later run, or not asked for these tasks")
+    header = ["Baseline", *(["Asked"] if with_asked else []), "Measured", "Failed", "Not measured"]
+    rows = [[kind, *([str(c["asked"])] if with_asked else []), str(c["measured"]), str(c["failed"]),
+             str(c["not_measured"])] for kind, c in coverage["kinds"].items()]
     blocks: list[Block] = [
         Heading("Baselines measured", 2),
-        Paragraph(f"Of the {n} distinct tasks of the selection: a baseline is measured (correct, timed), "
-                  "failed (the reason is listed below) or not measured yet (left for a later run, or not asked "
-                  "for these tasks). Eager needs no row: every evaluation times the reference beside its "
-                  "candidate."),
-        Table(["Baseline", "Measured", "Failed", "Not measured"],
-              [[kind, str(c["measured"]), str(c["failed"]), str(c["not_measured"])]
-               for kind, c in coverage["kinds"].items()])]
+        Paragraph(f"Of the {n} distinct tasks of the selection ({scope}): a baseline is measured (correct, "
+                  "timed), failed (the reason is listed below) or not measured yet. Eager needs no row: every "
+                  "evaluation times the reference beside its candidate."),
+        Table(header, rows)]
     if coverage["failures"]:
         blocks += [Heading("Baseline failures", 3),
                    Table(["Task", "Baseline", "Reason"],
