@@ -103,9 +103,8 @@ class _EagerGraph:
         self.replays += 1
 
 
-@pytest.mark.parametrize("clone", [True, False])
-def test_cuda_graph_binds_reused_buffers_and_copies_one_off_inputs(monkeypatch, clone):
-    # The bookkeeping of the CUDA-graph wrapper, on CPU: graph capture replaced by eager calls.
+def _graph_module_on_cpu(monkeypatch, source: str, clone: bool = True) -> types.ModuleType:
+    """The generated CUDA-graph baseline of `source` with graph capture replaced by eager calls (CPU)."""
     import contextlib
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _EagerGraph)
@@ -114,8 +113,15 @@ def test_cuda_graph_binds_reused_buffers_and_copies_one_off_inputs(monkeypatch, 
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(wait_stream=lambda s: None))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    module = _module(baseline_source(Task(id="t/tiny", source=TINY), "cuda_graph", clone_outputs=clone))
+    module = _module(baseline_source(Task(id="t/tiny", source=source), "cuda_graph", clone_outputs=clone))
     monkeypatch.setattr(module, "_require_cuda", lambda inputs, what: None)
+    return module
+
+
+@pytest.mark.parametrize("clone", [True, False])
+def test_cuda_graph_binds_reused_buffers_and_copies_one_off_inputs(monkeypatch, clone):
+    # The bookkeeping of the CUDA-graph wrapper, on CPU: graph capture replaced by eager calls.
+    module = _graph_module_on_cpu(monkeypatch, TINY, clone)
     model = module.ModelNew(8)
 
     for _ in range(5):  # fresh tensors every call (the correctness trials): one copying graph, nothing bound
@@ -152,3 +158,33 @@ def module_max_bound() -> int:
     from cudal1.baselines.variants import MAX_BOUND_GRAPHS
 
     return MAX_BOUND_GRAPHS
+
+
+STATEFUL = TINY.replace("""        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.lin(x) * SCALE""", """        self.lin = nn.Linear(dim, dim)
+        self.hidden = torch.zeros(4, dim)
+        self.register_buffer("steps", torch.zeros(1))
+        self.cache = None
+
+    def forward(self, x):
+        self.hidden = self.hidden.to(x.device)  # a no-op after the first call
+        if self.cache is None:
+            self.cache = torch.ones(DIM)  # lazy init: set once
+        self.hidden = torch.tanh(self.lin(x) + self.hidden)
+        return self.hidden * SCALE + self.cache""")
+
+
+def test_cuda_graph_refuses_a_forward_that_replaces_its_state(monkeypatch):
+    # Level 3's vanilla RNNs keep `self.hidden = tanh(...)`: capture is legal, but every replay would read the
+    # captured hidden state, so the baseline must be named illegal with the reason, not measured wrong.
+    module = _graph_module_on_cpu(monkeypatch, STATEFUL)
+    with pytest.raises(module.CudaGraphCaptureError, match=r"replaces module state on every call \(hidden\)"):
+        module.ModelNew(8)(torch.randn(4, 8))
+    # Lazy init on the first call and in-place updates of buffers are fine.
+    settled = STATEFUL.replace("self.hidden = torch.tanh(self.lin(x) + self.hidden)",
+                               "self.steps.add_(1)")
+    model = _graph_module_on_cpu(monkeypatch, settled).ModelNew(8)
+    model(torch.randn(4, 8))
+    assert len(model._graphs) == 1

@@ -31,8 +31,10 @@ Flag changes are made inside `forward` and restored before it returns: the evalu
 state that persists across its phase boundaries, and restoring keeps the reference unaffected.
 
 Limits: the CUDA-graph wrapper assumes static shapes per signature (a new shape/dtype or non-tensor
-argument value captures a new graph, at most `MAX_GRAPHS`); a reference whose forward depends on host-side
-state that changes between calls (counters, Python randomness) replays the first call's behaviour.
+argument value captures a new graph, at most `MAX_GRAPHS`); a reference whose forward replaces a tensor it
+keeps (an RNN's `self.hidden = ...`) after its first call is refused with that reason, but one whose
+forward depends on other host-side state that changes between calls (counters, Python randomness) replays
+the first call's behaviour.
 """
 
 from __future__ import annotations
@@ -162,6 +164,21 @@ def _same_objects(refs, inputs):
     return all(r is None or r() is x for r, x in zip(refs, inputs))
 
 
+def _tensor_state(model):
+    """The tensors the model keeps outside its parameters (plain attributes and buffers of every submodule),
+    held by reference so that a later comparison by identity cannot be fooled by a reused id."""
+    state = {{}}
+    for prefix, sub in model.named_modules():
+        for name, value in [*vars(sub).items(), *sub._buffers.items()]:
+            if isinstance(value, torch.Tensor):
+                state[f"{{prefix}}.{{name}}" if prefix else name] = value
+    return state
+
+
+def _reassigned(before, after):
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) is not after.get(k))
+
+
 def _check_outputs(out):
     if isinstance(out, (tuple, list)):
         for o in out:
@@ -187,10 +204,17 @@ class ModelNew(nn.Module):
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(side):
-                for _ in range({warmup}):
+                for i in range({warmup}):
                     self.model(*static_in)
+                    if i == 0:  # what the first call sets up (lazy init, a move to the GPU) may stay
+                        settled = _tensor_state(self.model)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
+            changed = _reassigned(settled, _tensor_state(self.model))
+            if changed:  # e.g. an RNN's `self.hidden = ...`: a replay reads the captured tensor forever
+                raise CudaGraphCaptureError(
+                    "CUDA graph capture is illegal for this task: the forward replaces module state on every "
+                    f"call ({{', '.join(changed)[:120]}}), which a replayed graph would not")
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 static_out = self.model(*static_in)
