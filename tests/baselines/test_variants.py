@@ -182,9 +182,16 @@ def test_cuda_graph_refuses_a_forward_that_replaces_its_state(monkeypatch):
     module = _graph_module_on_cpu(monkeypatch, STATEFUL)
     with pytest.raises(module.CudaGraphCaptureError, match=r"replaces module state on every call \(hidden\)"):
         module.ModelNew(8)(torch.randn(4, 8))
-    # Lazy init on the first call and in-place updates of buffers are fine.
-    settled = STATEFUL.replace("self.hidden = torch.tanh(self.lin(x) + self.hidden)",
-                               "self.steps.add_(1)")
-    model = _graph_module_on_cpu(monkeypatch, settled).ModelNew(8)
-    model(torch.randn(4, 8))
-    assert len(model._graphs) == 1
+    # The same state kept in a tuple is found too.
+    boxed = STATEFUL.replace("self.hidden = torch.tanh(self.lin(x) + self.hidden)",
+                             "self.state = (torch.tanh(self.lin(x) + getattr(self, 'state', (self.hidden,))[0]),)")
+    module = _graph_module_on_cpu(monkeypatch, boxed.replace("return self.hidden * SCALE", "return self.state[0] * SCALE"))
+    with pytest.raises(module.CudaGraphCaptureError, match=r"\(state\)"):
+        module.ModelNew(8)(torch.randn(4, 8))
+    # Lazy init on the first call, in-place updates of buffers, and state recomputed from the parameters on
+    # every call (weight norm's `module.weight = g * v / |v|`, a mask) replay fine.
+    for settled in ("self.steps.add_(1)", "self.hidden = torch.tanh(self.lin.weight[:4] * 2)"):
+        model = _graph_module_on_cpu(monkeypatch, STATEFUL.replace(
+            "self.hidden = torch.tanh(self.lin(x) + self.hidden)", settled)).ModelNew(8)
+        model(torch.randn(4, 8))
+        assert len(model._graphs) == 1

@@ -15,7 +15,10 @@ A second entry, `warm_lazy_builds`, runs one forward of the candidate on the ref
 builds made lazily in `forward` happen in the build environment too (the compile service's
 `warm_lazy_builds` option). A build that fails with a compiler error is remembered in
 `TORCH_EXTENSIONS_DIR/.cudal1_failed_builds.json` (lever `remember_failures`): the same call in a later
-process (the evaluation worker) raises the same error at once instead of compiling again.
+process (the evaluation worker) fails at once instead of compiling again. torch itself replays it (only its
+ninja run is replaced by the remembered output), so its extension versions, build directory, exception and
+message are those of the real failure. Only failures with a compiler diagnostic are remembered, never a
+crash or a lack of memory, disk or time.
 
 The evaluation worker that later imports the same candidate must run in the same environment and call
 `install_build_hooks()` (levers from `$CUDAL1_BUILD_LEVERS`) before importing it: the hooks replay the
@@ -40,6 +43,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,6 +57,9 @@ logger = logging.getLogger(__name__)
 DECISIONS_FILE = ".cudal1_levers.json"
 FAILURES_FILE = ".cudal1_failed_builds.json"
 BUILD_ERROR = "Error building extension"  # head of torch's exception for a failed build
+# A remembered failure must be the compiler's verdict on the source: a diagnostic, not a crash of the tools.
+_DIAGNOSTIC = re.compile(r"error\b|undefined reference|undefined symbol|multiple definition", re.IGNORECASE)
+_MAX_REMEMBERED_CHARS = 100_000
 # Arguments that change where or how loudly a build runs, not whether it compiles.
 _CALL_KEY_IGNORED = frozenset({"verbose", "build_directory", "keep_intermediates"})
 # Rationale: <torch/extension.h> = <torch/all.h> (nn, optim, data, jit, serialize ...) + pybind11 + Python.h;
@@ -172,7 +179,7 @@ def _set_json_entry(path: Path | None, key: str, value: Any) -> None:
     data = _read_json(path)
     data[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # a name per writer
     tmp.write_text(json.dumps(data, sort_keys=True))
     os.replace(tmp, path)
 
@@ -196,16 +203,15 @@ class BuildRecorder:
         _set_json_entry(self._path(DECISIONS_FILE), key, variant)
 
     def remembered_failure(self, call_key: str) -> str | None:
-        """The compiler log of an earlier failed build of the same call, else None."""
-        log = _read_json(self._path(FAILURES_FILE)).get(call_key)
-        return log if isinstance(log, str) else None
+        """The build output of an earlier failed build of the same call, else None."""
+        output = _read_json(self._path(FAILURES_FILE)).get(call_key)
+        return output if isinstance(output, str) else None
 
-    def remember_failure(self, call_key: str, log: str) -> None:
-        """Keep the trimmed log, without its head (the replayed exception adds it back)."""
-        lines = log.splitlines()
-        if lines and lines[0].startswith(BUILD_ERROR):
-            lines = lines[1:]
-        _set_json_entry(self._path(FAILURES_FILE), call_key, "\n".join(lines))
+    def remember_failure(self, call_key: str, output: str) -> None:
+        """Keep the build output of torch's exception (what follows its `Error building extension 'X': `
+        head); a failure to write only costs the next evaluation a real build."""
+        with contextlib.suppress(OSError):
+            _set_json_entry(self._path(FAILURES_FILE), call_key, output[-_MAX_REMEMBERED_CHARS:])
 
 
 @contextlib.contextmanager
@@ -283,6 +289,46 @@ def _file_digests(sources: Any) -> Any:
     return digests
 
 
+_replay = threading.local()  # .output: the build output to fail this thread's next ninja run with
+
+
+def _install_replay(cpp_extension: Any) -> bool:
+    """Wrap torch's `_run_ninja_build` (once) so that a remembered failure is replayed in place of the ninja
+    run: torch does everything else as for a real build (its per-process extension versions, the build
+    directory, the exception and its message), so a replayed call behaves exactly like the failed one.
+    False when this torch has no such function (then failures are built again)."""
+    real = getattr(cpp_extension, "_run_ninja_build", None)
+    if real is None:
+        return False
+    if not hasattr(real, "__cudal1_real__"):
+        def run_ninja_build(build_directory, verbose, error_prefix, *args, **kwargs):
+            output = getattr(_replay, "output", None)
+            if output is not None:
+                raise RuntimeError(f"{error_prefix}: {output}")
+            return real(build_directory, verbose, error_prefix, *args, **kwargs)
+
+        run_ninja_build.__cudal1_real__ = real  # type: ignore[attr-defined]
+        cpp_extension._run_ninja_build = run_ninja_build
+    return True
+
+
+@contextlib.contextmanager
+def _replaying(output: str) -> Iterator[None]:
+    _replay.output = output
+    try:
+        yield
+    finally:
+        _replay.output = None
+
+
+def _build_output(error: BaseException) -> str | None:
+    """The build output inside torch's failed-build exception, or None when it is not one."""
+    text = str(error)
+    if not text.startswith(BUILD_ERROR) or "': " not in text:
+        return None
+    return text.split("': ", 1)[1]
+
+
 def _raise_build_error(recorder: BuildRecorder, name: Any, variant: str, log: str) -> NoReturn:
     """Fail a call at once, recorded as `variant`, with the same exception type and head as torch's failed
     build, so a candidate's except clause behaves exactly as it would after the real failure."""
@@ -310,8 +356,9 @@ def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args:
     text = f"{captured[0] if captured else ''}\n{type(error).__name__}: {error}"
     log = trim_compiler_log(text)
     recorder.records.append(BuildRecord(name, seconds, False, log, variant))
-    if remember is not None and BUILD_ERROR in str(error) and not _RESOURCE_FAILURE.search(text):
-        recorder.remember_failure(remember, log)
+    output = _build_output(error) if remember is not None else None
+    if output is not None and _DIAGNOSTIC.search(output) and not _RESOURCE_FAILURE.search(text):
+        recorder.remember_failure(remember, output)
     raise error
 
 
@@ -331,21 +378,26 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
     recorder = BuildRecorder(levers=levers)
     real_inline = getattr(cpp_extension.load_inline, "__cudal1_real__", cpp_extension.load_inline)
     real_load = getattr(cpp_extension.load, "__cudal1_real__", cpp_extension.load)
+    can_replay = levers.remember_failures and _install_replay(cpp_extension)
+
+    def call_key(name: Any, sources: Any, args: tuple, kwargs: dict[str, Any]) -> str | None:
+        return _call_key(name, sources, args, kwargs) if can_replay else None
 
     def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
         if levers.quiet:
             kwargs["verbose"] = False
         failure = _certain_failure(levers, cpp_extension, name, cpp_sources, cuda_sources, kwargs)
-        remember = (_call_key(name, [cpp_sources, cuda_sources], args, kwargs) if levers.remember_failures
-                    else None)
-        if failure is None and remember is not None:
-            log = recorder.remembered_failure(remember)
-            failure = ("remembered", log) if log is not None else None
         if failure is not None:
             _raise_build_error(recorder, name, *failure)
+        remember = call_key(name, [cpp_sources, cuda_sources], args, kwargs)
+        output = recorder.remembered_failure(remember) if remember is not None else None
+        if output is not None:  # the source as written failed before: torch replays it without compiling
+            with _replaying(output):
+                return _timed_call(recorder, real_inline, name, "remembered", (name, cpp_sources, cuda_sources, *args),
+                                   kwargs)
         light = light_cuda_sources(cuda_sources) if levers.light_cuda_headers and not args else None
         if light is None:
-            return _timed_call(recorder, real_inline, name, "original", (name, cpp_sources, cuda_sources),
+            return _timed_call(recorder, real_inline, name, "original", (name, cpp_sources, cuda_sources, *args),
                                kwargs, remember)
         key = _decision_key(name, cuda_sources)
         lost_s = 0.0
@@ -369,10 +421,11 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
     def load(name, sources, *args, **kwargs):
         if levers.quiet:
             kwargs["verbose"] = False
-        remember = _call_key(name, _file_digests(sources), args, kwargs) if levers.remember_failures else None
-        log = recorder.remembered_failure(remember) if remember is not None else None
-        if log is not None:
-            _raise_build_error(recorder, name, "remembered", log)
+        remember = call_key(name, _file_digests(sources), args, kwargs)
+        output = recorder.remembered_failure(remember) if remember is not None else None
+        if output is not None:
+            with _replaying(output):
+                return _timed_call(recorder, real_load, name, "remembered", (name, sources, *args), kwargs)
         return _timed_call(recorder, real_load, name, "original", (name, sources, *args), kwargs, remember)
 
     load_inline.__cudal1_real__ = real_inline  # type: ignore[attr-defined]
@@ -483,8 +536,9 @@ def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
     """Entry of the warm-up child: run the candidate once, as the evaluation will, so that the builds it makes
     lazily (in `forward`, or in `ModelNew(...)` when the build child had no init inputs) happen here, in the
     build environment, instead of in the evaluation worker on the GPU's clock. Payload: `source`,
-    `ref_source` (the task's reference module: `get_init_inputs()`, `get_inputs()`), `device` ('cpu' or
-    'cuda:N'), `levers`, `nice`, `cpus` (as for `prepare_candidate`).
+    `ref_source` (the task's reference module: `get_init_inputs()`, `get_inputs()`), `sizes` ('full' or
+    'small', as the evaluation will use), `device` ('cpu' or 'cuda:N'), `levers`, `nice`, `cpus` (as for
+    `prepare_candidate`).
 
     Returns {"builds": [{"name", "seconds", "ok", "variant", "phase"}], "forward_ok", "forward_error",
     "seconds"}: phase says where a build happened ("import", "init" or "forward"), forward_error is the
@@ -492,6 +546,8 @@ def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
     the candidate is the evaluation's verdict.
     """
     import torch
+
+    from cudal1.tasks.task import load_reference
 
     start = time.monotonic()
     recorder = _setup_child(payload)
@@ -508,7 +564,7 @@ def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
     error: BaseException | None = None
     try:
         with capture_fds():  # candidates print; keep the child's stdout clean
-            ref = import_candidate(payload["ref_source"])
+            ref = load_reference(payload["ref_source"], "warm-up", sizes=str(payload.get("sizes") or "full"))
             module = import_candidate(payload["source"])
             begin("init")
             model = _instantiate(module, list(ref.get_init_inputs()), device)

@@ -34,6 +34,7 @@ miscounts). The cache is never evicted here. Library code: logs, never prints.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -132,6 +133,9 @@ class CompileConfig:
     nice: int = field(default=10, metadata={
         "help": "Niceness of build children and their compilers (0-19): an evaluation timed on the same host "
                 "(another pool slot, a batch's next candidate) keeps its CPU while builds run."})
+    warm_sizes: str = field(default="full", metadata={
+        "help": "Problem sizes of the warm-up forward ('full' or 'small'): those the evaluation will use, so that "
+                "a build specialised to the input shapes is the one it needs."})
     warm_lazy_builds: bool = field(default=False, metadata={
         "help": "After a successful build, run one forward of the candidate on the reference's inputs in a "
                 "second child, on `device`, when it has more load_inline/load call sites than recorded builds: "
@@ -147,6 +151,8 @@ class CompileConfig:
             raise ConfigError("timeout_s must be positive")
         if self.max_jobs < 1:
             raise ConfigError("max_jobs must be >= 1")
+        if self.warm_sizes not in ("full", "small"):
+            raise ConfigError("warm_sizes must be 'full' or 'small'")
         if not (self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
 
@@ -240,6 +246,16 @@ def build_environment(key: str, arch: str, *, cache_dir: str | os.PathLike | Non
         if os.environ.get(var):
             env[var] = os.environ[var]
     return env
+
+
+def clear_stale_locks(key: str, cache_dir: str | os.PathLike | None = None) -> None:
+    """Remove the lock files that torch's builds hold in the extension directories of `key`. Call only after
+    the child that built there was killed (a timeout, a crash): torch waits on a lock left behind forever,
+    so the next build of that candidate (the evaluation's) would hang until its own limit. Nothing else
+    builds in those directories meanwhile: one candidate's children run one after another."""
+    for lock in extensions_dir(key, cache_dir).glob("*/lock"):
+        with contextlib.suppress(OSError):
+            lock.unlink()
 
 
 def marker_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -419,8 +435,9 @@ ProgressCallback = Callable[[int, int, BuildResult], None]  # (done, total, resu
 _COMPILE_ERRORS: dict[str, BuildResult] = {}
 _COMPILE_ERRORS_MAX = 1024
 _compile_errors_lock = threading.Lock()
-_RESOURCE_FAILURE = re.compile(r"out of memory|MemoryError|Killed|No space left|Resource temporarily unavailable|"
-                               r"Cannot allocate memory|CUDA error|timed out", re.IGNORECASE)
+_RESOURCE_FAILURE = re.compile(r"out of memory|MemoryError|Killed|Kill signal|signal \d+|Terminated|No space left|"
+                               r"Resource temporarily unavailable|Cannot allocate memory|CUDA error|timed out|"
+                               r"Segmentation fault|internal compiler error", re.IGNORECASE)
 
 
 def _is_compile_error(value: dict[str, Any], log: str) -> bool:
@@ -452,6 +469,7 @@ def _known_compile_error(key: str) -> BuildResult | None:
 
 
 _BUILD_CALLS = ("load_inline", "load")
+WARM_UPS_AT_ONCE = 4
 
 
 def build_call_sites(source: str) -> int:
@@ -493,6 +511,8 @@ class CompileService:
     def __init__(self, config: CompileConfig | None = None):
         self.config = config or CompileConfig()
         self.arch = local_arch(self.config.arch)
+        # Warm-up forwards share the GPU: a few at a time (each holds a CUDA context and full-size inputs).
+        self._warm_slots = threading.Semaphore(WARM_UPS_AT_ONCE)
 
     def key_for(self, source: str, init_inputs: list[Any] | None = None) -> str:
         extra = {"levers": self.config.levers.to_dict(), "init_inputs": init_inputs,
@@ -558,10 +578,10 @@ class CompileService:
                                 ref_source: str | None, should_cancel: Callable[[], bool] | None) -> BuildResult:
         if should_cancel is not None and should_cancel():
             return BuildResult(key=key, ok=False, cached=False, seconds=0.0, log="build cancelled")
-        return self._build_one(key, source, init_inputs, ref_source)
+        return self._build_one(key, source, init_inputs, ref_source, should_cancel)
 
     def _build_one(self, key: str, source: str, init_inputs: list[Any] | None,
-                   ref_source: str | None = None) -> BuildResult:
+                   ref_source: str | None = None, should_cancel: Callable[[], bool] | None = None) -> BuildResult:
         cfg = self.config
         device_env, child_device = _device_env_and_name(cfg.device)
         env = {**self.environment(key), **device_env}
@@ -572,6 +592,7 @@ class CompileService:
         outcome = run_isolated(BUILD_ENTRY, {**common, "init_inputs": init_inputs}, limits=limits, env=env)
         value = outcome.value
         if value is None:
+            clear_stale_locks(key, cfg.cache_dir)
             detail = trim_compiler_log(outcome.stderr_tail, max_lines=6) if outcome.stderr_tail.strip() else ""
             log = "\n".join(x for x in (f"build {outcome.describe_failure()}", detail) if x)
             logger.info("build %s: no result (%s)", key[:12], outcome.describe_failure())
@@ -579,9 +600,10 @@ class CompileService:
         builds = tuple(ExtensionBuild(str(b.get("name")), float(b.get("seconds", 0.0)), bool(b.get("ok")))
                        for b in value.get("builds", []))
         ok, seconds = bool(value.get("ok")), outcome.duration_s
-        if ok and cfg.warm_lazy_builds and ref_source is not None and build_call_sites(source) > len(builds):
-            lazy, warm_s = self._warm_lazy_builds(key, {**common, "ref_source": ref_source}, init_inputs is not None,
-                                                  limits, env)
+        if (ok and cfg.warm_lazy_builds and ref_source is not None and build_call_sites(source) > len(builds)
+                and not (should_cancel is not None and should_cancel())):
+            lazy, warm_s = self._warm_lazy_builds(key, {**common, "ref_source": ref_source, "sizes": cfg.warm_sizes},
+                                                  init_inputs is not None, limits, env)
             builds, seconds = builds + lazy, seconds + warm_s
         result = BuildResult(key=key, ok=ok, cached=False, seconds=seconds, log=str(value.get("log", "")),
                              builds=builds)
@@ -599,8 +621,10 @@ class CompileService:
         """(the lazy builds, the child's wall time) of one forward in a warm-up child. Whatever happens there
         (a crash, a timeout, a failed build or forward) is only logged: the evaluation decides about it."""
         try:
-            outcome = run_isolated(WARM_ENTRY, payload, limits=limits, env=env)
+            with self._warm_slots:
+                outcome = run_isolated(WARM_ENTRY, payload, limits=limits, env=env)
             if outcome.value is None:
+                clear_stale_locks(key, self.config.cache_dir)
                 logger.info("build %s: warm-up forward gave no result (%s); lazy builds happen in the evaluation",
                             key[:12], outcome.describe_failure())
                 return (), outcome.duration_s

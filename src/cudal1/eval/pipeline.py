@@ -432,7 +432,8 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
         return
     service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers, timeout_s=cfg.build_timeout_s,
                                            device=cfg.device, cpus=tuple(sorted(cpus)) if cpus else None,
-                                           warm_lazy_builds=warm_lazy))
+                                           warm_lazy_builds=warm_lazy,
+                                           warm_sizes=cfg.resolved(cfg.device).sizes))
     inits = [json_init_inputs(items[i][0]) for i in todo]
     waiting: dict[str, list[int]] = {}
     for i, init in zip(todo, inits, strict=True):
