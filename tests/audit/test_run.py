@@ -168,6 +168,8 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
     written = report_audit(outcome, cfg, store, tmp_path / "report", plots=False)
     md = written["report.md"].read_text()
     assert "| cuda_graph | 1 | 1 | 1 |" in md and "| torch_compile | 0 | 0 | 3 |" in md
+    # The summary vs the CUDA graph counts the one task that has it, not three with two failures.
+    assert "### vs cuda_graph (1 of 3 tasks have this baseline measured)" in md
     assert f"| {t2.id} | cuda_graph | capture_error: operation not permitted" in md
     coverage = json.loads(written["audit.json"].read_text())["baseline_coverage"]
     assert coverage["tasks"] == 3 and "eager" not in coverage["kinds"]

@@ -87,6 +87,22 @@ def test_summarize_rows_second_baseline_counts_unmeasured_as_failure():
     assert l3.success == 0 and l3.geomean is None and l3.mean == pytest.approx(1.0)
 
 
+def test_a_baseline_measured_for_some_tasks_is_summarized_over_those():
+    import dataclasses
+
+    # A sample has torch_compile measured (tasks a-e), task f does not: its row is not a failure there.
+    rows = [dataclasses.replace(r, measured_baselines=() if r.task_id == "f" else ("torch_compile",))
+            for r in _rows()]
+    records = summarize_rows(rows)
+    s = _find(records, ALL_LEVELS, "torch_compile")
+    # [1, .25, F, 2, F] -> [.25, 1, 1, 1, 2]
+    assert (s.n_total, s.success) == (5, 3) and s.mean == pytest.approx(5.25 / 5)
+    assert s.fast_p[0.0] == pytest.approx(3 / 5)
+    assert _find(records, 3, "torch_compile").n_total == 0
+    assert _find(records, ALL_LEVELS, "eager").n_total == 6  # eager is always measured
+    assert ResultRow.from_dict(rows[0].to_dict()) == rows[0]
+
+
 def test_summarize_rows_failures_excluded():
     s = _find(summarize_rows(_rows(), failures_as=None), ALL_LEVELS, "eager")
     assert s.mean == pytest.approx(7.5 / 4)

@@ -59,13 +59,17 @@ def row_from_result(result: EvalResult, task: Task, *, label: str, published: di
                     store: Any = None, with_sol: bool = True) -> ResultRow:
     """One report row for `result` of `task` (baselines attached and SOL computed when `store` is given)."""
     sol: dict[str, float] = {}
+    measured = None
     if store is not None:
+        if result.environment:  # the machine the baselines must come from
+            records = load_baselines(store, task.hash, result.environment, result.protocol)
+            measured = tuple(sorted(name for name, rec in records.items() if rec.ok))
         result = attach_baselines(result, task, store)
         if with_sol and result.status is Status.CORRECT:
             sol = sol_fractions(result, task, store)
     scores = {k: float(v) for k, v in (published or {}).items() if v is not None}
     return ResultRow.from_eval_dict(result.to_dict(), level=task.level, published=scores, label=label,
-                                    sol=sol)
+                                    sol=sol, measured_baselines=measured)
 
 
 def _better(a: dict[str, Any], b: dict[str, Any]) -> bool:

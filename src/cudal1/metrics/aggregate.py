@@ -92,7 +92,8 @@ def summarize_rows(rows: Sequence[ResultRow], by: Sequence[str] = ("level", "bas
                 groups.append((level, [r for r in in_label if r.level == level]))
         for baseline in baselines:
             for level, group in groups:
-                values = [r.speedup_vs(baseline) for r in group]
+                # Only the tasks that have this baseline: a partial run (a sample) is not a row of 1x.
+                values = [r.speedup_vs(baseline) for r in group if r.has_baseline(baseline)]
                 records.append(SummaryRecord(label=label, level=level, baseline=baseline,
                                              summary=summarize(values, failures_as=failures_as)))
     return records

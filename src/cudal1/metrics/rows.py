@@ -62,6 +62,8 @@ class ResultRow:
     ref_ms: float | None = None
     candidate_ms: float | None = None
     label: str = ""
+    measured_baselines: tuple[str, ...] | None = None  # baselines measured for this task on its machine;
+    # None: not known, and every baseline's summary counts the row (eager is always measured)
 
     def __post_init__(self) -> None:
         status = self.status.value if isinstance(self.status, Status) else self.status
@@ -78,6 +80,11 @@ class ResultRow:
         """True when the verdict is `correct`."""
         return self.status == Status.CORRECT.value
 
+    def has_baseline(self, baseline: str) -> bool:
+        """Whether the task has `baseline` measured (or it is not known: then assume so)."""
+        return (self.measured_baselines is None or baseline in ("eager", EAGER_WARM)
+                or baseline in self.measured_baselines)
+
     def speedup_vs(self, baseline: str) -> float | None:
         """Speedup of the candidate vs `baseline` (or `eager_warm`); None unless correct, or unmeasured."""
         if not self.is_correct:
@@ -91,7 +98,8 @@ class ResultRow:
     @classmethod
     def from_eval_dict(cls, d: dict[str, Any], level: int | None = None,
                        published: dict[str, float] | None = None, *, label: str = "",
-                       sol: dict[str, float] | None = None) -> ResultRow:
+                       sol: dict[str, float] | None = None,
+                       measured_baselines: tuple[str, ...] | None = None) -> ResultRow:
         """Build a row from `EvalResult.to_dict()` output.
 
         `level`, `label` and `sol` fall back to keys of the same name in `d` when not given; flags become
@@ -117,6 +125,7 @@ class ResultRow:
             ref_ms=d.get("ref_ms"),
             candidate_ms=d.get("candidate_ms"),
             label=label or str(d.get("label") or ""),
+            measured_baselines=measured_baselines,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,10 +136,14 @@ class ResultRow:
             "kernel_class": self.kernel_class, "flags": list(self.flags), "published": dict(self.published),
             "sol": dict(self.sol), "ref_ms": self.ref_ms, "candidate_ms": self.candidate_ms,
             "label": self.label,
+            "measured_baselines": None if self.measured_baselines is None else list(self.measured_baselines),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResultRow:
         """Rebuild a row written by `to_dict`; unknown keys are ignored."""
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
+        kept = {k: v for k, v in d.items() if k in known}
+        if kept.get("measured_baselines") is not None:
+            kept["measured_baselines"] = tuple(kept["measured_baselines"])
+        return cls(**kept)

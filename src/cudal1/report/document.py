@@ -117,7 +117,8 @@ def _conventions(failures_as: float | None) -> Paragraph:
         f"candidate is {fail} mean, median, max, P25 and P75 ({why}). Success and >1.01x count correct "
         "tasks out of all tasks. Geomean is over correct tasks only. fast_p (KernelBench) is the share of "
         "all tasks that are correct and faster than p x, so fast_0 is the correctness rate. Percentiles "
-        "interpolate linearly.")
+        "interpolate linearly. A baseline's table counts only the tasks that have that baseline measured "
+        "(its heading says how many when that is not all of them).")
 
 
 def _summary_section(rows: Sequence[ResultRow], failures_as: float | None) -> list[Block]:
@@ -128,11 +129,14 @@ def _summary_section(rows: Sequence[ResultRow], failures_as: float | None) -> li
         if len(labels) > 1:
             blocks.append(Heading(f"Run: {label or 'unlabelled'}", 3))
         mine = [rec for rec in records if rec.label == label]
+        n_rows = sum(r.label == label for r in rows)
         for baseline in dict.fromkeys(rec.baseline for rec in mine):
             recs = [rec for rec in mine if rec.baseline == baseline]
             header = ["Level", *SUMMARY_HEADER, *FAST_HEADER]
             body = [[fmt_level(rec.level), *summary_cells(rec.summary)] for rec in recs]
-            blocks += [Heading(f"vs {baseline}", 4 if len(labels) > 1 else 3),
+            n = recs[0].summary.n_total  # the "all" group comes first
+            scope = f" ({n} of {n_rows} tasks have this baseline measured)" if n < n_rows else ""
+            blocks += [Heading(f"vs {baseline}{scope}", 4 if len(labels) > 1 else 3),
                        Table(header, body, [False] + [True] * (len(header) - 1))]
     return blocks
 
@@ -196,7 +200,8 @@ def _audit_section(rows: Sequence[ResultRow], fraction: float, failures_as: floa
     survival, compare = [], []
     for name, rs in _label_columns(rows):
         for baseline, key in PUBLISHED_KEY_BY_BASELINE.items():
-            audit = audit_published(rs, baseline=baseline, fraction=fraction, published_key=key)
+            audit = audit_published([r for r in rs if r.has_baseline(baseline)], baseline=baseline,
+                                    fraction=fraction, published_key=key)
             if audit.n_published:
                 measured = sum(e.speedup is not None for e in audit.entries)
                 survival.append([name, baseline, key, str(audit.n_published), str(measured),
@@ -212,7 +217,7 @@ def _audit_section(rows: Sequence[ResultRow], fraction: float, failures_as: floa
         Heading("Audit of published speedups", 2),
         Paragraph(f"A published speedup survives when our verdict is correct and our speedup vs the same "
                   f"baseline is at least {fraction:g} x the published one. Measured: correct verdict with a "
-                  f"speedup vs that baseline."),
+                  f"speedup vs that baseline. Each baseline counts only the tasks that have it measured."),
         Table(["Run", "Baseline", "Published key", "Published", "Measured", "Survive", "Share"], survival,
               [False, False, False, True, True, True, True]),
     ]
