@@ -547,6 +547,7 @@ def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
     """
     import torch
 
+    from cudal1.eval.worker import make_inputs
     from cudal1.tasks.task import load_reference
 
     start = time.monotonic()
@@ -571,9 +572,7 @@ def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
             if isinstance(model, torch.nn.Module):
                 model = model.to(device)
             begin("forward")
-            with torch.device(device):
-                inputs = list(ref.get_inputs())
-            inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+            inputs = make_inputs(ref, torch.device(device), seed=0)  # as the evaluation makes them
             with torch.no_grad():
                 model(*inputs)
             if device.startswith("cuda"):

@@ -407,6 +407,12 @@ class ExtensionBuild:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, lazy: bool | None = None) -> ExtensionBuild:
+        """A record of a build child, a warm-up child (`lazy=True`) or a marker (its own `lazy` key)."""
+        return cls(str(d.get("name")), float(d.get("seconds", 0.0)), bool(d.get("ok")),
+                   bool(d.get("lazy", False)) if lazy is None else lazy)
+
 
 @dataclass(frozen=True)
 class BuildResult:
@@ -570,8 +576,7 @@ class CompileService:
         info = read_marker(key, self.config.cache_dir)
         if info is None:
             return None
-        builds = tuple(ExtensionBuild(b["name"], float(b["seconds"]), bool(b["ok"]), bool(b.get("lazy", False)))
-                       for b in info.get("builds", []))
+        builds = tuple(ExtensionBuild.from_dict(b) for b in info.get("builds", []))
         return BuildResult(key=key, ok=True, cached=True, seconds=0.0, log="", builds=builds)
 
     def _build_unless_cancelled(self, key: str, source: str, init_inputs: list[Any] | None,
@@ -597,8 +602,7 @@ class CompileService:
             log = "\n".join(x for x in (f"build {outcome.describe_failure()}", detail) if x)
             logger.info("build %s: no result (%s)", key[:12], outcome.describe_failure())
             return BuildResult(key=key, ok=False, cached=False, seconds=outcome.duration_s, log=log)
-        builds = tuple(ExtensionBuild(str(b.get("name")), float(b.get("seconds", 0.0)), bool(b.get("ok")))
-                       for b in value.get("builds", []))
+        builds = tuple(ExtensionBuild.from_dict(b, lazy=False) for b in value.get("builds", []))
         ok, seconds = bool(value.get("ok")), outcome.duration_s
         if (ok and cfg.warm_lazy_builds and ref_source is not None and build_call_sites(source) > len(builds)
                 and not (should_cancel is not None and should_cancel())):
@@ -628,8 +632,7 @@ class CompileService:
                 logger.info("build %s: warm-up forward gave no result (%s); lazy builds happen in the evaluation",
                             key[:12], outcome.describe_failure())
                 return (), outcome.duration_s
-            lazy = tuple(ExtensionBuild(str(b.get("name")), float(b.get("seconds", 0.0)), bool(b.get("ok")),
-                                        lazy=True)
+            lazy = tuple(ExtensionBuild.from_dict(b, lazy=True)
                          for b in lazy_records(outcome.value.get("builds", []), instantiated))
             forward = "ok" if outcome.value.get("forward_ok") else f"failed ({outcome.value.get('forward_error')})"
         except Exception:  # noqa: BLE001 - a warm-up that goes wrong must not fail a build that succeeded

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,9 +75,7 @@ def fmt_pct(value: float | None) -> str:
 
 def flag_list(flags: Sequence[str]) -> str:
     """Each rule once, in first-seen order, with its count when it fired more than once: "a x2, b"."""
-    counts: dict[str, int] = {}
-    for flag in flags:
-        counts[flag] = counts.get(flag, 0) + 1
+    counts = Counter(flags)  # keeps first-seen order
     return ", ".join(f"{f} x{n}" if n > 1 else f for f, n in counts.items()) or MISSING
 
 
