@@ -46,6 +46,18 @@ def test_protocol_version_ignores_precision_but_not_meaning():
     full = EvalConfig(device="cpu", sizes="full").resolved("cpu").protocol()
     warm = EvalConfig(device="cpu", flush_l2=False).resolved("cpu").protocol()
     assert len({baseline_protocol_version(p) for p in (base, full, warm)}) == 3
+    torch_numerics = EvalConfig(device="cpu", profile="cuda-l1").resolved("cpu").protocol()
+    assert baseline_protocol_version(torch_numerics) != baseline_protocol_version(base)
+
+
+@pytest.mark.parametrize("kind", ["tf32", "torch_compile", "cudnn"])
+def test_a_baseline_keeps_the_callers_fp32_numerics_under_its_own_profile(kind):
+    """tf32 is checked at 1e-2 and torch.compile under `trusted`, but eager must compute as the caller's does."""
+    for caller, exact in (("strict", True), ("cuda-l1", False)):
+        cfg = runner.baseline_config(EvalConfig(device="cpu", profile=caller), kind)
+        assert cfg.uses_exact_fp32 is exact
+        assert baseline_protocol_version(cfg.protocol()) == baseline_protocol_version(
+            EvalConfig(device="cpu", profile=caller).resolved("cpu").protocol())
 
 
 def test_attach_baselines_is_a_ratio_of_paired_ratios(store):

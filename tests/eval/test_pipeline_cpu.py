@@ -272,3 +272,49 @@ def test_split_cores_keeps_two_for_the_evaluation(monkeypatch):
     assert pipeline.split_cores() == (frozenset({4, 5}), frozenset(range(6, 12)))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert pipeline.split_cores() is None  # too few to give builds their own
+
+
+_NUMERICS_TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Returns x plus 1 for each TF32 switch that is on: its output shows the numerics it runs under."""
+
+    def forward(self, x):
+        on = torch.backends.cudnn.allow_tf32 + torch.backends.cuda.matmul.allow_tf32
+        return x + float(on)
+
+
+def get_inputs():
+    return [torch.randn(8, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+_PLAIN_COPY = '''
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x.clone()
+'''
+
+
+@pytest.mark.parametrize(("profile", "exact_fp32", "status"), [
+    ("strict", None, Status.CORRECT),  # strict runs both models with TF32 off
+    ("kernelbench-v0", None, Status.INCORRECT),  # PyTorch's default: cuDNN may use TF32
+    ("kernelbench-v0", True, Status.CORRECT),
+    ("strict", False, Status.INCORRECT),
+])
+def test_fp32_numerics_of_both_models_follow_the_profile(profile, exact_fp32, status):
+    from cudal1.tasks.task import Task
+
+    task = Task(id="test/numerics", source=_NUMERICS_TASK)
+    r = evaluate_candidate(task, _PLAIN_COPY, EvalConfig(**{**FAST, "profile": profile, "exact_fp32": exact_fp32}))
+    assert r.status is status, r.message
+    assert r.protocol["exact_fp32"] is (status is Status.CORRECT)

@@ -43,14 +43,14 @@ logger = logging.getLogger(__name__)
 LABEL_PREFIX = "baseline:"
 
 # Rationale: these protocol fields change what a measured time means (problem size, cold vs warm cache,
-# whether inputs rotate); the others only change how precisely it is measured or what counts as correct.
-MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs")
+# whether inputs rotate, fp32 numerics); the others only change how precisely it is measured or what counts as correct.
+MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs", "exact_fp32")
 
 OK, FAILED = "ok", "failed"
 
 
 #: Bumped whenever a generated baseline wrapper changes what it times (2: bound CUDA graphs, no output clones).
-WRAPPER_VERSION = 2
+WRAPPER_VERSION = 3
 
 
 def baseline_protocol_version(protocol: dict[str, Any]) -> str:
@@ -106,9 +106,11 @@ class BaselineRecord:
 
 
 def baseline_config(config: EvalConfig, kind: str) -> EvalConfig:
-    """The evaluation config of a baseline: static analysis off, the kind's profile, device resolved."""
+    """The evaluation config of a baseline: static analysis off, the kind's profile, device resolved, and the
+    caller's fp32 numerics kept (a looser profile must not also change how eager itself computes)."""
     resolved = config.resolved(resolve_device(config.device))
-    return dataclasses.replace(resolved, profile=eval_profile(kind, config.profile), skip_static=True)
+    return dataclasses.replace(resolved, profile=eval_profile(kind, config.profile), skip_static=True,
+                               exact_fp32=resolved.uses_exact_fp32)
 
 
 def _cache_coordinates(cfg: EvalConfig) -> tuple[str, str]:

@@ -22,7 +22,8 @@ Kinds (names match `cudal1.metrics.BASELINE_NAMES`; `tf32` is an extra):
   evaluator consumes every output before the next call. Capture errors raise
   `CudaGraphCaptureError` naming the reason (CPU sync such as `.item()`, data-dependent shapes, CPU tensors);
 - `cudnn`: CUDA-L1's cuDNN variant: the call runs under `torch.backends.cudnn.flags(enabled=True,
-  benchmark=True, deterministic=False)` (cuDNN's TF32 stays at PyTorch's default, on);
+  benchmark=True, deterministic=False)`; cuDNN's TF32 stays as the evaluator set it (off under profiles
+  with `exact_fp32`, such as strict; PyTorch's default, on, otherwise);
 - `tf32`: cuDNN benchmark plus TF32 for matmuls and convolutions. It is not fp32-exact by construction, so
   it is evaluated under the looser `kernelbench-v0` profile, and torch.compile kinds under `trusted` (strict
   tolerances; its cold-cache helper thread only warns) (`EVAL_PROFILE_OVERRIDE`).
@@ -318,7 +319,8 @@ class ModelNew(nn.Module):
 
     def forward(self, *inputs):
         _require_cuda(inputs, "the cudnn")
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False):
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
+                                        allow_tf32=torch.backends.cudnn.allow_tf32):
             return self.model(*inputs)
 '''
 

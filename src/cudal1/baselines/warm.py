@@ -3,8 +3,8 @@
 A `torch_compile` baseline compiles in its timed evaluation, serially, with one compile thread (the
 evaluator's thread guard); a cold compile of a level-2/3 model takes tens of seconds. `warm_compile_caches`
 first runs each pending (task, compile kind) once in its own isolated worker, several at a time, exactly as
-the evaluation will construct and call it (same generated source, seed, problem sizes, device and no-grad
-mode), so inductor's on-disk caches (FX graph, Triton kernels; shared by the processes of one user) are
+the evaluation will construct and call it (same generated source, seed, problem sizes, device, fp32 numerics
+and no-grad mode), so inductor's on-disk caches (FX graph, Triton kernels; shared by the processes of one user) are
 filled in parallel and the timed evaluations load from them. Nothing is measured or stored here; a failure
 only means the timed evaluation compiles (or fails) itself and reports why.
 """
@@ -35,10 +35,13 @@ def compile_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
+    from cudal1.eval.guards import use_exact_fp32
     from cudal1.eval.worker import import_candidate, make_inputs, sync, use_device
     from cudal1.tasks.task import load_reference
 
     device = use_device(payload["device"])
+    if payload.get("exact_fp32"):
+        use_exact_fp32()  # the numerics of the timed run: inductor keys its caches on them
     ref = load_reference(payload["ref_source"], payload["task_id"], sizes=payload["sizes"])
     module = import_candidate(payload["source"], Path.cwd())  # as the evaluation worker imports it
     started = time.perf_counter()
@@ -74,7 +77,8 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
         if should_stop is not None and should_stop():
             return "skipped (stopped)"
         payload = {"task_id": task.id, "ref_source": task.source, "device": cfg.device, "sizes": cfg.sizes,
-                   "seed": cfg.seed, "source": baseline_source(task, kind, cfg.sizes, clone_outputs=False)}
+                   "seed": cfg.seed, "exact_fp32": cfg.uses_exact_fp32,
+                   "source": baseline_source(task, kind, cfg.sizes, clone_outputs=False)}
         outcome = run_isolated(WARM_ENTRY, payload, limits=limits)
         if outcome.value is not None:
             return float(outcome.value["seconds"])

@@ -91,6 +91,14 @@ def _global_state() -> dict[str, Any]:
     }
 
 
+def use_exact_fp32() -> None:
+    """True fp32 for this process: TF32 off for cuDNN (PyTorch's default is on) and for matmuls."""
+    b = torch.backends
+    b.cudnn.allow_tf32 = False
+    b.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
 @dataclass(frozen=True)
 class GuardSnapshot:
     state: dict[str, Any]

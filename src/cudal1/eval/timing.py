@@ -20,11 +20,13 @@ one run), work started by threads after the device wait (the thread guard catche
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,28 +61,34 @@ def make_flusher(device: torch.device) -> Callable[[], None]:
     return lambda: cpu_buf.fill_(1.0)
 
 
-def time_call(fn: Callable[[], Any], device: torch.device, flush: Callable[[], None] | None) -> tuple[Any, Sample]:
-    """Time one call by the protocol of the module docstring; returns (output, sample)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def time_call(fn: Callable[[], Any], device: torch.device, flush: Callable[[], None] | None,
+              context: Callable[[], AbstractContextManager] | None = None) -> tuple[Any, Sample]:
+    """Time one call by the protocol of the module docstring; returns (output, sample).
+
+    `context` (e.g. the reference's private memory pool) is entered before the clock starts and left after
+    it stops, so its own cost is never charged to the call: reference and candidate are timed alike.
+    """
+    with context() if context is not None else contextlib.nullcontext():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            if flush is not None:
+                flush()
+                # Wait for the flush itself: work the model puts on another stream must not overlap it.
+                torch.cuda.synchronize(device)
+            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            start.record()
+            out = fn()
+            mid.record()
+            torch.cuda.synchronize(device)
+            end.record()
+            end.synchronize()
+            return out, Sample(start.elapsed_time(end), start.elapsed_time(mid))
         if flush is not None:
             flush()
-            # Wait for the flush itself: work the model puts on another stream must not overlap it.
-            torch.cuda.synchronize(device)
-        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        start.record()
+        t0 = time.perf_counter()
         out = fn()
-        mid.record()
-        torch.cuda.synchronize(device)
-        end.record()
-        end.synchronize()
-        return out, Sample(start.elapsed_time(end), start.elapsed_time(mid))
-    if flush is not None:
-        flush()
-    t0 = time.perf_counter()
-    out = fn()
-    ms = (time.perf_counter() - t0) * 1e3
-    return out, Sample(ms, ms)
+        ms = (time.perf_counter() - t0) * 1e3
+        return out, Sample(ms, ms)
 
 
 def iterations_per_bucket(ref_ms: float, cand_ms: float, target_bucket_ms: float, lo: int, hi: int) -> int:
@@ -91,11 +99,14 @@ def iterations_per_bucket(ref_ms: float, cand_ms: float, target_bucket_ms: float
 
 def run_series(run_ref: Callable[[int], Any], run_cand: Callable[[int], Any], *, n_sets: int, buckets: int,
                iters: int, device: torch.device, flush: Callable[[], None] | None, rng: random.Random,
-               on_pair: Callable[[int, Any, Any], None], refresh: Callable[[int, int], None] | None) -> PairedSeries:
+               on_pair: Callable[[int, Any, Any], None], refresh: Callable[[int, int], None] | None,
+               ref_context: Callable[[], AbstractContextManager] | None = None) -> PairedSeries:
     """Interleaved, randomly ordered timed calls of both models, `iters` per model per bucket.
 
-    `run_ref(k)`/`run_cand(k)` call a model on input set k; `on_pair(k, ref_out, cand_out)` checks and
-    releases the outputs of one iteration; `refresh(step, k)` refills input set k before each pair (untimed).
+    `run_ref(k)`/`run_cand(k)` call a model on input set k and must not wait for the device themselves
+    (`time_call` does, for both alike); `on_pair(k, ref_out, cand_out)` checks and releases the outputs of
+    one iteration; `refresh(step, k)` refills input set k before each pair (untimed); `ref_context` is
+    entered around each reference call, outside its timed span.
     """
     series = PairedSeries()
     step = 0
@@ -110,7 +121,7 @@ def run_series(run_ref: Callable[[int], Any], run_cand: Callable[[int], Any], *,
             outs: dict[str, Any] = {}
             for who in (("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")):
                 fn = functools.partial(run_ref if who == "ref" else run_cand, k)
-                outs[who], sample = time_call(fn, device, flush)
+                outs[who], sample = time_call(fn, device, flush, ref_context if who == "ref" else None)
                 (ref_b if who == "ref" else cand_b).append(sample)
             on_pair(k, outs.pop("ref"), outs.pop("cand"))
         series.ref.append(ref_b)
