@@ -171,8 +171,9 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
     # The summary vs the CUDA graph counts the one task that has it, not three with two failures.
     assert "### vs cuda_graph (1 of 3 tasks have this baseline measured)" in md
     assert f"| {t2.id} | cuda_graph | capture_error: operation not permitted" in md
+    assert "Protocol null test" not in md  # no eager baseline stored
     coverage = json.loads(written["audit.json"].read_text())["baseline_coverage"]
-    assert coverage["tasks"] == 3 and "eager" not in coverage["kinds"]
+    assert coverage["tasks"] == 3 and "eager" not in coverage["kinds"] and coverage["null_test"] == []
     assert coverage["failures"] == [{"task_id": t2.id, "baseline": "cuda_graph",
                                      "reason": "capture_error: operation not permitted when stream is capturing"}]
 
@@ -182,6 +183,17 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
     assert "| Baseline | Asked | Measured | Failed | Not measured |" in md
     assert "| cuda_graph | 3 | 1 | 1 | 1 |" in md and "| torch_compile | 1 | 0 | 0 | 1 |" in md
     assert "| cudnn | 0 | 0 | 0 | 0 |" in md
+
+    # The eager baseline's own paired measurement (reference vs itself) is reported as the null test.
+    for task, measured in ((t1, 1.02), (t2, 0.98)):
+        store.put_baseline(task.hash, "eager", environment_key(H200), version, 1.0,
+                           extra={"status": "ok", "speedup_vs_eager": 1.0, "measured_speedup": measured,
+                                  "task_id": task.id})
+    written = report_audit(outcome, cfg, store, tmp_path / "null", plots=False)
+    md = " ".join(written["report.md"].read_text().split())
+    assert "### Protocol null test" in md
+    assert "Over 2 tasks: median 1.000x, p5 0.982x, p95 1.018x (min 0.980x, max 1.020x)." in md
+    assert json.loads(written["audit.json"].read_text())["baseline_coverage"]["null_test"] == [0.98, 1.02]
 
 
 def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):

@@ -358,7 +358,8 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
     """Which baselines the store holds for `tasks` under `cfg` on `environment`'s machine (default: this
     one): per kind, tasks measured / failed / not measured, and each failure's reason. Eager is left out:
     every evaluation times the reference beside its candidate. With `asked` (kind -> task ids), each kind
-    counts only the tasks it was asked for, and says how many that is ("asked")."""
+    counts only the tasks it was asked for, and says how many that is ("asked"). `null_test`: the measured
+    speedups of the eager baseline (the reference timed against itself), the protocol's bias and noise."""
     from cudal1.baselines import BASELINE_KINDS
     from cudal1.baselines.runner import load_baselines
 
@@ -370,8 +371,12 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
         for kind, counts in kinds.items():
             counts["asked"] = sum(t.id in asked.get(kind, ()) for t in unique)
     failures = []
+    null_test = []
     for task in unique:
         records = load_baselines(store, task.hash, environment, cfg.protocol())
+        eager = records.get("eager")
+        if eager is not None and eager.ok and eager.measured_speedup:
+            null_test.append(eager.measured_speedup)
         for kind, counts in kinds.items():
             if asked is not None and task.id not in asked.get(kind, ()):
                 continue
@@ -383,4 +388,4 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
             else:
                 counts["failed"] += 1
                 failures.append({"task_id": task.id, "baseline": kind, "reason": record.reason})
-    return {"tasks": len(unique), "kinds": kinds, "failures": failures}
+    return {"tasks": len(unique), "kinds": kinds, "failures": failures, "null_test": sorted(null_test)}

@@ -107,13 +107,8 @@ def _require_cuda(inputs, what):
 
 _EAGER = '''
 
-class ModelNew(nn.Module):
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-        self.model = _Model(*args, **kwargs)
-
-    def forward(self, *inputs):
-        return self.model(*inputs)
+class ModelNew(_Model):
+    """The reference itself (no extra call layer): its paired measurement is the protocol's null test."""
 '''
 
 _COMPILE = '''

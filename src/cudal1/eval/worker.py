@@ -196,8 +196,12 @@ class Evaluation:
         return out
 
     def call_reference(self, model: Any, inputs: list[Any], wait: bool = True, pool: bool = True) -> Any:
-        """Run the reference, in its private memory pool unless the caller has entered it (`pool=False`)."""
-        with self.ref_pool() if pool else contextlib.nullcontext(), torch.no_grad():
+        """Run the reference, in its private memory pool unless the caller has entered it (`pool=False`:
+        then the call does exactly what `call_candidate` does, for timing)."""
+        if pool:
+            with self.ref_pool():
+                return self.call_reference(model, inputs, wait=wait, pool=False)
+        with torch.no_grad():
             out = model(*inputs)
         if wait:
             sync(self.device)
