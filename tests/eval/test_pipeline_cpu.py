@@ -318,3 +318,38 @@ def test_fp32_numerics_of_both_models_follow_the_profile(profile, exact_fp32, st
     r = evaluate_candidate(task, _PLAIN_COPY, EvalConfig(**{**FAST, "profile": profile, "exact_fp32": exact_fp32}))
     assert r.status is status, r.message
     assert r.protocol["exact_fp32"] is (status is Status.CORRECT)
+
+
+_NEW_API_TF32 = '''
+import torch
+import torch.nn as nn
+
+{line}
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x.clone()
+'''
+
+
+@pytest.mark.skipif(not hasattr(__import__("torch")._C, "_get_fp32_precision_getter"),
+                    reason="PyTorch without the fp32_precision API")
+@pytest.mark.parametrize("line", [
+    'torch.backends.cudnn.conv.fp32_precision = "tf32"',
+    'torch.backends.fp32_precision = "tf32"',
+    'torch.backends.cuda.matmul.fp32_precision = "tf32"',
+    'torch.backends.mkldnn.conv.fp32_precision = "tf32"',
+])
+@pytest.mark.parametrize(("profile", "status"), [("strict", Status.HACK_DETECTED), ("cuda-l1", Status.CORRECT)])
+def test_tf32_turned_on_through_the_fp32_precision_api_is_flagged(line, profile, status):
+    """The newer per-backend switches are guarded like the legacy flags: a named change, never a crash."""
+    from cudal1.tasks.task import Task
+
+    task = Task(id="test/numerics", source=_NUMERICS_TASK.replace("float(on)", "0.0"))
+    # Static analysis would reject the line first; this is about the runtime guard behind it.
+    cfg = EvalConfig(**{**FAST, "profile": profile, "skip_static": True})
+    r = evaluate_candidate(task, _NEW_API_TF32.format(line=line), cfg)
+    assert r.status is status, r.message  # never a runtime_error from PyTorch's mixed-API checks
+    if profile == "strict":  # from true fp32, any of these is a change, named by its switch
+        assert any(f.rule == "guard.global_state" and "fp32_precision" in f.message for f in r.flags), r.flags

@@ -40,9 +40,9 @@ def compile_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
     from cudal1.tasks.task import load_reference
 
     device = use_device(payload["device"])
-    if payload.get("exact_fp32"):
-        use_exact_fp32()  # the numerics of the timed run: inductor keys its caches on them
     ref = load_reference(payload["ref_source"], payload["task_id"], sizes=payload["sizes"])
+    if payload.get("exact_fp32"):
+        use_exact_fp32()  # as the evaluation worker does, after the reference: inductor keys its caches on it
     module = import_candidate(payload["source"], Path.cwd())  # as the evaluation worker imports it
     started = time.perf_counter()
     torch.manual_seed(payload["seed"])

@@ -69,18 +69,49 @@ def native_thread_count() -> int:
 
 SDP_SWITCHES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
 
+#: (backend, op) switches of PyTorch's `fp32_precision` API (2.9+), e.g. `torch.backends.cudnn.conv.fp32_precision`.
+# Rationale: setting one of these directly can turn TF32 on without changing what the legacy `allow_tf32`
+# flags read; after a mix of the two APIs the legacy getters even raise. So the raw switches are guarded too.
+FP32_PRECISION_SWITCHES = (("generic", "all"), ("cuda", "all"), ("cuda", "conv"), ("cuda", "rnn"),
+                           ("cuda", "matmul"), ("mkldnn", "all"), ("mkldnn", "conv"), ("mkldnn", "rnn"),
+                           ("mkldnn", "matmul"))
+
+#: What a legacy getter reads when PyTorch refuses to answer (its switches were set inconsistently).
+INCONSISTENT = "inconsistent"
+
+
+def _read(getter: Any) -> Any:
+    try:
+        return getter()
+    except RuntimeError:  # "mix of the legacy and new APIs", "different TF32 flags": a change all the same
+        return INCONSISTENT
+
+
+def _fp32_precisions() -> dict[str, str]:
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if getter is None:
+        return {}
+    out = {}
+    for backend, op in FP32_PRECISION_SWITCHES:
+        try:
+            out[f"fp32_precision.{backend}.{op}"] = getter(backend, op)
+        except RuntimeError:
+            continue  # a switch this PyTorch does not have
+    return out
+
 
 def _global_state() -> dict[str, Any]:
     b = torch.backends
     return {
-        "cuda.matmul.allow_tf32": b.cuda.matmul.allow_tf32,
+        "cuda.matmul.allow_tf32": _read(lambda: b.cuda.matmul.allow_tf32),
         "cuda.matmul.allow_fp16_reduced_precision_reduction": b.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "cuda.matmul.allow_bf16_reduced_precision_reduction": b.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "cudnn.allow_tf32": b.cudnn.allow_tf32,
+        "cudnn.allow_tf32": _read(lambda: b.cudnn.allow_tf32),
         "cudnn.benchmark": b.cudnn.benchmark,
         "cudnn.deterministic": b.cudnn.deterministic,
         "cudnn.enabled": b.cudnn.enabled,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "float32_matmul_precision": _read(torch.get_float32_matmul_precision),
+        **_fp32_precisions(),
         "default_dtype": str(torch.get_default_dtype()),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "num_threads": torch.get_num_threads(),
@@ -228,6 +259,16 @@ def restore(before: GuardSnapshot) -> None:
     for name in SDP_SWITCHES:
         setters[f"cuda.{name}"] = getattr(b.cuda, "enable_" + name.removesuffix("_enabled"))
     for key, value in s.items():
-        if key in setters and now.get(key) != value:
-            setters[key](value)
+        if key in setters and now.get(key) != value and value != INCONSISTENT:
+            try:
+                setters[key](value)
+            except RuntimeError:  # a legacy setter refusing a mixed state: the raw switches below fix it
+                continue
+    # The raw fp32_precision switches last: the legacy setters above rewrite them.
+    setter = getattr(torch._C, "_set_fp32_precision_setter", None)
+    for key, value in s.items():
+        if key.startswith("fp32_precision.") and setter is not None:
+            _, backend, op = key.split(".")
+            if torch._C._get_fp32_precision_getter(backend, op) != value:
+                setter(backend, op, value)
     restore_functions(before)

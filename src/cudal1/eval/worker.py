@@ -241,7 +241,8 @@ class Evaluation:
             raise Verdict(Status.INCORRECT, f"the candidate modified its input(s) {changed} in place; "
                           "the reference leaves them unchanged", flag="runtime.input_mutation")
         try:
-            result = compare_outputs(ref_out, cand_out, self.cfg.profile_obj, trial)
+            with self.ref_pool():  # its copies of the reference's values stay out of the candidate's reach
+                result = compare_outputs(ref_out, cand_out, self.cfg.profile_obj, trial)
         except OutputHackError as exc:
             raise Verdict(Status.HACK_DETECTED, f"guard.output_type: {exc}", flag="guard.output_type") from None
         poison(ref_out)
@@ -281,7 +282,8 @@ class Evaluation:
             # Large outputs: verify an unpredictable quarter of the calls (plus the first).
             if not big or i == 0 or self.rng.random() < 0.25:
                 try:
-                    result = compare_outputs(ref_out, cand_out, profile, trial=-1)
+                    with self.ref_pool():
+                        result = compare_outputs(ref_out, cand_out, profile, trial=-1)
                 except OutputHackError as exc:
                     raise Verdict(Status.HACK_DETECTED, f"guard.output_type: {exc}",
                                   flag="guard.output_type") from None
