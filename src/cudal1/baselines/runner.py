@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 LABEL_PREFIX = "baseline:"
 
 # Rationale: these protocol fields change what a measured time means (problem size, cold vs warm cache,
-# whether inputs rotate, fp32 numerics); the others only change how precisely it is measured or what counts as correct.
+# whether inputs rotate, fp32 numerics); the others only change how precisely it is measured or what
+# counts as correct.
 MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs", "exact_fp32")
 
 OK, FAILED = "ok", "failed"

@@ -3,9 +3,9 @@
 A `torch_compile` baseline compiles in its timed evaluation, serially, with one compile thread (the
 evaluator's thread guard); a cold compile of a level-2/3 model takes tens of seconds. `warm_compile_caches`
 first runs each pending (task, compile kind) once in its own isolated worker, several at a time, exactly as
-the evaluation will construct and call it (same generated source, seed, problem sizes, device, fp32 numerics
-and no-grad mode), so inductor's on-disk caches (FX graph, Triton kernels; shared by the processes of one user) are
-filled in parallel and the timed evaluations load from them. Nothing is measured or stored here; a failure
+the evaluation will construct and call it (same generated source, seed, problem sizes, device, fp32
+numerics and no-grad mode), so inductor's on-disk caches (FX graph, Triton kernels; shared by the processes
+of one user) are filled in parallel and the timed evaluations load from them. Nothing is measured or stored here; a failure
 only means the timed evaluation compiles (or fails) itself and reports why.
 """
 

@@ -69,7 +69,7 @@ def native_thread_count() -> int:
 
 SDP_SWITCHES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
 
-#: (backend, op) switches of PyTorch's `fp32_precision` API (2.9+), e.g. `torch.backends.cudnn.conv.fp32_precision`.
+#: (backend, op) switches of PyTorch's `fp32_precision` API (2.9+), e.g. `torch.backends.cudnn.conv`'s.
 # Rationale: setting one of these directly can turn TF32 on without changing what the legacy `allow_tf32`
 # flags read; after a mix of the two APIs the legacy getters even raise. So the raw switches are guarded too.
 FP32_PRECISION_SWITCHES = (("generic", "all"), ("cuda", "all"), ("cuda", "conv"), ("cuda", "rnn"),
