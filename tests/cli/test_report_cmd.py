@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cudal1.cli.main import main
 from cudal1.eval.types import EvalResult, KernelClass, Status, TimingStats
 from cudal1.store import ResultsStore
 from cudal1.tasks import Task
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 REF = (__import__("pathlib").Path(__file__).parents[1] / "fixtures" / "tasks" / "tiny_scale_add.py").read_text()
 
@@ -51,3 +55,15 @@ def test_unknown_label_is_one_line_error(tmp_path, capsys):
     _fill(store)
     assert main(["report", "--store", str(store), "--out", str(tmp_path / "r"), "--label", "nope"]) == 2
     assert "no results labelled nope" in capsys.readouterr().err
+
+
+def test_baseline_eager_on_cpu_prints_the_null_test(tmp_path, capsys):
+    """`cudal1 baseline --kind eager` measures the reference against itself and says how close to 1.00x."""
+    task = str(FIXTURES / "tasks" / "tiny_scale_add.py")
+    args = ["baseline", "--source", task, "--kind", "eager", "--device", "cpu", "--trials", "2",
+            "--buckets", "3", "--store", str(tmp_path / "s.sqlite"), "--no-peaks"]
+    assert main(args) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # Rich wraps long lines
+    assert "(1.00x)" in printed
+    assert "Null test (the reference timed as a candidate against itself; unbiased: 1.00x), 1 task(s): median" \
+        in printed

@@ -361,7 +361,7 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
     counts only the tasks it was asked for, and says how many that is ("asked"). `null_test`: the measured
     speedups of the eager baseline (the reference timed against itself), the protocol's bias and noise."""
     from cudal1.baselines import BASELINE_KINDS
-    from cudal1.baselines.runner import load_baselines
+    from cudal1.baselines.runner import load_baselines, null_test_summary
 
     environment = _machine(cfg, environment)
     unique = list({t.hash: t for t in tasks}.values())
@@ -374,9 +374,8 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
     null_test = []
     for task in unique:
         records = load_baselines(store, task.hash, environment, cfg.protocol())
-        eager = records.get("eager")
-        if eager is not None and eager.ok and eager.measured_speedup:
-            null_test.append(eager.measured_speedup)
+        if "eager" in records:
+            null_test.append(records["eager"])
         for kind, counts in kinds.items():
             if asked is not None and task.id not in asked.get(kind, ()):
                 continue
@@ -388,4 +387,6 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
             else:
                 counts["failed"] += 1
                 failures.append({"task_id": task.id, "baseline": kind, "reason": record.reason})
-    return {"tasks": len(unique), "kinds": kinds, "failures": failures, "null_test": sorted(null_test)}
+    return {"tasks": len(unique), "kinds": kinds, "failures": failures,
+            "null_test": sorted(r.measured_speedup for r in null_test if r.ok and r.measured_speedup),
+            "null_test_summary": null_test_summary(null_test)}

@@ -17,6 +17,7 @@ from cudal1.baselines.runner import (
     ensure_baselines,
     load_baselines,
     measure_baseline,
+    null_test_summary,
     speedups_vs_baselines,
 )
 from cudal1.baselines.sol import (
@@ -45,6 +46,7 @@ __all__ = [
     "load_baselines",
     "measure_baseline",
     "measure_peaks",
+    "null_test_summary",
     "parse_kinds",
     "peak_flops",
     "sol_fraction",

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -222,6 +223,18 @@ def load_baselines(store: Any, task_hash: str, environment: dict[str, Any],
     """Cached baselines of a task for the machine of `environment` and the protocol of `protocol`."""
     rows = store.list_baselines(task_hash, environment_key(environment), baseline_protocol_version(protocol))
     return {name: BaselineRecord.from_store(task_hash, name, row) for name, row in rows.items()}
+
+
+def null_test_summary(records: Iterable[BaselineRecord]) -> str | None:
+    """One sentence on the protocol's null test: the eager baseline's measured speedups (the reference timed
+    as a candidate against itself, 1.00x when unbiased) over the given records; None without any."""
+    xs = sorted(r.measured_speedup for r in records if r.name == "eager" and r.ok and r.measured_speedup)
+    if not xs:
+        return None
+    q = statistics.quantiles(xs, n=20, method="inclusive") if len(xs) > 1 else [xs[0]] * 19
+    return (f"Null test (the reference timed as a candidate against itself; unbiased: 1.00x), {len(xs)} "
+            f"task(s): median {statistics.median(xs):.3f}x, p5 {q[0]:.3f}x, p95 {q[-1]:.3f}x "
+            f"(min {xs[0]:.3f}x, max {xs[-1]:.3f}x).")
 
 
 def speedups_vs_baselines(speedup: float, records: dict[str, BaselineRecord]) -> dict[str, float]:

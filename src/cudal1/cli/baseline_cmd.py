@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cudal1.baselines import BaselineRecord, ensure_baselines, measure_peaks, parse_kinds
+from cudal1.baselines import BaselineRecord, ensure_baselines, measure_peaks, null_test_summary, parse_kinds
 from cudal1.cli import common
 from cudal1.eval.config import resolve_device
 from cudal1.tasks import Task, load_tasks
@@ -52,6 +52,9 @@ def baseline_command(
 
         ensure_baselines(tasks, kinds, cfg, store=store, force=force, on_result=on_result)
     common.console.print(baseline_table(records, kinds, f"baselines on {resolve_device(cfg.device)}"))
+    summary = null_test_summary(records)
+    if summary:
+        common.console.print(summary)
 
 
 def _select(sources: list[str], levels: list[int], ids: list[str], limit: int | None) -> list[Task]:
