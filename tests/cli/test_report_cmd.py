@@ -1,4 +1,4 @@
-"""`cudal1 report`, `cudal1 baseline --help` and `cudal1 audit --help`, in process."""
+"""`cudal1 report`, `cudal1 baseline` (eager on CPU, with its null test) and the help texts, in process."""
 
 from __future__ import annotations
 
