@@ -20,7 +20,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from cudal1.baselines.runner import LABEL_PREFIX, attach_baselines, load_baselines
+from cudal1.baselines.runner import LABEL_PREFIX, BaselineRecord, attach_baselines, load_baselines
 from cudal1.baselines.sol import cached_task_cost, sol_fraction, stored_peaks
 from cudal1.eval.types import EvalResult, Status
 from cudal1.metrics.rows import ResultRow
@@ -35,8 +35,10 @@ def _clamp(value: float | None) -> float | None:
     return None if value is None else min(max(value, 0.0), 1.0)
 
 
-def sol_fractions(result: EvalResult, task: Task, store: Any) -> dict[str, float]:
-    """SOL fractions of reference, candidate and cached baselines; {} when peaks or cost are unknown."""
+def sol_fractions(result: EvalResult, task: Task, store: Any,
+                  records: dict[str, BaselineRecord] | None = None) -> dict[str, float]:
+    """SOL fractions of reference, candidate and cached baselines (`records`, when already loaded for the
+    result's machine and protocol); {} when peaks or cost are unknown."""
     peaks = stored_peaks(store, result.environment.get("gpu_name"))
     if peaks is None or result.timing is None:
         return {}
@@ -44,7 +46,9 @@ def sol_fractions(result: EvalResult, task: Task, store: Any) -> dict[str, float
     if cost.min_bytes is None and cost.flops is None:
         return {}
     times = {"reference": result.timing.ref_ms, "candidate": result.timing.candidate_ms}
-    for name, record in load_baselines(store, task.hash, result.environment, result.protocol).items():
+    if records is None:
+        records = load_baselines(store, task.hash, result.environment, result.protocol)
+    for name, record in records.items():
         if record.ok:
             times[name] = record.ms
     out = {}
@@ -61,12 +65,12 @@ def row_from_result(result: EvalResult, task: Task, *, label: str, published: di
     sol: dict[str, float] = {}
     measured = None
     if store is not None:
-        if result.environment:  # the machine the baselines must come from
-            records = load_baselines(store, task.hash, result.environment, result.protocol)
+        records = load_baselines(store, task.hash, result.environment, result.protocol)  # read once
+        if result.environment:  # the machine the baselines must come from is known
             measured = tuple(sorted(name for name, rec in records.items() if rec.ok))
-        result = attach_baselines(result, task, store)
+        result = attach_baselines(result, task, store, records)
         if with_sol and result.status is Status.CORRECT:
-            sol = sol_fractions(result, task, store)
+            sol = sol_fractions(result, task, store, records)
     scores = {k: float(v) for k, v in (published or {}).items() if v is not None}
     return ResultRow.from_eval_dict(result.to_dict(), level=task.level, published=scores, label=label,
                                     sol=sol, measured_baselines=measured)

@@ -247,16 +247,20 @@ def speedups_vs_baselines(speedup: float, records: dict[str, BaselineRecord]) ->
     return out
 
 
-def attach_baselines(result: EvalResult, task: Task | str, store: Any) -> EvalResult:
+def attach_baselines(result: EvalResult, task: Task | str, store: Any,
+                     records: dict[str, BaselineRecord] | None = None) -> EvalResult:
     """The result with `baselines` = its speedup vs every cached baseline of its task and machine.
 
-    `task` is the Task or its source hash. A result without a speedup (not correct) is returned unchanged;
-    entries already in `result.baselines` are kept unless a cached baseline of the same name replaces them.
+    `task` is the Task or its source hash; `records` the task's baselines when the caller already loaded
+    them (`load_baselines` for the result's machine and protocol). A result without a speedup (not correct)
+    is returned unchanged; entries already in `result.baselines` are kept unless a cached baseline of the
+    same name replaces them.
     """
     if store is None or result.speedup is None:
         return result
-    task_hash = task if isinstance(task, str) else task.hash
-    records = load_baselines(store, task_hash, result.environment, result.protocol)
+    if records is None:
+        task_hash = task if isinstance(task, str) else task.hash
+        records = load_baselines(store, task_hash, result.environment, result.protocol)
     found = speedups_vs_baselines(result.speedup, records)
     if not found:
         return result
