@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cudal1.eval.compile import _RESOURCE_FAILURE, LEVERS_ENV, BuildLevers, trim_compiler_log
+from cudal1.eval.compile import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers, trim_compiler_log
 
 logger = logging.getLogger(__name__)
 
@@ -357,7 +357,7 @@ def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args:
     log = trim_compiler_log(text)
     recorder.records.append(BuildRecord(name, seconds, False, log, variant))
     output = _build_output(error) if remember is not None else None
-    if output is not None and _DIAGNOSTIC.search(output) and not _RESOURCE_FAILURE.search(text):
+    if output is not None and _DIAGNOSTIC.search(output) and not RESOURCE_FAILURE.search(text):
         recorder.remember_failure(remember, output)
     raise error
 

@@ -441,9 +441,11 @@ ProgressCallback = Callable[[int, int, BuildResult], None]  # (done, total, resu
 _COMPILE_ERRORS: dict[str, BuildResult] = {}
 _COMPILE_ERRORS_MAX = 1024
 _compile_errors_lock = threading.Lock()
-_RESOURCE_FAILURE = re.compile(r"out of memory|MemoryError|Killed|Kill signal|signal \d+|Terminated|No space left|"
-                               r"Resource temporarily unavailable|Cannot allocate memory|CUDA error|timed out|"
-                               r"Segmentation fault|internal compiler error", re.IGNORECASE)
+#: A failure caused by the machine or the tools rather than the source (memory, disk, time, a crash): never
+#: remembered as the candidate's compile error (here and in `build_worker`'s remembered failures).
+RESOURCE_FAILURE = re.compile(r"out of memory|MemoryError|Killed|Kill signal|signal \d+|Terminated|No space left|"
+                              r"Resource temporarily unavailable|Cannot allocate memory|CUDA error|timed out|"
+                              r"Segmentation fault|internal compiler error", re.IGNORECASE)
 
 
 def _is_compile_error(value: dict[str, Any], log: str) -> bool:
@@ -451,7 +453,7 @@ def _is_compile_error(value: dict[str, Any], log: str) -> bool:
     compiler_failed = any(not b.get("ok") for b in value.get("builds", []))
     syntax_error = not value.get("import_ok", True) and log.startswith(("SyntaxError", "IndentationError",
                                                                           "TabError"))
-    return (compiler_failed or syntax_error) and not _RESOURCE_FAILURE.search(log)
+    return (compiler_failed or syntax_error) and not RESOURCE_FAILURE.search(log)
 
 
 def _remember_compile_error(result: BuildResult) -> None:
