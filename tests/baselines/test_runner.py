@@ -141,12 +141,14 @@ def test_pending_compile_kinds_are_warmed_together_first(store, monkeypatch):
     assert warmed == []  # a single pending compile gains nothing from a separate warm-up
 
 
-def test_warm_up_stops_when_asked():
-    from cudal1.baselines.warm import warm_compile_caches
+def test_warm_up_stops_when_asked(caplog):
+    from cudal1.baselines.warm import SKIPPED, warm_compile_caches
 
     pairs = [(Task(id="t/tiny", source=TINY), "torch_compile"), (Task(id="t/tiny", source=TINY), "eager")]
-    done = warm_compile_caches(pairs, runner.baseline_config(FAST, "torch_compile"), should_stop=lambda: True)
-    assert done == {("t/tiny", "torch_compile"): "skipped (stopped)"}  # eager has nothing to compile
+    with caplog.at_level("INFO", logger="cudal1.baselines.warm"):
+        done = warm_compile_caches(pairs, runner.baseline_config(FAST, "torch_compile"), should_stop=lambda: True)
+    assert done == {("t/tiny", "torch_compile"): SKIPPED}  # eager has nothing to compile
+    assert "0 of 1 baseline(s)" in caplog.text and "(0 failed, 1 skipped: stopped)" in caplog.text
 
 
 @pytest.mark.slow

@@ -28,6 +28,9 @@ COMPILE_KINDS: frozenset[str] = frozenset({"torch_compile", "torch_compile_reduc
 
 WARM_ENTRY = "cudal1.baselines.warm:compile_in_worker"
 
+#: What a (task, kind) not started because `should_stop` said so maps to.
+SKIPPED = "skipped (stopped)"
+
 
 def compile_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
     """Isolated entry: construct the baseline's `ModelNew` as the evaluator does and call it twice."""
@@ -75,7 +78,7 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
     def one(pair: tuple[Task, str]) -> float | str:
         task, kind = pair
         if should_stop is not None and should_stop():
-            return "skipped (stopped)"
+            return SKIPPED
         payload = {"task_id": task.id, "ref_source": task.source, "device": cfg.device, "sizes": cfg.sizes,
                    "seed": cfg.seed, "exact_fp32": cfg.uses_exact_fp32,
                    "source": baseline_source(task, kind, cfg.sizes, clone_outputs=False)}
@@ -87,7 +90,9 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cudal1-warm-compile") as pool:
         done = dict(zip([(t.id, k) for t, k in pairs], pool.map(one, pairs), strict=True))
-    failed = sum(isinstance(v, str) for v in done.values())
-    logger.info("torch.compile caches warmed for %d baseline(s) in %.1f s, %d at a time (%d failed)",
-                len(done), time.monotonic() - started, workers, failed)
+    skipped = sum(v == SKIPPED for v in done.values())
+    failed = sum(isinstance(v, str) for v in done.values()) - skipped
+    logger.info("torch.compile caches warmed for %d of %d baseline(s) in %.1f s, %d at a time (%d failed, "
+                "%d skipped: stopped)", len(done) - failed - skipped, len(done), time.monotonic() - started,
+                workers, failed, skipped)
     return done
