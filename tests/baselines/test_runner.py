@@ -121,24 +121,40 @@ def test_torch_compile_baseline_on_cpu_is_correct_and_raises_no_guard(store):
     assert all(f["rule"].startswith("guard.") for f in flags), flags
 
 
-def test_pending_compile_kinds_are_warmed_together_first(store, monkeypatch):
-    # torch.compile kinds not yet cached compile once in parallel workers before the serial timed runs.
+def test_pending_compile_kinds_are_warmed_together_after_the_quick_kinds(store, monkeypatch):
+    # Kinds without compilation are measured for every task first; torch.compile kinds not yet cached then
+    # compile once in parallel workers before their serial timed runs.
     from cudal1.baselines import warm
 
     tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(3)]
     cfg = runner.baseline_config(FAST, "torch_compile")
     env_key, version = runner._cache_coordinates(cfg)
     store.put_baseline(tasks[0].hash, "torch_compile", env_key, version, 1.0, extra={})  # cached: not warmed
-    warmed, timed = [], []
-    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: warmed.append(
-        ([(t.id, k) for t, k in pairs], c.device, c.skip_static)))
-    monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: timed.append((task.id, kind)))
-    runner.ensure_baselines(tasks, ["eager", "torch_compile"], FAST, store=store)
-    assert warmed == [([("t/tiny1", "torch_compile"), ("t/tiny2", "torch_compile")], "cpu", True)]
-    assert len(timed) == 6  # then every pair in order, as before
-    warmed.clear()
+    events = []
+    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: events.append(
+        ("warm", [(t.id, k) for t, k in pairs], c.device, c.skip_static)))
+    monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: events.append((task.id, kind))
+                        or f"{task.id}:{kind}")
+    records = runner.ensure_baselines(tasks, ["torch_compile", "eager"], FAST, store=store)
+    assert events == [("t/tiny0", "eager"), ("t/tiny1", "eager"), ("t/tiny2", "eager"),
+                      ("warm", [("t/tiny1", "torch_compile"), ("t/tiny2", "torch_compile")], "cpu", True),
+                      ("t/tiny0", "torch_compile"), ("t/tiny1", "torch_compile"), ("t/tiny2", "torch_compile")]
+    assert records == [f"t/tiny{i}:{k}" for i in range(3) for k in ("torch_compile", "eager")]  # (task, kind)
+    events.clear()
     runner.ensure_baselines(tasks[:2], ["eager", "torch_compile"], FAST, store=store)
-    assert warmed == []  # a single pending compile gains nothing from a separate warm-up
+    assert not [e for e in events if e[0] == "warm"]  # a single pending compile gains nothing from a warm-up
+
+
+def test_a_stop_during_the_quick_kinds_skips_the_compile_warm_up(store, monkeypatch):
+    from cudal1.baselines import warm
+
+    tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(3)]
+    events = []
+    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: events.append("warm"))
+    monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: events.append((task.id, kind)))
+    runner.ensure_baselines(tasks, ["eager", "torch_compile"], FAST, store=store,
+                            should_stop=lambda: len(events) >= 2)
+    assert events == [("t/tiny0", "eager"), ("t/tiny1", "eager")]
 
 
 def test_warm_up_stops_when_asked(caplog):

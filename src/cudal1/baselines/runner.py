@@ -185,33 +185,45 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
 
     Returns the records in (task, kind) order; `on_result` is called after each (cached ones included).
     `should_stop` is asked before each pair (a time budget); the records so far are returned when it says
-    stop. Evaluation workers are started ahead of need, as in `evaluate_many`, and torch.compile kinds
-    compile once in parallel first (`cudal1.baselines.warm`), so their timed runs find the caches filled.
+    stop. The kinds that need no compilation are measured first for every task, then the torch.compile
+    kinds, after they compiled once in parallel (`cudal1.baselines.warm`) so their timed runs find the
+    caches filled: a budget that ends during the slow half still leaves the quick baselines complete.
+    Evaluation workers are started ahead of need, as in `evaluate_many`.
     """
+    from cudal1.baselines.warm import COMPILE_KINDS
     from cudal1.eval.pipeline import worker_supply
 
-    tasks = list(tasks)
-    _warm_compile_kinds(tasks, kinds, config or EvalConfig(), store, force, should_stop)
-    records = []
-    with worker_supply(resolve_device((config or EvalConfig()).device), len(tasks) * len(kinds)) as workers:
-        for task in tasks:
-            for kind in kinds:
-                if should_stop is not None and should_stop():
-                    return records
-                record = measure_baseline(task, kind, config, store=store, force=force, workers=workers)
-                records.append(record)
-                if on_result is not None:
-                    on_result(task, kind, record)
-    return records
+    tasks, config = list(tasks), config or EvalConfig()
+    quick = [k for k in kinds if k not in COMPILE_KINDS]
+    slow = [k for k in kinds if k in COMPILE_KINDS]
+    records: dict[tuple[int, int], BaselineRecord] = {}
+
+    def measure(pass_kinds: list[str]) -> bool:
+        """Measure `pass_kinds` for every task; False when told to stop."""
+        with worker_supply(resolve_device(config.device), len(tasks) * len(pass_kinds)) as workers:
+            for i, task in enumerate(tasks):
+                for kind in pass_kinds:
+                    if should_stop is not None and should_stop():
+                        return False
+                    record = measure_baseline(task, kind, config, store=store, force=force, workers=workers)
+                    records[i, list(kinds).index(kind)] = record
+                    if on_result is not None:
+                        on_result(task, kind, record)
+        return True
+
+    if (not quick or measure(quick)) and slow:
+        _warm_compile_kinds(tasks, slow, config, store, force, should_stop)
+        measure(slow)
+    return [records[key] for key in sorted(records)]
 
 
 def _warm_compile_kinds(tasks: list[Task], kinds: Sequence[str], config: EvalConfig, store: Any, force: bool,
                         should_stop: Callable[[], bool] | None) -> None:
     """Fill torch.compile's caches in parallel for the compile kinds about to be measured (two or more)."""
-    from cudal1.baselines.warm import COMPILE_KINDS, warm_compile_caches
+    from cudal1.baselines.warm import warm_compile_caches
 
     pending = []
-    for kind in (k for k in kinds if k in COMPILE_KINDS):
+    for kind in kinds:
         cfg = baseline_config(config, kind)
         pending += [(t, kind) for t in tasks if force or store is None or _stored_baseline(store, t, kind, cfg) is None]
     if len(pending) > 1:
