@@ -6,8 +6,9 @@ Phases, each resuming from the store: (1) the candidates of a per-level sample, 
 (3) the `--all-baselines` (default: the CUDA graph) for every task, (4) the `--baselines` (default: all
 kinds) for the sample's tasks. Writes into OUT_DIR: `store.sqlite` (unless --store names another; carry it
 into the next call to resume), `report/` (report.md, report.html, plots, audit.json, audit_tasks.md) and
-`summary.json`, and prints a short table last. A release larger than one call's budget is finished by
-repeating the same command with the store carried over.
+`summary.json` (per phase: candidates evaluated and reused, or baselines measured and reused), and prints a
+short table last. The report covers every task of the release evaluated so far, whichever phases ran. A
+release larger than one call's budget is finished by repeating the same command with the store carried over.
 
 Several GPUs: one process per GPU, each with its own `--chunk I/N` and `CUDA_VISIBLE_DEVICES`, all on one
 `--store` (SQLite, safe for concurrent writers); then `--report-only` writes the report of the whole store.
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cudal1.audit import AuditConfig, profile_comparison, run_audit, survival_table
-    from cudal1.audit.run import measured_on, report_audit, report_only_config
+    from cudal1.audit.run import collect_audit, measured_on, report_audit, report_only_config
     from cudal1.baselines import parse_kinds
     from cudal1.eval.config import EvalConfig
     from cudal1.store import ResultsStore
@@ -88,20 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         base = report_only_config(base, store, args.gpu)
         print(measured_on(base.environment), flush=True)
-        phases = [("report", {})]
+        phases = []
     done = {}
-    outcome = None
     for name, extra in phases:
-        left = 0.0 if args.report_only else args.time_budget_s - (time.monotonic() - started)
-        if left <= 0 and not args.report_only:
+        left = args.time_budget_s - (time.monotonic() - started)
+        if left <= 0:
             break
-        cfg = base if args.report_only else AuditConfig(**{**base.__dict__, **extra, "time_budget_s": left})
-        outcome = run_audit(cfg, store)
-        done[name] = {"evaluated": outcome.evaluated, "reused": outcome.reused,
-                      "left_for_later": outcome.skipped_for_time, "pending": outcome.pending}
-    if outcome is None:
+        measured: list[bool] = []  # per baseline record: was it cached already
+        phase = run_audit(AuditConfig(**{**base.__dict__, **extra, "time_budget_s": left}), store,
+                          on_baseline=lambda task, kind, record, seen=measured: seen.append(record.cached))
+        done[name] = ({"baselines_measured": measured.count(False), "baselines_reused": measured.count(True)}
+                      if "baselines" in extra else
+                      {"evaluated": phase.evaluated, "reused": phase.reused,
+                       "left_for_later": phase.skipped_for_time, "pending": phase.pending})
+    if not done and not args.report_only:
         print("no time left to run anything", file=sys.stderr)
         return 1
+    outcome = collect_audit(base, store)  # every task of the release, whichever phases ran
     written = report_audit(outcome, base, store, args.out_dir / "report", plots=not args.no_plots,
                            asked=asked_baselines(args, outcome.selected, kinds, all_kinds))
     comparison = profile_comparison(outcome.rows, base.survive_fraction)

@@ -263,6 +263,18 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
     return outcome
 
 
+def collect_audit(config: AuditConfig, store: Any) -> AuditOutcome:
+    """The selection of `config` (chunk ignored) and the rows of its items already in the store, with the
+    baselines stored by then; evaluates, measures and writes nothing. What a report after several
+    differently-selected runs (a sample, then everything) shows."""
+    cfg = config.resolved_eval()
+    selected = select_items(load_release(Path(config.release)), levels=config.levels,
+                            sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)
+    outcome = AuditOutcome(label=config.label, selected=selected, chunk=[])
+    outcome.rows = audit_rows(store, selected, cfg, config.label, config.environment)
+    return outcome
+
+
 def _audit_workers(cfg: EvalConfig, n: int) -> Any:
     """One supply of warm workers for every batch of the audit (a supply per batch waited ~9 s for its
     first worker each time, once the builds were done ahead)."""
