@@ -196,6 +196,11 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
             "median 1.000x, p5 0.982x, p95 1.018x (min 0.980x, max 1.020x).") in md
     assert json.loads(written["audit.json"].read_text())["baseline_coverage"]["null_test"] == [0.98, 1.02]
 
+    # Every stored baseline per task, in the cells `cudal1 baseline` prints.
+    table = written["audit_baselines.md"].read_text()
+    assert "| Task | eager | cuda_graph |" in table
+    assert f"| {t1.id} | 1.000 (1.00x) | 0.500 (2.00x) |" in table and f"| {t2.id} | 1.000 (1.00x) | failed |" in table
+
 
 def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):
     from cudal1.cli.main import main

@@ -371,7 +371,8 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
     one): per kind, tasks measured / failed / not measured, and each failure's reason. Eager is left out:
     every evaluation times the reference beside its candidate. With `asked` (kind -> task ids), each kind
     counts only the tasks it was asked for, and says how many that is ("asked"). `null_test`: the measured
-    speedups of the eager baseline (the reference timed against itself), the protocol's bias and noise."""
+    speedups of the eager baseline (the reference timed against itself), the protocol's bias and noise.
+    `per_task`: task id -> kind -> the stored baseline (eager included), what `cudal1 baseline` prints."""
     from cudal1.baselines import BASELINE_KINDS
     from cudal1.baselines.runner import load_baselines, null_test_summary
 
@@ -384,8 +385,12 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
             counts["asked"] = sum(t.id in asked.get(kind, ()) for t in unique)
     failures = []
     null_test = []
+    per_task: dict[str, dict[str, dict[str, Any]]] = {}
     for task in unique:
         records = load_baselines(store, task.hash, environment, cfg.protocol())
+        if records:
+            per_task[task.id] = {kind: {k: v for k, v in record.to_dict().items() if k in _PER_TASK_FIELDS}
+                                 for kind, record in records.items()}
         if "eager" in records:
             null_test.append(records["eager"])
         for kind, counts in kinds.items():
@@ -401,4 +406,8 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
                 failures.append({"task_id": task.id, "baseline": kind, "reason": record.reason})
     return {"tasks": len(unique), "kinds": kinds, "failures": failures,
             "null_test": sorted(r.measured_speedup for r in null_test if r.ok and r.measured_speedup),
-            "null_test_summary": null_test_summary(null_test)}
+            "null_test_summary": null_test_summary(null_test), "per_task": per_task}
+
+
+#: What an audit's outputs keep of each baseline record.
+_PER_TASK_FIELDS = ("status", "ms", "speedup_vs_eager", "ref_ms", "measured_speedup", "reason")

@@ -4,7 +4,8 @@
 each baseline, kernel class, flags, and whether the published speedup vs eager survives); `survival_table`
 counts survivors per kernel class or per flag; `profile_comparison` puts the runs of several profiles (or
 releases) side by side. `write_audit_outputs` writes the standard report (`cudal1.report.write_report`,
-all labels given) plus `audit.json` and `audit_tasks.md` (the per-task table with every baseline).
+all labels given) plus `audit.json`, `audit_tasks.md` (the per-task table with every baseline) and
+`audit_baselines.md` (every stored baseline's time per task).
 
 A published speedup *survives* when our verdict is correct and our speedup vs the same baseline is at least
 `fraction` x the published one (`cudal1.metrics.audit_published`'s rule).
@@ -117,7 +118,8 @@ def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
         Heading("Baselines measured", 2),
         Paragraph(f"Of the {n} distinct tasks of the selection ({scope}): a baseline is measured (correct, "
                   "timed), failed (the reason is listed below) or not measured yet. Eager needs no row: every "
-                  "evaluation times the reference beside its candidate."),
+                  "evaluation times the reference beside its candidate. Each baseline's time per task: "
+                  "audit_baselines.md."),
         Table(header, rows)]
     if coverage.get("null_test_summary"):
         blocks += [Heading("Protocol null test", 3), Paragraph(coverage["null_test_summary"])]
@@ -128,12 +130,36 @@ def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
     return blocks
 
 
+def baselines_markdown(per_task: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str) -> str:
+    """Every stored baseline per task, as `cudal1 baseline` prints it: ms (speedup vs eager), or failed."""
+    from cudal1.baselines import BASELINE_KINDS, BaselineRecord, measured_cell
+
+    kinds = [k for k in BASELINE_KINDS if any(k in by_kind for by_kind in per_task.values())]
+    lines = [f"# {title}", "",
+             "Median time per call in ms, cold cache, and in brackets the speedup vs eager measured beside it "
+             "(eager is 1.00x by definition; its measured ratio against itself is the report's null test). "
+             "Failures and their reasons are listed in the report.", "",
+             "| " + " | ".join(["Task", *kinds]) + " |", "|" + "|".join("---" for _ in range(len(kinds) + 1)) + "|"]
+    for task_id, by_kind in per_task.items():
+        cells = []
+        for kind in kinds:
+            found = by_kind.get(kind)
+            if found is None:
+                cells.append("-")
+            elif found["status"] != "ok":
+                cells.append("failed")
+            else:
+                cells.append(measured_cell(BaselineRecord(task_id=task_id, task_hash="", name=kind, **found)))
+        lines.append("| " + " | ".join([task_id, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_audit_outputs(rows: Sequence[ResultRow], out_dir: str | Path, *, title: str, meta: Mapping[str, Any],
                         fraction: float = 0.9, plots: bool = True, extra: Mapping[str, Any] | None = None,
                         coverage: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write report.md/html (+plots), audit.json and audit_tasks.md under `out_dir`; return name -> path.
-    `coverage` (`baseline_coverage`) adds the section of which baselines were measured, and goes into
-    audit.json."""
+    `coverage` (`baseline_coverage`) adds the section of which baselines were measured, goes into audit.json,
+    and its stored baselines per task into audit_baselines.md."""
     out = Path(out_dir)
     written = write_report(rows, out, title=title, meta=meta, plots=plots, survive_fraction=fraction,
                            extra_blocks=coverage_blocks(coverage) if coverage else ())
@@ -146,4 +172,7 @@ def write_audit_outputs(rows: Sequence[ResultRow], out_dir: str | Path, *, title
     (out / "audit.json").write_text(json.dumps(document, indent=1, sort_keys=False, default=str) + "\n")
     (out / "audit_tasks.md").write_text(tasks_markdown(entries, f"{title}: per task"))
     written.update({"audit.json": out / "audit.json", "audit_tasks.md": out / "audit_tasks.md"})
+    if coverage and coverage.get("per_task"):
+        (out / "audit_baselines.md").write_text(baselines_markdown(coverage["per_task"], f"{title}: baselines"))
+        written["audit_baselines.md"] = out / "audit_baselines.md"
     return dict(sorted(written.items()))

@@ -17,6 +17,7 @@ from cudal1.baselines.runner import (
     ensure_baselines,
     load_baselines,
     measure_baseline,
+    measured_cell,
     null_test_summary,
     speedups_vs_baselines,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "ensure_baselines",
     "load_baselines",
     "measure_baseline",
+    "measured_cell",
     "measure_peaks",
     "null_test_summary",
     "parse_kinds",

@@ -237,6 +237,13 @@ def load_baselines(store: Any, task_hash: str, environment: dict[str, Any],
     return {name: BaselineRecord.from_store(task_hash, name, row) for name, row in rows.items()}
 
 
+def measured_cell(record: BaselineRecord) -> str:
+    """A measured baseline as `cudal1 baseline` and audit reports print it: 'ms (speedup vs eager x)'."""
+    ms = "-" if record.ms is None else f"{record.ms:.3f}"
+    speedup = "-" if record.speedup_vs_eager is None else f"{record.speedup_vs_eager:.2f}"
+    return f"{ms} ({speedup}x)"
+
+
 def null_test_summary(records: Iterable[BaselineRecord]) -> str | None:
     """One sentence on the protocol's null test: the eager baseline's measured speedups (the reference timed
     as a candidate against itself, 1.00x when unbiased) over the given records; None without any."""

@@ -71,7 +71,8 @@ def audit_command(
     folder = out or Path(f"audit-{cfg.release_name}-{profile}")
     written = report_audit(outcome, cfg, store, folder, plots=plots)
     common.console.print(summary_table(outcome, cfg))
-    common.console.print(f"report: {written['report.html']}  (per task: {written['audit_tasks.md']})")
+    per_task = ", ".join(str(written[name]) for name in ("audit_tasks.md", "audit_baselines.md") if name in written)
+    common.console.print(f"report: {written['report.html']}  (per task: {per_task})")
 
 
 def summary_table(outcome: AuditOutcome, cfg: AuditConfig) -> Table:

@@ -7,7 +7,14 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cudal1.baselines import BaselineRecord, ensure_baselines, measure_peaks, null_test_summary, parse_kinds
+from cudal1.baselines import (
+    BaselineRecord,
+    ensure_baselines,
+    measure_peaks,
+    measured_cell,
+    null_test_summary,
+    parse_kinds,
+)
 from cudal1.cli import common
 from cudal1.eval.config import resolve_device
 from cudal1.tasks import Task, load_tasks
@@ -82,7 +89,7 @@ def baseline_table(records: list[BaselineRecord], kinds: list[str], title: str) 
             if r is None:
                 cells.append("-")
             elif r.ok:
-                cells.append(f"{common.fmt(r.ms, '.3f')} ({common.fmt(r.speedup_vs_eager, '.2f')}x)")
+                cells.append(measured_cell(r))
             else:
                 cells.append(f"[red]failed[/red]: {r.reason[:40]}")
         table.add_row(task_id, *cells)
