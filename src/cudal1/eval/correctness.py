@@ -94,18 +94,20 @@ def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index
     atol = tol.atol
     # Rationale: when the reference's largest magnitude is within 10x the absolute tolerance, an all-zero
     # or constant answer would pass on atol alone; compare relative to the reference's own scale instead.
-    if scale < 10 * tol.atol:
+    scaled = scale < 10 * tol.atol
+    if scaled:
         atol = max(scale * tol.rtol, 1e-30)
     err = (r - n).abs()
     allowed = atol + tol.rtol * r.abs()
     bad = (err > allowed) & finite
     bad |= ref_nan != new_nan
     bad |= (~finite & ~ref_nan) & (r != n)  # +-inf must match exactly
-    return _report(r, n, bad, index, trial, exact=False)
+    return _report(r, n, bad, index, trial, exact=False,
+                   tolerance={"atol": atol, "rtol": tol.rtol, "scale": scale if scaled else None})
 
 
 def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int, trial: int,
-            exact: bool) -> Comparison:
+            exact: bool, tolerance: dict[str, float | None] | None = None) -> Comparison:
     n_bad = int(bad.sum())
     if n_bad == 0:
         return Comparison(True)
@@ -118,7 +120,8 @@ def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int,
     rel = ((r - n).abs() / r.abs().clamp_min(1e-12))[bad].nan_to_num(nan=float("inf"))
     mismatch = Mismatch(output_index=index, trial=trial, max_abs_error=max_abs,
                         max_rel_error=float(rel.max()), bad_elements=n_bad, total_elements=ref.numel(),
-                        first_bad_index=where, expected=float(r.flatten()[flat]), got=float(n.flatten()[flat]))
+                        first_bad_index=where, expected=float(r.flatten()[flat]), got=float(n.flatten()[flat]),
+                        **(tolerance or {}))
     return Comparison(False, mismatch.describe(), mismatch)
 
 

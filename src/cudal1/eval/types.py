@@ -79,12 +79,22 @@ class Mismatch:
     first_bad_index: list[int]  # multi-index of the worst element
     expected: float
     got: float
+    atol: float | None = None  # the tolerance applied: |got - expected| <= atol + rtol * |expected| (None: exact)
+    rtol: float | None = None
+    scale: float | None = None  # set when atol was shrunk to scale * rtol: the reference's largest magnitude
 
     def describe(self) -> str:
         where = "timed run" if self.trial < 0 else f"trial {self.trial}"
-        return (f"output {self.output_index} ({where}): {self.bad_elements}/{self.total_elements} elements off, "
+        text = (f"output {self.output_index} ({where}): {self.bad_elements}/{self.total_elements} elements off, "
                 f"max abs err {self.max_abs_error:.3g}, max rel err {self.max_rel_error:.3g}; "
                 f"at {tuple(self.first_bad_index)} expected {self.expected:.6g} got {self.got:.6g}")
+        if self.atol is None or self.rtol is None:
+            return text
+        text += f" (allowed: {self.atol:.3g} + {self.rtol:.3g} x |expected|"
+        if self.scale is not None:
+            text += (f"; the reference's largest magnitude, {self.scale:.3g}, is below 10x the profile's atol, "
+                     "so atol is relative to it")
+        return text + ")"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,60 @@
+"""Output comparison (CPU): tolerances per profile, the small-reference rule, NaN/Inf, and what a mismatch says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cudal1.eval.config import PROFILES
+from cudal1.eval.correctness import OutputHackError, compare_outputs
+
+STRICT, LOOSE = PROFILES["strict"], PROFILES["kernelbench-v0"]
+
+
+def test_within_atol_plus_rtol_passes_and_beyond_fails_with_where_and_how_much():
+    ref = torch.ones(4, 8)
+    assert compare_outputs(ref, ref + 1.5e-4, STRICT, trial=0).ok  # 1e-4 + 1e-4 * 1
+    new = ref.clone()
+    new[2, 5] += 1e-3
+    result = compare_outputs(ref, new, STRICT, trial=3)
+    assert not result.ok
+    m = result.mismatch
+    assert (m.bad_elements, m.total_elements, m.first_bad_index, m.trial) == (1, 32, [2, 5], 3)
+    assert m.max_abs_error == pytest.approx(1e-3, rel=1e-3) and (m.atol, m.rtol, m.scale) == (1e-4, 1e-4, None)
+    assert result.message.startswith("output 0 (trial 3): 1/32 elements off")
+    assert result.message.endswith("(allowed: 0.0001 + 0.0001 x |expected|)")
+    assert compare_outputs(ref, new, LOOSE, trial=0).ok  # KernelBench's published 1e-2
+
+
+def test_a_zero_answer_to_a_tiny_reference_fails_and_the_message_says_why():
+    # Every value is below atol: on atol alone zeros would pass; relative to the reference's scale they fail.
+    ref = torch.linspace(-5e-5, 5e-5, 64)
+    result = compare_outputs(ref, torch.zeros_like(ref), STRICT, trial=0)
+    assert not result.ok and result.mismatch.scale == pytest.approx(5e-5)
+    assert result.mismatch.atol == pytest.approx(5e-9)
+    assert "the reference's largest magnitude, 5e-05, is below 10x the profile's atol" in result.message
+    assert compare_outputs(ref, ref * (1 + 1e-6), STRICT, trial=0).ok  # a faithful answer still passes
+
+
+def test_nan_and_inf_must_sit_where_the_reference_has_them():
+    ref = torch.tensor([1.0, float("nan"), float("inf"), -float("inf")])
+    assert compare_outputs(ref, ref.clone(), STRICT, trial=0).ok
+    for bad in ([1.0, 0.0, float("inf"), -float("inf")], [1.0, float("nan"), float("inf"), float("inf")]):
+        assert not compare_outputs(ref, torch.tensor(bad), STRICT, trial=0).ok
+
+
+def test_integers_compare_exactly_and_structure_shape_dtype_must_match():
+    ref = torch.arange(6)
+    off = compare_outputs(ref, ref + torch.tensor([0, 0, 0, 0, 0, 1]), STRICT, trial=0)
+    assert not off.ok and off.mismatch.atol is None and "allowed" not in off.message
+    assert "dtype" in compare_outputs(ref, ref.float(), STRICT, trial=0).message
+    assert "shape" in compare_outputs(ref, ref.view(2, 3), STRICT, trial=0).message
+    assert "returned 1 outputs" in compare_outputs((ref, ref), ref, STRICT, trial=0).message
+
+
+def test_a_tensor_subclass_output_is_a_hack():
+    class Lazy(torch.Tensor):
+        pass
+
+    with pytest.raises(OutputHackError):
+        compare_outputs(torch.ones(2), torch.ones(2).as_subclass(Lazy), STRICT, trial=0)
