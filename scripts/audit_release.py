@@ -2,13 +2,14 @@
 
     python scripts/audit_release.py OUT_DIR --release ../shared/data/cuda-l1/h100.jsonl --time-budget-s 480
 
-Phases, each resuming from the store: (1) the candidates of a per-level sample, (2) every candidate,
-(3) the `--all-baselines` (default: the CUDA graph) for every task, (4) the `--baselines` (default: all
-kinds) for the sample's tasks. Writes into OUT_DIR: `store.sqlite` (unless --store names another; carry it
-into the next call to resume), `report/` (report.md, report.html, plots, audit.json, audit_tasks.md) and
-`summary.json` (per phase: candidates evaluated and reused, or baselines measured and reused), and prints a
-short table last. The report covers every task of the release evaluated so far, whichever phases ran. A
-release larger than one call's budget is finished by repeating the same command with the store carried over.
+Phases, each resuming from the store: (1) the candidates of a per-level sample, (2) every candidate, (3) the
+`--all-baselines` (default: the CUDA graph) for every task, (4) the `--baselines` (default: all kinds) for
+the sample's tasks. Writes into OUT_DIR: `store.sqlite` (unless --store names another; carry it into the
+next call to resume), `report/` (report.md, report.html, plots, audit.json, audit_tasks.md,
+audit_baselines.md) and `summary.json` (per phase: candidates evaluated and reused; baselines measured,
+reused and left), and prints a short table last. The report covers every task of the release evaluated so
+far, whichever phases ran. A release larger than one call's budget is finished by repeating the same command
+with the store carried over.
 
 Several GPUs: one process per GPU, each with its own `--chunk I/N` and `CUDA_VISIBLE_DEVICES`, all on one
 `--store` (SQLite, safe for concurrent writers); then `--report-only` writes the report of the whole store.
@@ -98,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         measured: list[bool] = []  # per baseline record: was it cached already
         phase = run_audit(AuditConfig(**{**base.__dict__, **extra, "time_budget_s": left}), store,
                           on_baseline=lambda task, kind, record, seen=measured: seen.append(record.cached))
-        done[name] = ({"baselines_measured": measured.count(False), "baselines_reused": measured.count(True)}
-                      if "baselines" in extra else
-                      {"evaluated": phase.evaluated, "reused": phase.reused,
-                       "left_for_later": phase.skipped_for_time, "pending": phase.pending})
+        done[name] = {"evaluated": phase.evaluated, "reused": phase.reused,
+                      "left_for_later": phase.skipped_for_time, "pending": phase.pending}
+        if "baselines" in extra:
+            asked = len({task.hash for task, _ in phase.chunk}) * len(extra["baselines"])
+            done[name].update(baselines_measured=measured.count(False), baselines_reused=measured.count(True),
+                              baselines_left_for_later=asked - len(measured))
     if not done and not args.report_only:
         print("no time left to run anything", file=sys.stderr)
         return 1
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                            asked=asked_baselines(args, outcome.selected, kinds, all_kinds))
     comparison = profile_comparison(outcome.rows, base.survive_fraction)
     coverage = json.loads(written["audit.json"].read_text()).get("baseline_coverage", {})
+    coverage.pop("per_task", None)  # in audit.json and audit_baselines.md
     summary = {"phases": done, "comparison": comparison, "elapsed_s": time.monotonic() - started,
                "baseline_coverage": coverage,
                "by_kernel_class": survival_table(outcome.rows, "kernel_class", base.survive_fraction),

@@ -12,6 +12,7 @@ from cudal1.baselines.runner import (
     measure_baseline,
     record_from_result,
 )
+from cudal1.errors import ConfigError
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.pipeline import local_environment
 from cudal1.eval.types import EvalResult, Status, TimingStats
@@ -155,6 +156,25 @@ def test_a_stop_during_the_quick_kinds_skips_the_compile_warm_up(store, monkeypa
     runner.ensure_baselines(tasks, ["eager", "torch_compile"], FAST, store=store,
                             should_stop=lambda: len(events) >= 2)
     assert events == [("t/tiny0", "eager"), ("t/tiny1", "eager")]
+
+
+def test_repeated_kinds_are_measured_once_and_a_stop_in_the_compile_half_keeps_order(store, monkeypatch):
+    from cudal1.baselines import warm
+
+    tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(2)]
+    events = []
+    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: events.append("warm"))
+    monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: events.append((task.id, kind))
+                        or f"{task.id}:{kind}")
+    records = runner.ensure_baselines(tasks, ["torch_compile", "eager", "eager", "cuda_graph"], FAST, store=store,
+                                      should_stop=lambda: len(events) >= 6)
+    # eager and cuda_graph for both tasks, the warm-up, then one compile before the stop.
+    assert events == [("t/tiny0", "eager"), ("t/tiny0", "cuda_graph"), ("t/tiny1", "eager"),
+                      ("t/tiny1", "cuda_graph"), "warm", ("t/tiny0", "torch_compile")]
+    assert records == ["t/tiny0:torch_compile", "t/tiny0:eager", "t/tiny0:cuda_graph", "t/tiny1:eager",
+                       "t/tiny1:cuda_graph"]
+    with pytest.raises(ConfigError, match="unknown baseline kind"):
+        runner.ensure_baselines(tasks, ["eager", "torch_compiled"], FAST, store=store)
 
 
 def test_warm_up_stops_when_asked(caplog):

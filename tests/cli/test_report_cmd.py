@@ -67,3 +67,18 @@ def test_baseline_eager_on_cpu_prints_the_null_test(tmp_path, capsys):
     assert "(1.00x)" in printed
     assert "Null test (the reference timed as a candidate against itself; unbiased: 1.00x), 1 task(s): median" \
         in printed
+
+
+def test_baseline_table_shows_time_speedup_and_the_start_of_a_failure_reason():
+    from rich.console import Console
+
+    from cudal1.baselines import BaselineRecord
+    from cudal1.cli.baseline_cmd import baseline_table
+
+    records = [BaselineRecord("t/a", "h", "eager", "ok", ms=2.0, speedup_vs_eager=1.0),
+               BaselineRecord("t/a", "h", "cuda_graph", "failed", reason="capture_error: [bad] capture")]
+    console = Console(record=True, width=200)
+    console.print(baseline_table(records, ["eager", "cuda_graph", "cudnn"], "baselines"))
+    text = console.export_text()
+    assert "2.000 (1.00x)" in text and "failed: capture_error: [bad] capture" in text  # brackets kept
+    assert text.split("t/a")[1].split("\n")[0].rstrip(" │").endswith("-")  # cudnn: not measured

@@ -58,3 +58,13 @@ def test_a_tensor_subclass_output_is_a_hack():
 
     with pytest.raises(OutputHackError):
         compare_outputs(torch.ones(2), torch.ones(2).as_subclass(Lazy), STRICT, trial=0)
+
+
+def test_a_stored_mismatch_reads_back_across_versions():
+    from cudal1.eval.types import Mismatch
+
+    old = {"output_index": 0, "trial": 1, "max_abs_error": 0.5, "max_rel_error": 0.1, "bad_elements": 2,
+           "total_elements": 8, "first_bad_index": [3], "expected": 1.0, "got": 1.5}
+    assert Mismatch.from_dict(old).atol is None  # written before tolerances were recorded
+    newer = Mismatch.from_dict({**old, "atol": 1e-4, "rtol": 1e-4, "a_later_field": True})
+    assert newer.describe().endswith("(allowed: 0.0001 + 0.0001 x |expected|)")

@@ -224,8 +224,7 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
     started = time.monotonic()
     evaluate = evaluate or _default_evaluate
     cfg = config.resolved_eval()
-    selected = select_items(load_release(Path(config.release)), levels=config.levels,
-                            sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)
+    selected = _selection(config)
     todo = chunk_items(selected, parse_chunk(config.chunk))
     outcome = AuditOutcome(label=config.label, selected=selected, chunk=todo)
     outcome.run_id = store.start_run("audit", config.to_dict())
@@ -267,12 +266,15 @@ def collect_audit(config: AuditConfig, store: Any) -> AuditOutcome:
     """The selection of `config` (chunk ignored) and the rows of its items already in the store, with the
     baselines stored by then; evaluates, measures and writes nothing. What a report after several
     differently-selected runs (a sample, then everything) shows."""
-    cfg = config.resolved_eval()
-    selected = select_items(load_release(Path(config.release)), levels=config.levels,
-                            sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)
+    selected = _selection(config)
     outcome = AuditOutcome(label=config.label, selected=selected, chunk=[])
-    outcome.rows = audit_rows(store, selected, cfg, config.label, config.environment)
+    outcome.rows = audit_rows(store, selected, config.resolved_eval(), config.label, config.environment)
     return outcome
+
+
+def _selection(config: AuditConfig) -> list[Item]:
+    return select_items(load_release(Path(config.release)), levels=config.levels,
+                        sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)
 
 
 def _audit_workers(cfg: EvalConfig, n: int) -> Any:

@@ -118,8 +118,8 @@ def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
         Heading("Baselines measured", 2),
         Paragraph(f"Of the {n} distinct tasks of the selection ({scope}): a baseline is measured (correct, "
                   "timed), failed (the reason is listed below) or not measured yet. Eager needs no row: every "
-                  "evaluation times the reference beside its candidate. Each baseline's time per task: "
-                  "audit_baselines.md."),
+                  "evaluation times the reference beside its candidate."
+                  + (" Each baseline's time per task: audit_baselines.md." if coverage.get("per_task") else "")),
         Table(header, rows)]
     if coverage.get("null_test_summary"):
         blocks += [Heading("Protocol null test", 3), Paragraph(coverage["null_test_summary"])]
@@ -131,25 +131,25 @@ def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
 
 
 def baselines_markdown(per_task: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str) -> str:
-    """Every stored baseline per task, as `cudal1 baseline` prints it: ms (speedup vs eager), or failed."""
-    from cudal1.baselines import BASELINE_KINDS, BaselineRecord, measured_cell
+    """Every stored baseline per task (`baseline_coverage`'s `per_task`), in the cells `cudal1 baseline`
+    prints: ms (speedup vs eager), failed with the start of its reason, or '-'. Tasks without any stored
+    baseline have no row; the columns are the known kinds that some task has."""
+    from cudal1.baselines import BASELINE_KINDS, BaselineRecord, baseline_cell
 
     kinds = [k for k in BASELINE_KINDS if any(k in by_kind for by_kind in per_task.values())]
     lines = [f"# {title}", "",
              "Median time per call in ms, cold cache, and in brackets the speedup vs eager measured beside it "
              "(eager is 1.00x by definition; its measured ratio against itself is the report's null test). "
-             "Failures and their reasons are listed in the report.", "",
+             "Failures name the start of their reason; the report lists it whole.", "",
              "| " + " | ".join(["Task", *kinds]) + " |", "|" + "|".join("---" for _ in range(len(kinds) + 1)) + "|"]
     for task_id, by_kind in per_task.items():
         cells = []
         for kind in kinds:
             found = by_kind.get(kind)
-            if found is None:
-                cells.append("-")
-            elif found["status"] != "ok":
-                cells.append("failed")
-            else:
-                cells.append(measured_cell(BaselineRecord(task_id=task_id, task_hash="", name=kind, **found)))
+            record = None if found is None else BaselineRecord(
+                task_id=task_id, task_hash="", name=kind, status=found.get("status", "failed"),
+                ms=found.get("ms"), speedup_vs_eager=found.get("speedup_vs_eager"), reason=found.get("reason", ""))
+            cells.append(baseline_cell(record, reason_chars=160).replace("|", "/"))
         lines.append("| " + " | ".join([task_id, *cells]) + " |")
     return "\n".join(lines) + "\n"
 

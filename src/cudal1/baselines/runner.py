@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cudal1.baselines.variants import CUDA_ONLY_KINDS, baseline_source, eval_profile
+from cudal1.baselines.variants import CUDA_ONLY_KINDS, baseline_source, eval_profile, parse_kinds
 from cudal1.eval.config import PROTOCOL_VERSION, EvalConfig, resolve_device
 from cudal1.eval.types import EvalResult, Status
 from cudal1.store.keys import environment_key
@@ -183,37 +183,39 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
                      should_stop: Callable[[], bool] | None = None) -> list[BaselineRecord]:
     """Measure every (task, kind) pair not yet cached (all of them with `force`); resumable.
 
-    Returns the records in (task, kind) order; `on_result` is called after each (cached ones included).
-    `should_stop` is asked before each pair (a time budget); the records so far are returned when it says
-    stop. The kinds that need no compilation are measured first for every task, then the torch.compile
-    kinds, after they compiled once in parallel (`cudal1.baselines.warm`) so their timed runs find the
-    caches filled: a budget that ends during the slow half still leaves the quick baselines complete.
-    Evaluation workers are started ahead of need, as in `evaluate_many`.
+    `kinds` are validated and deduplicated (`parse_kinds`). Returns the records in (task, kind) order;
+    `on_result` is called after each (cached ones included). `should_stop` is asked before each pair (a
+    time budget); the records so far are returned when it says stop. The kinds that need no compilation are
+    measured first for every task, then the torch.compile kinds, after they compiled once in parallel
+    (`cudal1.baselines.warm`) so that their timed runs find the caches filled: a budget that ends during
+    the slow half still leaves the quick baselines complete. Evaluation workers are started ahead of need,
+    as in `evaluate_many`, one supply for both halves.
     """
     from cudal1.baselines.warm import COMPILE_KINDS
     from cudal1.eval.pipeline import worker_supply
 
-    tasks, config = list(tasks), config or EvalConfig()
+    tasks, config, kinds = list(tasks), config or EvalConfig(), parse_kinds(list(kinds))
+    position = {kind: j for j, kind in enumerate(kinds)}
     quick = [k for k in kinds if k not in COMPILE_KINDS]
     slow = [k for k in kinds if k in COMPILE_KINDS]
     records: dict[tuple[int, int], BaselineRecord] = {}
 
-    def measure(pass_kinds: list[str]) -> bool:
-        """Measure `pass_kinds` for every task; False when told to stop."""
-        with worker_supply(resolve_device(config.device), len(tasks) * len(pass_kinds)) as workers:
-            for i, task in enumerate(tasks):
-                for kind in pass_kinds:
-                    if should_stop is not None and should_stop():
-                        return False
-                    record = measure_baseline(task, kind, config, store=store, force=force, workers=workers)
-                    records[i, list(kinds).index(kind)] = record
-                    if on_result is not None:
-                        on_result(task, kind, record)
+    def measure(half: list[str], workers: Any) -> bool:
+        """Measure the kinds of `half` for every task; False when told to stop."""
+        for i, task in enumerate(tasks):
+            for kind in half:
+                if should_stop is not None and should_stop():
+                    return False
+                record = measure_baseline(task, kind, config, store=store, force=force, workers=workers)
+                records[i, position[kind]] = record
+                if on_result is not None:
+                    on_result(task, kind, record)
         return True
 
-    if (not quick or measure(quick)) and slow:
-        _warm_compile_kinds(tasks, slow, config, store, force, should_stop)
-        measure(slow)
+    with worker_supply(resolve_device(config.device), len(tasks) * len(kinds)) as workers:
+        if measure(quick, workers) and slow:
+            _warm_compile_kinds(tasks, slow, config, store, force, should_stop)
+            measure(slow, workers)
     return [records[key] for key in sorted(records)]
 
 
@@ -237,8 +239,14 @@ def load_baselines(store: Any, task_hash: str, environment: dict[str, Any],
     return {name: BaselineRecord.from_store(task_hash, name, row) for name, row in rows.items()}
 
 
-def measured_cell(record: BaselineRecord) -> str:
-    """A measured baseline as `cudal1 baseline` and audit reports print it: 'ms (speedup vs eager x)'."""
+def baseline_cell(record: BaselineRecord | None, reason_chars: int = 40) -> str:
+    """A baseline as `cudal1 baseline` and audit reports show it: 'ms (speedup vs eager x)', 'failed: reason'
+    (cut to `reason_chars`), or '-' when none is stored."""
+    if record is None:
+        return "-"
+    if not record.ok:
+        reason = " ".join(record.reason.split())[:reason_chars].rstrip()
+        return f"failed: {reason}" if reason else "failed"
     ms = "-" if record.ms is None else f"{record.ms:.3f}"
     speedup = "-" if record.speedup_vs_eager is None else f"{record.speedup_vs_eager:.2f}"
     return f"{ms} ({speedup}x)"

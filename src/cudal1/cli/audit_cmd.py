@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
-from cudal1.audit.run import measured_on, report_audit, report_only_config
+from cudal1.audit.run import collect_audit, measured_on, report_audit, report_only_config
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
 from cudal1.eval.types import EvalResult
@@ -61,13 +61,16 @@ def audit_command(
     if report_only:
         cfg = report_only_config(cfg, store, gpu)
         common.console.print(measured_on(cfg.environment))
-    with common.progress_bar() as bar:
-        job = bar.add_task("auditing", total=None, best="")
+    if report_only:
+        outcome = collect_audit(cfg, store)  # reads the store, writes nothing to it
+    else:
+        with common.progress_bar() as bar:
+            job = bar.add_task("auditing", total=None, best="")
 
-        def on_result(task: Task, result: EvalResult) -> None:
-            bar.update(job, advance=1, best=f"{task.id}: {result.status.value}")
+            def on_result(task: Task, result: EvalResult) -> None:
+                bar.update(job, advance=1, best=f"{task.id}: {result.status.value}")
 
-        outcome = run_audit(cfg, store, on_result=on_result)
+            outcome = run_audit(cfg, store, on_result=on_result)
     folder = out or Path(f"audit-{cfg.release_name}-{profile}")
     written = report_audit(outcome, cfg, store, folder, plots=plots)
     common.console.print(summary_table(outcome, cfg))
@@ -79,9 +82,10 @@ def summary_table(outcome: AuditOutcome, cfg: AuditConfig) -> Table:
     """Survival per kernel class, with the run's counts in the title."""
     line = profile_comparison(outcome.rows, cfg.survive_fraction)
     head = line[0] if line else {"correct": 0, "survive": 0, "published": 0}
-    table = Table(title=(f"{outcome.label}: {len(outcome.rows)}/{len(outcome.selected)} evaluated "
-                         f"({outcome.evaluated} now, {outcome.reused} reused, {outcome.skipped_for_time} left "
-                         f"for later); {head['correct']} correct; {head['survive']}/{head['published']} "
+    counts = (f" ({outcome.evaluated} now, {outcome.reused} reused, {outcome.skipped_for_time} left for later)"
+              if outcome.evaluated or outcome.reused or outcome.skipped_for_time else "")
+    table = Table(title=(f"{outcome.label}: {len(outcome.rows)}/{len(outcome.selected)} evaluated{counts}; "
+                         f"{head['correct']} correct; {head['survive']}/{head['published']} "
                          "published speedups survive"))
     for col in ("kernel class", "rows", "correct", "published", "survive"):
         table.add_column(col, justify="left" if col == "kernel class" else "right")

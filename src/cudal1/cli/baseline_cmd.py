@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cudal1.baselines import (
     BaselineRecord,
+    baseline_cell,
     ensure_baselines,
     measure_peaks,
-    measured_cell,
     null_test_summary,
     parse_kinds,
 )
@@ -85,13 +86,8 @@ def baseline_table(records: list[BaselineRecord], kinds: list[str], title: str) 
     for task_id, row in by_task.items():
         cells = []
         for k in kinds:
-            r = row.get(k)
-            if r is None:
-                cells.append("-")
-            elif r.ok:
-                cells.append(measured_cell(r))
-            else:
-                cells.append(f"[red]failed[/red]: {r.reason[:40]}")
+            cell, r = escape(baseline_cell(row.get(k))), row.get(k)
+            cells.append(cell.replace("failed", "[red]failed[/red]", 1) if r is not None and not r.ok else cell)
         table.add_row(task_id, *cells)
     return table
 

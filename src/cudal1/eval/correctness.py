@@ -102,12 +102,12 @@ def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index
     bad = (err > allowed) & finite
     bad |= ref_nan != new_nan
     bad |= (~finite & ~ref_nan) & (r != n)  # +-inf must match exactly
-    return _report(r, n, bad, index, trial, exact=False,
-                   tolerance={"atol": atol, "rtol": tol.rtol, "scale": scale if scaled else None})
+    return _report(r, n, bad, index, trial, exact=False, atol=atol, rtol=tol.rtol, scale=scale if scaled else None)
 
 
 def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int, trial: int,
-            exact: bool, tolerance: dict[str, float | None] | None = None) -> Comparison:
+            exact: bool, atol: float | None = None, rtol: float | None = None,
+            scale: float | None = None) -> Comparison:
     n_bad = int(bad.sum())
     if n_bad == 0:
         return Comparison(True)
@@ -121,7 +121,7 @@ def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int,
     mismatch = Mismatch(output_index=index, trial=trial, max_abs_error=max_abs,
                         max_rel_error=float(rel.max()), bad_elements=n_bad, total_elements=ref.numel(),
                         first_bad_index=where, expected=float(r.flatten()[flat]), got=float(n.flatten()[flat]),
-                        **(tolerance or {}))
+                        atol=atol, rtol=rtol, scale=scale)
     return Comparison(False, mismatch.describe(), mismatch)
 
 

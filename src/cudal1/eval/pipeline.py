@@ -115,7 +115,7 @@ def _parse_worker_value(v: dict[str, Any], task: Task, cand_hash: str) -> EvalRe
         status=status, message=v.get("message", ""), task_id=task.id, candidate_hash=cand_hash,
         speedup=timing.speedup if (timing and status is Status.CORRECT) else None, timing=timing,
         flags=[Flag.from_dict(f) for f in v.get("flags", [])],
-        mismatch=Mismatch(**v["mismatch"]) if v.get("mismatch") else None,
+        mismatch=Mismatch.from_dict(v["mismatch"]) if v.get("mismatch") else None,
         compile_log=v.get("compile_log", ""), environment=v.get("environment", {}),
         protocol={"phase_s": v.get("phase_s", {})})
 

@@ -83,6 +83,11 @@ class Mismatch:
     rtol: float | None = None
     scale: float | None = None  # set when atol was shrunk to scale * rtol: the reference's largest magnitude
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Mismatch:
+        """Rebuild from `dataclasses.asdict` output; keys this version does not know are ignored."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
     def describe(self) -> str:
         where = "timed run" if self.trial < 0 else f"trial {self.trial}"
         text = (f"output {self.output_index} ({where}): {self.bad_elements}/{self.total_elements} elements off, "
@@ -92,8 +97,8 @@ class Mismatch:
             return text
         text += f" (allowed: {self.atol:.3g} + {self.rtol:.3g} x |expected|"
         if self.scale is not None:
-            text += (f"; the reference's largest magnitude, {self.scale:.3g}, is below 10x the profile's atol, "
-                     "so atol is relative to it")
+            text += (f"; atol = {self.scale:.3g} x rtol: the reference's largest magnitude, {self.scale:.3g}, is "
+                     "below 10x the profile's atol")
         return text + ")"
 
 
@@ -180,7 +185,7 @@ class EvalResult:
             timing=TimingStats(**d["timing"]) if d.get("timing") else None,
             flags=[Flag.from_dict(f) for f in d.get("flags", [])],
             kernel_class=KernelClass(d["kernel_class"]) if d.get("kernel_class") else None,
-            mismatch=Mismatch(**d["mismatch"]) if d.get("mismatch") else None,
+            mismatch=Mismatch.from_dict(d["mismatch"]) if d.get("mismatch") else None,
             compile_log=d.get("compile_log", ""),
             baselines=dict(d.get("baselines", {})),
             protocol=dict(d.get("protocol", {})),
