@@ -95,3 +95,67 @@ def test_eval_batch_through_a_local_pool_stores_every_result(tmp_path, capsys):
     assert main(argv) == 0  # the pool wrote the store: the second run is served from it
     second = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert sorted(r["status"] for r in second) == ["correct", "incorrect"] and all(r["cached"] for r in second)
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
+    """(argv, words the one-line error must contain) for bad input a user can type."""
+    ref = str(FIXTURES / "tasks" / "tiny_scale_add.py")
+    good = str(FIXTURES / "eval" / "correct.py")
+    binary = tmp / "binary.py"
+    binary.write_bytes(b"\xff\xfe\x00junk")
+    afile = tmp / "afile"
+    afile.write_text("x")
+    fast = ["--device", "cpu", "--trials", "2", "--buckets", "2"]
+    return [
+        (["eval", "--ref", ref, "--candidate", str(binary), "--no-store"], "is not UTF-8 text"),
+        (["check", str(binary)], "is not UTF-8 text"),
+        (["eval", "--ref", ref, "--candidate", str(tmp), "--no-store"], "is a folder"),
+        (["eval", "--ref", ref, "--candidate", good, "--no-store", "--store", str(tmp / "s.sqlite")], "not both"),
+        (["eval", "--ref", ref, "--candidate", good, "--no-store", "--timeout-s", "-1", *fast], "timeout_s must be > 0"),
+        (["eval", "--candidates-dir", str(tmp / "nowhere"), "--no-store"], "no such folder"),
+        (["eval", "--release", str(tmp / "r.jsonl"), "--limit", "0", "--no-store"], "--limit"),
+        (["report", "--out", str(afile), "--store", str(tmp / "s.sqlite")], "is a file, not a folder"),
+        (["report", "--out", str(tmp / "rep"), "--store", str(tmp / "none.sqlite")], "no results store"),
+        (["baseline", "--task", "no_such_task", "--device", "cpu", "--store", str(tmp / "b.sqlite")],
+         "no task no_such_task"),
+        (["quickstart", "--form", "bogus", "--device", "cpu", "--no-store"], "unknown example form"),
+    ]
+
+
+def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
+    for argv, words in _bad_inputs(tmp_path):
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        err = " ".join((captured.err + captured.out).split())
+        assert words in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "none.sqlite").exists()  # a report never creates an empty store
+
+
+def test_a_broken_reference_is_not_blamed_on_the_candidate(tmp_path, capsys):
+    ref = tmp_path / "badref.py"
+    ref.write_text((FIXTURES / "tasks" / "tiny_scale_add.py").read_text().replace(
+        "    return [torch.randn(BATCH, DIM)]", "    raise ValueError('bad ref')"))
+    argv = ["eval", "--ref", str(ref), "--candidate", str(FIXTURES / "eval" / "correct.py"), "--device", "cpu",
+            "--trials", "2", "--buckets", "2", "--json", "--no-store"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["status"] == "runtime_error"
+    assert out["message"] == "the reference failed (get_inputs), not the candidate: ValueError: bad ref"
+    assert [f["rule"] for f in out["flags"]] == ["reference_error"]
+
+
+def test_check_rejects_a_source_that_does_not_parse(capsys):
+    assert main(["check", str(FIXTURES / "eval" / "syntax_error.py")]) == 1
+    assert "syntax_error" in capsys.readouterr().out
+
+
+def test_tasks_show_code_prints_the_module_verbatim(capsys):
+    import ast
+
+    from cudal1.tasks import find_task
+
+    assert main(["tasks", "show", "builtin/level1/softmax_manual_lastdim", "--code"]) == 0
+    printed = capsys.readouterr().out
+    source = find_task("builtin/level1/softmax_manual_lastdim", ["builtin"]).source
+    assert source in printed
+    ast.parse(source)

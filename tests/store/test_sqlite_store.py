@@ -67,6 +67,24 @@ def test_cache_hit_and_misses(store, sample_result):
     assert store.lookup(task_hash, other_cand, PROTOCOL, ENVIRONMENT)[1] is None
 
 
+def test_a_stored_timeout_is_not_reused_for_a_longer_limit(store):
+    task_hash = store.put_task("level1/1_matmul", "class Model: pass")
+    cand_hash = store.put_candidate("class ModelNew: pass", task_id="level1/1_matmul")
+    key, _ = store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT)
+    timed_out = EvalResult(status=Status.TIMEOUT, message="evaluation timed out after 5.1 s",
+                           protocol={**PROTOCOL, "time_limit_s": 5.0, "build_time_limit_s": 900.0})
+    store.put_evaluation(timed_out, task_hash=task_hash, key=key)
+    limits = {"time_limit_s": 5.0, "build_time_limit_s": 900.0}
+    assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT, limits=limits)[1].status is Status.TIMEOUT
+    assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT, limits={**limits, "time_limit_s": 3.0})[1]
+    assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT, limits={**limits, "time_limit_s": 8.0})[1] is None
+    assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT,
+                        limits={**limits, "build_time_limit_s": 1800.0})[1] is None
+    # A verdict other than timeout does not depend on the limit.
+    store.put_evaluation(timed_out.replace(status=Status.CORRECT), task_hash=task_hash, key=key)
+    assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT, limits={**limits, "time_limit_s": 8.0})[1]
+
+
 def test_latest_evaluation_wins(store):
     first = make_result(1)
     forced = make_result(1, status=Status.INCORRECT)

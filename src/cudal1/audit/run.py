@@ -142,7 +142,7 @@ def record_published(store: Any, items: list[Item], release_name: str) -> None:
 def stored_result(store: Any, task: Task, source_hash: str, cfg: EvalConfig,
                   environment: dict[str, Any] | None = None) -> tuple[str, EvalResult | None]:
     """(key, stored result or None) of a candidate under `cfg` on `environment`'s machine (default: this one)."""
-    return store.lookup(task.hash, source_hash, cfg.protocol(), _machine(cfg, environment))
+    return store.lookup(task.hash, source_hash, cfg.protocol(), _machine(cfg, environment), limits=cfg.limits())
 
 
 def _machine(cfg: EvalConfig, environment: dict[str, Any] | None) -> dict[str, Any]:

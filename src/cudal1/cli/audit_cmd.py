@@ -19,7 +19,7 @@ _PROFILE_OPT = typer.Option("strict", "--profile", help="strict (ours) or cuda-l
 _LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")
 _SAMPLE_PER_LEVEL_OPT = typer.Option(None, "--sample-per-level", help="K items per level (seeded).")
 _SEED_OPT = typer.Option(0, "--seed", help="Seed of --sample-per-level.")
-_LIMIT_OPT = typer.Option(None, "--limit", help="At most N selected items.")
+_LIMIT_OPT = typer.Option(None, "--limit", min=1, help="At most N selected items.")
 _CHUNK_OPT = typer.Option(None, "--chunk", help="Only chunk I/N of the selection, e.g. 2/5.")
 _BASELINES_OPT = typer.Option("", "--baselines", help="Baselines to measure too, e.g. eager,cuda_graph.")
 _OUT_OPT = typer.Option(None, "--out", "-o", help="Report folder (default audit-RELEASE-PROFILE).")
@@ -57,7 +57,9 @@ def audit_command(
         eval_config=common.make_config(device, profile, trials, sizes, buckets=buckets, timeout_s=timeout_s))
     if gpu and not report_only:
         raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
-    store = common.open_store(store_path, False)
+    store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)
+    if out is not None:
+        common.output_folder(out)
     if report_only:
         cfg = report_only_config(cfg, store, gpu)
         common.console.print(measured_on(cfg.environment))

@@ -17,6 +17,7 @@ from cudal1.baselines import (
     parse_kinds,
 )
 from cudal1.cli import common
+from cudal1.errors import SourceError
 from cudal1.eval.config import resolve_device
 from cudal1.tasks import Task, load_tasks
 
@@ -25,7 +26,7 @@ _KIND_OPT = typer.Option("eager,torch_compile,torch_compile_reduce_overhead,cuda
                              help="Comma-separated baselines (or `all`, which adds tf32).")
 _LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")
 _TASK_OPT = typer.Option([], "--task", "-t", help="Only these task ids (or built-in names).")
-_LIMIT_OPT = typer.Option(None, "--limit", help="At most this many tasks.")
+_LIMIT_OPT = typer.Option(None, "--limit", min=1, help="At most this many tasks.")
 _PEAKS_OPT = typer.Option(True, "--peaks/--no-peaks", help="Also measure the device's peaks (cached).")
 
 
@@ -70,7 +71,13 @@ def _select(sources: list[str], levels: list[int], ids: list[str], limit: int | 
     if levels:
         tasks = [t for t in tasks if t.level in levels]
     if ids:
+        unknown = [i for i in ids if not any(i in (t.id, t.name) for t in tasks)]
+        if unknown:
+            raise SourceError(f"no task {', '.join(unknown)} in {', '.join(sources)}"
+                              + (f" at level {', '.join(map(str, levels))}" if levels else ""))
         tasks = [t for t in tasks if t.id in ids or t.name in ids]
+    if not tasks:
+        raise SourceError(f"no tasks selected from {', '.join(sources)}")
     return tasks[:limit] if limit else tasks
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from cudal1.errors import SourceError
+from cudal1.cli.common import read_source
 
 
 def check_command(
@@ -18,17 +18,18 @@ def check_command(
 ) -> None:
     """Classify a candidate (custom_cuda | triton | pytorch_only | flags_only) and list its flags.
 
-    Exits 1 when a flag rejects the candidate under the preset (so it can gate a pipeline), else 0.
+    Exits 1 when a flag rejects the candidate under the preset, or it does not parse (so it can gate a
+    pipeline), else 0.
     """
     from cudal1.analysis import analyze_source, format_report, rejecting_flags
 
-    for path in (candidate, ref):
-        if path is not None and not path.is_file():
-            raise SourceError(f"no such file: {path}")
-    report = analyze_source(candidate.read_text(), reference_source=ref.read_text() if ref else None, preset=preset)
+    source = read_source(candidate, "candidate")
+    reference = read_source(ref, "reference") if ref is not None else None
+    report = analyze_source(source, reference_source=reference, preset=preset)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=1))
     else:
         typer.echo(format_report(report))
-    if rejecting_flags(report, preset):
+    # A source that does not parse cannot be evaluated at all (`cudal1 eval` calls it compile_error).
+    if rejecting_flags(report, preset) or any(f.rule == "syntax_error" for f in report.flags):
         raise typer.Exit(1)

@@ -19,6 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from cudal1.errors import SourceError
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.types import EvalResult, Status
 
@@ -38,6 +39,44 @@ NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the re
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
 BucketsOpt = typer.Option(7, "--buckets", help="Timing buckets (speedup = median of bucket speedups).")
 TimeoutOpt = typer.Option(600.0, "--timeout-s", help="Wall-clock limit per candidate (builds excluded).")
+
+
+def read_source(path: Path, what: str) -> str:
+    """The text of a user's Python file; `SourceError` (one line) when it is missing, a folder or not UTF-8."""
+    if path.is_dir():
+        raise SourceError(f"{what} {path} is a folder, not a file")
+    if not path.is_file():
+        raise SourceError(f"no such {what} file: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{what} {path} is not UTF-8 text (byte {exc.start}): is it a Python source?") from None
+    except OSError as exc:
+        raise SourceError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def open_store_option(path: Path | None, disabled: bool) -> Any:
+    """`--store PATH` / `--no-store`: the store to use, None without one; both at once is an error."""
+    if disabled and path is not None:
+        raise SourceError("give --store or --no-store, not both")
+    return open_store(path, disabled)
+
+
+def open_existing_store(path: Path | None) -> Any:
+    """The store a read-only command reports from; `SourceError` rather than creating an empty one."""
+    from cudal1.store import ResultsStore, default_store_path
+
+    where = path or default_store_path()
+    if not where.is_file():
+        raise SourceError(f"no results store at {where}: evaluate something first, or give --store PATH")
+    return ResultsStore(where)
+
+
+def output_folder(path: Path) -> Path:
+    """`--out`: a folder that exists or can be created; `SourceError` when a file is in the way."""
+    if path.exists() and not path.is_dir():
+        raise SourceError(f"--out {path} is a file, not a folder")
+    return path
 
 
 def make_config(device: str, profile: str, trials: int, sizes: str, **extra: Any) -> EvalConfig:
@@ -75,5 +114,11 @@ def result_table(rows: Iterable[tuple[str, EvalResult]], title: str) -> Table:
         table.add_row(name, f"[{style}]{r.status.value}[/{style}]", fmt(r.speedup, ".2f", "x"),
                       fmt(warm, ".2f", "x"), fmt(r.ref_ms, ".3f"), fmt(r.candidate_ms, ".3f"),
                       fmt(r.stability, ".1%"), r.kernel_class.value if r.kernel_class else "-",
-                      (r.message or "").splitlines()[0][:120] if r.message else "")
+                      _first_line(r.message or ""))
     return table
+
+
+def _first_line(text: str, width: int = 160) -> str:
+    """A message's first line for a table cell, with an ellipsis where it was cut (never a silent cut)."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[:width - 1] + "…"

@@ -26,7 +26,7 @@ def eval_command(
     release: Path | None = typer.Option(None, "--release", help="Batch: every candidate of a JSONL release."),
     candidates_dir: Path | None = typer.Option(None, "--candidates-dir",
                                                help="Batch: a folder of NAME.py candidates for --source's tasks."),
-    limit: int | None = typer.Option(None, "--limit", help="Batch: at most this many candidates."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Batch: at most this many candidates."),
     level: list[int] = typer.Option([], "--level", help="Batch: only these levels."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
@@ -45,7 +45,9 @@ def eval_command(
     if level:
         pairs = [(t, s) for t, s in pairs if t.level in level]
     pairs = pairs[:limit] if limit else pairs
-    store = common.open_store(store_path, no_store)
+    if not pairs:
+        raise SourceError("nothing to evaluate: the selection holds no candidate")
+    store = common.open_store_option(store_path, no_store)
     run_id = store.start_run("eval", {"config": cfg.to_dict(), "n": len(pairs)}) if store and len(pairs) > 1 else None
     rows: list[tuple[str, EvalResult]] = []
     with common.progress_bar() as bar:
@@ -111,17 +113,20 @@ def _collect(candidate: Path | None, ref: Path | None, task_id: str | None, sour
     if release is not None:
         return [(t, c.source) for t, c in load_candidates(str(release)) if c is not None]
     if candidates_dir is not None:
+        if not candidates_dir.is_dir():
+            raise SourceError(f"no such folder of candidates: {candidates_dir}")
         tasks = {t.name: t for spec in sources for t in load_tasks(spec)}
         files = sorted(candidates_dir.glob("*.py"))
+        if not files:
+            raise SourceError(f"no NAME.py candidates in {candidates_dir}")
         unmatched = [f.name for f in files if f.stem.split("__")[0] not in tasks]
         if unmatched:
             raise SourceError(f"no task named like {', '.join(unmatched[:5])} in {', '.join(sources)}")
-        return [(tasks[f.stem.split("__")[0]], f.read_text()) for f in files]
+        return [(tasks[f.stem.split("__")[0]], common.read_source(f, "candidate")) for f in files]
     if candidate is None:
         raise SourceError("give --candidate (with --ref or --task), or --release, or --candidates-dir")
-    if not candidate.is_file():
-        raise SourceError(f"no such candidate file: {candidate}")
+    source = common.read_source(candidate, "candidate")
     if (ref is None) == (task_id is None):
         raise SourceError("give exactly one of --ref FILE or --task ID with --candidate")
     the_task = load_file(ref) if ref is not None else find_task(task_id, sources)
-    return [(the_task, candidate.read_text())]
+    return [(the_task, source)]

@@ -35,7 +35,7 @@ def evaluate_policy_command(
                            samples=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                            max_tasks=max_tasks, form=form, output=output)
     eval_cfg = common.make_config(device, profile, trials, sizes)
-    report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store(store_path, no_store),
+    report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store_option(store_path, no_store),
                              workers=workers)
     if as_json:
         common.console.print(json.dumps(report.to_dict(), indent=1, default=str), markup=False, highlight=False)

@@ -39,7 +39,8 @@ def report_command(
     sol: bool = _SOL_OPT,
 ) -> None:
     """Summaries per level and baseline, verdicts, kernel classes, flags, speed of light, audits, plots."""
-    store = common.open_store(store_path, False)
+    out = common.output_folder(out)
+    store = common.open_existing_store(store_path)
     labels = list(label) or stored_labels(store)
     known = set(stored_labels(store, include_baselines=True))
     missing = [lb for lb in labels if lb not in known]

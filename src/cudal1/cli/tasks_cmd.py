@@ -21,7 +21,8 @@ SOURCE_HELP = "builtin, a KernelBench folder, hf:NAME_OR_FILE[:SPLIT], jsonl:PAT
 @app.command("list")
 def list_tasks(
     source: str = typer.Option("builtin", "--source", "-s", help=SOURCE_HELP),
-    validate: bool = typer.Option(False, "--validate", help="Run each task's factories on the meta device."),
+    validate: bool = typer.Option(False, "--validate", help="Run each task's factories on the meta device; exit 1 "
+                                                           "if any task is invalid."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
 ) -> None:
     """List the tasks of a source (with their candidates' presence for releases)."""
@@ -44,6 +45,8 @@ def list_tasks(
         rows.append(row)
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
+        if validate and not all(r["valid"] for r in rows):
+            raise typer.Exit(1)
         return
     table = Table(title=f"{len(rows)} tasks from {source}")
     for col in ("id", "level", "description") + (("candidate",) if is_release else ()) + (("valid",) if validate else ()):
@@ -58,6 +61,8 @@ def list_tasks(
     console.print(table)
     if is_release:
         console.print(f"{sum(r['has_candidate'] for r in rows)} of {len(rows)} tasks have a candidate")
+    if validate and not all(r["valid"] for r in rows):
+        raise typer.Exit(1)  # so that --validate can gate a pipeline
 
 
 @app.command("show")
@@ -84,4 +89,4 @@ def show_task(
     if info.note:
         console.print(f"[yellow]{info.note}[/yellow]")
     if code:
-        console.print(task.source, markup=False, highlight=False)
+        typer.echo(task.source)  # verbatim: no wrapping, so the output is the module itself

@@ -114,7 +114,8 @@ def pool_environment(device: str) -> dict[str, Any]:
 def store_lookup(store: Any, task: Task, source: str, config: EvalConfig, device: str,
                  environment: dict[str, Any], force: bool) -> tuple[str, EvalResult | None]:
     """(key, cached result or None) for one evaluation on `device` of a machine with `environment`."""
-    return store.lookup(task.hash, source_hash(source), key_protocol(config, device), environment, force=force)
+    return store.lookup(task.hash, source_hash(source), key_protocol(config, device), environment, force=force,
+                        limits=config.limits())
 
 
 def store_record(store: Any, task: Task, source: str, result: EvalResult, key: str, *, label: str = "",
@@ -130,8 +131,8 @@ def complete_result(result: EvalResult, task: Task, source: str, config: EvalCon
     """Fill task id, candidate hash, protocol and environment the way `evaluate_candidate` does."""
     protocol = config.resolved(device).protocol()
     return result.replace(task_id=task.id, candidate_hash=source_hash(source),
-                          protocol={**protocol, **result.protocol}, environment={**environment,
-                                                                                 **result.environment})
+                          protocol={**protocol, **config.limits(), **result.protocol},
+                          environment={**environment, **result.environment})
 
 
 def failure_result(task: Task, source: str, message: str, status: Status = Status.RUNTIME_ERROR) -> EvalResult:

@@ -113,6 +113,13 @@ class EvalConfig:
             raise ConfigError("input_sets must be >= 1")
         if self.warmup_iters < 1:
             raise ConfigError("warmup_iters must be >= 1 (warm-up also sizes the timing buckets)")
+        for name in ("timeout_s", "build_timeout_s", "target_bucket_ms"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")
+        if self.warm_buckets < 0:
+            raise ConfigError("warm_buckets must be >= 0")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise ConfigError("memory_bytes must be > 0 (or None: no limit)")
 
     @property
     def profile_obj(self) -> Profile:
@@ -137,6 +144,11 @@ class EvalConfig:
         out["exact_fp32"] = self.uses_exact_fp32
         out["version"] = PROTOCOL_VERSION
         return out
+
+    def limits(self) -> dict[str, float]:
+        """The wall-clock limits a result was obtained under: recorded with it, not part of its key, so that
+        a stored timeout is not reused for a request that allows more time (`ResultsStore.lookup`)."""
+        return {"time_limit_s": self.timeout_s, "build_time_limit_s": self.build_timeout_s}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

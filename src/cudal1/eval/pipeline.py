@@ -135,11 +135,12 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
     protocol = cfg.protocol()
     key = None
     if store is not None:
-        key, hit = store.lookup(task.hash, cand_hash, protocol, env, force=force)
+        key, hit = store.lookup(task.hash, cand_hash, protocol, env, force=force, limits=cfg.limits())
         if hit is not None:
             return hit
     result = _evaluate_uncached(task, source, cfg, cand_hash, workers)
-    result = result.replace(protocol={**protocol, **result.protocol}, environment={**env, **result.environment},
+    result = result.replace(protocol={**protocol, **cfg.limits(), **result.protocol},
+                            environment={**env, **result.environment},
                             duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
     if store is not None:
         from cudal1.baselines import attach_baselines

@@ -21,6 +21,7 @@ import random
 import secrets
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,20 @@ def import_candidate(source: str, workdir: Path) -> Any:
     if not isinstance(getattr(module, "ModelNew", None), type):
         raise Verdict(Status.COMPILE_ERROR, "the candidate defines no class ModelNew")
     return module
+
+
+@contextlib.contextmanager
+def reference_phase(what: str) -> Iterator[None]:
+    """Code of the reference (its module, inputs, construction, forward): what it raises is reported as the
+    reference's failure, so that neither a user nor a policy's feedback reads it as the candidate's bug.
+    The verdict stays a failure: a candidate that broke the reference gains nothing."""
+    try:
+        yield
+    except (Verdict, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported in one line with where it happened
+        raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}), not the candidate: "
+                      f"{_first_line(exc)}", flag="reference_error") from None
 
 
 def make_inputs(ref: Any, device: torch.device, seed: int) -> list[Any]:
@@ -208,9 +223,10 @@ class Evaluation:
         return out
 
     def construct(self, ref: Any, cand_module: Any, snapshot: guards.GuardSnapshot) -> tuple[Any, Any]:
-        init_inputs = list(ref.get_init_inputs())
-        torch.manual_seed(self.cfg.seed)
-        ref_model = ref.Model(*init_inputs).to(self.device)
+        with reference_phase("get_init_inputs and Model(...)"):
+            init_inputs = list(ref.get_init_inputs())
+            torch.manual_seed(self.cfg.seed)
+            ref_model = ref.Model(*init_inputs).to(self.device)
         torch.manual_seed(self.cfg.seed)
         try:
             cand_model = cand_module.ModelNew(*init_inputs)
@@ -227,7 +243,8 @@ class Evaluation:
 
     def check_trial(self, ref: Any, ref_model: Any, cand_model: Any, trial: int,
                     snapshot: guards.GuardSnapshot) -> None:
-        inputs = make_inputs(ref, self.device, self.salt + 1000 * (trial + 1))
+        with reference_phase("get_inputs"):
+            inputs = make_inputs(ref, self.device, self.salt + 1000 * (trial + 1))
         cand_in = clone_inputs(inputs)
         before = snapshot_inputs(cand_in)
         cand_out = self.call_candidate(cand_model, cand_in)
@@ -235,7 +252,8 @@ class Evaluation:
         changed = changed_inputs(before, cand_in)
         ref_in = clone_inputs(inputs)
         ref_before = snapshot_inputs(ref_in)
-        ref_out = self.call_reference(ref_model, ref_in)
+        with reference_phase("forward"):
+            ref_out = self.call_reference(ref_model, ref_in)
         ref_changes = changed_inputs(ref_before, ref_in)
         if changed and not ref_changes:
             raise Verdict(Status.INCORRECT, f"the candidate modified its input(s) {changed} in place; "
@@ -350,7 +368,8 @@ class Evaluation:
         from cudal1.tasks.task import load_reference
 
         t0 = time.perf_counter()
-        ref = load_reference(self.payload["ref_source"], self.payload["task_id"], sizes=self.cfg.sizes)
+        with reference_phase("loading its module"):
+            ref = load_reference(self.payload["ref_source"], self.payload["task_id"], sizes=self.cfg.sizes)
         if self.device.type == "cuda":
             torch.zeros(1, device=self.device)  # create the context before the snapshot
         if self.cfg.uses_exact_fp32:

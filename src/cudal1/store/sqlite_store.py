@@ -241,10 +241,20 @@ class ResultsStore:
         return EvalResult.from_dict(json.loads(rows[0]["result_json"])).replace(cached=True)
 
     def lookup(self, task_hash: str, candidate_hash: str, protocol: dict[str, Any],
-               environment: dict[str, Any], *, force: bool = False) -> tuple[str, EvalResult | None]:
-        """Compute the evaluation key and return `(key, cached result or None)`; `force=True` never hits."""
+               environment: dict[str, Any], *, force: bool = False,
+               limits: dict[str, float] | None = None) -> tuple[str, EvalResult | None]:
+        """Compute the evaluation key and return `(key, cached result or None)`; `force=True` never hits.
+
+        With `limits` (`EvalConfig.limits()`), a stored timeout obtained under a smaller limit than asked
+        for is not a hit: the candidate gets the longer time it is now allowed.
+        """
         key = keys.eval_key(task_hash, candidate_hash, protocol, environment)
-        return key, (None if force else self.get_evaluation(key))
+        hit = None if force else self.get_evaluation(key)
+        if hit is not None and hit.status is Status.TIMEOUT and limits:
+            recorded = hit.protocol
+            if any(name in recorded and recorded[name] < asked for name, asked in limits.items()):
+                return key, None
+        return key, hit
 
     def query_evaluations(self, *, task_id: str | None = None, status: Status | str | None = None,
                           label: str | None = None, run_id: str | None = None, gpu_name: str | None = None,

@@ -195,11 +195,18 @@ def find_task(task_id: str, sources: Iterable[str] = ("builtin",)) -> Task:
     raise SourceError(f"no task {task_id!r} in {', '.join(sources)} (see `cudal1 tasks list`)")
 
 
+#: The forms a built-in example candidate comes in: `load_inline` CUDA, PyTorch-level, raw CUDA.
+EXAMPLE_FORMS = ("cuda", "torch", "raw")
+
+
 def example_candidates(device_type: str, forms: Iterable[str] | None = None) -> list[tuple[Task, str, str]]:
     """(task, form label, candidate source) for every built-in example runnable on `device_type`.
 
     On `cpu` only the PyTorch-level rewrites can run; on `cuda` every form does.
     """
+    unknown = sorted(set(forms or ()) - set(EXAMPLE_FORMS))
+    if unknown:
+        raise SourceError(f"unknown example form(s) {', '.join(unknown)}: choose from {', '.join(EXAMPLE_FORMS)}")
     wanted = set(forms) if forms else ({"torch"} if device_type == "cpu" else {"cuda", "torch", "raw"})
     if not forms and "raw" in wanted and not raw_form_available():
         wanted.discard("raw")  # the raw form needs cuda-python (pip install 'cudal1[cuda]')
