@@ -135,8 +135,8 @@ def load_release(path: str | Path) -> list[tuple[Task, Candidate | None]]:
     label = path.stem
     pairs: list[tuple[Task, Candidate | None]] = []
     try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
         raise SourceError(f"cannot read {path}: {exc}") from None
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
