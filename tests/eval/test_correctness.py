@@ -41,6 +41,9 @@ def test_nan_and_inf_must_sit_where_the_reference_has_them():
     assert compare_outputs(ref, ref.clone(), STRICT, trial=0).ok
     for bad in ([1.0, 0.0, float("inf"), -float("inf")], [1.0, float("nan"), float("inf"), float("inf")]):
         assert not compare_outputs(ref, torch.tensor(bad), STRICT, trial=0).ok
+    nan_where_a_number = compare_outputs(torch.ones(3), torch.tensor([1.0, float("nan"), 1.0]), STRICT, trial=0)
+    assert "1/3 elements off, max abs err nan" in nan_where_a_number.message  # never "max abs err 0"
+    assert "got nan" in nan_where_a_number.message
 
 
 def test_integers_compare_exactly_and_structure_shape_dtype_must_match():

@@ -115,8 +115,10 @@ def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int,
     diff = torch.where(bad, (r - n).abs().nan_to_num(nan=float("inf")), torch.zeros_like(r))
     flat = int(diff.flatten().argmax())
     where = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)] if ref.dim() else []
-    finite_diff = diff[bad].nan_to_num(posinf=float("nan"))
-    max_abs = float(finite_diff.nan_to_num(nan=0.0).max()) if n_bad else 0.0
+    errors = (r - n).abs()[bad]
+    finite_errors = errors[torch.isfinite(errors)]
+    # Only NaN/Inf placed where the reference has a number (or the reverse): no finite error to report.
+    max_abs = float(finite_errors.max()) if finite_errors.numel() else float("nan")
     rel = ((r - n).abs() / r.abs().clamp_min(1e-12))[bad].nan_to_num(nan=float("inf"))
     mismatch = Mismatch(output_index=index, trial=trial, max_abs_error=max_abs,
                         max_rel_error=float(rel.max()), bad_elements=n_bad, total_elements=ref.numel(),
