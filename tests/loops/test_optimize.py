@@ -107,6 +107,16 @@ def test_survives_a_server_that_errors_half_the_time(tmp_path, store):
     assert ExemplarDB(tmp_path / "exemplars.sqlite").count(task.id) == 2
 
 
+def test_stops_after_a_round_in_which_every_request_failed(tmp_path, store):
+    with ScriptedOpenAIServer(lambda index, body: Reply.error(401)) as server:  # e.g. a wrong key
+        result = optimize(cpu_task(), _config(server, tmp_path, rounds=4, samples=3), store=store)
+        assert server.request_count == 3  # one round, not four
+
+    assert len(result.history) == 1 and result.best_result is None
+    assert result.stopped.startswith("the LLM backend failed every request of round 1: ")
+    assert "401" in result.stopped
+
+
 class _Stop(Exception):
     pass
 

@@ -84,3 +84,9 @@ def test_sft_resumes_from_a_checkpoint(tmp_path, tiny_tasks):
     result = run_sft(second, tasks=tiny_tasks)
     steps = [e["step"] for e in result.log_history if "loss" in e]
     assert result.summary["steps"] == 4 and steps[-2:] == [3, 4] and 1 not in steps[2:]
+
+
+def test_a_missing_model_folder_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: fail at once instead of retrying
+    with pytest.raises(ConfigError, match="no such local folder"):
+        load_policy(str(tmp_path / "no_such_checkpoint"))

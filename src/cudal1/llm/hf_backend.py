@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
-from cudal1.errors import MissingDependencyError
+from cudal1.errors import ConfigError, MissingDependencyError
 from cudal1.llm.backends import (
     Completion,
     LLMConfig,
@@ -163,16 +164,27 @@ def _as_id_set(value: Any) -> set[int]:
     return {int(value)}
 
 
+def unloadable_model_message(spec: str, exc: BaseException) -> str:
+    """One line on why `from_pretrained(spec)` failed, saying whether a local folder of that name exists."""
+    where = "" if Path(spec).exists() else " (no such local folder, and not a model id the hub could give)"
+    return f"cannot load model {spec!r}{where}: {str(exc).splitlines()[0][:200]}"
+
+
 def _load(path_or_id: str, model: Any, tokenizer: Any, device: str | None) -> tuple[Any, Any]:
     """Load what was not passed in from `path_or_id`."""
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingDependencyError("transformers", "train", "local model generation") from exc
-    if tokenizer is None:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path_or_id)
-    if model is None:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path_or_id, dtype="auto")
+    loads_model = model is None
+    try:
+        if tokenizer is None:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path_or_id)
+        if loads_model:
+            model = transformers.AutoModelForCausalLM.from_pretrained(path_or_id, dtype="auto")
+    except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
+        raise ConfigError(unloadable_model_message(path_or_id, exc)) from None
+    if loads_model:
         if device is not None:
             model = model.to(device)
         else:

@@ -274,6 +274,12 @@ class _OptimizeLoop:
             if self.over_budget() and any(r.status is None for r in previous):
                 stopped = "time budget"
                 break
+            failed = [r.error for r in previous if r.status == GENERATION_ERROR]
+            if previous and len(failed) == len(previous):
+                # Every request of the round failed after its retries (a server down, a wrong model name or
+                # key): more rounds would only repeat that, at the retries' cost each.
+                stopped = f"the LLM backend failed every request of round {round_}: {failed[0]}"
+                break
         return self._finish(history, stopped)
 
     # -------------------------------------------------------------------------------------- seeding

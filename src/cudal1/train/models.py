@@ -119,10 +119,13 @@ def load_policy(spec: str, tokenizer_spec: str = "", *, seed: int = 0, dtype: st
     transformers = require_transformers()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
-    except OSError as exc:
-        raise ConfigError(f"cannot load model {spec!r}: {str(exc).splitlines()[0][:200]}") from None
-    tok = load_tokenizer(tokenizer_spec or spec)
+        tok = load_tokenizer(tokenizer_spec or spec)
+    except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
+        from cudal1.llm.hf_backend import unloadable_model_message
+
+        raise ConfigError(unloadable_model_message(spec, exc)) from None
     return model, ensure_chat_template(tok)
+
 
 
 def save_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
