@@ -261,3 +261,23 @@ def test_gpu_audit_survives_a_failed_build_pass_and_report_only_builds_nothing(r
     events.clear()
     run_audit(_config(release, environment={"device_type": "cuda", "gpu_name": "test"}), store)
     assert "build" not in events and "fill" not in events
+
+
+def test_a_timeout_under_a_smaller_limit_is_reported_but_evaluated_again(release, store):
+    from cudal1.audit.run import collect_audit
+
+    fake = FakeEvaluate(store)
+    run_audit(_config(release), store, evaluate=fake)
+    task, cand = load_release(release)[0]
+    cfg, env = _config(release).resolved_eval(), local_environment("cpu")
+    key, _ = store.lookup(task.hash, cand.hash, cfg.protocol(), env)
+    short = dataclasses.replace(cfg, timeout_s=5.0).limits()
+    store.put_evaluation(synthetic(Status.TIMEOUT, protocol={**cfg.protocol(), **short}, env=env)
+                         .replace(task_id=task.id, candidate_hash=cand.hash),
+                         task_hash=task.hash, key=key, label=_config(release).label)
+    # The report shows what is stored, the timeout included; an audit allowing 600 s evaluates it again.
+    rows = collect_audit(_config(release), store).rows
+    assert len(rows) == 3 and [r.status for r in rows if r.task_id == task.id] == ["timeout"]
+    fake.calls.clear()
+    run_audit(_config(release), store, evaluate=fake)
+    assert fake.calls == [[task.id]]

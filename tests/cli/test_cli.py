@@ -103,6 +103,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     good = str(FIXTURES / "eval" / "correct.py")
     binary = tmp / "binary.py"
     binary.write_bytes(b"\xff\xfe\x00junk")
+    (tmp / "r.jsonl").write_text(json.dumps({"level_id": 1, "task_id": 1, "ref_code": "x = 1",
+                                             "custom_code": "y = 2"}) + "\n")
     afile = tmp / "afile"
     afile.write_text("x")
     fast = ["--device", "cpu", "--trials", "2", "--buckets", "2"]
@@ -119,6 +121,13 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["baseline", "--task", "no_such_task", "--device", "cpu", "--store", str(tmp / "b.sqlite")],
          "no task no_such_task"),
         (["quickstart", "--form", "bogus", "--device", "cpu", "--no-store"], "unknown example form"),
+        (["report", "--out", str(afile / "sub"), "--store", str(tmp / "s.sqlite")], "cannot create output folder"),
+        (["audit", str(tmp / "r.jsonl"), "--out", str(afile / "sub"), "--store", str(tmp / "a.sqlite")],
+         "cannot create output folder"),
+        (["judge", good, "--ref", ref, "--result", str(afile), "--prompt-only", "--store", str(tmp / "j.sqlite")],
+         "is not a cudal1 eval --json result"),
+        (["train", "sft", "--config", str(binary), "--model", "scratch", "--dataset", str(afile), "-o",
+          str(tmp / "run")], "cannot read config"),
     ]
 
 
@@ -140,7 +149,7 @@ def test_a_broken_reference_is_not_blamed_on_the_candidate(tmp_path, capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["status"] == "runtime_error"
-    assert out["message"] == "the reference failed (get_inputs), not the candidate: ValueError: bad ref"
+    assert out["message"] == "the reference failed (get_inputs): ValueError: bad ref"
     assert [f["rule"] for f in out["flags"]] == ["reference_error"]
 
 

@@ -67,7 +67,7 @@ def test_judge_prompt_only_needs_no_llm(tmp_path, capsys):
 def test_judge_without_llm_is_a_one_line_user_error(tmp_path):
     with pytest.raises(Cudal1Error, match="judge is off"):
         run(["judge", str(CAND), "--ref", str(REF), "--store", str(tmp_path / "r.sqlite")])
-    with pytest.raises(Cudal1Error, match="no such file"):
+    with pytest.raises(Cudal1Error, match="no such candidate file"):
         run(["judge", str(tmp_path / "none.py"), "--ref", str(REF), "--prompt-only"])
 
 

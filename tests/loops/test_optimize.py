@@ -109,12 +109,19 @@ def test_survives_a_server_that_errors_half_the_time(tmp_path, store):
 
 def test_stops_after_a_round_in_which_every_request_failed(tmp_path, store):
     with ScriptedOpenAIServer(lambda index, body: Reply.error(401)) as server:  # e.g. a wrong key
-        result = optimize(cpu_task(), _config(server, tmp_path, rounds=4, samples=3), store=store)
+        result = optimize(cpu_task(), _config(server, tmp_path, rounds=4, samples=3, run_name="r"), store=store)
         assert server.request_count == 3  # one round, not four
 
     assert len(result.history) == 1 and result.best_result is None
     assert result.stopped.startswith("the LLM backend failed every request of round 1: ")
     assert "401" in result.stopped
+
+    # The same run once the server answers (here on another port, so named): round 1's failures stay
+    # journaled, round 2 is generated.
+    with ScriptedOpenAIServer(lambda index, body: answer("fast")) as server:
+        resumed = optimize(cpu_task(), _config(server, tmp_path, rounds=2, samples=3, run_name="r"), store=store)
+        assert server.request_count == 3
+    assert resumed.resumed and not resumed.stopped and resumed.best_result is not None
 
 
 class _Stop(Exception):

@@ -80,6 +80,10 @@ def test_a_stored_timeout_is_not_reused_for_a_longer_limit(store):
     assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT, limits={**limits, "time_limit_s": 8.0})[1] is None
     assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT,
                         limits={**limits, "build_time_limit_s": 1800.0})[1] is None
+    # A timeout stored without its limits (an older version) is evaluated again when limits are given.
+    store.put_evaluation(timed_out.replace(protocol=dict(PROTOCOL)), task_hash=task_hash, key=key)
+    assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT, limits=limits)[1] is None
+    assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT)[1].status is Status.TIMEOUT  # reporting
     # A verdict other than timeout does not depend on the limit.
     store.put_evaluation(timed_out.replace(status=Status.CORRECT), task_hash=task_hash, key=key)
     assert store.lookup(task_hash, cand_hash, PROTOCOL, ENVIRONMENT, limits={**limits, "time_limit_s": 8.0})[1]

@@ -140,9 +140,12 @@ def record_published(store: Any, items: list[Item], release_name: str) -> None:
 
 
 def stored_result(store: Any, task: Task, source_hash: str, cfg: EvalConfig,
-                  environment: dict[str, Any] | None = None) -> tuple[str, EvalResult | None]:
-    """(key, stored result or None) of a candidate under `cfg` on `environment`'s machine (default: this one)."""
-    return store.lookup(task.hash, source_hash, cfg.protocol(), _machine(cfg, environment), limits=cfg.limits())
+                  environment: dict[str, Any] | None = None,
+                  limits: dict[str, float] | None = None) -> tuple[str, EvalResult | None]:
+    """(key, stored result or None) of a candidate under `cfg` on `environment`'s machine (default: this one).
+    With `limits` (deciding what to evaluate), a timeout obtained under smaller limits is not returned;
+    without them (reporting), every stored result is."""
+    return store.lookup(task.hash, source_hash, cfg.protocol(), _machine(cfg, environment), limits=limits)
 
 
 def _machine(cfg: EvalConfig, environment: dict[str, Any] | None) -> dict[str, Any]:
@@ -231,7 +234,7 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
     record_published(store, todo, config.release_name)
     pending: list[Item] = []
     for task, cand in todo:
-        key, hit = stored_result(store, task, cand.hash, cfg, config.environment)
+        key, hit = stored_result(store, task, cand.hash, cfg, config.environment, limits=cfg.limits())
         if hit is None or config.force:
             pending.append((task, cand))
         else:

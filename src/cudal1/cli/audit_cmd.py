@@ -58,8 +58,7 @@ def audit_command(
     if gpu and not report_only:
         raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
     store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)
-    if out is not None:
-        common.output_folder(out)
+    folder = common.output_folder(out or Path(f"audit-{cfg.release_name}-{profile}"))
     if report_only:
         cfg = report_only_config(cfg, store, gpu)
         common.console.print(measured_on(cfg.environment))
@@ -73,7 +72,6 @@ def audit_command(
                 bar.update(job, advance=1, best=f"{task.id}: {result.status.value}")
 
             outcome = run_audit(cfg, store, on_result=on_result)
-    folder = out or Path(f"audit-{cfg.release_name}-{profile}")
     written = report_audit(outcome, cfg, store, folder, plots=plots)
     common.console.print(summary_table(outcome, cfg))
     per_task = ", ".join(str(written[name]) for name in ("audit_tasks.md", "audit_baselines.md") if name in written)

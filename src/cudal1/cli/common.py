@@ -73,9 +73,23 @@ def open_existing_store(path: Path | None) -> Any:
 
 
 def output_folder(path: Path) -> Path:
-    """`--out`: a folder that exists or can be created; `SourceError` when a file is in the way."""
+    """An output folder, created now (before any long work) so that a file in the way, or a folder that
+    cannot be made, is a one-line `SourceError` instead of a traceback at the end."""
     if path.exists() and not path.is_dir():
-        raise SourceError(f"--out {path} is a file, not a folder")
+        raise SourceError(f"output folder {path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SourceError(f"cannot create output folder {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def output_file(path: Path) -> Path:
+    """An output file's path, its folder created now; `SourceError` when it names a folder or cannot be
+    written there."""
+    if path.is_dir():
+        raise SourceError(f"output file {path} is a folder")
+    output_folder(path.parent)
     return path
 
 

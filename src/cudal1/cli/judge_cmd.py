@@ -15,6 +15,7 @@ from pathlib import Path
 
 import typer
 
+from cudal1.cli import common
 from cudal1.errors import ConfigError, SourceError
 
 hacks_app = typer.Typer(no_args_is_help=True, help="The database of known reward-hack cases.")
@@ -32,12 +33,8 @@ ManifestOpt = typer.Option(..., "--manifest",
                            help="Candidate-corpus manifest.yaml (its exploits become cases).")
 
 
-def _read(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    if not path.is_file():
-        raise SourceError(f"no such file: {path}")
-    return path.read_text()
+def _read(path: Path | None, what: str = "input") -> str | None:
+    return None if path is None else common.read_source(path, what)
 
 
 def _db(store: Path | None):
@@ -64,8 +61,14 @@ def judge_command(
     from cudal1.eval.types import EvalResult
     from cudal1.judge import JudgeConfig, LLMJudge
 
-    cand_src, ref_src = _read(candidate), _read(ref)
-    evidence = EvalResult.from_dict(json.loads(_read(result))) if result is not None else None
+    cand_src, ref_src = _read(candidate, "candidate"), _read(ref, "reference")
+    evidence = None
+    if result is not None:
+        try:
+            evidence = EvalResult.from_dict(json.loads(_read(result, "result")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SourceError(f"--result {result} is not a cudal1 eval --json result ({type(exc).__name__}: "
+                              f"{exc})") from None
     config = JudgeConfig(llm=llm, k_cases=k, record_verdicts=record)
     db = _db(store)
     if prompt_only:

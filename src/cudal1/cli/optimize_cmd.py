@@ -114,7 +114,7 @@ def optimize_command(
         llm=LLMConfig(spec=llm, temperature=temperature, max_tokens=max_tokens, concurrency=concurrency,
                       max_retries=max_retries),
         rounds=rounds, samples=samples, sampler=sampler, form=form, eval=eval_cfg, feedback=feedback, seed=seed,
-        out=str(out) if out else None, run_name=run_name, resume=not fresh,
+        out=str(common.output_file(out)) if out else None, run_name=run_name, resume=not fresh,
         exemplar_db=str(exemplar_db) if exemplar_db else None, seed_from_store=seed_from_store,
         baselines=baselines, time_budget_s=time_budget_s)
     the_task = resolve_task(task, source)

@@ -33,7 +33,8 @@ def evaluate_policy_command(
 
     cfg = PolicyEvalConfig(checkpoint=checkpoint, llm=llm, source=source, split=split, splits_file=splits_file,
                            samples=samples, temperature=temperature, max_new_tokens=max_new_tokens,
-                           max_tasks=max_tasks, form=form, output=output)
+                           max_tasks=max_tasks, form=form,
+                           output=str(common.output_file(Path(output))) if output else "")
     eval_cfg = common.make_config(device, profile, trials, sizes)
     report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store_option(store_path, no_store),
                              workers=workers)

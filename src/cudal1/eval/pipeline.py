@@ -288,7 +288,7 @@ def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg:
     if store is not None and not force:  # a resumed batch builds only what it will evaluate
         env = local_environment(cfg.device)
         to_build = [i for i in to_build if store.lookup(items[i][0].hash, source_hash(items[i][1]),
-                                                        cfg.protocol(), env)[1] is None]
+                                                        cfg.protocol(), env, limits=cfg.limits())[1] is None]
     to_build = [i for i in to_build if uses_load_inline(items[i][1])]
     if not to_build:
         return False

@@ -108,17 +108,22 @@ def import_candidate(source: str, workdir: Path) -> Any:
 
 
 @contextlib.contextmanager
-def reference_phase(what: str) -> Iterator[None]:
+def reference_phase(what: str, before_candidate: bool = False) -> Iterator[None]:
     """Code of the reference (its module, inputs, construction, forward): what it raises is reported as the
     reference's failure, so that neither a user nor a policy's feedback reads it as the candidate's bug.
-    The verdict stays a failure: a candidate that broke the reference gains nothing."""
+    Only a failure before any candidate code ran is certainly not the candidate's; later ones are named as
+    the reference's without that claim. Out-of-memory and CUDA errors pass through: the candidate's
+    asynchronous work can surface in the reference's calls. The verdict stays a failure either way."""
     try:
         yield
-    except (Verdict, torch.cuda.OutOfMemoryError):
+    except (Verdict, torch.cuda.OutOfMemoryError, MemoryError):
         raise
     except Exception as exc:  # noqa: BLE001 - reported in one line with where it happened
-        raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}), not the candidate: "
-                      f"{_first_line(exc)}", flag="reference_error") from None
+        if "CUDA error" in str(exc) or type(exc).__name__ == "AcceleratorError":
+            raise
+        whose = ", not the candidate" if before_candidate else ""
+        raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}){whose}: {_first_line(exc)}",
+                      flag="reference_error") from None
 
 
 def make_inputs(ref: Any, device: torch.device, seed: int) -> list[Any]:
@@ -368,7 +373,7 @@ class Evaluation:
         from cudal1.tasks.task import load_reference
 
         t0 = time.perf_counter()
-        with reference_phase("loading its module"):
+        with reference_phase("loading its module", before_candidate=True):
             ref = load_reference(self.payload["ref_source"], self.payload["task_id"], sizes=self.cfg.sizes)
         if self.device.type == "cuda":
             torch.zeros(1, device=self.device)  # create the context before the snapshot

@@ -246,13 +246,14 @@ class ResultsStore:
         """Compute the evaluation key and return `(key, cached result or None)`; `force=True` never hits.
 
         With `limits` (`EvalConfig.limits()`), a stored timeout obtained under a smaller limit than asked
-        for is not a hit: the candidate gets the longer time it is now allowed.
+        for, or under one it did not record (older versions), is not a hit: the candidate gets the time it
+        is now allowed.
         """
         key = keys.eval_key(task_hash, candidate_hash, protocol, environment)
         hit = None if force else self.get_evaluation(key)
         if hit is not None and hit.status is Status.TIMEOUT and limits:
             recorded = hit.protocol
-            if any(name in recorded and recorded[name] < asked for name, asked in limits.items()):
+            if any(recorded.get(name, 0.0) < asked for name, asked in limits.items()):
                 return key, None
         return key, hit
 

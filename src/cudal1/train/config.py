@@ -335,8 +335,8 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
     values: dict[str, Any] = {}
     if path:
         try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ConfigError(f"cannot read config {path}: {exc}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a mapping of settings")

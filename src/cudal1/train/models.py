@@ -127,7 +127,6 @@ def load_policy(spec: str, tokenizer_spec: str = "", *, seed: int = 0, dtype: st
     return model, ensure_chat_template(tok)
 
 
-
 def save_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
     """Save model (a LoRA model saves its adapters) and tokenizer to `path`; returns `path`."""
     path = Path(path)
