@@ -55,13 +55,6 @@ def read_source(path: Path, what: str) -> str:
         raise SourceError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
-def open_store_option(path: Path | None, disabled: bool) -> Any:
-    """`--store PATH` / `--no-store`: the store to use, None without one; both at once is an error."""
-    if disabled and path is not None:
-        raise SourceError("give --store or --no-store, not both")
-    return open_store(path, disabled)
-
-
 def open_existing_store(path: Path | None) -> Any:
     """The store a read-only command reports from; `SourceError` rather than creating an empty one."""
     from cudal1.store import ResultsStore, default_store_path
@@ -98,6 +91,9 @@ def make_config(device: str, profile: str, trials: int, sizes: str, **extra: Any
 
 
 def open_store(path: Path | None, disabled: bool) -> Any:
+    """`--store PATH` / `--no-store`: the store to use, None without one; both at once is an error."""
+    if disabled and path is not None:
+        raise SourceError("give --store or --no-store, not both")
     if disabled:
         return None
     from cudal1.store import ResultsStore

@@ -47,7 +47,7 @@ def eval_command(
     pairs = pairs[:limit] if limit else pairs
     if not pairs:
         raise SourceError("nothing to evaluate: the selection holds no candidate")
-    store = common.open_store_option(store_path, no_store)
+    store = common.open_store(store_path, no_store)
     run_id = store.start_run("eval", {"config": cfg.to_dict(), "n": len(pairs)}) if store and len(pairs) > 1 else None
     rows: list[tuple[str, EvalResult]] = []
     with common.progress_bar() as bar:

@@ -36,7 +36,7 @@ def evaluate_policy_command(
                            max_tasks=max_tasks, form=form,
                            output=str(common.output_file(Path(output))) if output else "")
     eval_cfg = common.make_config(device, profile, trials, sizes)
-    report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store_option(store_path, no_store),
+    report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store(store_path, no_store),
                              workers=workers)
     if as_json:
         common.console.print(json.dumps(report.to_dict(), indent=1, default=str), markup=False, highlight=False)

@@ -25,7 +25,7 @@ def quickstart_command(
     resolved = resolve_device(device)
     pairs = example_candidates(resolved.split(":")[0], form or None)
     cfg = EvalConfig(device=resolved)
-    store = common.open_store_option(store_path, no_store)
+    store = common.open_store(store_path, no_store)
     common.console.print(f"Evaluating {len(pairs)} built-in example candidate(s) on {resolved} "
                          f"(profile strict, sizes {cfg.resolved(resolved).sizes})")
     rows = []
