@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from cudal1.audit.run import AuditConfig, audit_label, report_audit, run_audit, stored_result
 from cudal1.eval.config import EvalConfig
@@ -148,7 +149,6 @@ def test_report_only_anywhere_reads_the_measuring_machines_results(release, stor
 
 def test_report_says_which_baselines_were_measured_failed_or_left(release, store, tmp_path):
     """A GPU machine's store with one CUDA graph baseline measured and one illegal capture, read anywhere."""
-    import json
 
     from cudal1.audit.run import report_only_config
     from cudal1.baselines.runner import baseline_protocol_version
@@ -216,6 +216,17 @@ def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):
     assert (out / "report.md").is_file()
     assert main([*args, "--profile", "cuda-l1"]) == 2  # nothing stored under that profile: one-line error
     assert "nothing to report" in capsys.readouterr().err
+
+    # --compare-to: the same store reproduces its own report; a report with other verdicts does not (exit 1).
+    assert main([*args, "--out", str(tmp_path / "again"), "--compare-to", str(out)]) == 0
+    assert json.loads((tmp_path / "again" / "comparison.json").read_text())["reproduced"] is True
+    other = json.loads((out / "audit.json").read_text())
+    for row in other["tasks"]:
+        row["status"] = "compile_error"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main([*args, "--out", str(tmp_path / "third"), "--compare-to", str(tmp_path / "other.json")]) == 1
+    assert "NOT REPRODUCED: 3 shared tasks; verdicts agree on 0" in " ".join(capsys.readouterr().out.split())
+    assert main([*args, "--compare-to", str(tmp_path / "missing.json")]) == 2  # checked before any work
 
 
 def _fake_gpu(monkeypatch, prebuild):

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from cudal1.audit.summary import audit_entries, profile_comparison, survival_table, tasks_markdown
+from cudal1.audit.summary import (
+    audit_entries,
+    implied_baselines,
+    implied_blocks,
+    profile_comparison,
+    survival_table,
+    tasks_markdown,
+)
 from cudal1.metrics.rows import ResultRow
 
 ROWS = [
@@ -45,3 +52,22 @@ def test_tasks_markdown_lists_ours_and_published_per_baseline():
     text = tasks_markdown(audit_entries(ROWS[:1]), "T")
     assert "vs cuda_graph (ours / published)" in text
     assert "| a | 1 | correct | 2.00 / 2.10 | 1.00 / 1.50 | custom_cuda | - | yes |" in text
+
+
+def test_implied_baselines_put_ours_next_to_the_release():
+    # a: published 2.1 vs eager and 1.5 vs cuda_graph imply a graph 1.4x eager; ours is 1.4x (agrees).
+    # b: published only vs eager, no graph score: left out. c: implies 2.5x, ours 1.0x (outside x1.25).
+    rows = [ROWS[0], ROWS[1], ResultRow("c", level=2, published={"score_default": 5.0, "score_cuda_graph": 2.0},
+                                        label="audit:r:strict")]
+    per_task = {"a": {"cuda_graph": {"status": "ok", "speedup_vs_eager": 1.4}},
+                "b": {"cuda_graph": {"status": "ok", "speedup_vs_eager": 1.1}},
+                "c": {"cuda_graph": {"status": "ok", "speedup_vs_eager": 1.0},
+                      "cudnn": {"status": "failed", "speedup_vs_eager": None}}}
+    [graph] = implied_baselines(rows, per_task)
+    assert graph["baseline"] == "cuda_graph" and graph["tasks"] == 2 and graph["agree"] == 1
+    assert graph["ours_median"] == 1.2
+    assert abs(graph["implied_median"] - (1.4 + 2.5) / 2) < 1e-9
+    assert abs(graph["ratio_median"] - (1.0 + 0.4) / 2) < 1e-9
+    table = implied_blocks([graph])[-1]
+    assert table.rows == [["cuda_graph", "2", "1.20x", "1.95x", "0.70", "1/2"]]
+    assert implied_blocks([]) == []

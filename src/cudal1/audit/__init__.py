@@ -5,9 +5,11 @@
     write_audit_outputs(outcome.rows, "out/audit", title="CUDA-L1 H100 audit", meta={})
 
 Modules: `select` (which items), `run` (evaluate resumably through the store), `rows` (store -> report
-rows with baselines and speed of light; also used by `cudal1 report`), `summary` (tables and files).
+rows with baselines and speed of light; also used by `cudal1 report`), `summary` (tables and files),
+`compare` (does a re-run reproduce an earlier report: `compare_audits`).
 """
 
+from cudal1.audit.compare import AuditComparison, compare_audits, load_audit
 from cudal1.audit.rows import row_from_result, rows_from_store, sol_fractions, stored_labels
 from cudal1.audit.run import AuditConfig, AuditOutcome, audit_label, audit_rows, run_audit
 from cudal1.audit.select import chunk_items, parse_chunk, select_items
@@ -20,13 +22,16 @@ from cudal1.audit.summary import (
 )
 
 __all__ = [
+    "AuditComparison",
     "AuditConfig",
     "AuditOutcome",
     "audit_entries",
     "audit_label",
     "audit_rows",
     "chunk_items",
+    "compare_audits",
     "parse_chunk",
+    "load_audit",
     "profile_comparison",
     "row_from_result",
     "rows_from_store",

@@ -14,6 +14,7 @@ A published speedup *survives* when our verdict is correct and our speedup vs th
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -130,6 +131,55 @@ def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
     return blocks
 
 
+#: Band of "agrees" for our baseline's speedup vs eager over the one a release implies (x 1.25 either way).
+AGREEMENT_BAND = 1.25
+
+
+def implied_baselines(rows: Sequence[ResultRow], per_task: Mapping[str, Mapping[str, Mapping[str, Any]]]
+                      ) -> list[dict[str, Any]]:
+    """Our baselines next to the ones a release implies. A release that scores one candidate against eager
+    (`score_default` = t_eager / t_cand) and against a baseline (`score_<kind>` = t_kind / t_cand) implies that
+    baseline's speedup vs eager: score_default / score_<kind>. Per kind, over the tasks where we measured the
+    baseline and the release scores both: the medians of ours and of the implied speedups, the median of
+    ours / implied, and how many tasks agree within `AGREEMENT_BAND`. Close medians say that both sides
+    measured the same baselines, so differences in published speedups come from the candidates."""
+    published = {row.task_id: row.published for row in rows}
+    out = []
+    for kind, key in PUBLISHED_KEY_BY_BASELINE.items():
+        if kind == "eager":
+            continue
+        ours, implied = [], []
+        for task_id, by_kind in per_task.items():
+            mine = (by_kind.get(kind) or {}).get("speedup_vs_eager")
+            scores = published.get(task_id) or {}
+            default, theirs = scores.get("score_default"), scores.get(key)
+            if mine and default and theirs and default > 0 and theirs > 0:
+                ours.append(float(mine))
+                implied.append(default / theirs)
+        if not ours:
+            continue
+        ratios = [a / b for a, b in zip(ours, implied, strict=True)]
+        out.append({"baseline": kind, "published_key": key, "tasks": len(ours),
+                    "ours_median": statistics.median(ours), "implied_median": statistics.median(implied),
+                    "ratio_median": statistics.median(ratios),
+                    "agree": sum(1 / AGREEMENT_BAND <= r <= AGREEMENT_BAND for r in ratios)})
+    return out
+
+
+def implied_blocks(agreement: Sequence[Mapping[str, Any]]) -> list[Block]:
+    """The report section of `implied_baselines`."""
+    if not agreement:
+        return []
+    return [Heading("Our baselines vs the release's", 3),
+            Paragraph("Each published candidate is scored against eager and against each baseline, so the release "
+                      "implies every baseline's speedup vs eager (score_default / score_<baseline>). Per "
+                      "baseline, over the tasks where both exist: medians of ours and of the implied speedups, "
+                      f"the median of ours / implied, and the tasks that agree within x{AGREEMENT_BAND:g}."),
+            Table(["Baseline", "Tasks", "Ours (median)", "Implied (median)", "Ours / implied (median)", "Agree"],
+                  [[a["baseline"], str(a["tasks"]), f"{a['ours_median']:.2f}x", f"{a['implied_median']:.2f}x",
+                    f"{a['ratio_median']:.2f}", f"{a['agree']}/{a['tasks']}"] for a in agreement])]
+
+
 def baselines_markdown(per_task: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str) -> str:
     """Every stored baseline per task (`baseline_coverage`'s `per_task`), in the cells `cudal1 baseline`
     prints: ms (speedup vs eager), failed with the start of its reason, or '-'. Tasks without any stored
@@ -161,9 +211,11 @@ def write_audit_outputs(rows: Sequence[ResultRow], out_dir: str | Path, *, title
     `coverage` (`baseline_coverage`) adds the section of which baselines were measured, goes into audit.json,
     and its stored baselines per task into audit_baselines.md."""
     out = Path(out_dir)
+    agreement = implied_baselines(rows, coverage.get("per_task") or {}) if coverage else []
     written = write_report(rows, out, title=title, meta=meta, plots=plots, survive_fraction=fraction,
-                           extra_blocks=coverage_blocks(coverage) if coverage else ())
-    extra = {**dict(extra or {}), **({"baseline_coverage": dict(coverage)} if coverage else {})}
+                           extra_blocks=[*coverage_blocks(coverage), *implied_blocks(agreement)] if coverage else ())
+    extra = {**dict(extra or {}), **({"baseline_coverage": dict(coverage), "implied_baselines": agreement}
+                                     if coverage else {})}
     entries = audit_entries(rows, fraction)
     document = {"title": title, "meta": dict(meta), "fraction": fraction, **dict(extra or {}),
                 "comparison": profile_comparison(rows, fraction),

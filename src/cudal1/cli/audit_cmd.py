@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
+from cudal1.audit.compare import DEFAULT_TOLERANCE, AuditComparison, compare_audits, load_audit
 from cudal1.audit.run import collect_audit, measured_on, report_audit, report_only_config
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
@@ -30,6 +32,14 @@ _REPORT_ONLY_OPT = typer.Option(False, "--report-only", help=(
     "Evaluate nothing; report the stored results of the GPU with the most of them (works without a GPU, e.g. "
     "on a store copied from the GPU machine)."))
 _GPU_OPT = typer.Option(None, "--gpu", help="With --report-only: the GPU name whose results to report.")
+_COMPARE_TO_OPT = typer.Option(None, "--compare-to", help=(
+    "An earlier audit.json (or its report folder): compare the shared tasks with it, write comparison.json, "
+    "exit 1 when this run does not reproduce it."))
+_TOLERANCE_OPT = typer.Option(DEFAULT_TOLERANCE, "--tolerance", min=0.001, help=(
+    "Band around 1 for new/earlier speedup medians (0.1: within 10 %)."))
+_EARLIER_ARG = typer.Argument(..., help="The earlier audit.json (or its report folder).")
+_NEW_ARG = typer.Argument(..., help="The new audit.json (or its report folder).")
+_JSON_OUT_OPT = typer.Option(None, "--json", help="Also write the comparison as JSON here.")
 
 
 def audit_command(
@@ -48,8 +58,10 @@ def audit_command(
     buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
     plots: bool = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
+    compare_to: Path | None = _COMPARE_TO_OPT, tolerance: float = _TOLERANCE_OPT,
 ) -> None:
     """Verdict, speedup, kernel class and flags next to each published score; which speedups survive."""
+    earlier = load_audit(compare_to) if compare_to is not None else None  # a bad path fails before any work
     cfg = AuditConfig(
         release=str(release), profile=profile, levels=tuple(level), sample_per_level=sample_per_level, seed=seed,
         limit=limit, chunk=chunk, baselines=tuple(parse_kinds(baselines)) if baselines else (),
@@ -76,6 +88,33 @@ def audit_command(
     common.console.print(summary_table(outcome, cfg))
     per_task = ", ".join(str(written[name]) for name in ("audit_tasks.md", "audit_baselines.md") if name in written)
     common.console.print(f"report: {written['report.html']}  (per task: {per_task})")
+    if earlier is not None:
+        comparison = compare_audits(earlier, load_audit(written["audit.json"]), tolerance)
+        (folder / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
+        print_comparison(comparison)
+        if not comparison.reproduced:
+            raise typer.Exit(1)
+
+
+def audit_compare_command(
+    earlier: Path = _EARLIER_ARG, new: Path = _NEW_ARG, tolerance: float = _TOLERANCE_OPT,
+    json_out: Path | None = _JSON_OUT_OPT,
+) -> None:
+    """Does NEW reproduce EARLIER? Verdicts, speedups and baselines of their shared tasks (exit 1 if not)."""
+    comparison = compare_audits(load_audit(earlier), load_audit(new), tolerance)
+    if json_out is not None:
+        common.output_file(json_out).write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
+    print_comparison(comparison)
+    if not comparison.reproduced:
+        raise typer.Exit(1)
+
+
+def print_comparison(comparison: AuditComparison) -> None:
+    """The comparison's lines, its verdict line in colour."""
+    first, *rest = comparison.lines()
+    common.console.print(f"[{'green' if comparison.reproduced else 'red'}]{first}[/]", highlight=False)
+    for line in rest:
+        common.console.print(line, highlight=False, markup=False)
 
 
 def summary_table(outcome: AuditOutcome, cfg: AuditConfig) -> Table:
@@ -95,5 +134,6 @@ def summary_table(outcome: AuditOutcome, cfg: AuditConfig) -> Table:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `cudal1 audit` to the CLI."""
+    """Add `cudal1 audit` and `cudal1 audit-compare` to the CLI."""
     app.command("audit")(audit_command)
+    app.command("audit-compare")(audit_compare_command)

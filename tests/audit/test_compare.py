@@ -1,0 +1,138 @@
+"""Comparing two audit reports: verdicts, speedup ratios, baselines, and what counts as reproduced."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from cudal1.audit.compare import compare_audits, load_audit
+from cudal1.cli.main import main
+from cudal1.errors import SourceError
+
+LABEL = "audit:r:strict"
+
+
+def _task(task_id: str, status: str, speedup: float | None, survives: bool | None = None,
+          label: str = LABEL) -> dict:
+    return {"task_id": task_id, "label": label, "status": status, "speedup": speedup, "survives": survives}
+
+
+def _baseline(speedup: float | None, status: str = "ok") -> dict:
+    return {"status": status, "measured_speedup": speedup, "speedup_vs_eager": speedup}
+
+
+def earlier_report() -> dict:
+    return {
+        "label": LABEL, "meta": {"machine": "GPU X"},
+        "tasks": [_task("a", "correct", 2.0, True), _task("b", "correct", 1.5, False),
+                  _task("c", "incorrect", None, False), _task("d", "correct", 3.0, True),
+                  _task("a", "incorrect", None, label="audit:r:cuda-l1")],
+        "baseline_coverage": {"per_task": {
+            "a": {"eager": _baseline(1.0), "cuda_graph": _baseline(1.2)},
+            "b": {"eager": _baseline(0.99), "cuda_graph": _baseline(2.0)},
+            "c": {"cuda_graph": _baseline(None, "failed")},
+        }},
+    }
+
+
+def _scaled(report: dict, factor: float, tasks: tuple[str, ...] = ("a", "b", "d")) -> dict:
+    new = copy.deepcopy(report)
+    for row in new["tasks"]:
+        if row["task_id"] in tasks and row["speedup"] is not None:
+            row["speedup"] *= factor
+    return new
+
+
+def test_identical_reports_reproduce_with_unit_ratios():
+    result = compare_audits(earlier_report(), earlier_report())
+    assert result.reproduced
+    assert result.shared == ["a", "b", "c", "d"] and result.verdicts_agree == 4
+    series = {s.name: s for s in result.series}
+    assert series["candidate speedup vs eager"].ratios == {"a": 1.0, "b": 1.0, "d": 1.0}
+    assert series["baseline cuda_graph vs eager"].ratios == {"a": 1.0, "b": 1.0}
+    assert series["baseline eager (null test)"].median() == 1.0
+    assert result.survival == (4, 2, 2)
+    assert result.lines()[0].startswith("REPRODUCED: 4 shared tasks")
+
+
+def test_rows_of_other_profiles_are_not_compared():
+    new = earlier_report()
+    new["tasks"][-1]["status"] = "correct"  # the cuda-l1 profile's row of task a
+    assert compare_audits(earlier_report(), new).reproduced
+
+
+def test_a_changed_verdict_fails_and_is_named():
+    new = earlier_report()
+    new["tasks"][2]["status"] = "correct"
+    new["tasks"][2]["speedup"] = 1.1
+    result = compare_audits(earlier_report(), new)
+    assert not result.reproduced
+    assert result.verdict_changes == {"c": ("incorrect", "correct")}
+    assert "verdict changed: c: incorrect -> correct" in result.lines()
+
+
+def test_a_baseline_that_now_fails_is_a_change():
+    new = earlier_report()
+    new["baseline_coverage"]["per_task"]["b"]["cuda_graph"] = _baseline(None, "failed")
+    result = compare_audits(earlier_report(), new)
+    assert not result.reproduced and result.baseline_status_changes == {"b cuda_graph": ("ok", "failed")}
+
+
+def test_a_systematic_shift_moves_the_median_out_of_the_band():
+    new = _scaled(earlier_report(), 1.2)
+    assert not compare_audits(earlier_report(), new, tolerance=0.1).reproduced
+    assert compare_audits(earlier_report(), new, tolerance=0.25).reproduced
+    slower = _scaled(earlier_report(), 1 / 1.2)  # the band is symmetric in ratio: 1/1.2 fails like 1.2
+    assert not compare_audits(earlier_report(), slower, tolerance=0.1).reproduced
+
+
+def test_one_noisy_task_is_listed_but_does_not_fail():
+    new = _scaled(earlier_report(), 1.5, tasks=("d",))
+    result = compare_audits(earlier_report(), new)
+    assert result.reproduced
+    candidate = result.series[0]
+    assert candidate.outside(0.1) == {"d": 1.5} and candidate.median() == 1.0
+    assert "  d: 1.500" in result.lines()
+
+
+def test_only_shared_tasks_are_compared_and_none_shared_is_not_a_reproduction():
+    small = earlier_report()
+    small["tasks"] = [row for row in small["tasks"] if row["task_id"] == "a"]
+    result = compare_audits(earlier_report(), small)
+    assert result.reproduced and result.shared == ["a"] and result.only_earlier == 3
+    small["tasks"] = [_task("z", "correct", 1.0)]
+    assert not compare_audits(earlier_report(), small).reproduced
+
+
+def test_different_machines_are_said_to_be_a_comparison():
+    new = earlier_report()
+    new["meta"]["machine"] = "GPU Y"
+    assert any("different machines" in line for line in compare_audits(earlier_report(), new).lines())
+
+
+def test_load_audit_accepts_a_folder_and_rejects_what_is_not_a_report(tmp_path):
+    (tmp_path / "audit.json").write_text(json.dumps(earlier_report()))
+    assert load_audit(tmp_path)["label"] == LABEL
+    with pytest.raises(SourceError, match="no audit report"):
+        load_audit(tmp_path / "missing")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SourceError, match="not JSON"):
+        load_audit(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    with pytest.raises(SourceError, match="no 'tasks' list"):
+        load_audit(tmp_path / "other.json")
+    with pytest.raises(SourceError, match="tolerance"):
+        compare_audits(earlier_report(), earlier_report(), tolerance=0)
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(earlier_report()))
+    b.write_text(json.dumps(_scaled(earlier_report(), 1.3)))
+    assert main(["audit-compare", str(a), str(a), "--json", str(tmp_path / "out" / "c.json")]) == 0
+    assert json.loads((tmp_path / "out" / "c.json").read_text())["reproduced"] is True
+    assert main(["audit-compare", str(a), str(b)]) == 1
+    assert "NOT REPRODUCED" in capsys.readouterr().out
+    assert main(["audit-compare", str(a), str(tmp_path / "nope.json")]) == 2
