@@ -136,3 +136,52 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main(["audit-compare", str(a), str(b)]) == 1
     assert "NOT REPRODUCED" in capsys.readouterr().out
     assert main(["audit-compare", str(a), str(tmp_path / "nope.json")]) == 2
+
+
+def test_a_speedup_lost_on_one_side_is_not_a_reproduction():
+    new = earlier_report()
+    new["tasks"][0]["speedup"] = None  # task a: still correct, but no speedup
+    new["baseline_coverage"]["per_task"]["b"]["cuda_graph"]["measured_speedup"] = 0.0
+    result = compare_audits(earlier_report(), new)
+    assert not result.reproduced
+    assert set(result.missing) == {"a", "b cuda_graph"}
+
+
+def test_the_verdict_does_not_depend_on_which_report_comes_first():
+    # Two tasks with ratios 0.5 and 1.35: an arithmetic median would pass one way (0.925) and fail the
+    # other (1.37); the geometric median is 0.82 one way and its reciprocal the other.
+    a, b = earlier_report(), earlier_report()
+    b["tasks"][0]["speedup"] = 1.0   # a: 2.0 -> 1.0
+    b["tasks"][1]["speedup"] = 2.025  # b: 1.5 -> 2.025
+    b["tasks"][3]["status"] = a["tasks"][3]["status"] = "incorrect"
+    forward, backward = compare_audits(a, b), compare_audits(b, a)
+    assert abs(forward.series[0].median() * backward.series[0].median() - 1) < 1e-12
+    assert forward.reproduced == backward.reproduced is False
+    assert compare_audits(a, b, tolerance=0.25).reproduced == compare_audits(b, a, tolerance=0.25).reproduced
+
+
+def test_a_report_without_a_label_keeps_its_own_rows():
+    a = earlier_report()
+    del a["label"]  # its first row's label is the run's: the cuda-l1 row of task a stays out
+    assert compare_audits(a, earlier_report()).reproduced
+    a["label"] = "audit:r:other"
+    with pytest.raises(SourceError, match="no task rows of its run"):
+        compare_audits(a, earlier_report())
+
+
+def test_malformed_parts_of_a_report_do_not_crash():
+    new = earlier_report()
+    del new["tasks"][1]["status"]
+    new["baseline_coverage"]["per_task"]["a"] = None
+    new["meta"] = "not a mapping"
+    result = compare_audits(earlier_report(), new)
+    assert result.verdict_changes == {"b": ("correct", "None")} and not result.reproduced
+    del new["baseline_coverage"]
+    lines = compare_audits(earlier_report(), new).lines()
+    assert "baselines: none compared (stored kinds on the shared tasks: 2 earlier, 0 new)" in lines
+
+
+def test_the_band_is_stated_as_it_is_applied():
+    result = compare_audits(earlier_report(), _scaled(earlier_report(), 0.905))
+    assert not result.reproduced  # 0.905 < 1/1.1
+    assert "every median ratio within x1.1 (0.909-1.100)" in result.lines()[0]

@@ -11,16 +11,16 @@ null test's ratio). Speedups are compared as new / earlier ratios, never as abso
 can meet the GPU in different clock and thermal states.
 
 The new run *reproduces* the earlier one when every shared verdict agrees, every baseline has the same
-status (measured or failed) in both, and the median ratio of each compared series lies within
-`tolerance` of 1 (in either direction). Single tasks outside that band are listed but do not fail the
-comparison: one candidate's speedup can move by 15-20 % between runs (see the precision benchmark), while
-a systematic shift moves the median.
+status (measured or failed) in both, nothing measured on one side lacks its speedup on the other, and the
+median ratio of each compared series lies in the band [1/(1+tolerance), 1+tolerance] (symmetric on a log
+scale: x1.1 either way for 0.1). Single tasks outside the band are listed but do not fail the comparison:
+one candidate's speedup can move by 15-20 % between runs (see the precision benchmark), while a
+systematic shift moves the median.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,17 +54,22 @@ def load_audit(path: str | Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RatioSeries:
-    """New / earlier speedup ratios of one compared quantity, over the tasks measured in both reports."""
+    """New / earlier speedup ratios of one compared quantity, over the tasks measured in both reports.
+
+    Its median and quantiles are taken over log-ratios (a geometric median), so swapping the two reports
+    turns each figure into its reciprocal and never changes whether it lies in the band."""
 
     name: str
     ratios: dict[str, float]  # task id -> new / earlier
 
-    def median(self) -> float | None:
-        return statistics.median(self.ratios.values()) if self.ratios else None
-
     def quantile(self, q: float) -> float | None:
-        """Linear-interpolated quantile (numpy's default, as the report's percentiles)."""
-        return float(np.quantile(list(self.ratios.values()), q)) if self.ratios else None
+        """Quantile of the ratios on a log scale (linear interpolation between log-ratios)."""
+        if not self.ratios:
+            return None
+        return float(np.exp(np.quantile(np.log(list(self.ratios.values())), q)))
+
+    def median(self) -> float | None:
+        return self.quantile(0.5)
 
     def outside(self, tolerance: float) -> dict[str, float]:
         """Tasks whose ratio lies outside [1/(1+tolerance), 1+tolerance]."""
@@ -88,49 +93,65 @@ class AuditComparison:
     verdict_changes: dict[str, tuple[str, str]]  # task -> (earlier, new)
     series: list[RatioSeries] = field(default_factory=list)
     baseline_status_changes: dict[str, tuple[str, str]] = field(default_factory=dict)  # "task kind" -> (a, b)
+    missing: dict[str, str] = field(default_factory=dict)  # "task [kind]" -> what one side lacks
+    baseline_kinds: tuple[int, int] = (0, 0)  # kinds with stored baselines on shared tasks (earlier, new)
     survival: tuple[int, int, int] = (0, 0, 0)  # (published, survive earlier, survive new) vs eager
 
     @property
     def reproduced(self) -> bool:
         return (bool(self.shared) and not self.verdict_changes and not self.baseline_status_changes
-                and all(s.within(self.tolerance) for s in self.series))
+                and not self.missing and all(s.within(self.tolerance) for s in self.series))
+
+    def band(self) -> str:
+        return f"x{1 + self.tolerance:.3g} ({1 / (1 + self.tolerance):.3f}-{1 + self.tolerance:.3f})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "reproduced": self.reproduced, "tolerance": self.tolerance,
+            "band": [1 / (1 + self.tolerance), 1 + self.tolerance],
             "machines": {"earlier": self.machines[0], "new": self.machines[1]},
             "shared_tasks": len(self.shared), "only_earlier": self.only_earlier, "only_new": self.only_new,
             "verdicts_agree": self.verdicts_agree,
             "verdict_changes": {t: {"earlier": a, "new": b} for t, (a, b) in self.verdict_changes.items()},
             "baseline_status_changes": {k: {"earlier": a, "new": b}
                                         for k, (a, b) in self.baseline_status_changes.items()},
+            "missing": dict(self.missing),
             "series": {s.name: {"tasks": len(s.ratios), "median": s.median(), "p10": s.quantile(0.1),
                                 "p90": s.quantile(0.9), "outside": s.outside(self.tolerance), "ratios": s.ratios}
                        for s in self.series},
-            "survival_vs_eager": dict(zip(("published", "survive_earlier", "survive_new"), self.survival, strict=True)),
+            "survival_vs_eager": dict(zip(("published", "survive_earlier", "survive_new"), self.survival,
+                                          strict=True)),
         }
 
     def lines(self) -> list[str]:
         """The comparison as plain lines, verdict first."""
-        band = f"±{self.tolerance:.0%}"
-        head = "REPRODUCED" if self.reproduced else "NOT REPRODUCED"
-        out = [f"{head}: {len(self.shared)} shared tasks; verdicts agree on {self.verdicts_agree}; "
-               f"medians within {band}" + ("" if self.reproduced or self.shared else " (no shared tasks)")]
+        band = self.band()
+        if self.reproduced:
+            head = (f"REPRODUCED: {len(self.shared)} shared tasks; every verdict and baseline status agrees; "
+                    f"every median ratio within {band}")
+        else:
+            head = (f"NOT REPRODUCED: {len(self.shared)} shared tasks; verdicts agree on {self.verdicts_agree}"
+                    + ("" if self.shared else " (no shared tasks)")
+                    + f" (the rule: same verdicts and baseline statuses, every median ratio within {band})")
+        out = [head]
         if self.machines[0] != self.machines[1]:
             out.append(f"note: different machines ({self.machines[0]} vs {self.machines[1]}): "
                        "a comparison, not a reproduction")
-        for task, (a, b) in sorted(self.verdict_changes.items()):
-            out.append(f"verdict changed: {task}: {a} -> {b}")
-        for key, (a, b) in sorted(self.baseline_status_changes.items()):
-            out.append(f"baseline changed: {key}: {a} -> {b}")
+        out += [f"verdict changed: {task}: {a} -> {b}" for task, (a, b) in sorted(self.verdict_changes.items())]
+        out += [f"baseline changed: {key}: {a} -> {b}" for key, (a, b) in sorted(self.baseline_status_changes.items())]
+        out += [f"missing: {key}: {what}" for key, what in sorted(self.missing.items())]
         for s in self.series:
             if not s.ratios:
+                out.append(f"{s.name}: 0 tasks measured in both")
                 continue
             outside = s.outside(self.tolerance)
             out.append(f"{s.name}: {len(s.ratios)} tasks, new/earlier median {s.median():.3f} "
                        f"(p10 {s.quantile(0.1):.3f}, p90 {s.quantile(0.9):.3f}); {len(outside)} outside {band}"
                        + ("" if s.within(self.tolerance) else "  <- median outside the band"))
             out += [f"  {task}: {ratio:.3f}" for task, ratio in sorted(outside.items())]
+        if not any(s.name.startswith("baseline") for s in self.series):
+            out.append(f"baselines: none compared (stored kinds on the shared tasks: {self.baseline_kinds[0]} "
+                       f"earlier, {self.baseline_kinds[1]} new)")
         published, before, after = self.survival
         out.append(f"published speedups vs eager that survive, shared tasks: {before}/{published} earlier, "
                    f"{after}/{published} new")
@@ -144,11 +165,15 @@ def _within(ratio: float, tolerance: float) -> bool:
     return 1 / (1 + tolerance) <= ratio <= 1 + tolerance
 
 
-def _main_rows(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The report's own run (its `label`), by task id; other profiles' rows shown beside it are left out."""
-    label = report.get("label")
-    return {row["task_id"]: row for row in report["tasks"]
-            if isinstance(row, dict) and "task_id" in row and (label is None or row.get("label") == label)}
+def _main_rows(report: Mapping[str, Any], which: str) -> dict[str, dict[str, Any]]:
+    """The report's own run, by task id: rows of its `label` (the first row's label when it names none);
+    other profiles' rows shown beside it are left out. `SourceError` when no row is left."""
+    rows = [r for r in report["tasks"] if isinstance(r, dict) and isinstance(r.get("task_id"), str)]
+    label = report.get("label") or (rows[0].get("label") if rows else None)
+    mine = {r["task_id"]: r for r in rows if label is None or r.get("label") == label}
+    if report["tasks"] and not mine:
+        raise SourceError(f"the {which} report has no task rows of its run {label!r}")
+    return mine
 
 
 def _ratio(new: Any, earlier: Any) -> float | None:
@@ -157,27 +182,45 @@ def _ratio(new: Any, earlier: Any) -> float | None:
     return None
 
 
+def _per_task(report: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """`baseline_coverage.per_task` with anything that is not a mapping left out."""
+    coverage = report.get("baseline_coverage")
+    per_task = coverage.get("per_task") if isinstance(coverage, dict) else None
+    if not isinstance(per_task, dict):
+        return {}
+    return {task: {k: v for k, v in kinds.items() if isinstance(v, dict)}
+            for task, kinds in per_task.items() if isinstance(kinds, dict)}
+
+
 def _baseline_series(earlier: Mapping[str, Any], new: Mapping[str, Any], shared: Iterable[str]
-                     ) -> tuple[list[RatioSeries], dict[str, tuple[str, str]]]:
-    """Per baseline kind: measured speedup ratios where both measured it, and status changes."""
-    a_all = (earlier.get("baseline_coverage") or {}).get("per_task") or {}
-    b_all = (new.get("baseline_coverage") or {}).get("per_task") or {}
+                     ) -> tuple[list[RatioSeries], dict[str, tuple[str, str]], dict[str, str], tuple[int, int]]:
+    """Per baseline kind: measured speedup ratios where both measured it; status changes; baselines measured
+    on both sides but without a speedup on one; and how many kinds each side stores for the shared tasks."""
+    a_all, b_all = _per_task(earlier), _per_task(new)
     ratios: dict[str, dict[str, float]] = {}
     changes: dict[str, tuple[str, str]] = {}
+    missing: dict[str, str] = {}
+    kinds: tuple[set[str], set[str]] = (set(), set())
     for task in shared:
-        a_kinds, b_kinds = a_all.get(task) or {}, b_all.get(task) or {}
+        a_kinds, b_kinds = a_all.get(task, {}), b_all.get(task, {})
+        kinds[0].update(a_kinds)
+        kinds[1].update(b_kinds)
         for kind in sorted(set(a_kinds) & set(b_kinds)):
             a, b = a_kinds[kind], b_kinds[kind]
             if a.get("status") != b.get("status"):
                 changes[f"{task} {kind}"] = (str(a.get("status")), str(b.get("status")))
                 continue
+            if a.get("status") != "ok":
+                continue
             ratio = _ratio(b.get("measured_speedup"), a.get("measured_speedup"))
-            if ratio is not None:
+            if ratio is None:
+                missing[f"{task} {kind}"] = "measured on both sides, without a speedup on one"
+            else:
                 ratios.setdefault(kind, {})[task] = ratio
     names = {"eager": "baseline eager (null test)"}
     series = [RatioSeries(names.get(kind, f"baseline {kind} vs eager"), values)
               for kind, values in sorted(ratios.items())]
-    return series, changes
+    return series, changes, missing, (len(kinds[0]), len(kinds[1]))
 
 
 def compare_audits(earlier: Mapping[str, Any], new: Mapping[str, Any],
@@ -185,21 +228,30 @@ def compare_audits(earlier: Mapping[str, Any], new: Mapping[str, Any],
     """Compare two audit reports (`load_audit`) on the tasks they share; see the module docstring."""
     if not tolerance > 0:
         raise SourceError(f"tolerance must be > 0, not {tolerance}")
-    a_rows, b_rows = _main_rows(earlier), _main_rows(new)
+    a_rows, b_rows = _main_rows(earlier, "earlier"), _main_rows(new, "new")
     shared = sorted(set(a_rows) & set(b_rows))
-    changes = {t: (a_rows[t]["status"], b_rows[t]["status"]) for t in shared
+    changes = {t: (str(a_rows[t].get("status")), str(b_rows[t].get("status"))) for t in shared
                if a_rows[t].get("status") != b_rows[t].get("status")}
-    candidate = {t: r for t in shared
-                 if (r := _ratio(b_rows[t].get("speedup"), a_rows[t].get("speedup"))) is not None
-                 and t not in changes}
-    series, baseline_changes = _baseline_series(earlier, new, shared)
+    candidate: dict[str, float] = {}
+    missing: dict[str, str] = {}
+    for t in shared:
+        if t in changes or a_rows[t].get("status") != "correct":
+            continue
+        ratio = _ratio(b_rows[t].get("speedup"), a_rows[t].get("speedup"))
+        if ratio is None:
+            missing[t] = "correct on both sides, without a speedup on one"
+        else:
+            candidate[t] = ratio
+    series, baseline_changes, baseline_missing, baseline_kinds = _baseline_series(earlier, new, shared)
     published = [t for t in shared if a_rows[t].get("survives") is not None]
     survival = (len(published), sum(bool(a_rows[t]["survives"]) for t in published),
                 sum(bool(b_rows[t].get("survives")) for t in published))
-    machines = tuple(str((r.get("meta") or {}).get("machine", "?")) for r in (earlier, new))
+    machines = tuple(str(m.get("machine", "?")) if isinstance(m := r.get("meta"), dict) else "?"
+                     for r in (earlier, new))
     return AuditComparison(
         tolerance=tolerance, machines=machines, shared=shared,  # type: ignore[arg-type]
         only_earlier=len(set(a_rows) - set(b_rows)), only_new=len(set(b_rows) - set(a_rows)),
         verdicts_agree=len(shared) - len(changes), verdict_changes=changes,
         series=[RatioSeries("candidate speedup vs eager", candidate), *series],
-        baseline_status_changes=baseline_changes, survival=survival)
+        baseline_status_changes=baseline_changes, missing={**missing, **baseline_missing},
+        baseline_kinds=baseline_kinds, survival=survival)

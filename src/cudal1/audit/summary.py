@@ -141,8 +141,9 @@ def implied_baselines(rows: Sequence[ResultRow], per_task: Mapping[str, Mapping[
     (`score_default` = t_eager / t_cand) and against a baseline (`score_<kind>` = t_kind / t_cand) implies that
     baseline's speedup vs eager: score_default / score_<kind>. Per kind, over the tasks where we measured the
     baseline and the release scores both: the medians of ours and of the implied speedups, the median of
-    ours / implied, and how many tasks agree within `AGREEMENT_BAND`. Close medians say that both sides
-    measured the same baselines, so differences in published speedups come from the candidates."""
+    ours / implied, and how many tasks agree within `AGREEMENT_BAND`. A median of ours / implied near 1 with
+    most tasks in the band says both sides measured the same baseline, so a published speedup that falls
+    against it falls because of the candidate; close medians of the speedups alone do not say that."""
     published = {row.task_id: row.published for row in rows}
     out = []
     for kind, key in PUBLISHED_KEY_BY_BASELINE.items():

@@ -36,7 +36,7 @@ _COMPARE_TO_OPT = typer.Option(None, "--compare-to", help=(
     "An earlier audit.json (or its report folder): compare the shared tasks with it, write comparison.json, "
     "exit 1 when this run does not reproduce it."))
 _TOLERANCE_OPT = typer.Option(DEFAULT_TOLERANCE, "--tolerance", min=0.001, help=(
-    "Band around 1 for new/earlier speedup medians (0.1: within 10 %)."))
+    "New/earlier speedup medians must lie within x(1+T) either way (0.1: 0.909-1.100)."))
 _EARLIER_ARG = typer.Argument(..., help="The earlier audit.json (or its report folder).")
 _NEW_ARG = typer.Argument(..., help="The new audit.json (or its report folder).")
 _JSON_OUT_OPT = typer.Option(None, "--json", help="Also write the comparison as JSON here.")
