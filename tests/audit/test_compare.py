@@ -106,10 +106,14 @@ def test_only_shared_tasks_are_compared_and_none_shared_is_not_a_reproduction():
     assert not compare_audits(earlier_report(), small).reproduced
 
 
-def test_different_machines_are_said_to_be_a_comparison():
+def test_different_machines_profiles_or_protocols_are_said_to_be_a_comparison():
     new = earlier_report()
-    new["meta"]["machine"] = "GPU Y"
-    assert any("different machines" in line for line in compare_audits(earlier_report(), new).lines())
+    new["meta"].update(machine="GPU Y", profile="cuda-l1", protocol={"version": "4"})
+    lines = compare_audits(earlier_report(), new).lines()
+    assert "note: different machines (GPU X vs GPU Y): a comparison, not a reproduction" in lines
+    assert "note: different profiles (? vs cuda-l1): a comparison, not a reproduction" in lines
+    assert "note: different protocol versions (? vs 4): a comparison, not a reproduction" in lines
+    assert not any(line.startswith("note:") for line in compare_audits(new, new).lines())
 
 
 def test_load_audit_accepts_a_folder_and_rejects_what_is_not_a_report(tmp_path):

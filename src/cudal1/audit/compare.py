@@ -85,7 +85,7 @@ class AuditComparison:
     """What two audits say about their shared tasks (see the module docstring for the rule)."""
 
     tolerance: float
-    machines: tuple[str, str]
+    settings: dict[str, tuple[str, str]]  # machine, profile, protocol version -> (earlier, new)
     shared: list[str]
     only_earlier: int
     only_new: int
@@ -109,7 +109,7 @@ class AuditComparison:
         return {
             "reproduced": self.reproduced, "tolerance": self.tolerance,
             "band": [1 / (1 + self.tolerance), 1 + self.tolerance],
-            "machines": {"earlier": self.machines[0], "new": self.machines[1]},
+            "settings": {name: {"earlier": a, "new": b} for name, (a, b) in self.settings.items()},
             "shared_tasks": len(self.shared), "only_earlier": self.only_earlier, "only_new": self.only_new,
             "verdicts_agree": self.verdicts_agree,
             "verdict_changes": {t: {"earlier": a, "new": b} for t, (a, b) in self.verdict_changes.items()},
@@ -134,9 +134,8 @@ class AuditComparison:
                     + ("" if self.shared else " (no shared tasks)")
                     + f" (the rule: same verdicts and baseline statuses, every median ratio within {band})")
         out = [head]
-        if self.machines[0] != self.machines[1]:
-            out.append(f"note: different machines ({self.machines[0]} vs {self.machines[1]}): "
-                       "a comparison, not a reproduction")
+        out += [f"note: different {name} ({a} vs {b}): a comparison, not a reproduction"
+                for name, (a, b) in self.settings.items() if a != b]
         out += [f"verdict changed: {task}: {a} -> {b}" for task, (a, b) in sorted(self.verdict_changes.items())]
         out += [f"baseline changed: {key}: {a} -> {b}" for key, (a, b) in sorted(self.baseline_status_changes.items())]
         out += [f"missing: {key}: {what}" for key, what in sorted(self.missing.items())]
@@ -246,10 +245,13 @@ def compare_audits(earlier: Mapping[str, Any], new: Mapping[str, Any],
     published = [t for t in shared if a_rows[t].get("survives") is not None]
     survival = (len(published), sum(bool(a_rows[t]["survives"]) for t in published),
                 sum(bool(b_rows[t].get("survives")) for t in published))
-    machines = tuple(str(m.get("machine", "?")) if isinstance(m := r.get("meta"), dict) else "?"
-                     for r in (earlier, new))
+    metas = [m if isinstance(m := r.get("meta"), dict) else {} for r in (earlier, new)]
+    protocols = [p if isinstance(p := m.get("protocol"), dict) else {} for m in metas]
+    settings = {"machines": (str(metas[0].get("machine", "?")), str(metas[1].get("machine", "?"))),
+                "profiles": (str(metas[0].get("profile", "?")), str(metas[1].get("profile", "?"))),
+                "protocol versions": (str(protocols[0].get("version", "?")), str(protocols[1].get("version", "?")))}
     return AuditComparison(
-        tolerance=tolerance, machines=machines, shared=shared,  # type: ignore[arg-type]
+        tolerance=tolerance, settings=settings, shared=shared,
         only_earlier=len(set(a_rows) - set(b_rows)), only_new=len(set(b_rows) - set(a_rows)),
         verdicts_agree=len(shared) - len(changes), verdict_changes=changes,
         series=[RatioSeries("candidate speedup vs eager", candidate), *series],
