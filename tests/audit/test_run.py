@@ -182,7 +182,7 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
     md = report_audit(outcome, cfg, store, tmp_path / "asked", plots=False, asked=asked)["report.md"].read_text()
     assert "| Baseline | Asked | Measured | Failed | Not measured |" in md
     assert "| cuda_graph | 3 | 1 | 1 | 1 |" in md and "| torch_compile | 1 | 0 | 0 | 1 |" in md
-    assert "| cudnn | 0 | 0 | 0 | 0 |" in md
+    assert "| cudnn |" not in md  # nobody asked for it
 
     # The eager baseline's own paired measurement (reference vs itself) is reported as the null test.
     for task, measured in ((t1, 1.02), (t2, 0.98)):
@@ -201,6 +201,19 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
     assert "| Task | eager | cuda_graph |" in table
     assert f"| {t1.id} | 1.000 (1.00x) | 0.500 (2.00x) |" in table
     assert f"| {t2.id} | 1.000 (1.00x) | failed: capture_error: operation not permitted when stream is capturing |" in table
+
+
+def test_cli_audit_counts_only_the_baselines_it_asked_for(release, store, tmp_path):
+    # On CPU the CUDA graph fails at once (cached with its reason); torch.compile was not asked for, so it is
+    # not a row of "not measured yet".
+    from cudal1.cli.main import main
+
+    out = tmp_path / "rep"
+    assert main(["audit", str(release), "--store", str(store.path), "--out", str(out), "--no-plots",
+                 "--trials", "2", "--buckets", "3", "--baselines", "cuda_graph"]) == 0
+    md = (out / "report.md").read_text()
+    assert "| cuda_graph | 3 | 0 | 3 | 0 |" in md and "| torch_compile |" not in md
+    assert "| tiny/level1/1 | cuda_graph | cuda_graph needs a CUDA device |" in md
 
 
 def test_cli_report_only_without_a_gpu(release, store, tmp_path, capsys):

@@ -10,7 +10,8 @@ are correct; and each stored baseline (status, and its measured speedup vs eager
 null test's ratio). Speedups are compared as new / earlier ratios, never as absolute times, since two runs
 can meet the GPU in different clock and thermal states.
 
-The new run *reproduces* the earlier one when every shared verdict agrees, every baseline has the same
+The new run *reproduces* the earlier one when both ran under the same correctness profile and protocol
+version, every shared verdict agrees, every baseline has the same
 status (measured or failed) in both, nothing measured on one side lacks its speedup on the other, and the
 median ratio of each compared series lies in the band [1/(1+tolerance), 1+tolerance] (symmetric on a log
 scale: x1.1 either way for 0.1). Single tasks outside the band are listed but do not fail the comparison:
@@ -33,6 +34,11 @@ from cudal1.errors import SourceError
 #: Default band around 1 for median ratios (and for listing single tasks), from the precision benchmark's
 #: worst cases between two runs.
 DEFAULT_TOLERANCE = 0.10
+
+
+#: Settings that must be equal for a reproduction (verdicts and speedups mean something else otherwise);
+#: a different machine is noted, since checking a report on one's own GPU is the point.
+MUST_MATCH = ("profiles", "protocol versions")
 
 
 def load_audit(path: str | Path) -> dict[str, Any]:
@@ -100,7 +106,8 @@ class AuditComparison:
     @property
     def reproduced(self) -> bool:
         return (bool(self.shared) and not self.verdict_changes and not self.baseline_status_changes
-                and not self.missing and all(s.within(self.tolerance) for s in self.series))
+                and not self.missing and all(s.within(self.tolerance) for s in self.series)
+                and not any(self.settings[name][0] != self.settings[name][1] for name in MUST_MATCH))
 
     def band(self) -> str:
         return f"x{1 + self.tolerance:.3g} ({1 / (1 + self.tolerance):.3f}-{1 + self.tolerance:.3f})"
@@ -134,8 +141,11 @@ class AuditComparison:
                     + ("" if self.shared else " (no shared tasks)")
                     + f" (the rule: same verdicts and baseline statuses, every median ratio within {band})")
         out = [head]
-        out += [f"note: different {name} ({a} vs {b}): a comparison, not a reproduction"
-                for name, (a, b) in self.settings.items() if a != b]
+        for name, (a, b) in self.settings.items():
+            if a != b:
+                out.append(f"different {name} ({a} vs {b}): verdicts or speedups mean something else"
+                           if name in MUST_MATCH else
+                           f"note: different {name} ({a} vs {b}): speedups compared across machines")
         out += [f"verdict changed: {task}: {a} -> {b}" for task, (a, b) in sorted(self.verdict_changes.items())]
         out += [f"baseline changed: {key}: {a} -> {b}" for key, (a, b) in sorted(self.baseline_status_changes.items())]
         out += [f"missing: {key}: {what}" for key, what in sorted(self.missing.items())]

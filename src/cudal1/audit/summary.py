@@ -114,7 +114,8 @@ def coverage_blocks(coverage: Mapping[str, Any]) -> list[Block]:
              else "not measured means left for a later run, or not asked for these tasks")
     header = ["Baseline", *(["Asked"] if with_asked else []), "Measured", "Failed", "Not measured"]
     rows = [[kind, *([str(c["asked"])] if with_asked else []), str(c["measured"]), str(c["failed"]),
-             str(c["not_measured"])] for kind, c in coverage["kinds"].items()]
+             str(c["not_measured"])] for kind, c in coverage["kinds"].items()
+            if not with_asked or c["asked"]]  # kinds nobody asked for are left out
     blocks: list[Block] = [
         Heading("Baselines measured", 2),
         Paragraph(f"Of the {n} distinct tasks of the selection ({scope}): a baseline is measured (correct, "
@@ -175,7 +176,9 @@ def implied_blocks(agreement: Sequence[Mapping[str, Any]]) -> list[Block]:
             Paragraph("Each published candidate is scored against eager and against each baseline, so the release "
                       "implies every baseline's speedup vs eager (score_default / score_<baseline>). Per "
                       "baseline, over the tasks where both exist: medians of ours and of the implied speedups, "
-                      f"the median of ours / implied, and the tasks that agree within x{AGREEMENT_BAND:g}."),
+                      f"the median of ours / implied, and the tasks that agree within x{AGREEMENT_BAND:g}. "
+                      "Agreement is read from the last two columns: two distributions can share a median while "
+                      "differing task by task."),
             Table(["Baseline", "Tasks", "Ours (median)", "Implied (median)", "Ours / implied (median)", "Agree"],
                   [[a["baseline"], str(a["tasks"]), f"{a['ours_median']:.2f}x", f"{a['implied_median']:.2f}x",
                     f"{a['ratio_median']:.2f}", f"{a['agree']}/{a['tasks']}"] for a in agreement])]
