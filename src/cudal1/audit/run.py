@@ -275,6 +275,28 @@ def collect_audit(config: AuditConfig, store: Any) -> AuditOutcome:
     return outcome
 
 
+def asked_by_runs(store: Any, config: AuditConfig) -> dict[str, set[str]] | None:
+    """Baseline kind -> ids of the tasks that the store's audit runs of `config`'s release and profile asked
+    it for (each run's selection and chunk taken again from `config`'s release file), so a report counts each
+    kind over its own tasks. None when no such run asked for a baseline."""
+    asked: dict[str, set[str]] = {}
+    pairs = None
+    for run in store.list_runs("audit"):
+        recorded = (store.get_run(run["run_id"]) or {}).get("config") or {}
+        baselines = recorded.get("baselines") or []
+        same = (Path(str(recorded.get("release", ""))).stem == config.release_name
+                and recorded.get("profile") == config.profile)
+        if not same or not baselines:
+            continue
+        pairs = pairs if pairs is not None else load_release(Path(config.release))
+        chosen = select_items(pairs, levels=tuple(recorded.get("levels") or ()), seed=int(recorded.get("seed", 0)),
+                              sample_per_level=recorded.get("sample_per_level"), limit=recorded.get("limit"))
+        ids = {task.id for task, _ in chunk_items(chosen, parse_chunk(recorded.get("chunk")))}
+        for kind in baselines:
+            asked.setdefault(kind, set()).update(ids)
+    return asked or None
+
+
 def _selection(config: AuditConfig) -> list[Item]:
     return select_items(load_release(Path(config.release)), levels=config.levels,
                         sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
 from cudal1.audit.compare import DEFAULT_TOLERANCE, AuditComparison, compare_audits, load_audit
-from cudal1.audit.run import collect_audit, measured_on, report_audit, report_only_config
+from cudal1.audit.run import asked_by_runs, collect_audit, measured_on, report_audit, report_only_config
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
 from cudal1.eval.types import EvalResult
@@ -84,10 +84,8 @@ def audit_command(
                 bar.update(job, advance=1, best=f"{task.id}: {result.status.value}")
 
             outcome = run_audit(cfg, store, on_result=on_result)
-    # A run that measured baselines says which it asked for, so the others are not counted as left to do.
-    asked = ({kind: {task.id for task, _ in outcome.selected} for kind in cfg.baselines}
-             if cfg.baselines and not report_only else None)
-    written = report_audit(outcome, cfg, store, folder, plots=plots, asked=asked)
+    # Each baseline is counted over the tasks that this and earlier runs asked it for, not over every task.
+    written = report_audit(outcome, cfg, store, folder, plots=plots, asked=asked_by_runs(store, cfg))
     common.console.print(summary_table(outcome, cfg))
     per_task = ", ".join(str(written[name]) for name in ("audit_tasks.md", "audit_baselines.md") if name in written)
     common.console.print(f"report: {written['report.html']}  (per task: {per_task})")
