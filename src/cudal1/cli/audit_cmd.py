@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
 from cudal1.audit.compare import DEFAULT_TOLERANCE, AuditComparison, compare_audits, load_audit
@@ -113,7 +114,7 @@ def audit_compare_command(
 def print_comparison(comparison: AuditComparison) -> None:
     """The comparison's lines, its verdict line in colour."""
     first, *rest = comparison.lines()
-    common.console.print(f"[{'green' if comparison.reproduced else 'red'}]{first}[/]", highlight=False)
+    common.console.print(Text(first, style="green" if comparison.reproduced else "red"))
     for line in rest:
         common.console.print(line, highlight=False, markup=False)
 
