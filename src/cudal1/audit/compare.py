@@ -139,7 +139,8 @@ class AuditComparison:
         else:
             head = (f"NOT REPRODUCED: {len(self.shared)} shared tasks; verdicts agree on {self.verdicts_agree}"
                     + ("" if self.shared else " (no shared tasks)")
-                    + f" (the rule: same verdicts and baseline statuses, every median ratio within {band})")
+                    + " (the rule: same profile and protocol version, same verdicts and baseline statuses, no "
+                    f"speedup missing, every median ratio within {band})")
         out = [head]
         for name, (a, b) in self.settings.items():
             if a != b:
