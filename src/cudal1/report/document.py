@@ -188,7 +188,7 @@ def _sol_section(rows: Sequence[ResultRow]) -> list[Block]:
                      f"{better}/{len(group)}"])
     header = ["Level", "Tasks", "Median reference SOL", "Median candidate SOL", "Candidate closer"]
     return [Heading("Speed of light", 2),
-            Paragraph("Fraction of the physical limit (FLOPs and minimum bytes vs the GPU's measured peaks), "
+            Paragraph("Fraction of the physical limit (FLOPs and minimum bytes vs the device's measured peaks), "
                       "correct tasks only."),
             Table(header, body, [False, True, True, True, True])]
 
