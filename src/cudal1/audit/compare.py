@@ -32,7 +32,8 @@ import numpy as np
 from cudal1.errors import SourceError
 
 #: Default band around 1 for median ratios (and for listing single tasks). A choice, not a derived bound:
-#: in a re-audit of 12 tasks from fresh stores, hours later, every series' median ratio fell within 0.99-1.02 (docs/log.md).
+#: in a re-audit of 12 tasks from fresh stores, hours later, every series' median ratio fell within
+#: 0.99-1.02 (docs/log.md).
 DEFAULT_TOLERANCE = 0.10
 
 
