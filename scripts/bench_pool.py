@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cudal1.core.types import EvalResult
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import EvalResult
 from cudal1.tasks.task import Task
 
 

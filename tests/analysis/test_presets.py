@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cudal1.analysis import PRESETS, RULES, analyze_source, rejecting_flags, rejection_message, resolve_preset
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 
 CHEAT = """
 import threading

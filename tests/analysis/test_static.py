@@ -8,7 +8,7 @@ import pytest
 
 from cudal1.analysis import analyze_source, format_report
 from cudal1.analysis.cuda_source import scan_cuda_source, strip_comments_and_strings
-from cudal1.eval.types import KernelClass, Severity
+from cudal1.core.types import KernelClass, Severity
 
 HEAD = "import torch\nimport torch.nn as nn\n"
 

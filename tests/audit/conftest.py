@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cudal1.eval.types import EvalResult, KernelClass, Status, TimingStats
+from cudal1.core.types import EvalResult, KernelClass, Status, TimingStats
 from cudal1.store import ResultsStore
 
 REF = '''import torch

@@ -9,7 +9,7 @@ import pytest
 
 from cudal1.audit.compare import compare_audits, load_audit
 from cudal1.cli.main import main
-from cudal1.errors import SourceError
+from cudal1.core.errors import SourceError
 
 LABEL = "audit:r:strict"
 

@@ -6,7 +6,7 @@ import pytest
 
 from cudal1.audit.rows import rows_from_store, stored_labels
 from cudal1.baselines.runner import baseline_protocol_version
-from cudal1.eval.types import Status
+from cudal1.core.types import Status
 from cudal1.store import environment_key
 from cudal1.tasks import Task
 

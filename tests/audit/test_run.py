@@ -6,9 +6,9 @@ import dataclasses
 import json
 
 from cudal1.audit.run import AuditConfig, audit_label, report_audit, run_audit, stored_result
+from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.pipeline import local_environment
-from cudal1.eval.types import Status
 from cudal1.tasks import load_release
 
 from .conftest import synthetic
@@ -118,7 +118,7 @@ def test_report_only_anywhere_reads_the_measuring_machines_results(release, stor
     import pytest
 
     from cudal1.audit.run import report_only_config, stored_measurement
-    from cudal1.errors import ConfigError
+    from cudal1.core.errors import ConfigError
 
     gpu_cfg = AuditConfig(release=str(release), eval_config=dataclasses.replace(FAST, device="cuda"))
     _store_gpu_results(store, release, gpu_cfg.label)

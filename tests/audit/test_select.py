@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cudal1.audit.select import chunk_items, parse_chunk, select_items
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.tasks import Candidate, Task
 
 

@@ -12,10 +12,10 @@ from cudal1.baselines.runner import (
     measure_baseline,
     record_from_result,
 )
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.pipeline import local_environment
-from cudal1.eval.types import EvalResult, Status, TimingStats
 from cudal1.store import ResultsStore, environment_key
 from cudal1.tasks import Task
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cudal1.baselines.variants import BASELINE_KINDS, baseline_source, eval_profile, parse_kinds
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.tasks import Task, load_tasks
 
 TINY = '''

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cudal1.cli.main import main
-from cudal1.eval.types import EvalResult, KernelClass, Status, TimingStats
+from cudal1.core.types import EvalResult, KernelClass, Status, TimingStats
 from cudal1.store import ResultsStore
 from cudal1.tasks import Task
 

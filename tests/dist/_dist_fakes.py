@@ -15,8 +15,8 @@ import threading
 import time
 import uuid
 
+from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import EvalResult, Status, TimingStats
 from cudal1.tasks.task import Task
 
 TINY_REF = '''"""Tiny elementwise sum."""

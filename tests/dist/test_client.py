@@ -10,9 +10,9 @@ import pytest
 from _dist_fakes import FAST_CONFIG, TINY_REF, fake_evaluate, fake_source
 from _server_utils import TOKEN, running_server
 
+from cudal1.core.types import EvalResult, Status
 from cudal1.dist.client import RewardClient, RewardServerError
 from cudal1.dist.pool import LocalPool, LocalPoolConfig
-from cudal1.eval.types import EvalResult, Status
 
 OK = EvalResult(status=Status.CORRECT, speedup=2.0, task_id="t").to_dict()
 

@@ -9,6 +9,8 @@ import _dist_fakes as fakes
 import pytest
 from _dist_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
 
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import Status
 from cudal1.dist.pool import (
     EvaluatorPool,
     LocalPool,
@@ -17,8 +19,6 @@ from cudal1.dist.pool import (
     key_protocol,
     make_pool,
 )
-from cudal1.errors import ConfigError
-from cudal1.eval.types import Status
 from cudal1.store import ResultsStore
 
 
@@ -206,7 +206,7 @@ def test_gpu_pool_builds_load_inline_candidates_ahead_of_their_slot(monkeypatch)
     built = []
     monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: built.extend(items))
     monkeypatch.setattr(pool_mod, "pool_environment", lambda device: {"gpu_name": "test"})
-    from cudal1.eval.types import EvalResult
+    from cudal1.core.types import EvalResult
 
     seen = []
 

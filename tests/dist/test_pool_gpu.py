@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cudal1.core.types import Status
 from cudal1.dist.pool import LocalPool
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import Status
 from cudal1.tasks.sources import example_candidates
 
 pytestmark = pytest.mark.gpu

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _dist_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
 
-from cudal1.eval.types import Status
+from cudal1.core.types import Status
 from cudal1.store import ResultsStore
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'cudal1[dist]')")
@@ -140,7 +140,7 @@ def test_actors_that_cannot_start_fail_the_items_with_the_reason(cluster):
 def test_an_actor_no_node_can_host(cluster, caplog):
     # 2 (fake) GPUs on the one node: an actor asking for 3 would wait forever. On a cluster the pool joined
     # (an autoscaler might add a node) that is a warning; on one it started, a ConfigError.
-    from cudal1.errors import ConfigError
+    from cudal1.core.errors import ConfigError
 
     cfg = RayPoolConfig(n_actors=1, device="cpu", num_gpus_per_actor=3, num_cpus_per_actor=0)
     with caplog.at_level("WARNING", logger="cudal1.dist.ray_pool"):

@@ -7,9 +7,9 @@ from concurrent.futures import Future
 import pytest
 from _dist_fakes import FAST_CONFIG, tiny_task
 
+from cudal1.core.types import EvalResult, Severity, Status
 from cudal1.dist.pool import PoolFuture
 from cudal1.dist.recheck import RecheckConfig, RecheckingPool, combine, needs_recheck, recheck_result
-from cudal1.eval.types import EvalResult, Severity, Status
 from cudal1.store import ResultsStore
 
 

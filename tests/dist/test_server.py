@@ -16,10 +16,10 @@ import pytest
 from _dist_fakes import FAST_CONFIG, TINY_CANDIDATE, TINY_REF, fake_evaluate, fake_source
 from _server_utils import TOKEN, running_server
 
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Status
 from cudal1.dist.pool import LocalPool, LocalPoolConfig
 from cudal1.dist.server import ServerConfig
-from cudal1.errors import ConfigError
-from cudal1.eval.types import EvalResult, Status
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.eval import compile as compile_mod
 from cudal1.eval.build_worker import (
     duplicate_module_log,

@@ -64,7 +64,7 @@ def test_a_tensor_subclass_output_is_a_hack():
 
 
 def test_a_stored_mismatch_reads_back_across_versions():
-    from cudal1.eval.types import Mismatch
+    from cudal1.core.types import Mismatch
 
     old = {"output_index": 0, "trial": 1, "max_abs_error": 0.5, "max_rel_error": 0.1, "bad_elements": 2,
            "total_elements": 8, "first_bad_index": [3], "expected": 1.0, "got": 1.5}

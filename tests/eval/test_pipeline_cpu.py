@@ -139,8 +139,8 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     # already stored is not evaluated again, so it must not be built either.
     import contextlib
 
+    from cudal1.core.types import EvalResult
     from cudal1.eval import pipeline
-    from cudal1.eval.types import EvalResult
     from cudal1.tasks.task import source_hash
 
     env = {"device_type": "cuda", "gpu_name": "test"}
@@ -171,8 +171,8 @@ def _fake_gpu_batch(monkeypatch, build_release):
     """evaluate_many on a pretend GPU whose builds finish only when `build_release` is set."""
     import contextlib
 
+    from cudal1.core.types import EvalResult
     from cudal1.eval import pipeline
-    from cudal1.eval.types import EvalResult
 
     evaluated, pins, build_cpus, warm = [], [], [], []
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from cudal1.analysis import StaticReport, analyze_source
+from cudal1.core.types import KernelClass, Severity
 from cudal1.eval.profiling import (
     KernelProfile,
     KernelStat,
@@ -24,7 +25,6 @@ from cudal1.eval.profiling import (
     reclassify,
     split_kernel_name,
 )
-from cudal1.eval.types import KernelClass, Severity
 
 _CLAMP_LAMBDA = ("at::native::(anonymous namespace)::launch_clamp_scalar(at::TensorIteratorBase&, "
                  "c10::Scalar, c10::Scalar, at::native::detail::ClampLimits)::{lambda()#1}::"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from cudal1.core.types import EvalResult, Status
 from cudal1.dist.client import RewardClient
 from cudal1.dist.pool import LocalPool, LocalPoolConfig
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import EvalResult, Status
 from cudal1.integrations.trl import make_trl_reward
 
 CODE = "class ModelNew:\n    SPEED = {speed}\n"

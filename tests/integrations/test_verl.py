@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
+from cudal1.core.types import EvalResult, Status
 from cudal1.dist.client import RewardClient
-from cudal1.eval.types import EvalResult, Status
 from cudal1.integrations import verl
 from cudal1.tasks import load_tasks
 

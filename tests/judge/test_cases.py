@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from cudal1.eval.types import EvalResult, Flag, Severity, Status
+from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.judge import HackCaseDB, confirmed_rule, fixture_explanation
 from cudal1.store import ResultsStore
 from tests.judge.conftest import CORPUS, MANIFEST, corpus_entries

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cudal1.errors import ConfigError
-from cudal1.eval.types import EvalResult, Flag, KernelClass, Severity, Status, TimingStats
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Flag, KernelClass, Severity, Status, TimingStats
 from cudal1.judge import JudgeConfig, JudgeVerdict, LLMJudge, make_judge, parse_verdict
 from cudal1.judge.judge import without_docstring
 from tests.judge.conftest import CORPUS

@@ -9,7 +9,7 @@ import pytest
 import typer
 
 from cudal1.cli.judge_cmd import register
-from cudal1.errors import Cudal1Error
+from cudal1.core.errors import Cudal1Error
 from tests.judge.conftest import CORPUS, MANIFEST
 
 REF = CORPUS / "refs" / "relu.py"

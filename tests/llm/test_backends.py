@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.llm.backends import BackendSpec, LLMConfig, UsageStats, make_backend, parse_spec, run_sync
 
 

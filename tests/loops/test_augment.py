@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cudal1.errors import ConfigError
-from cudal1.eval.types import EvalResult, Status, TimingStats
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.llm import extract_completion
 from cudal1.llm.extract import SECTION_NAMES
 from cudal1.loops.augment import AugmentConfig, augment, is_executable, select_kept, strip_reasoning

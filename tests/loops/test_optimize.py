@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from cudal1.errors import ConfigError
-from cudal1.eval.types import EvalResult, Mismatch, Status
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Mismatch, Status
 from cudal1.exemplars import ExemplarDB
 from cudal1.llm import LLMConfig
 from cudal1.loops.common import GENERATION_ERROR, feedback_from

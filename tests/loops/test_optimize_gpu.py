@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import Status
 from cudal1.llm import LLMConfig
 from cudal1.loops.optimize import OptimizeConfig, optimize
 from cudal1.tasks import find_task

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudal1.eval.types import EvalResult, Flag, KernelClass, Severity, Status, TimingStats
+from cudal1.core.types import EvalResult, Flag, KernelClass, Severity, Status, TimingStats
 from cudal1.metrics.rows import EAGER_WARM, ResultRow
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.raw_cuda import compiler
 from cudal1.raw_cuda.compiler import cache_key, compile_only, normalize_arch
 from cudal1.raw_cuda.errors import RawCudaCompileError

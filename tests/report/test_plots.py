@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cudal1.errors import MissingDependencyError
+from cudal1.core.errors import MissingDependencyError
 from cudal1.metrics.rows import ResultRow
 from cudal1.report.plots import CDF_PLOT, LEVEL_PLOT, SOL_PLOT, has_sol, planned_plots, render_plots
 

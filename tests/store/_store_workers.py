@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from cudal1.eval.types import EvalResult, Flag, KernelClass, Mismatch, Severity, Status, TimingStats
+from cudal1.core.types import EvalResult, Flag, KernelClass, Mismatch, Severity, Status, TimingStats
 from cudal1.store import ResultsStore, write_transaction
 
 PROTOCOL = {"protocol_version": 3, "buckets": 7, "iterations": 100, "l2_flush": True}

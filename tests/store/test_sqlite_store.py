@@ -8,7 +8,7 @@ import threading
 import pytest
 from _store_workers import ENVIRONMENT, PROTOCOL, make_result
 
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status
 from cudal1.store import ResultsStore, StoreError, environment_key, source_hash
 
 

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from cudal1.errors import Cudal1Error
+from cudal1.core.errors import Cudal1Error
 from cudal1.store import ENV_STORE_PATH, ResultsStore, StoreError, default_store_path
 from cudal1.store.connection import is_lock_error, retry_on_lock
 

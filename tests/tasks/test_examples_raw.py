@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from cudal1.analysis import analyze_source, rejecting_flags
-from cudal1.eval.types import KernelClass
+from cudal1.core.types import KernelClass
 from cudal1.raw_cuda import compile_only, marshal_args, parse_kernel_signatures
 from cudal1.raw_cuda.compiler import nvrtc_version
 from cudal1.tasks.builtin import BUILTIN_DIR

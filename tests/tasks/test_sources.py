@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.errors import SourceError, TaskError
+from cudal1.core.errors import SourceError, TaskError
 from cudal1.tasks import find_task, load_release, load_tasks
 from cudal1.tasks.inspect import inspect_task
 from cudal1.tasks.sources import load_file

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.train.config import (
     STAGES,
     RLStageConfig,

@@ -7,8 +7,8 @@ from math import comb
 
 import pytest
 
-from cudal1.errors import ConfigError
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Status
 from cudal1.llm.backends import Completion
 from cudal1.train.policy_eval import PolicyEvalConfig, evaluate_policy, ks_for, pass_at_k
 from cudal1.train.splits import make_split

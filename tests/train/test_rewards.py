@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status
 from cudal1.exemplars import ExemplarDB
 from cudal1.train.rewards import KernelReward, RewardConfig, raw_reward, smooth_rewards
 from tests.train.helpers import correct_code, wrong_code

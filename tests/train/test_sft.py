@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.train.config import SFTStageConfig, load_config
 from cudal1.train.models import load_policy
 from cudal1.train.sft import load_sft_records, run_sft, split_records

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.tasks.task import Task
 from cudal1.train.splits import TaskSplit, load_or_make_split, make_split, select_tasks
 

@@ -11,7 +11,7 @@ import ast
 from collections.abc import Iterator
 
 from cudal1.analysis.context import AnalysisContext
-from cudal1.eval.types import Flag, Severity
+from cudal1.core.types import Flag, Severity
 
 E, W = Severity.ERROR, Severity.WARNING
 

@@ -22,7 +22,7 @@ import ast
 from dataclasses import dataclass, field
 
 from cudal1.analysis.context import AnalysisContext, Extension
-from cudal1.eval.types import KernelClass
+from cudal1.core.types import KernelClass
 
 __all__ = ["LaunchInfo", "classify_kernel", "launch_info", "unbuildable"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cudal1.analysis.rules import AUXILIARY_RULES, RULES
-from cudal1.errors import ConfigError
-from cudal1.eval.types import Flag
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import Flag
 
 __all__ = ["ACTIONS", "PRESETS", "preset_name", "rejecting_flags", "resolve_preset"]
 

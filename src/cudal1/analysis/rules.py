@@ -15,7 +15,7 @@ from cudal1.analysis import rules_state as st
 from cudal1.analysis import rules_values as va
 from cudal1.analysis._base import DEFAULT_SEVERITY
 from cudal1.analysis.context import AnalysisContext
-from cudal1.eval.types import Flag, Severity
+from cudal1.core.types import Flag, Severity
 
 __all__ = ["RULES", "Rule"]
 

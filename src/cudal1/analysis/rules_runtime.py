@@ -15,7 +15,7 @@ import ast
 from cudal1.analysis._base import calls, cuda_ident_flags, flag, is_self_attr, matches
 from cudal1.analysis.context import AnalysisContext
 from cudal1.analysis.cuda_source import CToken
-from cudal1.eval.types import Flag
+from cudal1.core.types import Flag
 
 # Rationale: every Python API that creates, enters or selects a CUDA stream other than the current one.
 PY_STREAM_APIS = (

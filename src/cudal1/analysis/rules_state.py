@@ -19,7 +19,7 @@ import ast
 from cudal1.analysis._base import flag, is_self_attr
 from cudal1.analysis.classify import launch_info, unbuildable
 from cudal1.analysis.context import AnalysisContext
-from cudal1.eval.types import Flag, Severity
+from cudal1.core.types import Flag, Severity
 
 # Rationale: memoizing decorators; on a function that takes tensors they return old results.
 MEMO_DECORATORS = (

@@ -15,7 +15,7 @@ import ast
 
 from cudal1.analysis._base import flag, forward_params, matches
 from cudal1.analysis.context import AnalysisContext
-from cudal1.eval.types import Flag, Severity
+from cudal1.core.types import Flag, Severity
 
 # Rationale: dtypes that are a downcast for an fp32 task.
 LOW_DTYPES = (

@@ -25,7 +25,7 @@ from cudal1.analysis.classify import classify_kernel, launch_info
 from cudal1.analysis.context import build_context
 from cudal1.analysis.presets import preset_name, rejecting_flags, resolve_preset
 from cudal1.analysis.rules import RULES
-from cudal1.eval.types import Flag, KernelClass
+from cudal1.core.types import Flag, KernelClass
 
 __all__ = ["StaticReport", "analyze_source", "describe_flag", "format_report", "rejection_message"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from cudal1.errors import SourceError
+from cudal1.core.errors import SourceError
 
 #: Default band around 1 for median ratios (and for listing single tasks). A choice, not a derived bound:
 #: in a re-audit of 12 tasks from fresh stores, hours later, every series' median ratio fell within

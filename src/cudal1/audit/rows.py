@@ -22,7 +22,7 @@ from typing import Any
 
 from cudal1.baselines.runner import LABEL_PREFIX, BaselineRecord, attach_baselines, load_baselines
 from cudal1.baselines.sol import cached_task_cost, sol_fraction, stored_peaks
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status
 from cudal1.metrics.rows import ResultRow
 from cudal1.tasks.task import Task
 

@@ -30,9 +30,9 @@ from typing import Any
 
 from cudal1.audit.rows import PUBLISHED_META_PREFIX, row_from_result
 from cudal1.audit.select import Item, chunk_items, parse_chunk, select_items
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult
 from cudal1.eval.config import PROFILES, PROTOCOL_VERSION, EvalConfig, resolve_device
-from cudal1.eval.types import EvalResult
 from cudal1.metrics.rows import ResultRow
 from cudal1.store.keys import canonical_json, key_environment
 from cudal1.tasks.sources import load_release

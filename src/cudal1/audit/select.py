@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.tasks.task import Candidate, Task
 
 Item = tuple[Task, Candidate]

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudal1.baselines.variants import CUDA_ONLY_KINDS, baseline_source, eval_profile, parse_kinds
+from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import PROTOCOL_VERSION, EvalConfig, resolve_device
-from cudal1.eval.types import EvalResult, Status
 from cudal1.store.keys import environment_key
 from cudal1.tasks.task import Task
 

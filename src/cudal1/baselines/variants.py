@@ -40,7 +40,7 @@ the first call's behaviour.
 
 from __future__ import annotations
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.tasks.task import Task
 
 #: Every baseline kind, in report order.

@@ -14,7 +14,7 @@ from cudal1.audit.compare import DEFAULT_TOLERANCE, AuditComparison, compare_aud
 from cudal1.audit.run import asked_by_runs, collect_audit, measured_on, report_audit, report_only_config
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
-from cudal1.eval.types import EvalResult
+from cudal1.core.types import EvalResult
 from cudal1.tasks import Task
 
 _RELEASE_OPT = typer.Argument(..., help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl).")

@@ -17,7 +17,7 @@ from cudal1.baselines import (
     parse_kinds,
 )
 from cudal1.cli import common
-from cudal1.errors import SourceError
+from cudal1.core.errors import SourceError
 from cudal1.eval.config import resolve_device
 from cudal1.tasks import Task, load_tasks
 

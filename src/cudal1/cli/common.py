@@ -19,9 +19,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cudal1.errors import SourceError
+from cudal1.core.errors import SourceError
+from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import EvalResult, Status
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 180)

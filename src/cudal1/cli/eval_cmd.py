@@ -10,10 +10,10 @@ from pathlib import Path
 import typer
 
 from cudal1.cli import common
-from cudal1.errors import SourceError
+from cudal1.core.errors import SourceError
+from cudal1.core.types import EvalResult
 from cudal1.eval import evaluate_candidate, evaluate_many
 from cudal1.eval.config import resolve_device
-from cudal1.eval.types import EvalResult
 from cudal1.tasks import Task, find_task, load_tasks
 from cudal1.tasks.sources import load_candidates, load_file
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from cudal1.cli import common
-from cudal1.errors import ConfigError, SourceError
+from cudal1.core.errors import ConfigError, SourceError
 
 hacks_app = typer.Typer(no_args_is_help=True, help="The database of known reward-hack cases.")
 
@@ -58,7 +58,7 @@ def judge_command(
 
     Exit code 1 when the judge says it cheats.
     """
-    from cudal1.eval.types import EvalResult
+    from cudal1.core.types import EvalResult
     from cudal1.judge import JudgeConfig, LLMJudge
 
     cand_src, ref_src = _read(candidate, "candidate"), _read(ref, "reference")

@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from cudal1.errors import Cudal1Error
+from cudal1.core.errors import Cudal1Error
 
 app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False,
                   help="CUDA-L1 end to end: make PyTorch modules faster with LLM-written CUDA, verified.")

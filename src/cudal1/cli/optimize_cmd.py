@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from cudal1.cli import common
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.eval.config import EvalConfig
 from cudal1.tasks import Task, find_task
 

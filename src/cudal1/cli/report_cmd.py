@@ -9,7 +9,7 @@ import typer
 
 from cudal1.audit.rows import rows_from_store, stored_labels
 from cudal1.cli import common
-from cudal1.errors import SourceError
+from cudal1.core.errors import SourceError
 from cudal1.report import write_report
 
 

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cudal1.errors import TaskError
+from cudal1.core.errors import TaskError
 from cudal1.tasks import find_task, load_tasks
 from cudal1.tasks.inspect import inspect_task
 

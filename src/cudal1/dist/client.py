@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from cudal1.errors import Cudal1Error, MissingDependencyError
-from cudal1.eval.types import EvalResult
+from cudal1.core.errors import Cudal1Error, MissingDependencyError
+from cudal1.core.types import EvalResult
 
 logger = logging.getLogger(__name__)
 

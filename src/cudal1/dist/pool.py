@@ -32,10 +32,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cudal1.errors import ConfigError, Cudal1Error
+from cudal1.core.errors import ConfigError, Cudal1Error
+from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.isolation import usable_cpu_count
-from cudal1.eval.types import EvalResult, Status
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)

@@ -38,6 +38,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.core.types import EvalResult
 from cudal1.dist.pool import (
     EvaluateFn,
     Job,
@@ -49,9 +51,7 @@ from cudal1.dist.pool import (
     store_lookup,
     store_record,
 )
-from cudal1.errors import ConfigError, MissingDependencyError
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import EvalResult
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)

@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.dist.pool import EvaluatorPool, PoolFuture, key_protocol
-from cudal1.errors import ConfigError
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import EvalResult, Flag, Severity, Status
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudal1.core.errors import ConfigError, Cudal1Error, MissingDependencyError, SourceError, TaskError
+from cudal1.core.types import EvalResult
 from cudal1.dist.pool import PoolBusyError
-from cudal1.errors import ConfigError, Cudal1Error, MissingDependencyError, SourceError, TaskError
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import EvalResult
 from cudal1.tasks.task import Task, check_syntax
 
 try:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.eval.isolation import Limits, run_isolated, usable_cpu_count
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from cudal1.core.types import Mismatch
 from cudal1.eval.config import Profile
-from cudal1.eval.types import Mismatch
 
 
 class OutputHackError(Exception):

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cudal1.eval.types import Flag, Severity
+from cudal1.core.types import Flag, Severity
 
 # Rationale: a candidate that replaces any of these (a Tensor comparison operator, a functional op the
 # reference uses, a timer, the harness's own helpers) can fake correctness or speed. Identities of every

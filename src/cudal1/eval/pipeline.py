@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cudal1.core.types import EvalResult, Flag, KernelClass, Mismatch, Status, TimingStats
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.isolation import IsolatedOutcome, Limits, WorkerSupply, run_isolated, usable_cpu_count
-from cudal1.eval.types import EvalResult, Flag, KernelClass, Mismatch, Status, TimingStats
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.eval.types import Flag, KernelClass, Severity
+from cudal1.core.types import Flag, KernelClass, Severity
 
 __all__ = [
     "DEFAULT_MIN_OWN_SHARE",

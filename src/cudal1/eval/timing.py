@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from cudal1.eval.types import TimingStats
+from cudal1.core.types import TimingStats
 
 CPU_FLUSH_BYTES = 32 * 2**20  # larger than the last-level cache of common server CPUs' per-core share
 MIN_CUDA_FLUSH_BYTES = 256 * 2**20

@@ -32,10 +32,10 @@ import torch
 # torch.compile) from looking as if it patched torch. Pre-started workers pay this before their payload.
 import torch._dynamo  # noqa: F401
 
+from cudal1.core.types import Flag, Severity, Status
 from cudal1.eval import guards, timing
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.correctness import OutputHackError, changed_inputs, compare_outputs, flatten, snapshot_inputs
-from cudal1.eval.types import Flag, Severity, Status
 
 logger = logging.getLogger(__name__)
 

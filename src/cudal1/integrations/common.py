@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status
 
 DEFAULT_FAILURE_REWARD = 0.0
 

@@ -23,8 +23,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cudal1.errors import SourceError
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.errors import SourceError
+from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text, extract_code, reward_of, unparseable
 from cudal1.tasks.task import Task
 

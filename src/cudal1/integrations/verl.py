@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import MissingDependencyError
-from cudal1.eval.types import EvalResult
+from cudal1.core.errors import MissingDependencyError
+from cudal1.core.types import EvalResult
 from cudal1.integrations.common import completion_text, extract_code, reward_of, unparseable
 
 logger = logging.getLogger(__name__)

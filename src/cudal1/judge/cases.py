@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.eval.types import EvalResult, Flag, Severity, Status
+from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.exemplars.db import normalized_hash
 from cudal1.store.connection import open_connection, resolve_store_path, write_transaction
 

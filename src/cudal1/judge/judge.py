@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.errors import ConfigError
-from cudal1.eval.types import EvalResult, Flag, Severity, Status
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.judge.cases import HackCase, HackCaseDB
 from cudal1.judge.retrieval import similar_cases
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 
 Message = dict[str, str]
 # A prompt is a chat (list of {"role", "content"} messages) or a bare string (sent as one user message).

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError, MissingDependencyError
+from cudal1.core.errors import ConfigError, MissingDependencyError
 from cudal1.llm.backends import (
     Completion,
     LLMConfig,

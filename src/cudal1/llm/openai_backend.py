@@ -26,7 +26,7 @@ import time
 import weakref
 from typing import Any
 
-from cudal1.errors import MissingDependencyError
+from cudal1.core.errors import MissingDependencyError
 from cudal1.llm.backends import (
     Completion,
     LLMConfig,

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
-from cudal1.eval.types import EvalResult, Status
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)

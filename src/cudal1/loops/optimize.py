@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
-from cudal1.eval.types import EvalResult, Status
 from cudal1.exemplars import SAMPLERS, ExemplarDB, ScoredCode, make_sampler
 from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt
 from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.eval.types import KernelClass, Status
+from cudal1.core.types import KernelClass, Status
 from cudal1.metrics.rows import BASELINE_NAMES, EAGER_WARM, PUBLISHED_KEY_BY_BASELINE, ResultRow
 from cudal1.metrics.summary import SpeedupSummary, summarize
 
@@ -100,9 +100,9 @@ def summarize_rows(rows: Sequence[ResultRow], by: Sequence[str] = ("level", "bas
 
 
 def count_statuses(rows: Iterable[ResultRow]) -> dict[str, int]:
-    """Rows per status, every `Status` listed (zeros included) in the enum's order."""
+    """Rows per status, every verdict `Status` listed (zeros included) in the enum's order."""
     counts = Counter(r.status for r in rows)
-    return {s.value: counts.get(s.value, 0) for s in Status}
+    return {s.value: counts.get(s.value, 0) for s in Status if s.is_verdict}
 
 
 def count_kernel_classes(rows: Iterable[ResultRow], *, correct_only: bool = False) -> dict[str, int]:

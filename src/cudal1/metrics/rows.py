@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.eval.types import Status
+from cudal1.core.types import Status
 
 #: Baselines in the order the reports list them (design section 4, *Baselines*).
 BASELINE_NAMES: tuple[str, ...] = (

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cudal1.errors import ConfigError, MissingDependencyError
+from cudal1.core.errors import ConfigError, MissingDependencyError
 from cudal1.raw_cuda.errors import RawCudaCompileError, trim_compile_log
 from cudal1.raw_cuda.shims import NVRTC_PRELUDE, NVRTC_SHIM_HEADERS
 

@@ -2,7 +2,7 @@
 
 `RawCudaCompileError` carries the trimmed log as its message (a few `file(line): error: ...` lines with
 their source excerpt, warnings and remarks dropped) and the full log in `.log`. `RawCudaLaunchError`
-names the kernel and the parameter at fault. Both derive from `cudal1.errors.Cudal1Error` so the CLI
+names the kernel and the parameter at fault. Both derive from `cudal1.core.errors.Cudal1Error` so the CLI
 prints them as one message, and the evaluator maps them to COMPILE_ERROR / RUNTIME_ERROR where raised.
 
 Limits: the trimming understands the EDG diagnostics of NVRTC and nvcc (`kernel.cu(3): error: ...`),
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from cudal1.errors import Cudal1Error
+from cudal1.core.errors import Cudal1Error
 
 # Rationale: the trimmed log is fed back to an LLM; 15 lines hold about five errors with their source
 # line and caret, which is enough to fix a kernel, and 1500 characters keep the prompt small.

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cudal1.errors import Cudal1Error
+from cudal1.core.errors import Cudal1Error
 from cudal1.raw_cuda.arguments import TensorPointer, make_tensor_pointer, marshal_args
 from cudal1.raw_cuda.backend import DEFAULT_DYNAMIC_SHARED_LIMIT_BYTES
 from cudal1.raw_cuda.compiler import DEFAULT_ARCH, compile_only, device_arch

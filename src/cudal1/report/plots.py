@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cudal1.errors import MissingDependencyError
+from cudal1.core.errors import MissingDependencyError
 from cudal1.metrics.aggregate import baselines_present
 from cudal1.metrics.rows import ResultRow
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from cudal1.errors import Cudal1Error
+from cudal1.core.errors import Cudal1Error
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status
 from cudal1.store import keys
 from cudal1.store.connection import (
     StoreError,

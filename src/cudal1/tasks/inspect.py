@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from cudal1.errors import TaskError
+from cudal1.core.errors import TaskError
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from cudal1.errors import MissingDependencyError, SourceError, TaskError
+from cudal1.core.errors import MissingDependencyError, SourceError, TaskError
 from cudal1.tasks.builtin import BUILTIN_DIR
 from cudal1.tasks.task import Candidate, Task, check_syntax
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.errors import TaskError
+from cudal1.core.errors import TaskError
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 

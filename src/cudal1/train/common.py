@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
 from cudal1.integrations.common import extract_code as extract_code_or_why
 from cudal1.tasks.task import Task

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import Status
 
 C = TypeVar("C")
 
@@ -204,7 +204,7 @@ class SelfSupervisedConfig(CommonTrainConfig):
             raise ConfigError("patience must be >= 0 (0: never stop early)")
 
 
-DEFAULT_FAILURE_REWARDS = {s.value: 0.0 for s in Status if s is not Status.CORRECT}
+DEFAULT_FAILURE_REWARDS = {s.value: 0.0 for s in Status if s.is_verdict and s is not Status.CORRECT}
 
 
 @dataclass

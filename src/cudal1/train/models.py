@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError, MissingDependencyError
+from cudal1.core.errors import ConfigError, MissingDependencyError
 
 logger = logging.getLogger(__name__)
 

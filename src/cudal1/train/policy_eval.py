@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.types import Status
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, evaluate_batch, extract_code
 from cudal1.train.splits import SPLIT_NAMES, load_or_make_split, select_tasks

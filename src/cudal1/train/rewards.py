@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, completion_text, evaluate_batch, extract_code, first_failure
 

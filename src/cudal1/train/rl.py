@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError, MissingDependencyError
+from cudal1.core.errors import ConfigError, MissingDependencyError
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
     Evaluator,

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cudal1.eval.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
     Evaluator,

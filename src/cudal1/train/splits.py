@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.errors import ConfigError
+from cudal1.core.errors import ConfigError
 from cudal1.tasks.task import Task
 
 SPLIT_NAMES = ("train", "test", "all")

@@ -23,10 +23,18 @@ class Status(str, enum.Enum):
     INCORRECT = "incorrect"  # outputs differ from the reference (or wrong type/shape/dtype/device)
     HACK_DETECTED = "hack_detected"  # a guard or a rejecting static rule fired
     CORRECT = "correct"
+    # The evaluation itself failed (a runner killed from outside, twice): says nothing about the candidate,
+    # is never stored, and earns no reward either way.
+    INFRA_ERROR = "infra_error"
 
     @property
     def is_success(self) -> bool:
         return self is Status.CORRECT
+
+    @property
+    def is_verdict(self) -> bool:
+        """A verdict on the candidate (stored, rewarded); False for an infrastructure failure."""
+        return self is not Status.INFRA_ERROR
 
 
 class Severity(str, enum.Enum):
@@ -116,6 +124,17 @@ class TimingStats:
     candidate_ms_warm: float | None = None
     method: str = ""  # "cuda_events" | "host_timer"
     iterations: int = 0  # timed calls per model
+    # The clock outside the candidate's process: median wall time per timed call as the trusted parent saw it
+    # (request sent to reply received), for each model. Cross-checked against the times the runners report.
+    ref_outside_ms: float | None = None
+    candidate_outside_ms: float | None = None
+    floor_ms: float | None = None  # the task's physical floor (minimum bytes / measured bandwidth), when known
+    verified_calls: int = 0  # timed calls whose outputs the parent compared with the reference's
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimingStats:
+        """Rebuild from `dataclasses.asdict` output; keys this version does not know are ignored."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 @dataclass(frozen=True)
@@ -182,7 +201,7 @@ class EvalResult:
             task_id=d.get("task_id", ""),
             candidate_hash=d.get("candidate_hash", ""),
             speedup=d.get("speedup"),
-            timing=TimingStats(**d["timing"]) if d.get("timing") else None,
+            timing=TimingStats.from_dict(d["timing"]) if d.get("timing") else None,
             flags=[Flag.from_dict(f) for f in d.get("flags", [])],
             kernel_class=KernelClass(d["kernel_class"]) if d.get("kernel_class") else None,
             mismatch=Mismatch.from_dict(d["mismatch"]) if d.get("mismatch") else None,
