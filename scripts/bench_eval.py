@@ -4,6 +4,7 @@
 Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
                                     [--precision-n 20] [--time-budget-s 500] [--profile strict]
                                     [--store STORE.sqlite] [--modes serial,overlap]
+                                    [--old-src PATH] [--null-n 10]
 
 1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included, on a cold
    build cache, per `--modes`: serial (all `load_inline` builds in parallel, then every candidate evaluated
@@ -13,6 +14,11 @@ Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [-
    the ratio to KernelBench's harness estimated from its reference figures (`kernelbench_estimate_s`).
 2. Precision: up to `--precision-n` candidates that were correct in (1) (topped up with the built-in
    examples) evaluated twice more in the same run; prints the median relative difference of speedups.
+3. With `--old-src PATH` (the `src/` of an earlier cudal1, e.g. a git worktree of the last commit before the
+   trust boundary), the same sample first goes through that evaluator in a subprocess, on its own cold
+   cache: the cost of the boundary, old protocol against new in one run.
+4. With `--null-n N`, the references of N sample tasks timed as candidates against themselves (the null
+   test; unbiased: 1.00x).
 Writes bench_eval.json (every result) under OUT_DIR; prints a short table last.
 """
 
@@ -141,6 +147,64 @@ def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
     return _spread(diffs, rows)
 
 
+OLD_RUN = """
+import itertools, json, random, sys, time
+from cudal1.eval import EvalConfig, evaluate_many
+from cudal1.tasks import load_release
+release, per_level, seed, out, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+rng = random.Random(seed)
+by_level = {}
+for task, cand in load_release(release):
+    if cand is not None:
+        by_level.setdefault(task.level, []).append((task, cand.source))
+picked = [rng.sample(by_level[lv], min(per_level, len(by_level[lv]))) for lv in sorted(by_level)]
+pairs = [p for row in itertools.zip_longest(*picked) for p in row if p is not None]
+t0 = time.monotonic()
+results = evaluate_many(pairs, EvalConfig(device="cuda", profile=profile), force=True)
+wall = time.monotonic() - t0
+rows = [dict(task=t.id, **r.to_dict()) for (t, _), r in zip(pairs, results) if r is not None]
+json.dump({"wall_s": wall, "results": rows}, open(out, "w"), default=str)
+"""
+
+
+def old_throughput(old_src: Path, args: argparse.Namespace, pairs: list) -> dict:
+    """The same sample through an earlier cudal1 (its own interpreter, PYTHONPATH and cold cache)."""
+    import subprocess
+
+    out = args.out_dir / "old_results.json"
+    with tempfile.TemporaryDirectory(prefix="cudal1-bench-old-cache-") as cache:
+        env = {**os.environ, "PYTHONPATH": str(old_src), "CUDAL1_CACHE_DIR": cache}
+        subprocess.run([sys.executable, "-c", OLD_RUN, str(args.release), str(args.per_level), str(args.seed),
+                        str(out), args.profile], env=env, check=True, timeout=args.time_budget_s)
+    data = json.loads(out.read_text())
+    results = data["results"]
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    n_ok = statuses.get("correct", 0)
+    per_eval = [r["duration_s"] for r in results if r.get("duration_s")]
+    return {"n": len(results), "n_load_inline": sum("load_inline" in s for _, s in pairs), "build_wall_s": None,
+            "wall_s": data["wall_s"], "statuses": statuses, "mean_eval_s": None,
+            "candidates_per_gpu_hour": 3600 * len(results) / data["wall_s"],
+            "correct_timed_per_gpu_hour": 3600 * n_ok / data["wall_s"],
+            "median_eval_s": statistics.median(per_eval) if per_eval else None, "results": results}
+
+
+def null_test(pairs, n: int, cfg: EvalConfig, deadline: float) -> dict:
+    """The references of the first `n` tasks timed against themselves."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from null_test import as_candidate
+
+    tasks = list(dict.fromkeys(t for t, _ in pairs))[:n]
+    results = evaluate_many([(t, as_candidate(t.source)) for t in tasks], cfg,
+                            should_stop=lambda: time.monotonic() > deadline)
+    speedups = sorted(r.speedup for r in results if r is not None and r.speedup)
+    return {"n": len(speedups), "median": statistics.median(speedups) if speedups else None,
+            "min": speedups[0] if speedups else None, "max": speedups[-1] if speedups else None,
+            "not_correct": [(t.id, r.status.value, r.message[:120]) for t, r in zip(tasks, results, strict=True)
+                            if r is not None and r.status is not Status.CORRECT]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out_dir", type=Path)
@@ -152,6 +216,9 @@ def main() -> None:
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
     ap.add_argument("--store", type=Path, default=None, help="Also store the throughput sample's results here.")
+    ap.add_argument("--old-src", type=Path, default=None,
+                    help="src/ of an earlier cudal1: the same sample through it first (old protocol against new).")
+    ap.add_argument("--null-n", type=int, default=0, help="Tasks of the sample for the null test (0: none).")
     ap.add_argument("--modes", default="serial",
                     help="Throughput modes, each on a cold build cache: serial (builds first, evaluate_many's "
                          "default), overlap (evaluations beside the builds), or serial,overlap side by side "
@@ -174,6 +241,11 @@ def main() -> None:
     if not modes or set(modes) - {"serial", "overlap"} or len(set(modes)) < len(modes):
         raise SystemExit("--modes: serial, overlap or serial,overlap")
     out["throughput"] = {}
+    if args.old_src is not None:
+        out["old"] = old = old_throughput(args.old_src, args, pairs)
+        (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
+        print_throughput("old evaluator", old)
+        start = time.monotonic()  # the new evaluator's budget starts now
     share_s = args.time_budget_s * args.throughput_share / len(modes)
     caches = contextlib.ExitStack()  # the last mode's builds serve the precision phase too
     for k, mode in enumerate(modes):
@@ -200,6 +272,15 @@ def main() -> None:
     (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
     pr = out["precision"]
     print(f"precision (n={pr['n']})       median rel diff {pr['median_rel_diff']}, max {pr['max_rel_diff']}", flush=True)
+    if args.null_n:
+        out["null"] = null = null_test(pairs, args.null_n, cfg, time.monotonic() + 0.2 * args.time_budget_s)
+        (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
+        print(f"null test (n={null['n']})       median {null['median']}, min {null['min']}, max {null['max']}; "
+              f"not correct: {null['not_correct']}", flush=True)
+    if "old" in out:
+        new = out["throughput"][modes[0]]
+        print(f"boundary cost           new/old candidates per GPU-hour {new['candidates_per_gpu_hour'] / out['old']['candidates_per_gpu_hour']:.2f}; "
+              f"statuses old {out['old']['statuses']} new {new['statuses']}", flush=True)
 
 
 # KernelBench's harness on the H200 host (reference figures, measured with its own code): a cache-miss

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             workers = "local"
     config = EvalConfig(device="cuda", buckets=args.buckets)
     pairs = load_pairs(args.candidates_from, "cuda", args.n)
-    from cudal1.eval.pipeline import prebuild
+    from cudal1.eval.scheduler import prebuild
 
     prebuild(list(pairs), config.resolved("cuda"))
     args.out_dir.mkdir(parents=True, exist_ok=True)

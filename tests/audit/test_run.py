@@ -6,9 +6,9 @@ import dataclasses
 import json
 
 from cudal1.audit.run import AuditConfig, audit_label, report_audit, run_audit, stored_result
+from cudal1.core.machine import describe_machine
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.pipeline import local_environment
 from cudal1.tasks import load_release
 
 from .conftest import synthetic
@@ -27,7 +27,7 @@ class FakeEvaluate:
         out = []
         for task, source in items:
             from cudal1.tasks.task import source_hash
-            env = local_environment(cfg.device)
+            env = describe_machine(cfg.device)
             key, _ = store.lookup(task.hash, source_hash(source), cfg.protocol(), env)
             result = synthetic(Status.CORRECT, 2.0, env=env, protocol=cfg.protocol()).replace(task_id=task.id)
             store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)
@@ -63,7 +63,7 @@ def test_results_from_another_label_are_reused_and_relabelled(release, store):
     task, cand = load_release(release)[0]
     resolved = cfg.resolved_eval()
     key, _ = stored_result(store, task, cand.hash, resolved)
-    env = local_environment("cpu")
+    env = describe_machine("cpu")
     store.put_task(task.id, task.source, level=1)
     store.put_evaluation(synthetic(Status.CORRECT, 3.0, env, resolved.protocol()).replace(task_id=task.id),
                          task_hash=task.hash, key=key, label="someone-else")
@@ -78,7 +78,7 @@ def test_prefilled_store_then_real_cpu_evaluation_and_report(release, store, tmp
     cfg = _config(release)
     resolved = cfg.resolved_eval()
     pairs = load_release(release)
-    env = local_environment("cpu")
+    env = describe_machine("cpu")
     for (task, cand), (status, speedup) in zip(pairs[1:], [(Status.CORRECT, 1.6), (Status.INCORRECT, None)], strict=True):
         key, _ = stored_result(store, task, cand.hash, resolved)
         store.put_task(task.id, task.source, level=task.level)
@@ -251,16 +251,17 @@ def _fake_gpu(monkeypatch, prebuild):
     from types import SimpleNamespace
 
     from cudal1.audit import run as run_mod
-    from cudal1.eval import pipeline
+    from cudal1.core import machine
+    from cudal1.eval import scheduler
 
     events = []
     supply = SimpleNamespace(fill=lambda: events.append("fill"))
     monkeypatch.setattr(run_mod, "resolve_device", lambda device: "cuda:0")
-    monkeypatch.setattr(pipeline, "local_environment", lambda device: {"device_type": "cuda", "gpu_name": "test"})
+    monkeypatch.setattr(machine, "describe_machine", lambda device: {"device_type": "cuda", "gpu_name": "test"})
     monkeypatch.setattr(run_mod, "_audit_workers", lambda cfg, n: contextlib.nullcontext(supply))
     monkeypatch.setattr(run_mod, "_default_evaluate", lambda items, *a, workers=None, **kw: events.append(
         (len(items), workers is supply)) or [None] * len(items))
-    monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: prebuild(events, items, kw))
+    monkeypatch.setattr(scheduler, "prebuild", lambda items, cfg, **kw: prebuild(events, items, kw))
     return events
 
 
@@ -296,7 +297,7 @@ def test_a_timeout_under_a_smaller_limit_is_reported_but_evaluated_again(release
     fake = FakeEvaluate(store)
     run_audit(_config(release), store, evaluate=fake)
     task, cand = load_release(release)[0]
-    cfg, env = _config(release).resolved_eval(), local_environment("cpu")
+    cfg, env = _config(release).resolved_eval(), describe_machine("cpu")
     key, _ = store.lookup(task.hash, cand.hash, cfg.protocol(), env)
     short = dataclasses.replace(cfg, timeout_s=5.0).limits()
     store.put_evaluation(synthetic(Status.TIMEOUT, protocol={**cfg.protocol(), **short}, env=env)

@@ -13,9 +13,9 @@ from cudal1.baselines.runner import (
     record_from_result,
 )
 from cudal1.core.errors import ConfigError
+from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.pipeline import local_environment
 from cudal1.store import ResultsStore, environment_key
 from cudal1.tasks import Task
 
@@ -37,7 +37,7 @@ def _timing(speedup: float, ref_ms: float = 1.0) -> TimingStats:
 def _put(store, task, name, speedup_vs_eager, protocol, status="ok"):
     version = baseline_protocol_version(protocol)
     extra = {"status": status, "speedup_vs_eager": speedup_vs_eager, "reason": "" if status == "ok" else "x"}
-    store.put_baseline(task.hash, name, environment_key(local_environment("cpu")), version, 1.0, extra=extra)
+    store.put_baseline(task.hash, name, environment_key(describe_machine("cpu")), version, 1.0, extra=extra)
 
 
 def test_protocol_version_ignores_precision_but_not_meaning():
@@ -69,12 +69,12 @@ def test_attach_baselines_is_a_ratio_of_paired_ratios(store):
     _put(store, task, "cuda_graph", 0.5, protocol)
     _put(store, task, "cudnn", None, protocol, status="failed")
     result = EvalResult(status=Status.CORRECT, speedup=3.0, timing=_timing(3.0), protocol=protocol,
-                        environment=local_environment("cpu"))
+                        environment=describe_machine("cpu"))
     attached = attach_baselines(result, task, store)
     assert attached.baselines == {"torch_compile": 1.5, "cuda_graph": 6.0}
     other = Task(id="t/other", source=TINY + "\n# changed\n")
     assert attach_baselines(result, other, store).baselines == {}
-    failed = EvalResult(status=Status.INCORRECT, protocol=protocol, environment=local_environment("cpu"))
+    failed = EvalResult(status=Status.INCORRECT, protocol=protocol, environment=describe_machine("cpu"))
     assert attach_baselines(failed, task, store) is failed
 
 

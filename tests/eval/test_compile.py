@@ -1,4 +1,4 @@
-"""Tests of the compile service (cudal1.eval.compile) and its build child (cudal1.eval.build_worker).
+"""Tests of the compile service (cudal1.eval.compile) and its build hooks and child (cudal1.eval.build_hooks, build_child).
 
 CPU only, except one `gpu` test. The compiler-log fixtures are real g++/nvcc output captured by
 fixtures/compile_logs/generate_fixtures.py. The `slow` test (a real C++ build, ~30-60 s on 2 cores) is
@@ -15,7 +15,7 @@ import pytest
 
 from cudal1.core.errors import ConfigError
 from cudal1.eval import compile as compile_mod
-from cudal1.eval.build_worker import (
+from cudal1.eval.build_hooks import (
     duplicate_module_log,
     install_build_hooks,
     light_cuda_sources,
@@ -28,11 +28,10 @@ from cudal1.eval.compile import (
     CompileService,
     build_candidates,
     build_environment,
-    build_failure_message,
     build_key,
-    trim_compiler_log,
 )
-from cudal1.eval.isolation import Limits, run_isolated
+from cudal1.eval.compile_log import build_failure_message, trim_compiler_log
+from cudal1.eval.processes import Limits, run_isolated
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compile_logs"
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
@@ -535,7 +534,10 @@ def test_service_keys_depend_on_levers_and_init_inputs(tmp_path):
     assert svc.key_for("x") != quiet_off.key_for("x")
     assert svc.key_for("x", [1]) != svc.key_for("x", [2])
     env = svc.environment(svc.key_for("x"))
-    assert env["TORCH_EXTENSIONS_DIR"].endswith(svc.key_for("x"))
+    assert svc.build_directory(svc.key_for("x")).name == svc.key_for("x")
+    # A sandboxed build and its candidate's runner see the build in their own scratch folder, never the cache.
+    expected = "/tmp/ext" if svc.sandboxed else str(svc.build_directory(svc.key_for("x")))
+    assert env["TORCH_EXTENSIONS_DIR"] == expected
 
 
 def test_service_requires_arch_without_gpu():
@@ -587,7 +589,7 @@ def test_prebuild_tells_each_item_when_its_build_is_done(tmp_path, monkeypatch):
     # evaluate_many starts an item's evaluation on this signal, so every item must get it exactly once:
     # at once without a build, after the build otherwise (identical sources share one build).
     from cudal1.eval.config import EvalConfig
-    from cudal1.eval.pipeline import prebuild
+    from cudal1.eval.scheduler import prebuild
     from cudal1.tasks.sources import load_file
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
@@ -608,10 +610,11 @@ def test_build_children_run_niced(tmp_path):
     # compilers must yield the CPU.
     import os
 
-    probe = tmp_path / "niceness.txt"
-    source = f"import os\nopen({str(probe)!r}, 'w').write(str(os.nice(0)))\nclass ModelNew: pass\n"
+    source = ("import os\nopen(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'niceness.txt'), 'w')"
+              ".write(str(os.nice(0)))\nclass ModelNew: pass\n")
     base = os.nice(0)
-    build_candidates([source], arch="9.0", device="cpu", cache_dir=str(tmp_path / "c"))
+    [result] = build_candidates([source], arch="9.0", device="cpu", cache_dir=str(tmp_path / "c"))
+    probe = compile_mod.extensions_dir(result.key, tmp_path / "c") / "niceness.txt"  # what the build wrote
     assert int(probe.read_text()) == min(19, base + 10)
     with pytest.raises(ConfigError):
         CompileConfig(arch="9.0", nice=20)
@@ -630,8 +633,10 @@ def test_build_children_stay_on_their_cores(tmp_path):
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
-    probe = tmp_path / "cpus.txt"
-    source = f"import os\nopen({str(probe)!r}, 'w').write(str(sorted(os.sched_getaffinity(0))))\nclass ModelNew: pass\n"
+    source = ("import os\nopen(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'cpus.txt'), 'w')"
+              ".write(str(sorted(os.sched_getaffinity(0))))\nclass ModelNew: pass\n")
     core = min(os.sched_getaffinity(0))
-    CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path / "c"), cpus=(core,))).build([source])
+    [result] = CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path / "c"),
+                                            cpus=(core,))).build([source])
+    probe = compile_mod.extensions_dir(result.key, tmp_path / "c") / "cpus.txt"
     assert probe.read_text() == str([core])

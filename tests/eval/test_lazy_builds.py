@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cudal1.eval import compile as compile_mod
-from cudal1.eval.build_worker import FAILURES_FILE, install_build_hooks
+from cudal1.eval.build_hooks import FAILURES_FILE, install_build_hooks
 from cudal1.eval.compile import (
     BUILD_ENTRY,
     WARM_ENTRY,
@@ -26,7 +26,7 @@ from cudal1.eval.compile import (
     lazy_records,
     read_marker,
 )
-from cudal1.eval.isolation import Limits, run_isolated
+from cudal1.eval.processes import Limits, run_isolated
 
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
 
@@ -120,7 +120,8 @@ def test_a_lazy_build_failure_is_built_ahead_remembered_and_replayed(tmp_path, m
     # The evaluation worker (same environment, another working directory) fails that build at once.
     payload = {"source": LAZY_BAD_LOAD, "ref_source": REFERENCE, "device": "cpu",
                "levers": service.config.levers.to_dict()}
-    outcome = run_isolated(WARM_ENTRY, payload, limits=Limits(timeout_s=120), env=service.environment(result.key))
+    outcome = run_isolated(WARM_ENTRY, payload, limits=Limits(timeout_s=120), env=service.environment(result.key),
+                           scratch_from=service.build_directory(result.key))
     assert outcome.value is not None, outcome.describe_failure()
     assert outcome.value["forward_ok"] is True
     assert [(b["variant"], b["seconds"] < 0.5, b["phase"]) for b in outcome.value["builds"]] == [
@@ -242,7 +243,7 @@ def test_a_remembered_load_failure_is_replayed_by_torch_as_the_real_one(monkeypa
 
 
 def test_load_inline_remembers_the_source_as_written_not_the_light_variant(fake_torch_build, monkeypatch):
-    from cudal1.eval.build_worker import _call_key
+    from cudal1.eval.build_hooks import _call_key
 
     ce, _ = fake_torch_build
     calls: list[str] = []

@@ -95,7 +95,7 @@ def test_unbindable_extension_fails_at_once_with_the_compiler_s_verdict(task):
     assert r.status is Status.COMPILE_ERROR
     assert r.message.startswith("CUDA build failed: main.cpp: error: 'scale_add' was not declared in this scope")
     assert "declare it there" in r.message and "declare it there" in r.compile_log
-    assert r.protocol["phase_s"]["worker_run"] < 30  # no compiler ran (a g++ build of main.cpp alone: ~20 s)
+    assert r.protocol["phase_s"]["run"] < 30  # no compiler ran (a g++ build of main.cpp alone: ~20 s)
 
 
 @pytest.mark.parametrize("name, rule", [
@@ -140,17 +140,17 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     import contextlib
 
     from cudal1.core.types import EvalResult
-    from cudal1.eval import pipeline
+    from cudal1.eval import scheduler as pipeline
     from cudal1.tasks.task import source_hash
 
     env = {"device_type": "cuda", "gpu_name": "test"}
     built, evaluated = [], []
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
-    monkeypatch.setattr(pipeline, "local_environment", lambda device: env)
+    monkeypatch.setattr(pipeline, "describe_machine", lambda device: env)
     monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: built.extend(s for _, s in items))
     filled = []
     monkeypatch.setattr(pipeline, "worker_supply",
-                        lambda device, *a: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1),
+                        lambda device, *a, **kw: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1),
                                                                               pin=lambda *a, **kw: None)))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT))
@@ -172,7 +172,7 @@ def _fake_gpu_batch(monkeypatch, build_release):
     import contextlib
 
     from cudal1.core.types import EvalResult
-    from cudal1.eval import pipeline
+    from cudal1.eval import scheduler as pipeline
 
     evaluated, pins, build_cpus, warm = [], [], [], []
 
@@ -192,7 +192,7 @@ def _fake_gpu_batch(monkeypatch, build_release):
     monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
     monkeypatch.setattr(pipeline, "split_cores", lambda: (frozenset({0, 1}), frozenset({2, 3, 4})))
     monkeypatch.setattr(pipeline, "worker_supply",
-                        lambda device, *a: contextlib.nullcontext(SimpleNamespace(
+                        lambda device, *a, **kw: contextlib.nullcontext(SimpleNamespace(
                             fill=lambda: None, pin=lambda cpus, others=None: pins.append((cpus, others)))))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
                         lambda t, s, cfg, **kw: evaluated.append(s) or EvalResult(status=Status.CORRECT, message=s))
@@ -266,7 +266,7 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
 def test_split_cores_keeps_two_for_the_evaluation(monkeypatch):
     import os
 
-    from cudal1.eval import pipeline
+    from cudal1.eval import scheduler as pipeline
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4, 12)), raising=False)
     assert pipeline.split_cores() == (frozenset({4, 5}), frozenset(range(6, 12)))

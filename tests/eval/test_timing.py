@@ -1,77 +1,34 @@
-"""The paired timing protocol on CPU (host timers): what is and is not inside a timed span, the order of
-calls, and the summary figures."""
+"""The statistics behind every speedup, and the checks on the clocks (cudal1.eval.timing)."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-import time
 
 import pytest
-import torch
 
+from cudal1.core import flags as F
 from cudal1.eval import timing
 from cudal1.eval.timing import PairedSeries, Sample
 
-CPU = torch.device("cpu")
 
-
-def test_the_context_of_a_call_is_not_timed():
-    """The reference's memory-pool switch (any context) is entered before the clock starts and left after."""
-    events = []
-
-    @contextlib.contextmanager
-    def slow_context():
-        events.append("enter")
-        time.sleep(0.05)
-        yield
-        time.sleep(0.05)
-        events.append("exit")
-
-    def call():
-        events.append("call")
-        time.sleep(0.002)
-        return 7
-
-    out, sample = timing.time_call(call, CPU, flush=None, context=slow_context)
-    assert out == 7
-    assert events == ["enter", "call", "exit"]
-    assert 1.5 <= sample.total_ms < 30, sample  # the 2 ms call, none of the 100 ms of the context
-
-
-def test_run_series_wraps_only_reference_calls_and_randomizes_order():
-    inside = {"depth": 0}
-    seen: list[tuple[str, int]] = []
-
-    @contextlib.contextmanager
-    def ref_context():
-        inside["depth"] += 1
-        yield
-        inside["depth"] -= 1
-
-    def run_ref(k):
-        seen.append(("ref", inside["depth"]))
-        return torch.full((2,), float(k))
-
-    def run_cand(k):
-        seen.append(("cand", inside["depth"]))
-        return torch.full((2,), float(k))
-
-    pairs = []
-    series = timing.run_series(run_ref, run_cand, n_sets=3, buckets=4, iters=5, device=CPU, flush=None,
-                               rng=random.Random(0), on_pair=lambda k, r, c: pairs.append((k, r, c)),
-                               refresh=None, ref_context=ref_context)
-    assert {who: {d for w, d in seen if w == who} for who in ("ref", "cand")} == {"ref": {1}, "cand": {0}}
-    assert len(series.ref) == len(series.cand) == 4 and all(len(b) == 5 for b in series.ref + series.cand)
-    assert [k for k, _, _ in pairs] == [i % 3 for i in range(20)]
-    assert all(torch.equal(r, c) for _, r, c in pairs)
-    firsts = [seen[i][0] for i in range(0, len(seen), 2)]
-    assert 0 < firsts.count("ref") < 20  # both orders occur
+def _series(ref_ms: float, cand_ms: float, ref_gap: float, cand_gap: float, n: int = 60, jitter: float = 0.002,
+            seed: int = 0) -> PairedSeries:
+    rng = random.Random(seed)
+    series = PairedSeries()
+    for _ in range(3):
+        ref_b, cand_b = [], []
+        for _ in range(n // 3):
+            noise = rng.gauss(0, jitter)  # what slows the host slows both calls of a pair
+            ref_b.append(Sample(ref_ms, ref_ms, outside_ms=ref_ms + ref_gap + noise + rng.gauss(0, jitter / 4)))
+            cand_b.append(Sample(cand_ms, cand_ms, outside_ms=cand_ms + cand_gap + noise + rng.gauss(0, jitter / 4)))
+        series.ref.append(ref_b)
+        series.cand.append(cand_b)
+    return series
 
 
 def test_summary_is_the_median_of_bucket_ratios_with_an_iqr_stability():
     def bucket(ms):
-        return [Sample(ms, ms), Sample(ms, ms)]
+        return [Sample(ms, ms, ms), Sample(ms, ms, ms)]
 
     series = PairedSeries(ref=[bucket(2.0), bucket(3.0), bucket(4.0), bucket(2.0)],
                           cand=[bucket(1.0), bucket(1.0), bucket(1.0), bucket(2.0)])
@@ -85,3 +42,74 @@ def test_summary_is_the_median_of_bucket_ratios_with_an_iqr_stability():
 @pytest.mark.parametrize(("raw", "rounded"), [(1.756, 1.75), (0.874, 0.88), (1.0, 1.0), (2.0, 2.0)])
 def test_round_toward_one(raw, rounded):
     assert timing.round_toward_one(raw) == rounded
+
+
+def test_equal_harness_gaps_pass_the_clock_check():
+    assert timing.clock_check(_series(0.2, 0.1, ref_gap=0.05, cand_gap=0.05), "cuda") is None
+
+
+def test_forged_small_times_are_caught_by_the_outside_clock():
+    """A candidate that reports 10 us for calls that take 100 us: its outside time does not shrink."""
+    series = _series(0.2, 0.1, ref_gap=0.05, cand_gap=0.05)
+    for b in series.cand:
+        for s in b:
+            s.ms = s.stream_ms = 0.01
+    flag = timing.clock_check(series, "cuda")
+    assert flag is not None and flag.rule == F.OUTSIDE_CLOCK and "more time outside" in flag.message
+
+
+def test_work_hidden_before_the_reported_span_is_caught():
+    """Preparation that computes the answer: the candidate's prepare takes 40 us longer than the reference's."""
+    series = _series(0.2, 0.05, ref_gap=0.05, cand_gap=0.05)
+    for b in series.cand:
+        for s in b:
+            s.prepare_ms = 0.04
+    assert timing.clock_check(series, "cuda") is not None
+
+
+def test_skipped_harness_steps_are_caught_too():
+    flag = timing.clock_check(_series(0.2, 0.1, ref_gap=0.08, cand_gap=0.01), "cuda")
+    assert flag is not None and "less time" in flag.message
+
+
+def test_the_tolerance_grows_with_the_noise_not_with_a_constant():
+    noisy = _series(0.2, 0.1, ref_gap=0.05, cand_gap=0.058, jitter=0.05, n=12)
+    assert timing.clock_check(noisy, "cuda") is None  # 8 us inside the noise of 12 noisy pairs
+    quiet = _series(0.2, 0.1, ref_gap=0.05, cand_gap=0.08, jitter=0.0005, n=300)
+    assert timing.clock_check(quiet, "cuda") is not None  # 30 us out of quiet noise
+
+
+def test_reference_calls_slowed_after_the_candidates_are_interference():
+    series = _series(0.2, 0.1, ref_gap=0.05, cand_gap=0.05)
+    for i, s in enumerate(series.all("ref")):
+        s.after = "cand" if i % 2 else "ref"
+        if s.after == "cand":
+            s.ms = 0.3  # the candidate's leftover work slowed it
+    flag = timing.interference_check(series, "cuda")
+    assert flag is not None and flag.rule == F.INTERFERENCE
+
+
+def test_flushes_slowed_after_the_candidates_prepare_are_interference():
+    series = _series(0.2, 0.1, ref_gap=0.05, cand_gap=0.05)
+    for s in series.all("ref"):
+        s.flush_ms, s.flush_after = 0.06, "ref"
+    for s in series.all("cand"):
+        s.flush_ms, s.flush_after = 0.09, "cand"  # its prepare left a kernel running during the flush
+    assert timing.interference_check(series, "cuda") is not None
+    for s in series.all("cand"):
+        s.flush_ms = 0.0605
+    assert timing.interference_check(series, "cuda") is None
+
+
+def test_a_time_below_the_physical_floor_is_flagged():
+    assert timing.floor_check(0.001, 0.01).rule == F.BELOW_FLOOR
+    assert timing.floor_check(0.02, 0.01) is None and timing.floor_check(0.001, None) is None
+
+
+def test_stats_carry_both_clocks():
+    stats = timing.build_stats(_series(0.2, 0.1, 0.05, 0.05), None, method="m", iters=20, round_to_one=False,
+                               floor_ms=0.01, verified_calls=7)
+    assert stats.speedup == pytest.approx(2.0)
+    assert stats.ref_outside_ms == pytest.approx(0.25, abs=0.01)
+    assert stats.candidate_outside_ms == pytest.approx(0.15, abs=0.01)
+    assert stats.floor_ms == 0.01 and stats.verified_calls == 7

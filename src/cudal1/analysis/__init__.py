@@ -6,6 +6,7 @@ Entry points: `analyze_source`, `format_report`, `rejecting_flags`, `rejection_m
 
 from cudal1.analysis.presets import PRESETS, rejecting_flags, resolve_preset
 from cudal1.analysis.rules import RULES
+from cudal1.analysis.rules_state import names_used_by_modelnew
 from cudal1.analysis.static import (
     StaticReport,
     analyze_source,
@@ -21,6 +22,7 @@ __all__ = [
     "analyze_source",
     "describe_flag",
     "format_report",
+    "names_used_by_modelnew",
     "rejecting_flags",
     "rejection_message",
     "resolve_preset",

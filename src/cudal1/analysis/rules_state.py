@@ -15,6 +15,7 @@ hard-coded inside forward (the runtime compares output shapes).
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from cudal1.analysis._base import flag, is_self_attr
 from cudal1.analysis.classify import launch_info, unbuildable
@@ -248,29 +249,64 @@ def check_exception_fallback(ctx: AnalysisContext) -> list[Flag]:
     return out
 
 
-def _constants(tree: ast.Module) -> dict[str, tuple[str, str, int]]:
-    """Module-level `NAME = <literal expression>`: name -> (ast dump, source, line)."""
-    out: dict[str, tuple[str, str, int]] = {}
+_UNKNOWN = object()
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
+           ast.Pow: lambda a, b: a ** b if abs(b) <= 64 else _UNKNOWN}
+
+
+def _value(node: ast.AST, env: dict[str, Any]) -> Any:
+    """The value of a constant expression (literals, names of earlier constants, arithmetic, tuples), or
+    `_UNKNOWN`."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, float, str)):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env.get(node.id, _UNKNOWN)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _value(node.operand, env)
+        return _UNKNOWN if v is _UNKNOWN or isinstance(v, str) else (-v if isinstance(node.op, ast.USub) else v)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _value(node.left, env), _value(node.right, env)
+        if a is _UNKNOWN or b is _UNKNOWN:
+            return _UNKNOWN
+        try:
+            return _BINOPS[type(node.op)](a, b)
+        except (ArithmeticError, TypeError, ValueError):
+            return _UNKNOWN
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_value(e, env) for e in node.elts]
+        return _UNKNOWN if any(i is _UNKNOWN for i in items) else tuple(items)
+    return _UNKNOWN
+
+
+def _constants(tree: ast.Module) -> dict[str, tuple[Any, str, int]]:
+    """Module-level `NAME = <expression>`: name -> (value or `_UNKNOWN`, source, line)."""
+    out: dict[str, tuple[Any, str, int]] = {}
+    env: dict[str, Any] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            val = node.value
-            if all(
-                isinstance(
-                    n,
-                    ast.Constant
-                    | ast.Name
-                    | ast.BinOp
-                    | ast.UnaryOp
-                    | ast.Tuple
-                    | ast.List
-                    | ast.operator
-                    | ast.unaryop
-                    | ast.Load,
-                )
-                for n in ast.walk(val)
-            ):
-                out[node.targets[0].id] = (ast.dump(val), ast.unparse(val), node.lineno)
+            name, value = node.targets[0].id, _value(node.value, env)
+            env[name] = value
+            out[name] = (value, ast.unparse(node.value), node.lineno)
     return out
+
+
+def names_used_by_modelnew(tree: ast.Module) -> set[str]:
+    """Every name that `ModelNew` reads: in its body, its bases, and the module's functions and classes it
+    reaches by name (transitively). A constant outside this set cannot change what ModelNew computes."""
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    names: set[str] = set()
+    todo, seen = ["ModelNew"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in defs:
+            continue
+        seen.add(name)
+        for node in ast.walk(defs[name]):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+                todo.append(node.id)
+    return names
 
 
 def _function_dump(fn: ast.FunctionDef) -> str:
@@ -281,41 +317,41 @@ def _function_dump(fn: ast.FunctionDef) -> str:
 
 
 def check_size_constants_redefined(ctx: AnalysisContext) -> list[Flag]:
-    """Module constants / get_inputs / get_init_inputs that differ from the reference's (or exist at all
-    when no reference is given)."""
+    """Module constants that differ in value from the reference's and that ModelNew reads (an error);
+    constants, get_inputs and get_init_inputs that differ but cannot change what ModelNew computes (a
+    warning: the harness takes inputs and sizes from the reference). Equal values written differently are
+    KernelBench boilerplate and get no flag. A value this cannot compute is decided at run time."""
     out: list[Flag] = []
     ref = ctx.reference
+    used = names_used_by_modelnew(ctx.tree)
     if ref is not None:
         mine, theirs = _constants(ctx.tree), _constants(ref)
-        for name, (dump, text, line) in mine.items():
-            if name in theirs and theirs[name][0] != dump:
-                out.append(
-                    flag(
-                        "size_constants_redefined",
-                        f"redefines {name} = {text} (reference: {theirs[name][1]})",
-                        line,
-                    )
-                )
+        for name, (value, text, line) in mine.items():
+            if name not in theirs:
+                continue
+            ref_value, ref_text = theirs[name][0], theirs[name][1]
+            if value is not _UNKNOWN and ref_value is not _UNKNOWN:
+                if value == ref_value:
+                    continue
+                if name in used:
+                    out.append(flag("size_constants_redefined",
+                                    f"redefines {name} = {text} (reference: {ref_text}) and ModelNew uses it", line))
+                else:
+                    out.append(flag("size_constants_redefined", f"redefines {name} = {text} (reference: {ref_text}); "
+                                    "ModelNew does not use it and the harness takes the reference's", line,
+                                    Severity.WARNING))
+            elif name in used and text != ref_text:
+                out.append(flag("size_constants_redefined", f"defines {name} = {text} (reference: {ref_text}); its "
+                                "value is compared at run time", line, Severity.WARNING))
     ref_fns = {n.name: n for n in ref.body if isinstance(n, ast.FunctionDef)} if ref is not None else {}
     for name in INPUT_FUNCTIONS:
         fn = ctx.functions.get(name)
         if not isinstance(fn, ast.FunctionDef):
             continue
-        if ref is None:
-            out.append(
-                flag(
-                    "size_constants_redefined",
-                    f"defines {name}(); the harness takes it from the reference",
-                    fn.lineno,
-                    Severity.WARNING,
-                )
-            )
-        elif name not in ref_fns or _function_dump(fn) != _function_dump(ref_fns[name]):
-            out.append(
-                flag(
-                    "size_constants_redefined", f"defines {name}() differently from the reference", fn.lineno
-                )
-            )
+        if name in ref_fns and _function_dump(fn) == _function_dump(ref_fns[name]):
+            continue
+        out.append(flag("size_constants_redefined", f"defines {name}() differently from the reference; the harness "
+                        "takes it from the reference", fn.lineno, Severity.WARNING))
     return out
 
 

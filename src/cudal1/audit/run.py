@@ -152,9 +152,9 @@ def _machine(cfg: EvalConfig, environment: dict[str, Any] | None) -> dict[str, A
     """`environment`, else this machine's for `cfg.device`: whose stored results an audit reads."""
     if environment is not None:
         return environment
-    from cudal1.eval.pipeline import local_environment
+    from cudal1.core.machine import describe_machine
 
-    return local_environment(cfg.device)
+    return describe_machine(cfg.device)
 
 
 def stored_measurement(store: Any, label: str, gpu: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -209,7 +209,7 @@ def _ensure_labelled(store: Any, key: str, result: EvalResult, task: Task, label
 
 
 def _default_evaluate(*args: Any, **kwargs: Any) -> list[EvalResult]:
-    from cudal1.eval.pipeline import evaluate_many
+    from cudal1.eval.scheduler import evaluate_many
 
     return evaluate_many(*args, **kwargs)
 
@@ -305,7 +305,7 @@ def _selection(config: AuditConfig) -> list[Item]:
 def _audit_workers(cfg: EvalConfig, n: int) -> Any:
     """One supply of warm workers for every batch of the audit (a supply per batch waited ~9 s for its
     first worker each time, once the builds were done ahead)."""
-    from cudal1.eval.pipeline import worker_supply
+    from cudal1.eval.scheduler import worker_supply
 
     return worker_supply(cfg.device, n)
 
@@ -315,7 +315,7 @@ def _build_all(pending: list[Item], cfg: EvalConfig, workers: Any, should_cancel
     a batch waited for its own slowest build, once per batch), with the first workers starting meanwhile;
     the GPU is idle during the pass, so builds made lazily in `forward` are triggered there too.
     A failure here costs only time: each candidate then builds in its own evaluation."""
-    from cudal1.eval.pipeline import prebuild
+    from cudal1.eval.scheduler import prebuild
 
     workers.fill()
     try:

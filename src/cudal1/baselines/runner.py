@@ -43,10 +43,9 @@ logger = logging.getLogger(__name__)
 #: Store label of the evaluations behind baselines: `baseline:<kind>`.
 LABEL_PREFIX = "baseline:"
 
-# Rationale: these protocol fields change what a measured time means (problem size, cold vs warm cache,
-# whether inputs rotate, fp32 numerics); the others only change how precisely it is measured or what
+# Rationale: these protocol fields change what a measured time means (cold vs warm cache, fp32 numerics); the others only change how precisely it is measured or what
 # counts as correct.
-MEANING_KEYS: tuple[str, ...] = ("flush_l2", "input_sets", "refresh_inputs", "exact_fp32")
+MEANING_KEYS: tuple[str, ...] = ("flush_l2", "exact_fp32")
 
 OK, FAILED = "ok", "failed"
 
@@ -116,9 +115,9 @@ def baseline_config(config: EvalConfig, kind: str) -> EvalConfig:
 
 
 def _cache_coordinates(cfg: EvalConfig) -> tuple[str, str]:
-    from cudal1.eval.pipeline import local_environment
+    from cudal1.core.machine import describe_machine
 
-    return environment_key(local_environment(cfg.device)), baseline_protocol_version(cfg.protocol())
+    return environment_key(describe_machine(cfg.device)), baseline_protocol_version(cfg.protocol())
 
 
 def _stored_baseline(store: Any, task: Task, kind: str, cfg: EvalConfig) -> dict[str, Any] | None:
@@ -192,7 +191,7 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
     as in `evaluate_many`, one supply for both halves.
     """
     from cudal1.baselines.warm import COMPILE_KINDS
-    from cudal1.eval.pipeline import worker_supply
+    from cudal1.eval.scheduler import worker_supply
 
     tasks, config, kinds = list(tasks), config or EvalConfig(), parse_kinds(list(kinds))
     position = {kind: j for j, kind in enumerate(kinds)}
@@ -212,7 +211,9 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
                     on_result(task, kind, record)
         return True
 
-    with worker_supply(resolve_device(config.device), len(tasks) * len(kinds)) as workers:
+    with worker_supply(resolve_device(config.device), len(tasks) * len(kinds),
+                       hidden_files=[str(store.path)] if store is not None else None,
+                       shared_compile_cache=True) as workers:
         if measure(quick, workers) and slow:
             _warm_compile_kinds(tasks, slow, config, store, force, should_stop)
             measure(slow, workers)

@@ -185,7 +185,7 @@ def _time_best_s(fn: Any, device: torch.device, reps: int) -> float:
 
 def peaks_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
     """Isolated entry: measure copy bandwidth and matmul throughput on `payload["device"]`."""
-    from cudal1.eval.worker import use_device
+    from cudal1.eval.calls import use_device
 
     device = use_device(payload["device"])
     copy_bytes, n, reps = int(payload["copy_bytes"]), int(payload["matmul_n"]), int(payload["reps"])
@@ -217,12 +217,12 @@ def measure_peaks(device: str = "auto", store: Any = None, *, force: bool = Fals
     Returns `{"gpu_name", "copy_bytes_per_s", "matmul_flops_per_s": {dtype: flops/s}, "probe"}`.
     Raises `RuntimeError` when the probe worker fails (the message says how).
     """
+    from cudal1.core.machine import describe_machine
     from cudal1.eval.config import resolve_device
-    from cudal1.eval.isolation import Limits, run_isolated
-    from cudal1.eval.pipeline import local_environment
+    from cudal1.eval.processes import Limits, run_isolated
 
     resolved = resolve_device(device)
-    gpu_name = str(local_environment(resolved).get("gpu_name"))
+    gpu_name = str(describe_machine(resolved).get("gpu_name"))
     key = PEAKS_META_PREFIX + gpu_name
     if store is not None and not force:
         hit = store.get_meta(key)
@@ -232,7 +232,8 @@ def measure_peaks(device: str = "auto", store: Any = None, *, force: bool = Fals
     payload = {"device": resolved, "reps": PROBE_REPS,
                "copy_bytes": copy_bytes or (CUDA_COPY_BYTES if on_cuda else CPU_COPY_BYTES),
                "matmul_n": matmul_n or (CUDA_MATMUL_N if on_cuda else CPU_MATMUL_N)}
-    outcome = run_isolated(PEAKS_ENTRY, payload, limits=Limits(timeout_s=timeout_s, memory_bytes=None))
+    outcome = run_isolated(PEAKS_ENTRY, payload, limits=Limits(timeout_s=timeout_s, memory_bytes=None),
+                           device=resolved)
     if not outcome.ok:
         raise RuntimeError(f"peak probe on {resolved} {outcome.describe_failure()}")
     peaks = {"gpu_name": gpu_name, **outcome.value}

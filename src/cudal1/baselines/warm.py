@@ -38,15 +38,15 @@ def compile_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from cudal1.eval.guards import use_exact_fp32
-    from cudal1.eval.worker import import_candidate, make_inputs, sync, use_device
+    from cudal1.eval.calls import make_inputs, sync, use_device, use_exact_fp32
+    from cudal1.eval.candidate_runner import import_candidate
     from cudal1.tasks.task import load_reference
 
     device = use_device(payload["device"])
     ref = load_reference(payload["ref_source"], payload["task_id"], sizes=payload["sizes"])
     if payload.get("exact_fp32"):
-        use_exact_fp32()  # as the evaluation worker does, after the reference: inductor keys its caches on it
-    module = import_candidate(payload["source"], Path.cwd())  # as the evaluation worker imports it
+        use_exact_fp32()  # as the runners do, after the reference: inductor keys its caches on it
+    module = import_candidate(payload["source"], Path.cwd())  # as the candidate's runner imports it
     started = time.perf_counter()
     torch.manual_seed(payload["seed"])
     model = module.ModelNew(*ref.get_init_inputs()).to(device)
@@ -67,7 +67,8 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
     (task id, kind), the seconds the compiling call took, or the reason it failed or was skipped
     (`should_stop` is asked before each one starts).
     """
-    from cudal1.eval.isolation import Limits, run_isolated, usable_cpu_count
+    from cudal1.eval.evaluation import compile_cache_env, sandbox_spec
+    from cudal1.eval.processes import Limits, run_isolated, usable_cpu_count
 
     pairs = [(t, k) for t, k in pairs if k in COMPILE_KINDS]
     if not pairs:
@@ -82,7 +83,8 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
         payload = {"task_id": task.id, "ref_source": task.source, "device": cfg.device, "sizes": cfg.sizes,
                    "seed": cfg.seed, "exact_fp32": cfg.uses_exact_fp32,
                    "source": baseline_source(task, kind, cfg.sizes, clone_outputs=False)}
-        outcome = run_isolated(WARM_ENTRY, payload, limits=limits)
+        outcome = run_isolated(WARM_ENTRY, payload, limits=limits, device=cfg.device,
+                               spec=sandbox_spec(cfg.device, shared_compile_cache=True), env=compile_cache_env())
         if outcome.value is not None:
             return float(outcome.value["seconds"])
         return outcome.error or ("timed out" if outcome.timed_out else f"exit {outcome.exit_code}")

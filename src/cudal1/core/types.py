@@ -90,6 +90,7 @@ class Mismatch:
     atol: float | None = None  # the tolerance applied: |got - expected| <= atol + rtol * |expected| (None: exact)
     rtol: float | None = None
     scale: float | None = None  # set when atol was shrunk to scale * rtol: the reference's largest magnitude
+    noise: float | None = None  # the reference's own float32 error there (|float32 - float64| run), when measured
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Mismatch:
@@ -104,7 +105,10 @@ class Mismatch:
         if self.atol is None or self.rtol is None:
             return text
         text += f" (allowed: {self.atol:.3g} + {self.rtol:.3g} x |expected|"
-        if self.scale is not None:
+        if self.scale is not None and self.noise is not None:
+            text += (f"; atol = max(scale x rtol, 2 x the reference's own float32 error {self.noise:.3g}): its "
+                     f"largest magnitude, {self.scale:.3g}, is below 10x the profile's atol")
+        elif self.scale is not None:
             text += (f"; atol = {self.scale:.3g} x rtol: the reference's largest magnitude, {self.scale:.3g}, is "
                      "below 10x the profile's atol")
         return text + ")"

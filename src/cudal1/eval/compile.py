@@ -3,14 +3,14 @@
 A KernelBench candidate compiles its CUDA when it is imported or instantiated, through
 `torch.utils.cpp_extension.load_inline` (or `load`). A cache-miss build costs about a minute, almost all
 of it in parsing the torch headers, so this module builds candidates ahead of evaluation, many at once,
-each in an isolated child (`cudal1.eval.isolation.run_isolated` -> `build_worker.prepare_candidate`),
+each in an isolated child (`cudal1.eval.processes.run_isolated` -> `build_child.prepare_candidate`),
 and records successful builds so that nothing is built twice:
 
 - `build_key(source, arch=..., extra=...)`: sha256 over the source and everything that changes the
   binary (torch and CUDA versions, nvcc version, arch list, the build levers, BUILD_PROTOCOL_VERSION).
 - `build_environment(key, arch)`: the environment of the build child. **The evaluator must give the same
   environment to the worker that imports the candidate for evaluation** and call
-  `build_worker.install_build_hooks()` there before the import (it reads the levers from that
+  `build_hooks.install_build_hooks()` there before the import (it reads the levers from that
   environment and replays the build decisions), so that torch finds the finished build in
   `TORCH_EXTENSIONS_DIR/<name>` and ninja sees nothing to do (0.0 s); any difference in flags, arch list
   or extension directory makes torch rebuild from scratch.
@@ -23,7 +23,7 @@ and records successful builds so that nothing is built twice:
   `ModelNew(*init_inputs)`. A candidate that builds inside `forward` would build in the evaluation worker,
   on the GPU's clock; with `CompileConfig.warm_lazy_builds` (and the task's reference source), a candidate
   with more `load_inline`/`load` call sites than recorded builds gets a second child
-  (`build_worker.warm_lazy_builds`) that runs one forward on the reference's inputs in the same extension
+  (`build_hooks.warm_lazy_builds`) that runs one forward on the reference's inputs in the same extension
   directory. Its outcome never changes the verdict: a failed lazy build is left to the evaluation, which
   replays it at once (`BuildLevers.remember_failures`).
 
@@ -42,7 +42,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -51,7 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError
-from cudal1.eval.isolation import Limits, run_isolated, usable_cpu_count
+from cudal1.eval.build_hooks import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers
+from cudal1.eval.compile_log import trim_compiler_log
+from cudal1.eval.processes import SCRATCH_INSIDE, Limits, run_isolated, usable_cpu_count
+from cudal1.eval.sandbox import detect_sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -59,56 +64,14 @@ logger = logging.getLogger(__name__)
 # (levers, rewrite rules, flags), so that old cache entries are not reused.
 BUILD_PROTOCOL_VERSION = "1"
 MARKER_NAME = ".cudal1_ok"
-BUILD_ENTRY = "cudal1.eval.build_worker:prepare_candidate"
-WARM_ENTRY = "cudal1.eval.build_worker:warm_lazy_builds"
-LEVERS_ENV = "CUDAL1_BUILD_LEVERS"  # JSON of BuildLevers, read by install_build_hooks() in the eval worker
+BUILD_ENTRY = "cudal1.eval.build_child:prepare_candidate"
+WARM_ENTRY = "cudal1.eval.build_child:warm_lazy_builds"
 # Rationale: ninja runs main.cpp and cuda.cu in parallel; more jobs than that do not help one build
 # (measured on the H200 host: MAX_JOBS=2 no change), and the pool already fills the cores.
 DEFAULT_MAX_JOBS = 2
 
 
 # --------------------------------------------------------------------------- configuration
-
-
-@dataclass(frozen=True)
-class BuildLevers:
-    """The build-time levers applied by the build hooks to every `load_inline`/`load` call.
-
-    Only levers that measurably shorten a cache-miss build and keep the candidate's semantics are on by
-    default (measurements: docs/log.md, 2026-11-30).
-    """
-
-    light_cuda_headers: bool = field(default=True, metadata={
-        "help": "Drop `#include <torch/extension.h>` from cuda_sources (load_inline already includes "
-                "<torch/types.h>); falls back to the original source automatically if that fails to build."})
-    quiet: bool = field(default=True, metadata={
-        "help": "Force verbose=False so the build output is captured in the exception, not printed."})
-    fail_fast_unbound: bool = field(default=True, metadata={
-        "help": "A load_inline call whose `functions=` cannot be bound (cpp_sources empty, so the generated "
-                "binding file never declares them) raises torch's build error at once instead of after a "
-                "full build that is certain to fail."})
-    fail_fast_duplicate_module: bool = field(default=True, metadata={
-        "help": "A load_inline call with `functions=` whose sources define the extension's PYBIND11_MODULE "
-                "too (a redefinition in main.cpp, or a duplicate symbol at link time) raises torch's build "
-                "error at once instead of after a full build that is certain to fail."})
-    remember_failures: bool = field(default=True, metadata={
-        "help": "A call that fails with torch's build error (not for lack of memory, disk or time) is remembered "
-                "in TORCH_EXTENSIONS_DIR/.cudal1_failed_builds.json; the same call (same sources and "
-                "arguments) then raises the same error at once instead of compiling again (a lazy build that "
-                "fails is otherwise recompiled at every evaluation)."})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def none(cls) -> BuildLevers:
-        """Every lever off: torch exactly as the candidate calls it (verbose untouched)."""
-        return cls(**{f.name: False for f in dataclasses.fields(cls)})
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> BuildLevers:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (d or {}).items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -226,18 +189,20 @@ def extensions_dir(key: str, cache_dir: str | os.PathLike | None = None) -> Path
 
 
 def build_environment(key: str, arch: str, *, cache_dir: str | os.PathLike | None = None,
-                      max_jobs: int = DEFAULT_MAX_JOBS, levers: BuildLevers | None = None) -> dict[str, str]:
-    """Environment of the build child AND of the evaluation worker that later imports the candidate.
+                      max_jobs: int = DEFAULT_MAX_JOBS, levers: BuildLevers | None = None,
+                      sandboxed: bool = False) -> dict[str, str]:
+    """Environment of the build child AND of the candidate's runner that later imports the candidate.
 
-    Pass exactly this to both, and in the worker call `cudal1.eval.build_worker.install_build_hooks()`
+    Pass exactly this to both, and in the runner call `cudal1.eval.build_hooks.install_build_hooks()`
     before importing the candidate (it reads the levers from `CUDAL1_BUILD_LEVERS`): torch then reuses the
-    build in `TORCH_EXTENSIONS_DIR/<name>` instead of compiling again.
+    build in `TORCH_EXTENSIONS_DIR/<name>` instead of compiling again. `sandboxed`: both see the build at the
+    scratch folder of their sandbox (the service copies it in and out), never the shared cache itself.
     """
     env = {
-        "TORCH_EXTENSIONS_DIR": str(extensions_dir(key, cache_dir)),
+        "TORCH_EXTENSIONS_DIR": SCRATCH_INSIDE if sandboxed else str(extensions_dir(key, cache_dir)),
         "TORCH_CUDA_ARCH_LIST": arch,
         "MAX_JOBS": str(max_jobs),
-        "CUDAL1_CACHE_DIR": str(cache_root(cache_dir)),
+        "CUDAL1_CACHE_DIR": "/tmp/cache" if sandboxed else str(cache_root(cache_dir)),
         LEVERS_ENV: json.dumps((levers or BuildLevers()).to_dict(), sort_keys=True),
     }
     # Torch finds nvcc through CUDA_HOME or PATH; a scrubbed child keeps PATH, so only pin CUDA_HOME
@@ -256,6 +221,22 @@ def clear_stale_locks(key: str, cache_dir: str | os.PathLike | None = None) -> N
     for lock in extensions_dir(key, cache_dir).glob("*/lock"):
         with contextlib.suppress(OSError):
             lock.unlink()
+
+
+def publish_build(staging: Path, key: str, cache_dir: str | os.PathLike | None = None) -> None:
+    """Copy what a sandboxed build wrote into the cache entry of `key` (replacing it), leaving out links and
+    markers: only the trusted side writes the cache, and only it marks a build as done."""
+    target = extensions_dir(key, cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fresh = target.with_name(f"{target.name}.new.{os.getpid()}.{threading.get_ident()}")
+
+    def skip(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n == MARKER_NAME or os.path.islink(os.path.join(folder, n))]
+
+    shutil.copytree(staging, fresh, symlinks=True, ignore=skip, copy_function=shutil.copy2)
+    if target.exists():
+        shutil.rmtree(target, ignore_errors=True)
+    os.replace(fresh, target)
 
 
 def marker_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -277,119 +258,6 @@ def write_marker(key: str, info: dict[str, Any], cache_dir: str | os.PathLike | 
     tmp = path.with_name(f"{MARKER_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(info, sort_keys=True))
     os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------- compiler log trimming
-
-# Rationale: these lines say what went wrong; gcc/g++/nvcc/ld formats as printed by torch's ninja build.
-_KEEP_PATTERNS = re.compile(
-    r"(\berror\b\s*:|\berror\s+#|\berror\s|fatal error|undefined reference|undefined symbol|"
-    r"cannot find -l|multiple definition|ninja: build stopped|errors? detected in the compilation)",
-    re.IGNORECASE)
-# Rationale: noise for an LLM: ninja command lines, include stacks, warnings, notes, progress lines.
-_DROP_PATTERNS = re.compile(
-    r"^\s*(\[\d+/\d+\]|FAILED:|In file included from|from\s+\S+[:,]|ninja: (?:no work|entering)|"
-    r"\S*(?:c\+\+|g\+\+|gcc|clang\+?\+?|nvcc|cicc|ptxas)(?:\s|$)|"
-    r"\S+:\s+In (?:function|member function|instantiation|constructor|static member)|"
-    r"Remark|Emitting|detected during|required from|Traceback|File \")")
-_WARNING_OR_NOTE = re.compile(r"\b(warning|note|remark)\b\s*[:#]", re.IGNORECASE)
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b(: .*)?$")
-# Absolute paths only (not the `cub/block/x.cuh` of an include directive).
-_PATH = re.compile(r"(?<![\w.\-/])(?:/[^\s:'\"()<>\[\],/]+)+/([^/\s:'\"()<>\[\],]+)")
-_BUILD_ERROR_HEAD = re.compile(r"(Error building extension '[^']*')\s*:?.*")
-_SOURCE_CONTEXT_LINES = 2
-
-
-def _shorten_paths(line: str) -> str:
-    return _PATH.sub(r"\1", line)
-
-
-def _is_context_line(line: str) -> bool:
-    """A source excerpt printed after an error: indented code, a gcc `  12 | code`, or a caret line."""
-    if not line.strip() or _KEEP_PATTERNS.search(line) or _WARNING_OR_NOTE.search(line):
-        return False
-    return line.startswith((" ", "\t")) or bool(re.match(r"^\s*\d*\s*\|", line))
-
-
-_PYTHON_SYNTAX_ERROR = re.compile(r"(?:SyntaxError|IndentationError|TabError): (.*?)(?: \([^,()]*, line (\d+)\))?$")
-
-
-def build_failure_message(log: str, limit: int = 300) -> str:
-    """One line for a failed build: the first compiler error in `log`, else its first line."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    first_error = next((ln for ln in lines if _KEEP_PATTERNS.search(ln) and not _BUILD_ERROR_HEAD.search(ln)
-                        and "ninja: build stopped" not in ln), None)
-    syntax = _PYTHON_SYNTAX_ERROR.match(lines[0]) if first_error is None and lines else None
-    if syntax:  # the module never reached a compiler; worded as the worker words it
-        where = f" at line {syntax.group(2)}" if syntax.group(2) else ""
-        return f"syntax error{where}: {syntax.group(1)}"[:limit]
-    return "CUDA build failed: " + (first_error or (lines[0] if lines else "no compiler output"))[:limit]
-
-
-def trim_compiler_log(text: str, max_lines: int = 20, max_chars: int = 2000) -> str:
-    """The first meaningful messages of a failed build, short enough to feed back to an LLM.
-
-    Keeps error lines (`error:`, `fatal error`, `undefined reference`, linker errors) with the 1-2 lines of
-    source context compilers print after them, `ninja: build stopped`, torch's "Error building extension"
-    head and the final Python exception line; drops ninja command lines, include stacks, warnings and
-    notes; rewrites absolute paths to their basename. Falls back to the last lines when nothing matches.
-    """
-    lines = [ln.rstrip() for ln in text.replace("\r", "").splitlines()]
-    head: list[str] = []
-    kept: list[str] = []
-    tail: list[str] = []
-    context_left = 0
-    for line in lines:
-        head_match = _BUILD_ERROR_HEAD.search(line)
-        if head_match and not head:
-            head.append(head_match.group(1))
-            continue
-        if context_left and _is_context_line(line):
-            kept.append(_shorten_paths(line))
-            context_left -= 1
-            continue
-        context_left = 0
-        if _DROP_PATTERNS.match(line) or _WARNING_OR_NOTE.search(line):
-            continue
-        if "ninja: build stopped" in line:
-            tail = [line.strip()]
-        elif _KEEP_PATTERNS.search(line):
-            kept.append(_shorten_paths(line.strip()))
-            context_left = _SOURCE_CONTEXT_LINES
-    last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-    if _EXC_LINE.match(last) and not _BUILD_ERROR_HEAD.search(last):
-        last = _shorten_paths(last)
-        kept = [ln for ln in kept if ln != last]
-        tail.append(last)
-    if not kept and not head and not tail:
-        kept = [_shorten_paths(ln) for ln in lines if ln.strip() and not _DROP_PATTERNS.match(ln)][-max_lines:]
-    return _fit(head, _dedupe(kept), tail, max_lines, max_chars)
-
-
-def _dedupe(lines: list[str]) -> list[str]:
-    seen: set[str] = set()
-    out = []
-    for line in lines:
-        if line.strip() and _KEEP_PATTERNS.search(line):
-            if line in seen:
-                continue
-            seen.add(line)
-        out.append(line)
-    return out
-
-
-def _fit(head: list[str], body: list[str], tail: list[str], max_lines: int, max_chars: int) -> str:
-    """Join head + body + tail within the line and character budgets (head and tail always kept)."""
-    room = max(0, max_lines - len(head) - len(tail))
-    dropped = max(0, len(body) - room)
-    body = body[:room]
-    if dropped and body:
-        body[-1] = f"... ({dropped + 1} more lines)"
-    out = "\n".join(head + body + tail)
-    while len(out) > max_chars and body:
-        body.pop()
-        out = "\n".join(head + body + ["..."] + tail)
-    return out[:max_chars]
 
 
 # --------------------------------------------------------------------------- the service
@@ -441,13 +309,6 @@ ProgressCallback = Callable[[int, int, BuildResult], None]  # (done, total, resu
 _COMPILE_ERRORS: dict[str, BuildResult] = {}
 _COMPILE_ERRORS_MAX = 1024
 _compile_errors_lock = threading.Lock()
-#: A failure caused by the machine or the tools rather than the source (memory, disk, time, a crash): never
-#: remembered as the candidate's compile error (here and in `build_worker`'s remembered failures).
-RESOURCE_FAILURE = re.compile(r"out of memory|MemoryError|Killed|Kill signal|signal \d+|Terminated|No space left|"
-                              r"Resource temporarily unavailable|Cannot allocate memory|CUDA error|timed out|"
-                              r"Segmentation fault|internal compiler error", re.IGNORECASE)
-
-
 def _is_compile_error(value: dict[str, Any], log: str) -> bool:
     """Whether a failed build child's report is a verdict on the source itself (see `_COMPILE_ERRORS`)."""
     compiler_failed = any(not b.get("ok") for b in value.get("builds", []))
@@ -527,10 +388,32 @@ class CompileService:
                  "instantiate_on": "cpu" if self.config.device == "cpu" else "cuda"}
         return build_key(source, arch=self.arch, extra=extra)
 
+    @property
+    def sandboxed(self) -> bool:
+        return detect_sandbox().level != "none"
+
     def environment(self, key: str) -> dict[str, str]:
-        """The environment to give the evaluation worker that imports the candidate of `key`."""
-        return build_environment(key, self.arch, cache_dir=self.config.cache_dir,
-                                 max_jobs=self.config.max_jobs, levers=self.config.levers)
+        """The environment to give the candidate's runner that imports the candidate of `key`."""
+        return build_environment(key, self.arch, cache_dir=self.config.cache_dir, max_jobs=self.config.max_jobs,
+                                 levers=self.config.levers, sandboxed=self.sandboxed)
+
+    def build_directory(self, key: str) -> Path:
+        """Where the build of `key` lives in the cache (copied into a sandboxed runner before it imports)."""
+        return extensions_dir(key, self.config.cache_dir)
+
+    def _run(self, entry: str, payload: dict[str, Any], key: str, limits: Limits, env: dict[str, str]) -> Any:
+        """One build child; sandboxed, it works on a copy of the cache entry that is published back after."""
+        if not self.sandboxed:
+            return run_isolated(entry, payload, limits=limits, env=env, device=self.config.device)
+        staging = Path(tempfile.mkdtemp(prefix="cudal1-build-"))
+        try:
+            existing = extensions_dir(key, self.config.cache_dir)
+            outcome = run_isolated(entry, payload, limits=limits, env=env, device=self.config.device,
+                                   scratch_from=existing if existing.is_dir() else None, scratch_out=staging)
+            publish_build(staging, key, self.config.cache_dir)
+            return outcome
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def build(self, sources: Sequence[str], *, init_inputs: Sequence[list[Any] | None] | None = None,
               ref_sources: Sequence[str | None] | None = None,
@@ -596,7 +479,7 @@ class CompileService:
         common = {"source": source, "device": child_device, "levers": cfg.levers.to_dict(), "nice": cfg.nice,
                   "cpus": list(cfg.cpus) if cfg.cpus else None}
         limits = Limits(timeout_s=cfg.timeout_s, memory_bytes=cfg.memory_bytes)
-        outcome = run_isolated(BUILD_ENTRY, {**common, "init_inputs": init_inputs}, limits=limits, env=env)
+        outcome = self._run(BUILD_ENTRY, {**common, "init_inputs": init_inputs}, key, limits, env)
         value = outcome.value
         if value is None:
             clear_stale_locks(key, cfg.cache_dir)
@@ -628,7 +511,7 @@ class CompileService:
         (a crash, a timeout, a failed build or forward) is only logged: the evaluation decides about it."""
         try:
             with self._warm_slots:
-                outcome = run_isolated(WARM_ENTRY, payload, limits=limits, env=env)
+                outcome = self._run(WARM_ENTRY, payload, key, limits, env)
             if outcome.value is None:
                 clear_stale_locks(key, self.config.cache_dir)
                 logger.info("build %s: warm-up forward gave no result (%s); lazy builds happen in the evaluation",

@@ -13,9 +13,12 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 
-PROTOCOL_VERSION = "3"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "4"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
-# `exact_fp32` (strict) run both models with TF32 off
+# `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
+# verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
+# another context, the parent's clock cross-checked, the small-output tolerance bounded by the reference's
+# own float32 error, extra trials beyond the reference's distribution (strict)
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class Profile:
     # Run reference and candidate in true fp32 (TF32 off for cuDNN and matmuls). PyTorch's default lets
     # cuDNN use TF32 for convolutions, so a reference may itself be ~1e-3 off fp32, beyond a 1e-4 tolerance.
     exact_fp32: bool = False
+    # Untrusted candidates need an OS sandbox under this profile (EvalConfig.sandbox="none" opts out).
+    require_sandbox: bool = False
+    # Extra correctness trials on heavy-tailed, sign-varied inputs (reported apart; 0: none).
+    extra_trials: int = 0
 
     def tolerance(self, dtype_name: str) -> Tolerance:
         return self.tolerances.get(dtype_name, self.tolerances["default"])
@@ -48,7 +55,8 @@ PROFILES: dict[str, Profile] = {
     "strict": Profile("strict", {
         "float32": Tolerance(1e-4, 1e-4), "float64": Tolerance(1e-6, 1e-6),
         "float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(2e-2, 2e-2),
-        "default": Tolerance(1e-4, 1e-4)}, static_preset="strict", exact_fp32=True),
+        "default": Tolerance(1e-4, 1e-4)}, static_preset="strict", exact_fp32=True, require_sandbox=True,
+        extra_trials=2),
     "kernelbench-v0": Profile("kernelbench-v0", {"default": Tolerance(1e-2, 1e-2)},
                               static_preset="kernelbench-v0", reject_runtime_guards=False),
     "cuda-l1": Profile("cuda-l1", {"default": Tolerance(1e-2, 1e-2)}, static_preset="cuda-l1",
@@ -58,6 +66,8 @@ PROFILES: dict[str, Profile] = {
 # thread on a cold cache, which the strict thread guard would reject; keep strict tolerances, warn only.
 PROFILES["trusted"] = Profile("trusted", PROFILES["strict"].tolerances, static_preset="kernelbench-v0",
                               reject_runtime_guards=False, exact_fp32=True)
+
+SANDBOX_MODES = ("auto", "required", "none")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -83,14 +93,24 @@ class EvalConfig:
                                "two per timing input set.")
     flush_l2: bool = _f(True, "Flush the L2 cache before every timed call (cold-cache timing, primary).")
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
-    input_sets: int = _f(3, "Input sets rotated during timing (bounded by input_sets_max_bytes).")
-    input_sets_max_bytes: int = _f(4 * 2**30, "Memory budget for the rotated input sets.")
-    refresh_inputs: bool = _f(True, "Refill inputs with new values before every timed pair "
-                                               "(defeats caches).")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
-    timeout_s: float = _f(600.0, "Wall-clock limit of the evaluation worker (build time excluded).")
+    timeout_s: float = _f(600.0, "Wall-clock limit of one whole evaluation (build time excluded).")
+    phase_floor_s: float = _f(30.0, "Each step of the candidate (import, a trial, a timed call) may take at least "
+                                    "this long...")
+    phase_factor: float = _f(50.0, "...or this many times the reference's time for the same step, whichever is "
+                                   "longer (a hung candidate ends within about max(30 s, 50x the reference)).")
     build_timeout_s: float = _f(900.0, "Wall-clock limit of a candidate's CUDA build.")
-    memory_bytes: int | None = _f(64 * 2**30, "Host memory limit of the worker (None: no limit).")
+    memory_bytes: int | None = _f(None, "Host memory limit of the candidate's sandbox, its whole process tree. "
+                                        "None: derived from the task's data and the machine's memory.")
+    gpu_memory_fraction: float = _f(0.45, "Share of the GPU's memory the candidate may use (watched from outside "
+                                          "through NVML where installed).")
+    cpu_threads: int | None = _f(None, "CPU threads of both models (torch intra-op). None: half the usable "
+                                       "cores, 1 to 4.")
+    sandbox: str = _f("auto", "auto: the best OS sandbox this host allows (strict refuses to run untrusted "
+                              "candidates without one); required: refuse without one; none: run unsandboxed "
+                              "(opt-out, recorded).")
+    extra_trials: int | None = _f(None, "Extra correctness trials on heavy-tailed, sign-varied inputs, reported "
+                                        "apart. None: the profile's choice (strict: 2).")
     exact_fp32: bool | None = _f(None, "Run both models in true fp32, TF32 off for cuDNN and matmuls (PyTorch "
                                        "lets cuDNN use TF32 by default). None: the profile's choice (strict: on).")
     skip_static: bool = _f(False, "Skip static analysis (not recommended; for debugging).")
@@ -109,8 +129,6 @@ class EvalConfig:
             raise ConfigError("correctness_trials must be >= 1")
         if self.buckets < 1 or self.min_iters_per_bucket < 1 or self.max_iters_per_bucket < self.min_iters_per_bucket:
             raise ConfigError("need buckets >= 1 and 1 <= min_iters_per_bucket <= max_iters_per_bucket")
-        if self.input_sets < 1:
-            raise ConfigError("input_sets must be >= 1")
         if self.warmup_iters < 1:
             raise ConfigError("warmup_iters must be >= 1 (warm-up also sizes the timing buckets)")
         for name in ("timeout_s", "build_timeout_s", "target_bucket_ms"):
@@ -119,11 +137,27 @@ class EvalConfig:
         if self.warm_buckets < 0:
             raise ConfigError("warm_buckets must be >= 0")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
-            raise ConfigError("memory_bytes must be > 0 (or None: no limit)")
+            raise ConfigError("memory_bytes must be > 0 (or None: derived)")
+        if self.sandbox not in SANDBOX_MODES:
+            raise ConfigError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, not {self.sandbox!r}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ConfigError("gpu_memory_fraction must be in (0, 1]")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError("cpu_threads must be >= 1 (or None: derived)")
+        if self.extra_trials is not None and self.extra_trials < 0:
+            raise ConfigError("extra_trials must be >= 0")
+        for name in ("phase_floor_s", "phase_factor"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")
 
     @property
     def profile_obj(self) -> Profile:
         return PROFILES[self.profile]
+
+    @property
+    def extra_trial_count(self) -> int:
+        """Extra trials beyond the reference's distribution (this config's choice, else its profile's)."""
+        return self.profile_obj.extra_trials if self.extra_trials is None else self.extra_trials
 
     @property
     def uses_exact_fp32(self) -> bool:
@@ -133,15 +167,17 @@ class EvalConfig:
     def resolved(self, device: str) -> EvalConfig:
         """The config with `device` and `sizes` made concrete for the machine it runs on."""
         sizes = self.sizes if self.sizes != "auto" else ("small" if device == "cpu" else "full")
-        return dataclasses.replace(self, device=device, sizes=sizes)
+        threads = self.cpu_threads or default_cpu_threads()
+        return dataclasses.replace(self, device=device, sizes=sizes, cpu_threads=threads)
 
     def protocol(self) -> dict[str, Any]:
         """The fields that change what is measured, plus the protocol version (cache key, provenance)."""
         keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "target_bucket_ms",
                 "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "warm_buckets",
-                "input_sets", "refresh_inputs", "round_toward_one", "device")
+                "round_toward_one", "device", "cpu_threads")
         out = {k: getattr(self, k) for k in keep}
         out["exact_fp32"] = self.uses_exact_fp32
+        out["extra_trials"] = self.extra_trial_count
         out["version"] = PROTOCOL_VERSION
         return out
 
@@ -160,6 +196,14 @@ class EvalConfig:
         if unknown:
             raise ConfigError(f"unknown evaluation settings: {', '.join(sorted(unknown))}")
         return cls(**d)
+
+
+def default_cpu_threads() -> int:
+    """Half the cores this process may use, between 1 and 4: the same count for both models."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores // 2))
 
 
 def resolve_device(requested: str) -> str:

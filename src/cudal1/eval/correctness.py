@@ -3,8 +3,9 @@
 Covered: plain `torch.Tensor` only (subclasses and lazy wrappers are rejected as hacks); NaN/Inf must
 appear exactly where the reference has them; closeness `|out - ref| <= atol + rtol * |ref|` per element;
 "weak" references (near-constant or all-zero outputs, where an absolute tolerance alone would pass a
-constant answer) are compared relative to the reference's own scale; mismatch reports say where and
-how big. Not covered: bit-exactness (tolerances are the contract) and nondeterministic references
+constant answer) are compared relative to the reference's own scale, never tighter than twice the
+reference's own float32 rounding error where it was measured (protocol 4: a float64 run of the reference);
+mismatch reports say where and how big. Input mutation is judged on the bytes (every dtype, fp8 included). Not covered: bit-exactness (tolerances are the contract) and nondeterministic references
 (a reference that differs from itself run to run will fail candidates).
 """
 
@@ -53,8 +54,10 @@ def check_plain_tensor(x: Any, index: int) -> None:
         raise OutputHackError(f"output {index} is a {type(x).__name__}, a torch.Tensor subclass")
 
 
-def compare_outputs(ref_out: Any, new_out: Any, profile: Profile, trial: int) -> Comparison:
-    """Compare candidate outputs with the reference's. Raises `OutputHackError` for tensor subclasses."""
+def compare_outputs(ref_out: Any, new_out: Any, profile: Profile, trial: int,
+                    noise: list[float | None] | None = None) -> Comparison:
+    """Compare candidate outputs with the reference's. Raises `OutputHackError` for tensor subclasses.
+    `noise[i]` is the reference's own float32 error on output i (None: not measured)."""
     refs, news = flatten(ref_out, strict=False), flatten(new_out)
     for i, x in enumerate(news):
         check_plain_tensor(x, i)
@@ -71,13 +74,18 @@ def compare_outputs(ref_out: Any, new_out: Any, profile: Profile, trial: int) ->
                            ("device", r.device, n.device)):
             if a != b:
                 return Comparison(False, f"output {i}: {what} {b} differs from the reference's {a}")
-        result = compare_tensor(r, n, profile, i, trial)
+        result = compare_tensor(r, n, profile, i, trial, noise[i] if noise and i < len(noise) else None)
         if not result.ok:
             return result
     return Comparison(True)
 
 
-def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index: int, trial: int) -> Comparison:
+#: The tolerance never goes below this multiple of the reference's own float32 error.
+NOISE_FACTOR = 2.0
+
+
+def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index: int, trial: int,
+                   noise: float | None = None) -> Comparison:
     """Element-wise closeness with the profile's tolerance for this dtype."""
     if ref.dtype == torch.bool or not (ref.is_floating_point() or ref.is_complex()):
         bad = ref != new
@@ -96,18 +104,22 @@ def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index
     # or constant answer would pass on atol alone; compare relative to the reference's own scale instead.
     scaled = scale < 10 * tol.atol
     if scaled:
-        atol = max(scale * tol.rtol, 1e-30)
+        # Rationale (protocol 4): an output that small is often its own rounding noise (level2/41 of the
+        # CUDA-L1 release: every value below 2.3e-8); no kernel can match it closer than the reference
+        # matches itself in float64, so the reference's measured error bounds the tolerance from below.
+        atol = max(scale * tol.rtol, NOISE_FACTOR * noise if noise is not None else 0.0, 1e-30)
     err = (r - n).abs()
     allowed = atol + tol.rtol * r.abs()
     bad = (err > allowed) & finite
     bad |= ref_nan != new_nan
     bad |= (~finite & ~ref_nan) & (r != n)  # +-inf must match exactly
-    return _report(r, n, bad, index, trial, exact=False, atol=atol, rtol=tol.rtol, scale=scale if scaled else None)
+    return _report(r, n, bad, index, trial, exact=False, atol=atol, rtol=tol.rtol, scale=scale if scaled else None,
+                   noise=noise if scaled else None)
 
 
 def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int, trial: int,
             exact: bool, atol: float | None = None, rtol: float | None = None,
-            scale: float | None = None) -> Comparison:
+            scale: float | None = None, noise: float | None = None) -> Comparison:
     n_bad = int(bad.sum())
     if n_bad == 0:
         return Comparison(True)
@@ -123,7 +135,7 @@ def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int,
     mismatch = Mismatch(output_index=index, trial=trial, max_abs_error=max_abs,
                         max_rel_error=float(rel.max()), bad_elements=n_bad, total_elements=ref.numel(),
                         first_bad_index=where, expected=float(r.flatten()[flat]), got=float(n.flatten()[flat]),
-                        atol=atol, rtol=rtol, scale=scale)
+                        atol=atol, rtol=rtol, scale=scale, noise=noise)
     return Comparison(False, mismatch.describe(), mismatch)
 
 
@@ -133,12 +145,13 @@ def snapshot_inputs(inputs: list[Any]) -> list[Any]:
 
 
 def changed_inputs(before: list[Any], after: list[Any]) -> list[int]:
-    """Indices of inputs whose values changed (NaNs compare equal to NaNs)."""
+    """Indices of inputs whose values changed, bit for bit (NaNs equal themselves; every dtype, fp8 too)."""
     changed = []
-    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+    for i, (b, a) in enumerate(zip(before, after, strict=False)):
         if isinstance(b, torch.Tensor):
-            if b.shape != a.shape or not torch.equal(torch.nan_to_num(b), torch.nan_to_num(a)):
+            if (not isinstance(a, torch.Tensor) or b.shape != a.shape or b.dtype != a.dtype
+                    or (b.numel() and not torch.equal(b.reshape(-1).view(torch.uint8), a.reshape(-1).view(torch.uint8)))):
                 changed.append(i)
         elif b != a:
             changed.append(i)
-    return changed
+    return changed + list(range(min(len(before), len(after)), max(len(before), len(after))))

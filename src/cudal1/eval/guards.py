@@ -1,35 +1,40 @@
-"""Runtime guards: what a candidate must not change in the worker process, checked around its code.
+"""Runtime guards in the candidate's runner: what the candidate changed in its own process, as flags.
+
+The candidate runs alone in its process (the reference, the comparison and the verdict are elsewhere), so
+nothing it changes here can alter the reference or the verdict: these guards are a cheap first filter that
+names what a candidate did, and the profile decides whether that rejects. A candidate can defeat them all
+(it can rewrite this module); the guarantees live in the parent (see `session.py`).
 
 Covered: global numeric state (TF32 switches, cuDNN benchmark/deterministic/enabled, float32 matmul
 precision, scaled-dot-product attention backends, default dtype and device, mkldnn, deterministic
-algorithms, intra-op thread count; flush-denormal has no getter and is not covered), the number of
-live threads (every thread running Python code, `_thread` ones included, and native ones from /proc), and the identity of the functions the harness times and
-compares with (CUDA events, synchronize, streams, perf_counter, allclose...). `restore` puts the global
-state back, so a candidate's flag change can never speed up or slow down the reference.
-Not covered: state inside C++ extensions, environment variables read later by libraries, and anything
-that re-patches the functions *after* the check and before the harness calls them (the worker checks
-again after every phase).
+algorithms, intra-op thread count), the number of live threads (Python ones, `_thread` ones included, and
+native ones from /proc), the identity of timing and harness functions, process-wide nn.Module hooks, torch
+function and dispatch modes left active, profile/trace/monitoring hooks, signal handlers and interval
+timers. Not covered: state inside C++ extensions, environment variables read later by libraries.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from cudal1.core import flags as F
 from cudal1.core.types import Flag, Severity
 
-# Rationale: a candidate that replaces any of these (a Tensor comparison operator, a functional op the
-# reference uses, a timer, the harness's own helpers) can fake correctness or speed. Identities of every
-# callable in them are snapshotted and restored; new attributes are ignored (torch adds some lazily).
+# Rationale: a candidate that replaces any of these (a timer, an event, the harness's own helpers) forges
+# what its runner reports; the parent's clock catches the effect, this names the cause. New attributes are
+# ignored (torch adds some lazily).
 GUARDED_NAMESPACES = ("time", "torch", "torch.Tensor", "torch.nn.Module", "torch.nn.functional", "torch.cuda",
-                      "torch.cuda.Event", "torch.cuda.Stream", "torch.testing", "cudal1.eval.correctness",
-                      "cudal1.eval.timing", "cudal1.eval.guards", "cudal1.eval.worker", "cudal1.eval.worker.Evaluation")
+                      "torch.cuda.Event", "torch.cuda.Stream", "torch.testing", "cudal1.eval.calls",
+                      "cudal1.eval.calls.ModelSide", "cudal1.eval.channel", "cudal1.eval.channel.Arena",
+                      "cudal1.eval.channel.Channel")
 
 
 def _namespace(name: str) -> Any:
@@ -122,12 +127,55 @@ def _global_state() -> dict[str, Any]:
     }
 
 
-def use_exact_fp32() -> None:
-    """True fp32 for this process: TF32 off for cuDNN (PyTorch's default is on) and for matmuls."""
-    b = torch.backends
-    b.cudnn.allow_tf32 = False
-    b.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+def _hook_counts() -> dict[str, int]:
+    """Process-wide nn.Module hooks by kind (they run around every module's forward, the reference's too
+    when it shares the process)."""
+    from torch.nn.modules import module as m
+
+    names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+             "_global_backward_pre_hooks", "_global_module_registration_hooks",
+             "_global_parameter_registration_hooks", "_global_buffer_registration_hooks")
+    return {n.strip("_"): len(getattr(m, n)) for n in names if hasattr(m, n)}
+
+
+def _mode_depths() -> dict[str, int]:
+    out = {}
+    for name in ("_len_torch_function_stack", "_len_torch_dispatch_stack"):
+        fn = getattr(torch._C, name, None)
+        if fn is not None:
+            out[name.removeprefix("_len_")] = int(fn())
+    return out
+
+
+def _trace_hooks() -> list[str]:
+    hooks = []
+    if sys.gettrace() is not None:
+        hooks.append("sys.settrace")
+    if sys.getprofile() is not None:
+        hooks.append("sys.setprofile")
+    for name in ("gettrace", "getprofile"):
+        getter = getattr(threading, name, None)
+        if getter is not None and getter() is not None:
+            hooks.append(f"threading.{name.replace('get', 'set')}")
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is not None:
+        hooks += [f"sys.monitoring tool {i}" for i in range(6) if monitoring.get_tool(i) is not None]
+    return hooks
+
+
+def _signal_state() -> dict[str, str]:
+    state = {}
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        state[f"signal {int(sig)}"] = repr(handler)
+    for name in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"):
+        which = getattr(signal, name, None)
+        if which is not None:
+            state[name] = "armed" if signal.getitimer(which) != (0.0, 0.0) else "off"
+    return state
 
 
 @dataclass(frozen=True)
@@ -137,12 +185,39 @@ class GuardSnapshot:
     python_threads: int
     native_threads: int
     class_attrs: frozenset[str] = frozenset()  # every attribute name of the guarded classes
+    hooks: dict[str, int] = field(default_factory=dict)
+    modes: dict[str, int] = field(default_factory=dict)
+    trace: tuple[str, ...] = ()
+    signals: dict[str, str] = field(default_factory=dict)
 
 
 def take_snapshot() -> GuardSnapshot:
     attrs = frozenset(f"{n}.{a}" for n, cls in _class_namespaces().items() for a in vars(cls))
     return GuardSnapshot(_global_state(), _timing_functions(), python_thread_count(), native_thread_count(),
-                         attrs)
+                         attrs, _hook_counts(), _mode_depths(), tuple(_trace_hooks()), _signal_state())
+
+
+def process_hook_flags(before: GuardSnapshot, phase: str) -> list[Flag]:
+    """Flags for process-wide hooks, modes, trace hooks and signal handlers added since `before`."""
+    out: list[Flag] = []
+    grew = [f"{k} ({before.hooks.get(k, 0)} -> {v})" for k, v in _hook_counts().items() if v > before.hooks.get(k, 0)]
+    if grew:
+        out.append(Flag(F.GLOBAL_HOOKS, Severity.ERROR, f"process-wide module hooks registered during {phase}: "
+                        + ", ".join(grew), source="runtime"))
+    deeper = [f"{k} {before.modes.get(k, 0)} -> {v}" for k, v in _mode_depths().items() if v > before.modes.get(k, 0)]
+    if deeper:
+        out.append(Flag(F.FUNCTION_MODE, Severity.ERROR, f"torch modes left active after {phase}: " + ", ".join(deeper),
+                        source="runtime"))
+    new_trace = [h for h in _trace_hooks() if h not in before.trace]
+    if new_trace:
+        out.append(Flag(F.TRACE_HOOK, Severity.ERROR, f"{', '.join(new_trace)} installed during {phase}",
+                        source="runtime"))
+    now = _signal_state()
+    changed = [k for k, v in now.items() if before.signals.get(k, v) != v]
+    if changed:
+        out.append(Flag(F.SIGNAL_HANDLERS, Severity.ERROR, f"{', '.join(changed[:4])} changed during {phase}",
+                        source="runtime"))
+    return out
 
 
 def _torch_dir() -> str:
@@ -179,12 +254,12 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
         if key == "grad_enabled":
             continue
         if now[key] != value:
-            flags.append(Flag("guard.global_state", Severity.ERROR,
+            flags.append(Flag(F.GLOBAL_STATE, Severity.ERROR,
                               f"{key} changed from {value} to {now[key]} during {phase}", source="runtime"))
     replaced = replaced_functions(before)
     if replaced:
         more = f" (+{len(replaced) - 1} more)" if len(replaced) > 1 else ""
-        flags.append(Flag("guard.timer_patching", Severity.ERROR,
+        flags.append(Flag(F.TIMER_PATCHING, Severity.ERROR,
                           f"{replaced[0]} was replaced during {phase}{more}", source="runtime"))
     py_threads, native = python_thread_count(), native_thread_count()
     if native > before.native_threads and py_threads <= before.python_threads:
@@ -192,16 +267,16 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
         time.sleep(NEW_THREAD_GRACE_S)
         py_threads = python_thread_count()
     if py_threads > before.python_threads:
-        flags.append(Flag("guard.threads", Severity.ERROR,
+        flags.append(Flag(F.THREADS, Severity.ERROR,
                           f"Python threads grew from {before.python_threads} to {py_threads} during {phase}",
                           source="runtime"))
     elif native > before.native_threads:
         # Rationale: CUDA, cuBLAS and OpenMP start native helper threads lazily, so growth alone is only
         # a warning; std::thread in a candidate's source is rejected by the static rules.
-        flags.append(Flag("guard.native_threads", Severity.WARNING,
+        flags.append(Flag(F.NATIVE_THREADS, Severity.WARNING,
                           f"native threads grew from {before.native_threads} to {native} during {phase}",
                           source="runtime"))
-    return flags
+    return flags + process_hook_flags(before, phase)
 
 
 def _class_namespaces() -> dict[str, type]:
@@ -214,61 +289,3 @@ def added_class_attributes(before: GuardSnapshot) -> list[str]:
     known = set(before.functions) | set(before.class_attrs)
     return [f"{n}.{a}" for n, cls in _class_namespaces().items() for a, v in list(vars(cls).items())
             if f"{n}.{a}" not in known and callable(v) and not is_torch_internal(v)]
-
-
-def restore_functions(before: GuardSnapshot) -> None:
-    """Put back every guarded callable a candidate replaced or deleted; remove what it added to classes."""
-    now = _timing_functions()
-    for name, func in before.functions.items():
-        if now.get(name) is not func and not (name in now and is_torch_internal(now[name])):
-            ns_name, _, attr = name.rpartition(".")
-            ns = _namespace(ns_name)
-            if isinstance(ns, type):
-                type.__setattr__(ns, attr, func)
-            else:
-                setattr(ns, attr, func)
-    for name in added_class_attributes(before):
-        ns_name, _, attr = name.rpartition(".")
-        type.__delattr__(_namespace(ns_name), attr)
-
-
-def restore(before: GuardSnapshot) -> None:
-    """Put the global numeric state and every guarded callable back as they were in `before`.
-
-    Only settings that differ are set again: some setters have side effects (enabling deterministic
-    algorithms rebinds `torch.manual_seed`), and the callables are restored last.
-    """
-    s, b, now = before.state, torch.backends, _global_state()
-    setters = {
-        "cuda.matmul.allow_tf32": lambda v: setattr(b.cuda.matmul, "allow_tf32", v),
-        "cuda.matmul.allow_fp16_reduced_precision_reduction":
-            lambda v: setattr(b.cuda.matmul, "allow_fp16_reduced_precision_reduction", v),
-        "cuda.matmul.allow_bf16_reduced_precision_reduction":
-            lambda v: setattr(b.cuda.matmul, "allow_bf16_reduced_precision_reduction", v),
-        "cudnn.allow_tf32": lambda v: setattr(b.cudnn, "allow_tf32", v),
-        "cudnn.benchmark": lambda v: setattr(b.cudnn, "benchmark", v),
-        "cudnn.deterministic": lambda v: setattr(b.cudnn, "deterministic", v),
-        "cudnn.enabled": lambda v: setattr(b.cudnn, "enabled", v),
-        "float32_matmul_precision": torch.set_float32_matmul_precision,
-        "default_dtype": lambda v: torch.set_default_dtype(getattr(torch, v.removeprefix("torch."))),
-        "deterministic_algorithms": torch.use_deterministic_algorithms,
-        "num_threads": torch.set_num_threads,
-        "mkldnn.enabled": lambda v: setattr(b.mkldnn, "enabled", v),
-        "default_device": lambda v: torch.set_default_device(None if v == "cpu" else v),
-    }
-    for name in SDP_SWITCHES:
-        setters[f"cuda.{name}"] = getattr(b.cuda, "enable_" + name.removesuffix("_enabled"))
-    for key, value in s.items():
-        if key in setters and now.get(key) != value and value != INCONSISTENT:
-            try:
-                setters[key](value)
-            except RuntimeError:  # a legacy setter refusing a mixed state: the raw switches below fix it
-                continue
-    # The raw fp32_precision switches last: the legacy setters above rewrite them.
-    setter = getattr(torch._C, "_set_fp32_precision_setter", None)
-    for key, value in s.items():
-        if key.startswith("fp32_precision.") and setter is not None:
-            _, backend, op = key.split(".")
-            if torch._C._get_fp32_precision_getter(backend, op) != value:
-                setter(backend, op, value)
-    restore_functions(before)

@@ -1,47 +1,67 @@
-"""Paired timing of reference and candidate: the protocol behind every speedup cudal1 reports.
+"""The statistics behind every speedup: paired samples, bucket speedups and the checks on the clocks.
 
-Per timed call (CUDA): flush L2 by rewriting a buffer of twice its size, record a start event, call the
-model, record an event on the current stream, wait for the WHOLE device (`torch.cuda.synchronize`), record
-the end event. The primary time is start -> end, so work queued on any stream or by any thread before
-the device wait is counted; the stream-only time (start -> current-stream event) is kept to flag work
-that escaped the current stream. On CPU, `time.perf_counter` around the call and a cache-sized write as
-the flush.
+The numbers come from `measure.py`: for each timed call of either model, the time its runner reports
+(device events around the call with a device-wide wait inside, or a host timer on the CPU) and the time the
+trusted parent saw from outside (request sent to reply received, for the call and for the preparation of
+its inputs). Here they become
 
-Reference and candidate alternate in random order within each iteration, over input sets that rotate
-and are refilled with fresh values (salted seeds) before every pair (so neither can profit from caching
-by address, shape or value). The speedup is the median over buckets of (mean reference time / mean candidate time); the
-stability figure is the interquartile range of bucket speedups over their median. A second, shorter
-series without the flush gives the warm-cache speedup (CUDA-L1's condition), reported beside it.
+- the speedup: median over buckets of (mean reference time / mean candidate time), and the stability
+  (interquartile range of bucket speedups over their median);
+- `clock_check`: the time each runner spends outside its reported span is the same for both models when
+  both report honestly (they run the same harness on the same kinds of data); a candidate that forges its
+  times, or works outside the span it reports (while its inputs are prepared, before or after its call),
+  shows up as a larger gap, and one that skips harness steps (the cache flush in its own process, on the
+  CPU) as a smaller one;
+- `interference_check`: with the candidate frozen between its own requests, the only way it can slow the
+  reference is device work it left running; that shows up as slower reference calls (and slower flushes)
+  after the candidate's than after the reference's own;
+- `stream_escape_ms`: work that ran outside the current stream (the device-wide wait counts it anyway).
 
-Covered: side streams, async threads that finish before the device wait, caching across calls, warm-L2
-inflation, order effects. Not covered here: clocks/thermal state (measured as found; compare ratios from
-one run), work started by threads after the device wait (the thread guard catches those).
+Not covered here: clocks and thermal state (measured as found; compare ratios from one run).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import random
+import math
 import statistics
-import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
+from cudal1.core import flags as F
+from cudal1.core.types import Flag, Severity, TimingStats
 
-from cudal1.core.types import TimingStats
-
-CPU_FLUSH_BYTES = 32 * 2**20  # larger than the last-level cache of common server CPUs' per-core share
-MIN_CUDA_FLUSH_BYTES = 256 * 2**20
+#: The candidate's gap may exceed the reference's by this share of the candidate's reported time...
+CLOCK_REL_TOL = 0.10
+#: ...or this share of the reference's own gap (harness jitter grows with the harness's work: copies of large
+#: inputs and outputs)...
+CLOCK_GAP_REL_TOL = 0.15
+#: ...or by this many standard errors of the difference of the two median gaps...
+CLOCK_SIGMAS = 6.0
+#: ...and never by less than this (per device type; the floor of harness jitter, from the null tests in
+#: docs/log.md).
+CLOCK_MIN_TOL_MS = {"cuda": 0.015, "cpu": 0.1}
+#: Reference calls (or flushes) after the candidate's may be this much slower than after the reference's.
+INTERFERENCE_REL_TOL = 0.15
+INTERFERENCE_MIN_MS = {"cuda": 0.02, "cpu": 0.5}
+INTERFERENCE_MIN_SAMPLES = 8
 
 
 @dataclass
 class Sample:
-    total_ms: float  # device-wide
-    stream_ms: float  # current stream only (== total_ms on CPU)
+    """One timed call."""
+
+    ms: float  # reported by the runner, device-wide (== stream_ms on CPU)
+    stream_ms: float  # current stream only
+    outside_ms: float  # the parent's clock around the call request
+    prepare_ms: float = 0.0  # the parent's clock around the request that prepared the call's inputs
+    after: str = ""  # who made the previous request: "ref", "cand" or "" (first)
+    flush_ms: float | None = None  # the flusher's own time for the flush before this call
+    flush_after: str = ""  # "cand": the flush came right after the candidate's request; "ref": after the
+    # reference's only (the previous call was the reference's too); "": mixed
+
+    @property
+    def gap_ms(self) -> float:
+        """Time outside the reported span: preparation, harness, commit, messages."""
+        return self.prepare_ms + self.outside_ms - self.ms
 
 
 @dataclass
@@ -49,46 +69,8 @@ class PairedSeries:
     ref: list[list[Sample]] = field(default_factory=list)  # per bucket
     cand: list[list[Sample]] = field(default_factory=list)
 
-
-def make_flusher(device: torch.device) -> Callable[[], None]:
-    """A callable that evicts the last-level cache before a timed call."""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        l2 = int(getattr(props, "L2_cache_size", 0) or 0)
-        buf = torch.empty(max(2 * l2, MIN_CUDA_FLUSH_BYTES) // 4, dtype=torch.float32, device=device)
-        return lambda: buf.fill_(1.0)
-    cpu_buf = torch.empty(CPU_FLUSH_BYTES // 4, dtype=torch.float32)
-    return lambda: cpu_buf.fill_(1.0)
-
-
-def time_call(fn: Callable[[], Any], device: torch.device, flush: Callable[[], None] | None,
-              context: Callable[[], AbstractContextManager] | None = None) -> tuple[Any, Sample]:
-    """Time one call by the protocol of the module docstring; returns (output, sample).
-
-    `context` (e.g. the reference's private memory pool) is entered before the clock starts and left after
-    it stops, so its own cost is never charged to the call: reference and candidate are timed alike.
-    """
-    with context() if context is not None else contextlib.nullcontext():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            if flush is not None:
-                flush()
-                # Wait for the flush itself: work the model puts on another stream must not overlap it.
-                torch.cuda.synchronize(device)
-            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-            start.record()
-            out = fn()
-            mid.record()
-            torch.cuda.synchronize(device)
-            end.record()
-            end.synchronize()
-            return out, Sample(start.elapsed_time(end), start.elapsed_time(mid))
-        if flush is not None:
-            flush()
-        t0 = time.perf_counter()
-        out = fn()
-        ms = (time.perf_counter() - t0) * 1e3
-        return out, Sample(ms, ms)
+    def all(self, who: str) -> list[Sample]:
+        return [s for b in (self.ref if who == "ref" else self.cand) for s in b]
 
 
 def iterations_per_bucket(ref_ms: float, cand_ms: float, target_bucket_ms: float, lo: int, hi: int) -> int:
@@ -97,39 +79,7 @@ def iterations_per_bucket(ref_ms: float, cand_ms: float, target_bucket_ms: float
     return int(min(hi, max(lo, round(target_bucket_ms / slowest))))
 
 
-def run_series(run_ref: Callable[[int], Any], run_cand: Callable[[int], Any], *, n_sets: int, buckets: int,
-               iters: int, device: torch.device, flush: Callable[[], None] | None, rng: random.Random,
-               on_pair: Callable[[int, Any, Any], None], refresh: Callable[[int, int], None] | None,
-               ref_context: Callable[[], AbstractContextManager] | None = None) -> PairedSeries:
-    """Interleaved, randomly ordered timed calls of both models, `iters` per model per bucket.
-
-    `run_ref(k)`/`run_cand(k)` call a model on input set k and must not wait for the device themselves
-    (`time_call` does, for both alike); `on_pair(k, ref_out, cand_out)` checks and releases the outputs of
-    one iteration; `refresh(step, k)` refills input set k before each pair (untimed); `ref_context` is
-    entered around each reference call, outside its timed span.
-    """
-    series = PairedSeries()
-    step = 0
-    for _ in range(buckets):
-        ref_b: list[Sample] = []
-        cand_b: list[Sample] = []
-        for _ in range(iters):
-            k = step % n_sets
-            if refresh is not None:
-                refresh(step, k)
-            step += 1
-            outs: dict[str, Any] = {}
-            for who in (("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")):
-                fn = functools.partial(run_ref if who == "ref" else run_cand, k)
-                outs[who], sample = time_call(fn, device, flush, ref_context if who == "ref" else None)
-                (ref_b if who == "ref" else cand_b).append(sample)
-            on_pair(k, outs.pop("ref"), outs.pop("cand"))
-        series.ref.append(ref_b)
-        series.cand.append(cand_b)
-    return series
-
-
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
     xs = sorted(values)
     if len(xs) == 1:
         return xs[0]
@@ -141,37 +91,116 @@ def _quantile(values: list[float], q: float) -> float:
 
 def round_toward_one(speedup: float) -> float:
     """CUDA-L1's conservative rounding: two decimals, rounded toward 1 (floor above 1, ceil below)."""
-    import math
-
     scaled = speedup * 100
     return (math.floor(scaled + 1e-9) if speedup >= 1 else math.ceil(scaled - 1e-9)) / 100
 
 
 def summarize_series(series: PairedSeries, *, stream_only: bool = False) -> tuple[float, float, float, float, list[float]]:
-    """(ref_ms, cand_ms, speedup, stability, bucket_speedups) of a paired series."""
+    """(ref_ms, cand_ms, speedup, stability, bucket_speedups) of a paired series, from the reported times."""
     def t(s: Sample) -> float:
-        return s.stream_ms if stream_only else s.total_ms
+        return s.stream_ms if stream_only else s.ms
     bucket_speedups = []
     for ref_b, cand_b in zip(series.ref, series.cand, strict=True):
         ref_mean = statistics.fmean(t(s) for s in ref_b)
         cand_mean = statistics.fmean(t(s) for s in cand_b)
         bucket_speedups.append(ref_mean / max(cand_mean, 1e-9))
-    ref_ms = statistics.median(t(s) for b in series.ref for s in b)
-    cand_ms = statistics.median(t(s) for b in series.cand for s in b)
+    ref_ms = statistics.median(t(s) for s in series.all("ref"))
+    cand_ms = statistics.median(t(s) for s in series.all("cand"))
     median = statistics.median(bucket_speedups)
-    stability = (_quantile(bucket_speedups, 0.75) - _quantile(bucket_speedups, 0.25)) / max(median, 1e-9)
+    stability = (quantile(bucket_speedups, 0.75) - quantile(bucket_speedups, 0.25)) / max(median, 1e-9)
     return ref_ms, cand_ms, median, stability, bucket_speedups
 
 
 def stream_escape_ms(series: PairedSeries) -> tuple[float, float]:
     """Median time each model's work ran past the end of the current stream: (ref, candidate)."""
-    def gap(buckets: list[list[Sample]]) -> float:
-        return statistics.median(s.total_ms - s.stream_ms for b in buckets for s in b)
-    return gap(series.ref), gap(series.cand)
+    def gap(samples: list[Sample]) -> float:
+        return statistics.median(s.ms - s.stream_ms for s in samples)
+    return gap(series.all("ref")), gap(series.all("cand"))
 
 
-def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, method: str, iters: int,
-                round_to_one: bool) -> TimingStats:
+def _robust_sigma(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - med) for v in values)
+
+
+def clock_gaps(series: PairedSeries) -> tuple[float, float, float, float]:
+    """(reference's median gap, candidate's median gap, median of the paired differences, its robust standard
+    error). Pairs ran back to back, so what slows the host slows both: the paired difference is the sharp
+    statistic."""
+    ref, cand = series.all("ref"), series.all("cand")
+    diffs = [c.gap_ms - r.gap_ms for r, c in zip(ref, cand, strict=True)]
+    se = 1.2533 * _robust_sigma(diffs) / math.sqrt(max(len(diffs), 1))
+    return (statistics.median(s.gap_ms for s in ref), statistics.median(s.gap_ms for s in cand),
+            statistics.median(diffs), se)
+
+
+def clock_summary(series: PairedSeries, device_type: str) -> dict[str, float]:
+    """The cross-check's figures (ms): both models' median gaps, the median paired difference, the tolerance
+    it is held to, and the flushes' medians after each model. Recorded with every timed result."""
+    ref_gap, cand_gap, diff, se = clock_gaps(series)
+    cand_ms = statistics.median(s.ms for s in series.all("cand"))
+    tol = max(CLOCK_REL_TOL * cand_ms, CLOCK_GAP_REL_TOL * abs(ref_gap), CLOCK_SIGMAS * se,
+              CLOCK_MIN_TOL_MS.get(device_type, CLOCK_MIN_TOL_MS["cpu"]))
+    out = {"ref_gap_ms": ref_gap, "cand_gap_ms": cand_gap, "paired_diff_ms": diff, "tolerance_ms": tol}
+    everyone = series.all("ref") + series.all("cand")
+    for who in ("ref", "cand"):
+        flushes = [s.flush_ms for s in everyone if s.flush_after == who and s.flush_ms is not None]
+        if flushes:
+            out[f"flush_after_{who}_ms"] = statistics.median(flushes)
+    return {k: round(v, 6) for k, v in out.items()}
+
+
+def clock_check(series: PairedSeries, device_type: str) -> Flag | None:
+    """A flag when the candidate's time outside its reported span differs from the reference's by more than
+    the stated tolerance (module docstring); None when the clocks agree."""
+    if not series.all("ref") or not series.all("cand"):
+        return None
+    summary = clock_summary(series, device_type)
+    ref_gap, cand_gap, diff, tol = (summary[k] for k in ("ref_gap_ms", "cand_gap_ms", "paired_diff_ms", "tolerance_ms"))
+    cand_ms = statistics.median(s.ms for s in series.all("cand"))
+    if abs(diff) <= tol:
+        return None
+    what = ("spent more time outside the span it reports than the reference (work hidden outside its timed "
+            "calls, or forged times)" if diff > 0 else
+            "spent less time outside its reported span than the reference (harness steps skipped)")
+    return Flag(F.OUTSIDE_CLOCK, Severity.ERROR,
+                f"the candidate's process {what}: {cand_gap * 1e3:.1f} us against {ref_gap * 1e3:.1f} us per call "
+                f"(tolerance {tol * 1e3:.1f} us; its reported time {cand_ms * 1e3:.1f} us)", source="runtime")
+
+
+def interference_check(series: PairedSeries, device_type: str) -> Flag | None:
+    """A flag when the reference's calls, or the flushes, after the candidate's requests are slower than
+    after the reference's own (device work the candidate left running)."""
+    refs, everyone = series.all("ref"), series.all("ref") + series.all("cand")
+    checks = (("reference calls", [(s.after, s.ms) for s in refs]),
+              ("cache flushes", [(s.flush_after, s.flush_ms) for s in everyone if s.flush_ms is not None]))
+    for label, pairs in checks:
+        after_cand = [v for who, v in pairs if who == "cand"]
+        after_ref = [v for who, v in pairs if who == "ref"]
+        if min(len(after_cand), len(after_ref)) < INTERFERENCE_MIN_SAMPLES:
+            continue
+        slow, base = statistics.median(after_cand), statistics.median(after_ref)
+        floor = INTERFERENCE_MIN_MS.get(device_type, INTERFERENCE_MIN_MS["cpu"])
+        if slow > base * (1 + INTERFERENCE_REL_TOL) and slow - base > floor:
+            return Flag(F.INTERFERENCE, Severity.ERROR,
+                        f"{label} after the candidate's took {slow * 1e3:.1f} us against {base * 1e3:.1f} us after the "
+                        "reference's: the candidate left work running that slowed them", source="runtime")
+    return None
+
+
+def floor_check(cand_ms: float, floor_ms: float | None) -> Flag | None:
+    """A flag when the candidate's median time is below the task's physical floor."""
+    if floor_ms is None or floor_ms <= 0 or cand_ms >= floor_ms:
+        return None
+    return Flag(F.BELOW_FLOOR, Severity.ERROR,
+                f"the candidate's reported time {cand_ms * 1e3:.2f} us is below the task's physical floor "
+                f"{floor_ms * 1e3:.2f} us (its minimum bytes at the device's measured bandwidth)", source="runtime")
+
+
+def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, method: str, iters: int, round_to_one: bool,
+                floor_ms: float | None = None, verified_calls: int = 0) -> TimingStats:
     ref_ms, cand_ms, speedup, stability, buckets = summarize_series(cold)
     warm_values: tuple[float | None, float | None, float | None] = (None, None, None)
     if warm is not None and warm.ref:
@@ -182,4 +211,7 @@ def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, method: str, i
         warm_values = (round_toward_one(warm_values[0]) if warm_values[0] else None, *warm_values[1:])
     return TimingStats(ref_ms=ref_ms, candidate_ms=cand_ms, speedup=speedup, stability=stability,
                        bucket_speedups=buckets, speedup_warm=warm_values[0], ref_ms_warm=warm_values[1],
-                       candidate_ms_warm=warm_values[2], method=method, iterations=iters * len(buckets))
+                       candidate_ms_warm=warm_values[2], method=method, iterations=iters * len(buckets),
+                       ref_outside_ms=statistics.median(s.prepare_ms + s.outside_ms for s in cold.all("ref")),
+                       candidate_outside_ms=statistics.median(s.prepare_ms + s.outside_ms for s in cold.all("cand")),
+                       floor_ms=floor_ms, verified_calls=verified_calls)

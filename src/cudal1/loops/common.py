@@ -151,11 +151,11 @@ class RunJournal:
 def unparseable_result(task: Task, text: str, why: str | None, config: EvalConfig, *, store: Any = None,
                        label: str = "", run_id: str | None = None) -> EvalResult:
     """The UNPARSEABLE verdict for a completion without code; stored (completion as the candidate) too."""
-    from cudal1.eval.pipeline import local_environment
+    from cudal1.core.machine import describe_machine
 
     device = resolve_device(config.device)
     protocol = config.resolved(device).protocol()
-    environment = dict(local_environment(device))
+    environment = dict(describe_machine(device))
     digest = source_hash(text)
     result = EvalResult(status=Status.UNPARSEABLE, message=why or "no code found in the completion",
                         task_id=task.id, candidate_hash=digest, protocol=protocol, environment=environment)
@@ -205,7 +205,7 @@ class CandidateEvaluator:
 
     def _evaluate_local(self, items: Sequence[tuple[Task, str]], on_result: Callable[[int, EvalResult], None] | None,
                         should_stop: Callable[[], bool] | None) -> list[EvalResult | None]:
-        from cudal1.eval.pipeline import evaluate_many, worker_supply
+        from cudal1.eval.scheduler import evaluate_many, worker_supply
 
         if self._supply is None:  # kept across rounds: the next round's first worker is already warm
             self._supply = worker_supply(resolve_device(self.config.device))

@@ -1,42 +1,30 @@
-"""Build child of the compile service: import a candidate so that its `load_inline` builds run, and record them.
+"""Build hooks installed in every process that imports a candidate: build children and candidate runners.
 
-Runs inside `cudal1.eval.isolation.run_isolated` (entry `cudal1.eval.build_worker:prepare_candidate`), in
-the environment of `cudal1.eval.compile.build_environment`. It
+`install_build_hooks()` wraps `torch.utils.cpp_extension.load_inline` and `load`: every call is timed and
+recorded (name, seconds, ok, trimmed log), and the adopted build levers (`BuildLevers`) are applied to its
+arguments (quiet build; lighter headers in CUDA sources, with automatic fallback to the source as written
+when the lighter variant does not build; calls certain to fail fail at once). A build that fails with a
+compiler error is remembered in `TORCH_EXTENSIONS_DIR/.cudal1_failed_builds.json` (lever
+`remember_failures`): the same call in a later process (the candidate's runner) fails at once instead of
+compiling again. torch itself replays it (only its ninja run is replaced by the remembered output), so its
+extension versions, build directory, exception and message are those of the real failure. Only failures
+with a compiler diagnostic are remembered, never a crash or a lack of memory, disk or time.
 
-1. installs build hooks around `torch.utils.cpp_extension.load_inline` and `load` (`install_build_hooks`):
-   every call is timed and recorded (name, seconds, ok, trimmed log), and the adopted build levers are
-   applied to its arguments (quiet build; lighter headers in CUDA sources, with automatic fallback to the
-   source as written when the lighter variant does not build);
-2. writes the candidate source into the working directory and imports it under a unique module name;
-3. optionally instantiates `ModelNew(*init_inputs)` on the payload's device (many candidates build lazily
-   in `__init__`).
-
-A second entry, `warm_lazy_builds`, runs one forward of the candidate on the reference's inputs, so that
-builds made lazily in `forward` happen in the build environment too (the compile service's
-`warm_lazy_builds` option). A build that fails with a compiler error is remembered in
-`TORCH_EXTENSIONS_DIR/.cudal1_failed_builds.json` (lever `remember_failures`): the same call in a later
-process (the evaluation worker) fails at once instead of compiling again. torch itself replays it (only its
-ninja run is replaced by the remembered output), so its extension versions, build directory, exception and
-message are those of the real failure. Only failures with a compiler diagnostic are remembered, never a
-crash or a lack of memory, disk or time.
-
-The evaluation worker that later imports the same candidate must run in the same environment and call
+The candidate's runner that later imports a built candidate must run in the same environment and call
 `install_build_hooks()` (levers from `$CUDAL1_BUILD_LEVERS`) before importing it: the hooks replay the
-decision recorded here (light or original headers, file `TORCH_EXTENSIONS_DIR/.cudal1_levers.json`), so
-the arguments, the ninja file and the build directory are identical and torch finds nothing to rebuild.
+decision recorded at build time (light or original headers, file `TORCH_EXTENSIONS_DIR/.cudal1_levers.json`),
+so the arguments, the ninja file and the build directory are identical and torch finds nothing to rebuild.
+`BUILD_LISTENERS` hear of every real build that starts (the candidate's runner tells its parent).
 
-Limits: a candidate that imports `load_inline` before the hooks are installed (impossible here, the hooks
-come first) or that compiles through other means (setuptools, raw nvcc, ctypes) is not recorded. A build
-that only a later forward (another input shape, a second call) would make is not triggered. A `load` call
-whose other arguments hold per-process paths (`extra_include_paths` in a fresh temporary directory) is
-never replayed as remembered.
+Limits: a candidate that compiles through other means (setuptools, raw nvcc, ctypes) is not recorded. A
+`load` call whose other arguments hold per-process paths is never replayed as remembered.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -50,14 +38,68 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cudal1.eval.compile import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers, trim_compiler_log
+from cudal1.eval.compile_log import trim_compiler_log
 
 logger = logging.getLogger(__name__)
+
+LEVERS_ENV = "CUDAL1_BUILD_LEVERS"  # JSON of BuildLevers, read by install_build_hooks() in the runners
+#: A failure caused by the machine or the tools rather than the source (memory, disk, time, a crash): never
+#: remembered as the candidate's compile error (here and in the compile service).
+RESOURCE_FAILURE = re.compile(r"out of memory|MemoryError|Killed|Kill signal|signal \d+|Terminated|No space left|"
+                              r"Resource temporarily unavailable|Cannot allocate memory|CUDA error|timed out|"
+                              r"Segmentation fault|internal compiler error", re.IGNORECASE)
+
+
+
+@dataclass(frozen=True)
+class BuildLevers:
+    """The build-time levers applied by the build hooks to every `load_inline`/`load` call.
+
+    Only levers that measurably shorten a cache-miss build and keep the candidate's semantics are on by
+    default (measurements: docs/log.md, 2026-11-30).
+    """
+
+    light_cuda_headers: bool = field(default=True, metadata={
+        "help": "Drop `#include <torch/extension.h>` from cuda_sources (load_inline already includes "
+                "<torch/types.h>); falls back to the original source automatically if that fails to build."})
+    quiet: bool = field(default=True, metadata={
+        "help": "Force verbose=False so the build output is captured in the exception, not printed."})
+    fail_fast_unbound: bool = field(default=True, metadata={
+        "help": "A load_inline call whose `functions=` cannot be bound (cpp_sources empty, so the generated "
+                "binding file never declares them) raises torch's build error at once instead of after a "
+                "full build that is certain to fail."})
+    fail_fast_duplicate_module: bool = field(default=True, metadata={
+        "help": "A load_inline call with `functions=` whose sources define the extension's PYBIND11_MODULE "
+                "too (a redefinition in main.cpp, or a duplicate symbol at link time) raises torch's build "
+                "error at once instead of after a full build that is certain to fail."})
+    remember_failures: bool = field(default=True, metadata={
+        "help": "A call that fails with torch's build error (not for lack of memory, disk or time) is remembered "
+                "in TORCH_EXTENSIONS_DIR/.cudal1_failed_builds.json; the same call (same sources and "
+                "arguments) then raises the same error at once instead of compiling again (a lazy build that "
+                "fails is otherwise recompiled at every evaluation)."})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def none(cls) -> BuildLevers:
+        """Every lever off: torch exactly as the candidate calls it (verbose untouched)."""
+        return cls(**{f.name: False for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> BuildLevers:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+
+
 
 DECISIONS_FILE = ".cudal1_levers.json"
 FAILURES_FILE = ".cudal1_failed_builds.json"
 BUILD_ERROR = "Error building extension"  # head of torch's exception for a failed build
 # A remembered failure must be the compiler's verdict on the source: a diagnostic, not a crash of the tools.
+#: Called with the extension's name when a real build (not a remembered failure) starts: the candidate's
+#: runner tells its parent, which then waits for the build's time limit rather than the import's.
+BUILD_LISTENERS: list[Any] = []
 _DIAGNOSTIC = re.compile(r"error\b|undefined reference|undefined symbol|multiple definition", re.IGNORECASE)
 _MAX_REMEMBERED_CHARS = 100_000
 # Arguments that change where or how loudly a build runs, not whether it compiles.
@@ -341,6 +383,10 @@ def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args:
     """Call the real builder, record time and outcome; re-raise its exception (the candidate may catch it).
     With `remember` (a call key), a failed compile is remembered unless it looks like a lack of resources
     (memory, disk, time: it may pass on a quieter machine)."""
+    if variant != "remembered":
+        for listener in list(BUILD_LISTENERS):
+            with contextlib.suppress(Exception):
+                listener(name)
     start = time.monotonic()
     with capture_fds() as captured:
         try:
@@ -435,34 +481,6 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
     return recorder
 
 
-def import_candidate(source: str, directory: Path | None = None) -> Any:
-    """Write `source` to a file in `directory` (default: cwd) and import it under a unique module name."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    module_name = f"cudal1_candidate_{digest}"
-    path = (directory or Path.cwd()) / f"{module_name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import the candidate from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _instantiate(module: Any, init_inputs: list[Any], device: str) -> Any:
-    """`ModelNew(*init_inputs)` with `device` as the default device (and current CUDA device)."""
-    import torch
-
-    model_cls = getattr(module, "ModelNew", None)
-    if model_cls is None:
-        raise AttributeError("the candidate defines no class ModelNew")
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
-    with torch.device(device):
-        return model_cls(*init_inputs)
-
-
 def _certain_failure(levers: BuildLevers, cpp_extension: Any, name: Any, cpp_sources: Any, cuda_sources: Any,
                      kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """(record variant, compiler log) of a load_inline call certain to fail to build, by the fail-fast levers
@@ -483,117 +501,3 @@ def _name_in_use(cpp_extension: Any, name: Any) -> bool:
     its version table cannot be read (then assume so)."""
     entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
     return not isinstance(entries, dict) or name in entries
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
-
-
-def prepare_candidate(payload: dict[str, Any]) -> dict[str, Any]:
-    """Entry of the build child. Payload: `source` (str), `init_inputs` (JSON list or None), `device`
-    ('cpu' or 'cuda:N'), `levers` (dict of `BuildLevers`), `nice` (added niceness) and `cpus` (the cores it
-    may use), both inherited by the compilers.
-
-    Returns {"ok", "builds": [{"name", "seconds", "ok", "variant"}], "seconds", "log", "import_ok"}:
-    ok is True when the import (and instantiation) succeeded and every recorded build succeeded; log is
-    the trimmed compiler log of the first failed build, else the one-line exception, else "".
-    """
-    start = time.monotonic()
-    recorder = _setup_child(payload)
-    error: BaseException | None = None
-    try:
-        with capture_fds():  # candidates print; keep the child's stdout clean
-            module = import_candidate(payload["source"])
-            init_inputs = payload.get("init_inputs")
-            if init_inputs is not None:
-                _instantiate(module, list(init_inputs), str(payload.get("device") or "cpu"))
-    except BaseException as exc:  # noqa: BLE001 - the candidate is untrusted; report whatever it raised
-        error = exc
-    failed = [r for r in recorder.records if not r.ok]
-    if failed:
-        log = failed[0].log
-    elif error is not None:
-        log = _one_line(error)
-    else:
-        log = ""
-    return {"ok": error is None and not failed, "import_ok": error is None,
-            "builds": [r.to_dict() for r in recorder.records],
-            "seconds": round(time.monotonic() - start, 3), "log": log}
-
-
-def _setup_child(payload: dict[str, Any]) -> BuildRecorder:
-    """The payload's niceness and cores for this child (its compilers inherit them), then the build hooks."""
-    if payload.get("nice"):
-        os.nice(int(payload["nice"]))
-    if payload.get("cpus") and hasattr(os, "sched_setaffinity"):
-        with contextlib.suppress(OSError):  # cores this process may not use: build wherever allowed
-            os.sched_setaffinity(0, payload["cpus"])
-    return install_build_hooks(payload.get("levers"))
-
-
-def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
-    """Entry of the warm-up child: run the candidate once, as the evaluation will, so that the builds it makes
-    lazily (in `forward`, or in `ModelNew(...)` when the build child had no init inputs) happen here, in the
-    build environment, instead of in the evaluation worker on the GPU's clock. Payload: `source`,
-    `ref_source` (the task's reference module: `get_init_inputs()`, `get_inputs()`), `sizes` ('full' or
-    'small', as the evaluation will use), `device` ('cpu' or 'cuda:N'), `levers`, `nice`, `cpus` (as for
-    `prepare_candidate`).
-
-    Returns {"builds": [{"name", "seconds", "ok", "variant", "phase"}], "forward_ok", "forward_error",
-    "seconds"}: phase says where a build happened ("import", "init" or "forward"), forward_error is the
-    candidate's one-line exception ("" when the forward ran). Judges nothing: whether a lazy failure fails
-    the candidate is the evaluation's verdict.
-    """
-    import torch
-
-    from cudal1.eval.worker import make_inputs
-    from cudal1.tasks.task import load_reference
-
-    start = time.monotonic()
-    recorder = _setup_child(payload)
-    device = str(payload.get("device") or "cpu")
-    phase = "import"
-    phases: list[str] = []  # where each record was made
-
-    def begin(next_phase: str) -> None:
-        """The records made so far were made during the current phase; the next ones during `next_phase`."""
-        nonlocal phase
-        phases.extend([phase] * (len(recorder.records) - len(phases)))
-        phase = next_phase
-
-    error: BaseException | None = None
-    try:
-        with capture_fds():  # candidates print; keep the child's stdout clean
-            ref = load_reference(payload["ref_source"], "warm-up", sizes=str(payload.get("sizes") or "full"))
-            module = import_candidate(payload["source"])
-            begin("init")
-            model = _instantiate(module, list(ref.get_init_inputs()), device)
-            if isinstance(model, torch.nn.Module):
-                model = model.to(device)
-            begin("forward")
-            inputs = make_inputs(ref, torch.device(device), seed=0)  # as the evaluation makes them
-            with torch.no_grad():
-                model(*inputs)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-    except BaseException as exc:  # noqa: BLE001 - the candidate is untrusted; report whatever it raised
-        error = exc
-    begin(phase)  # the records of the phase that ended the run
-    return {"builds": [{**r.to_dict(), "phase": p} for r, p in zip(recorder.records, phases, strict=True)],
-            "forward_ok": error is None, "forward_error": _one_line(error) if error is not None else "",
-            "seconds": round(time.monotonic() - start, 3)}
-
-
-def reference_init_inputs(payload: dict[str, Any]) -> dict[str, Any]:
-    """Entry for isolated use: run a reference module's `get_init_inputs()` and return it if JSON-able.
-
-    Payload: `ref_source`. Returns {"init_inputs": list | None, "error": str | None}.
-    """
-    try:
-        module = import_candidate(payload["ref_source"])
-        values = list(module.get_init_inputs())
-        json.dumps(values)
-    except Exception as exc:  # noqa: BLE001 - reported to the caller
-        return {"init_inputs": None, "error": _one_line(exc)}
-    return {"init_inputs": values, "error": None}

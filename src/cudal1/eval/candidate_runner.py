@@ -1,0 +1,199 @@
+"""The candidate's runner: the smallest harness around the candidate, alone in its sandboxed process.
+
+It imports the candidate (its builds included), constructs `ModelNew` with the reference's init inputs,
+makes the reference's inputs from the seeds the parent sends, calls the model and copies what it returns
+into shared memory. Everything it reports is data the parent checks: outputs are compared in the parent,
+times are cross-checked against the parent's clock, guard flags only name what the candidate did. The
+candidate can rewrite all of this module; it can only make its own reports wrong, which the parent sees.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cudal1.eval import guards
+from cudal1.eval.calls import CallFailed, ModelSide, first_line, seed_everything
+from cudal1.eval.channel import Arena, Channel, describe_value, tree_nbytes
+from cudal1.eval.reference_runner import ReferenceFailed, configure, jsonable
+from cudal1.tasks.task import load_reference, module_constants
+
+BUILD_ERRORS = ("Error building extension", "RawCudaCompileError", "CalledProcessError")
+
+
+class CandidateFailed(Exception):
+    """The candidate failed before it could be called: the reply names the kind."""
+
+    def __init__(self, kind: str, message: str, compile_log: str = ""):
+        super().__init__(message)
+        self.kind, self.message, self.compile_log = kind, message, compile_log
+
+
+def _build_failure(exc: BaseException) -> CandidateFailed:
+    from cudal1.eval.compile_log import build_failure_message, trim_compiler_log
+
+    log = trim_compiler_log(str(exc))
+    return CandidateFailed("build", build_failure_message(log), compile_log=log)
+
+
+def _is_build_error(exc: BaseException) -> bool:
+    return BUILD_ERRORS[0] in str(exc) or type(exc).__name__ in BUILD_ERRORS[1:]
+
+
+def import_candidate(source: str, workdir: Path) -> Any:
+    """Import the candidate module from source; failures become `CandidateFailed`."""
+    path = workdir / "candidate.py"
+    path.write_text(source)
+    name = f"cudal1_candidate_{abs(hash(source)) % 10**12}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise CandidateFailed("syntax", f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:  # noqa: BLE001 - anything raised at import is the candidate's failure
+        if _is_build_error(exc):
+            raise _build_failure(exc) from None
+        raise CandidateFailed("import", f"import failed: {first_line(exc)}") from None
+    if not isinstance(getattr(module, "ModelNew", None), type):
+        raise CandidateFailed("no_modelnew", "the candidate defines no class ModelNew")
+    return module
+
+
+class CandidateRole:
+    def __init__(self, message: dict[str, Any], channel: Channel | None = None):
+        os.environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
+        self.device = configure(message)
+        fraction = message.get("gpu_memory_fraction")
+        if fraction and self.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(float(fraction), self.device)
+        try:
+            self.reference = load_reference(message["ref_source"], message["task_id"], sizes=message.get("sizes", "full"))
+        except Exception as exc:  # noqa: BLE001 - the parent loaded it fine in the reference's runner
+            raise ReferenceFailed("loading its module", exc) from None
+        if self.device.type == "cuda":
+            torch.zeros(1, device=self.device)  # the context exists before the snapshot
+        self.snapshot = guards.take_snapshot()
+        self.flags: list[dict[str, Any]] = []
+        self.channel = channel
+        self._listen_for_builds()
+        workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "work"
+        workdir.mkdir(parents=True, exist_ok=True)
+        from cudal1.eval.build_hooks import install_build_hooks
+
+        install_build_hooks()  # the levers of the build that prepared this candidate, from its environment
+        t0 = time.perf_counter()
+        self.module = import_candidate(str(message["cand_source"]), workdir)
+        self.import_ms = (time.perf_counter() - t0) * 1e3
+        self._guard("import")
+        t1 = time.perf_counter()
+        init_inputs = list(self.reference.get_init_inputs())
+        torch.manual_seed(int(message.get("seed", 42)))
+        try:
+            model = self.module.ModelNew(*init_inputs)
+            if isinstance(model, torch.nn.Module):
+                model = model.to(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise CandidateFailed("oom", f"ModelNew(...) ran out of GPU memory: {first_line(exc, 200)}") from None
+        except Exception as exc:  # noqa: BLE001
+            if _is_build_error(exc):
+                raise _build_failure(exc) from None
+            raise CandidateFailed("construct", f"ModelNew(...) raised {first_line(exc)}") from None
+        self.construct_ms = (time.perf_counter() - t1) * 1e3
+        self._guard("construction")
+        self.side = ModelSide(self.device, self.reference, model)
+
+    def _listen_for_builds(self) -> None:
+        """Tell the parent when a real build starts, so that it waits for the build's own time limit."""
+        if self.channel is None:
+            return
+        from cudal1.eval import build_hooks
+
+        channel = self.channel
+        build_hooks.BUILD_LISTENERS.append(lambda name: channel.send({"op": "progress", "what": "building",
+                                                                       "name": str(name)[:100]}))
+
+    def _guard(self, phase: str) -> None:
+        found = guards.compare(self.snapshot, phase)
+        self.flags.extend(f.to_dict() for f in found)
+        if found:
+            self.snapshot = guards.take_snapshot()  # report each change once
+
+    def setup_reply(self) -> dict[str, Any]:
+        return {"ok": True, "flags": self.flags, "import_ms": self.import_ms, "construct_ms": self.construct_ms,
+                "constants": {k: jsonable(v) for k, v in module_constants(vars(self.module)).items()},
+                "own_inputs": self._own_inputs()}
+
+    def _own_inputs(self) -> dict[str, Any]:
+        """What the candidate's own `get_inputs` and `get_init_inputs` give, if it defines them (the parent
+        compares them with the reference's: equal boilerplate is no hyperparameter change)."""
+        out: dict[str, Any] = {}
+        for name in ("get_inputs", "get_init_inputs"):
+            fn = getattr(self.module, name, None)
+            if not callable(fn) or fn is getattr(self.reference, name, None):
+                continue
+            try:
+                seed_everything(1234)
+                with torch.device(self.device):
+                    value = list(fn())
+                out[name] = describe_value(value) if name == "get_inputs" else jsonable(value)
+            except Exception as exc:  # noqa: BLE001
+                out[name] = {"raised": first_line(exc, 120)}
+        torch.seed()
+        return out
+
+    def attach(self, arena: Arena) -> dict[str, Any]:
+        self.side.arena = arena
+        pinned = arena.register_with_cuda() if self.device.type == "cuda" else False
+        return {"ok": True, "pinned": pinned}
+
+    def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            if op == "trial":
+                inputs = self.side.inputs_from(message)
+                out = self.side.call(inputs)
+                return {"ok": True, "out": self.side.commit((out, inputs))}
+            if op == "prepare":
+                return self.side.prepare(message)
+            if op == "inputs":
+                assert self.side.arena is not None, "no arena attached"
+                tree = self.side.arena.pack(self.side.make_inputs(int(message["seed"])), "in")
+                return {"ok": True, "in_bytes": tree_nbytes(tree)}
+            if op == "call":
+                return self.side.timed_request(message)
+            if op == "flush":
+                self.side.flush_cpu_cache()
+                return {"ok": True}
+            if op == "guards":
+                self._guard(str(message.get("phase", "the calls")))
+                flags, self.flags = self.flags, []
+                return {"ok": True, "flags": flags}
+            if op == "profile":
+                return self._profile(message)
+        except CallFailed as exc:
+            return {"ok": False, "error": exc.kind, "message": exc.message}
+        return {"ok": False, "error": "unknown_op", "message": op}
+
+    def _profile(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One profiled forward (after timing: the profiler slows later launches): which kernels ran."""
+        from cudal1.eval.profiling import profile_call
+
+        inputs = self.side.make_inputs(int(message["seed"]))
+        prof = profile_call(lambda: self.side.call(inputs), self.device)
+        raw_names: list[str] = []
+        if "cudal1.raw_cuda" in sys.modules:
+            raw_names = list(sys.modules["cudal1.raw_cuda"].launch_log().defined_kernels)
+        self._guard("profiling")
+        # The profiler leaves a native helper thread behind: not the candidate's doing.
+        self.flags = [f for f in self.flags if f.get("rule") != "guard.native_threads"]
+        return {"ok": True, "profile": prof.to_dict(), "raw_kernels": raw_names}
+

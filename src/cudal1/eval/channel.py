@@ -1,0 +1,374 @@
+"""How the trusted parent and its runners talk: messages over a socket, tensors through shared memory.
+
+- `Channel`: one AF_UNIX SOCK_SEQPACKET socket per runner (message boundaries kept, file descriptors can
+  travel with a message). Messages are JSON objects; the parent waits for a reply with a deadline and a
+  periodic `tick` (the memory watchdog), so a runner that never answers costs its deadline and no more.
+- `Arena`: a memfd mapped by the parent and one runner, sealed against resizing (a runner that could shrink
+  it would crash the parent with SIGBUS). Runners write their inputs and outputs into it as raw bytes with
+  a small descriptor tree; the parent reads them back as *copies* (`unpack(..., copy=True)`), so nothing the
+  runner writes afterwards changes what the parent compares. Each runner has arenas of its own: the
+  candidate's runner never maps the reference's.
+
+Covered: any dtype (raw bytes, fp8 and complex included), nested tuple/list outputs, non-tensor values that
+JSON can carry. Not covered: sparse, quantized and nested tensors (reported as unsupported outputs).
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import json
+import mmap
+import os
+import select
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: Largest message (bytes of JSON). Compiler logs and kernel lists are trimmed well below this.
+MAX_MESSAGE_BYTES = 4 * 2**20
+#: Byte alignment of tensors in an arena (any dtype can be viewed at such an offset).
+ALIGN = 256
+#: How often a waiting parent runs its `tick` (watchdog) while no reply has come.
+TICK_S = 0.05
+
+
+class ChannelClosed(Exception):
+    """The other side is gone (the runner exited or was killed)."""
+
+
+class ChannelTimeout(Exception):
+    """No reply within the deadline."""
+
+
+class ProtocolError(Exception):
+    """A message that is not what the protocol allows (too large, not JSON, not an object)."""
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """(parent end, child end); the child end is inheritable, to be passed to the runner."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for s in (parent, child):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE_BYTES)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_MESSAGE_BYTES)
+    child.set_inheritable(True)
+    return parent, child
+
+
+class Channel:
+    """Framed JSON messages (and optional file descriptors) over a SOCK_SEQPACKET socket."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        data = json.dumps(message, separators=(",", ":"), default=str).encode()
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        try:
+            if fds:
+                self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            else:
+                self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise ChannelClosed(str(exc)) from None
+
+    def recv(self, timeout_s: float | None = None, tick: Callable[[], None] | None = None,
+             max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
+        """The next message (and the file descriptors sent with it). Waits at most `timeout_s` (None:
+        forever), calling `tick()` every `TICK_S` meanwhile; raises ChannelTimeout, ChannelClosed or
+        ProtocolError."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait = TICK_S if tick is not None else None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ChannelTimeout(f"no reply within {timeout_s:.1f} s")
+                wait = min(wait, left) if wait is not None else left
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if ready:
+                break
+            if tick is not None:
+                tick()
+        fd_bytes = socket.CMSG_SPACE(max_fds * array.array("i").itemsize) if max_fds else 0
+        try:
+            data, ancdata, flags, _ = self.sock.recvmsg(MAX_MESSAGE_BYTES + 1, fd_bytes)
+        except (ConnectionResetError, OSError) as exc:
+            raise ChannelClosed(str(exc)) from None
+        fds = _received_fds(ancdata)
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise ChannelClosed("the other side closed the channel")
+        if len(data) > MAX_MESSAGE_BYTES or flags & socket.MSG_TRUNC:
+            raise ProtocolError("message too large")
+        try:
+            message = json.loads(data)
+        except ValueError:
+            raise ProtocolError("message is not JSON") from None
+        if not isinstance(message, dict):
+            raise ProtocolError("message is not a JSON object")
+        return message, fds
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(data[: len(data) - (len(data) % arr.itemsize)])
+            fds.extend(arr)
+    return fds
+
+
+# --------------------------------------------------------------------------- shared memory
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Arena:
+    """A sealed shared-memory region: `in` and `out` halves, each packed front to back."""
+
+    def __init__(self, fd: int, in_bytes: int, out_bytes: int, owner: bool):
+        self.fd, self.in_bytes, self.out_bytes, self.owner = fd, in_bytes, out_bytes, owner
+        self.size = in_bytes + out_bytes
+        self.map = mmap.mmap(fd, self.size) if self.size else None
+        self._host: Any = None  # torch uint8 view of the whole map, made on first use
+        self.registered = False
+
+    @classmethod
+    def create(cls, in_bytes: int, out_bytes: int) -> Arena:
+        """A new memfd of `in_bytes + out_bytes` (aligned), sealed against growing and shrinking."""
+        in_bytes, out_bytes = _align(max(in_bytes, 0)), _align(max(out_bytes, 0))
+        fd = os.memfd_create("cudal1-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, in_bytes + out_bytes)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        return cls(fd, in_bytes, out_bytes, owner=True)
+
+    @classmethod
+    def attach(cls, fd: int, in_bytes: int) -> Arena:
+        """The runner's side: map a received memfd (its size is read from the file, never trusted)."""
+        size = os.fstat(fd).st_size
+        in_bytes = min(max(int(in_bytes), 0), size)
+        return cls(fd, in_bytes, size - in_bytes, owner=False)
+
+    def spec(self) -> dict[str, int]:
+        return {"in_bytes": self.in_bytes, "out_bytes": self.out_bytes}
+
+    def host(self) -> Any:
+        """A torch uint8 tensor over the whole mapping (the runner's staging buffer)."""
+        import torch
+
+        if self._host is None:
+            self._host = torch.frombuffer(self.map, dtype=torch.uint8) if self.size else torch.empty(0, dtype=torch.uint8)
+        return self._host
+
+    def register_with_cuda(self) -> bool:
+        """Pin the mapping for the GPU (fast, asynchronous copies); False when CUDA refuses."""
+        import torch
+
+        if self.registered or not self.size or not torch.cuda.is_available():
+            return self.registered
+        try:
+            rc = torch.cuda.cudart().cudaHostRegister(self.host().data_ptr(), self.size, 0)
+            self.registered = int(rc) == 0
+        except Exception:  # noqa: BLE001 - pageable copies still work, only slower
+            self.registered = False
+        return self.registered
+
+    def region(self, name: str) -> tuple[int, int]:
+        return (0, self.in_bytes) if name == "in" else (self.in_bytes, self.size)
+
+    def pack(self, value: Any, region: str, *, strict_types: bool = True) -> dict[str, Any]:
+        """Write every tensor of `value` (nested tuples/lists allowed) into `region`; the descriptor tree.
+
+        Raises `ArenaFull` when the tensors do not fit and `UnsupportedValue` for what cannot travel."""
+        import torch
+
+        start, end = self.region(region)
+        cursor = [start]
+        copies: list[tuple[Any, Any]] = []
+
+        def put(x: Any) -> dict[str, Any]:
+            if isinstance(x, torch.Tensor):
+                if x.layout != torch.strided or x.is_quantized or getattr(x, "is_nested", False):
+                    raise UnsupportedValue(f"a {x.layout} tensor cannot be compared")
+                x = x.detach()
+                nbytes = x.numel() * x.element_size()
+                offset = cursor[0]
+                if offset + nbytes > end:
+                    raise ArenaFull(nbytes)
+                cursor[0] = offset + _align(nbytes)
+                if nbytes:
+                    flat = x.contiguous().reshape(-1).view(torch.uint8)
+                    copies.append((self.host()[offset: offset + nbytes], flat))
+                return {"t": "tensor", "offset": offset, "nbytes": nbytes, "dtype": str(x.dtype).removeprefix("torch."),
+                        "shape": list(x.shape), "device": x.device.type, "cls": type(x).__name__}
+            if isinstance(x, (tuple, list)):
+                kind = type(x)
+                name = "tuple" if kind is tuple else "list" if kind is list else (
+                    "return_types" if kind.__module__ == "torch.return_types" else kind.__name__)
+                return {"t": "seq", "type": name, "items": [put(i) for i in x]}
+            if x is None or isinstance(x, (bool, int, float, str)):
+                return {"t": "value", "v": x}
+            return {"t": "opaque", "type": type(x).__name__, "repr": repr(x)[:200]}
+
+        tree = put(value)
+        for dst, src in copies:
+            dst.copy_(src, non_blocking=self.registered)
+        if self.registered and copies:
+            torch.cuda.synchronize()
+        return tree
+
+    def unpack(self, tree: dict[str, Any], *, device: Any = "cpu", copy: bool = True) -> Any:
+        """The value of a descriptor tree, tensors read from this arena onto `device`: copies (the parent's
+        snapshots), or with `copy=False` on the CPU views of the shared memory itself (a runner's inputs that
+        the parent writes just before the call). Raises `UnsupportedValue` for a descriptor outside the arena."""
+        import torch
+
+        host = self.host()
+
+        def get(d: Any) -> Any:
+            if not isinstance(d, dict):
+                raise UnsupportedValue("malformed descriptor")
+            kind = d.get("t")
+            if kind == "tensor":
+                dtype = parse_dtype(str(d.get("dtype")))
+                shape = [int(s) for s in d.get("shape", [])]
+                offset, nbytes = int(d.get("offset", -1)), int(d.get("nbytes", -1))
+                numel = 1
+                for s in shape:
+                    numel *= s
+                itemsize = torch.empty(0, dtype=dtype).element_size()
+                if numel * itemsize != nbytes or offset < 0 or offset + nbytes > self.size or any(s < 0 for s in shape):
+                    raise UnsupportedValue("a tensor descriptor that does not fit its arena")
+                if not copy and str(device) == "cpu":
+                    return host[offset: offset + nbytes].view(dtype).reshape(shape) if nbytes else \
+                        torch.empty(shape, dtype=dtype)
+                out = torch.empty(shape, dtype=dtype, device=device)
+                if nbytes:
+                    out.reshape(-1).view(torch.uint8).copy_(host[offset: offset + nbytes],
+                                                            non_blocking=self.registered)
+                return out
+            if kind == "seq":
+                items = [get(i) for i in d.get("items", [])]
+                return items if d.get("type") == "list" else tuple(items)
+            if kind == "value":
+                return d.get("v")
+            return OpaqueValue(str(d.get("type")), str(d.get("repr", "")))
+
+        value = get(tree)
+        if self.registered and str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+        return value
+
+    def read_region(self, region: str) -> bytes:
+        """A private copy of a whole region's bytes."""
+        start, end = self.region(region)
+        return bytes(self.map[start:end]) if self.map is not None else b""
+
+    def write_region(self, region: str, data: bytes) -> None:
+        """Overwrite a region from the front with `data` (the parent filling a runner's `in` half)."""
+        start, end = self.region(region)
+        if start + len(data) > end:
+            raise ArenaFull(len(data))
+        if data:
+            self.map[start: start + len(data)] = data
+
+    def close(self) -> None:
+        self._host = None
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # a view is still alive: the mapping goes with the process
+                pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+class ArenaFull(Exception):
+    """The values do not fit the region (an output larger than the reference's)."""
+
+    kind = "arena_full"
+
+    def __init__(self, nbytes: int):
+        super().__init__(f"returned more output data than the reference ({nbytes} bytes more than fit)")
+        self.nbytes = nbytes
+
+
+class UnsupportedValue(Exception):
+    """A value that cannot cross the process boundary (or a malformed descriptor)."""
+
+    kind = "unsupported_output"
+
+
+class OpaqueValue:
+    """A non-tensor, non-JSON output, known only by its type and repr (equal when both are)."""
+
+    def __init__(self, type_name: str, text: str):
+        self.type_name, self.text = type_name, text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OpaqueValue) and (self.type_name, self.text) == (other.type_name, other.text)
+
+    def __hash__(self) -> int:
+        return hash((self.type_name, self.text))
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} {self.text}>"
+
+
+def parse_dtype(name: str) -> Any:
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise UnsupportedValue(f"unknown dtype {name!r}")
+    return dtype
+
+
+def tree_nbytes(tree: dict[str, Any]) -> int:
+    """Bytes the tensors of a descriptor tree take, aligned as an arena packs them."""
+    if tree.get("t") == "tensor":
+        return _align(int(tree.get("nbytes", 0)))
+    if tree.get("t") == "seq":
+        return sum(tree_nbytes(i) for i in tree.get("items", []))
+    return 0
+
+
+def tree_classes(tree: dict[str, Any]) -> list[str]:
+    """Class names of the tensors (and sequence types) in a descriptor tree, outermost first."""
+    if tree.get("t") == "tensor":
+        return [str(tree.get("cls"))]
+    if tree.get("t") == "seq":
+        return [str(tree.get("type"))] + [c for i in tree.get("items", []) for c in tree_classes(i)]
+    return []
+
+
+def describe_value(value: Any) -> dict[str, Any]:
+    """The descriptor tree of `value` without its data (shapes, dtypes, sizes): what `Arena.pack` would write."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return {"t": "tensor", "offset": -1, "nbytes": value.numel() * value.element_size(),
+                "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
+                "device": value.device.type, "cls": type(value).__name__}
+    if isinstance(value, (tuple, list)):
+        kind = type(value)
+        name = "tuple" if kind is tuple else "list" if kind is list else kind.__name__
+        return {"t": "seq", "type": name, "items": [describe_value(v) for v in value]}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"t": "value", "v": value}
+    return {"t": "opaque", "type": type(value).__name__, "repr": repr(value)[:200]}

@@ -1,0 +1,313 @@
+"""One isolated evaluation: take two runners, drive a session through its phases, turn what it found into a
+verdict. Infrastructure failures are retried once on fresh runners and never become the candidate's verdict.
+
+Phases, in order (`session.Session`, `measure.Measurement`): set-up of both models -> arenas -> correctness
+trials (and extra trials beyond the reference's distribution) -> guard flags -> timing -> guard flags and
+leftover processes -> one profiled forward (GPU) -> verdict. Each phase may end the evaluation with a
+`Verdict`; the last step rejects on flags that the profile treats as rejecting (`Session.rejecting`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cudal1.core import flags as F
+from cudal1.core.types import EvalResult, Flag, Severity, Status
+from cudal1.eval.config import EvalConfig
+from cudal1.eval.measure import Measurement
+from cudal1.eval.processes import SCRATCH_INSIDE, RunnerFailed, RunnerProcess, RunnerSupply, copy_into_scratch
+from cudal1.eval.sandbox import SandboxSpec, detect_sandbox
+from cudal1.eval.session import InfraFailure, Session, Verdict
+from cudal1.eval.static_checks import changed_constants_used
+
+logger = logging.getLogger(__name__)
+
+#: Attempts of one evaluation when its infrastructure fails (a runner killed from outside, the flusher lost).
+ATTEMPTS = 2
+
+
+@dataclass
+class PreparedBuild:
+    """What the compile service prepared for one candidate: the environment its runner imports it in and,
+    when sandboxed, the cache folder to copy into the runner; `result` is a verdict when the build failed."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    result: EvalResult | None = None
+    directory: Path | None = None
+
+
+# --------------------------------------------------------------------------- one timed evaluation per device
+
+_device_locks: dict[str, threading.Lock] = {}
+_device_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def device_timing_lock(device: str) -> Iterator[None]:
+    """Hold `device` for one evaluation: evaluations timed at the same time on one device disturb each other's
+    measurements (and, on the CPU, the clock check), so threads of this process and other processes of this
+    machine (a file lock in the cache) take turns. Builds and static checks run outside it."""
+    from cudal1.eval.compile import cache_root
+
+    name = device if device.startswith("cuda") else "cpu"
+    with _device_locks_guard:
+        lock = _device_locks.setdefault(name, threading.Lock())
+    folder = cache_root() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with lock, open(folder / f"{name.replace(':', '_')}.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- the flusher of each device
+
+_flushers: dict[str, tuple[RunnerProcess, float | None]] = {}
+_flushers_lock = threading.Lock()
+
+
+def flusher_for(device: str) -> tuple[RunnerProcess, float | None]:
+    """The cache flusher of `device` in this process (started on first use, restarted when gone) and the
+    write bandwidth it measured (GB/s), which the physical floor uses."""
+    with _flushers_lock:
+        known = _flushers.get(device)
+        if known is not None and known[0].proc.poll() is None:
+            return known
+        if known is not None:
+            known[0].close()
+        runner = RunnerProcess(device, warm=True)
+        try:
+            runner.request({"op": "setup", "role": "flusher", "device": device}, timeout_s=120.0)
+            rates = [float(runner.request({"op": "flush"}, timeout_s=60.0).get("GBps", 0.0)) for _ in range(3)]
+        except RunnerFailed as failure:
+            runner.close()
+            raise InfraFailure(f"the cache flusher could not start: {failure.reason}") from None
+        _flushers[device] = (runner, max(rates) if rates else None)
+        return _flushers[device]
+
+
+def close_flushers() -> None:
+    with _flushers_lock:
+        for runner, _ in _flushers.values():
+            runner.close()
+        _flushers.clear()
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def machine_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def candidate_memory_limit(cfg: EvalConfig, data_bytes: int | None) -> int:
+    """The candidate's host memory limit: the config's, else derived from the task's data (inputs and
+    outputs) and the machine: room for torch, CUDA's host side and a few copies of the data, never more than
+    half of the machine (so it fires long before the machine's OOM killer)."""
+    if cfg.memory_bytes:
+        return cfg.memory_bytes
+    half = machine_memory_bytes() // 2
+    if data_bytes is None:
+        return half
+    return int(min(half, max(6 * 2**30, 6 * data_bytes + 4 * 2**30)))
+
+
+def compile_cache_folder() -> Path:
+    """torch.compile's cache for cudal1's own baselines (shared by their warm-up and timed runs)."""
+    from cudal1.eval.compile import cache_root
+
+    return cache_root() / "inductor"
+
+
+def compile_cache_env() -> dict[str, str]:
+    return {"TORCHINDUCTOR_CACHE_DIR": str(compile_cache_folder()), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+def sandbox_spec(device: str, hidden_files: list[str] | None = None, *,
+                 shared_compile_cache: bool = False) -> SandboxSpec:
+    """The sandbox of a model runner: the GPU's device nodes on CUDA; the results store and the caches hidden.
+    `shared_compile_cache` (cudal1's own baselines only, never a candidate: it could poison it) binds
+    torch.compile's cache read-write, so compiled baselines are warmed once for all their runs."""
+    from cudal1.eval.compile import cache_root
+
+    hidden = [str(cache_root())]
+    files = [f for f in (hidden_files or []) if f] + [os.environ.get("CUDAL1_STORE", "")]
+    spec = SandboxSpec(gpu=device.startswith("cuda"), tmp_bytes=2 * 2**30, hidden_dirs=hidden,
+                       hidden_files=[f for f in files if f])
+    if shared_compile_cache:
+        folder = compile_cache_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        info = detect_sandbox()
+        if info.drop_to_uid is not None:
+            os.chown(folder, info.drop_to_uid, info.drop_to_uid)
+        spec.writable.append(str(folder))
+        spec.env.update(compile_cache_env())
+    return spec
+
+
+def runner_supply(device: str, at_most: int | None = None, *, hidden_files: list[str] | None = None,
+                  spares: int | None = None, shared_compile_cache: bool = False) -> RunnerSupply:
+    """Pre-started runners for a series of evaluations on `device` (close it when done); two per evaluation.
+
+    A runner's start (interpreter, torch, a CUDA context) takes seconds, an evaluation about as long: spares
+    started ahead hide the start."""
+    default = 4 if device.startswith("cuda") else 2
+    n = default if spares is None else spares
+    total = None if at_most is None else max(2, 2 * at_most)
+    return RunnerSupply(device, spares=max(1, min(n, total)) if total is not None else n, total=total,
+                        spec=sandbox_spec(device, hidden_files, shared_compile_cache=shared_compile_cache))
+
+
+# --------------------------------------------------------------------------- one evaluation
+
+
+def check_sandbox_policy(cfg: EvalConfig) -> str:
+    """The sandbox level this evaluation runs at; raises ConfigError when the config or profile needs a
+    sandbox the host does not have."""
+    from cudal1.core.errors import ConfigError
+
+    info = detect_sandbox()
+    needed = cfg.sandbox == "required" or (cfg.sandbox == "auto" and cfg.profile_obj.require_sandbox)
+    if cfg.sandbox == "none":
+        return "none (opted out)"
+    if needed and info.level == "none":
+        raise ConfigError(f"profile {cfg.profile!r} evaluates untrusted code only in an OS sandbox and this host "
+                          f"has none ({info.mechanism}); install bubblewrap, or pass --sandbox none to run without "
+                          "one (recorded in every result)")
+    return info.level
+
+
+def evaluation_protocol(cfg: EvalConfig) -> dict[str, Any]:
+    """What a result was measured under: the config's protocol fields (the store's cache key) and the sandbox
+    level (provenance, recorded with the result, not part of the key)."""
+    return {**cfg.protocol(), "sandbox_level": check_sandbox_policy(cfg)}
+
+
+def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any, build: PreparedBuild,
+                  workers: RunnerSupply | None = None, hidden_files: list[str] | None = None) -> EvalResult:
+    """Evaluate one candidate in fresh (or supplied) runners; an infrastructure failure is retried once and
+    then reported as `infra_error`. One evaluation at a time holds the device (`device_timing_lock`): on a
+    GPU from set-up to the last call, the runners having started before (interpreter, torch, a CUDA
+    context); on the CPU the whole evaluation, since starting runners would compete with the timed calls."""
+    cuda = cfg.device.startswith("cuda")
+    with contextlib.nullcontext() if cuda else device_timing_lock(cfg.device):
+        failure = ""
+        for attempt in range(ATTEMPTS):
+            supply = workers or runner_supply(cfg.device, 1, hidden_files=hidden_files, spares=0,
+                                              shared_compile_cache=cfg.profile == "trusted")
+            try:
+                ref, cand = supply.take(), supply.take()
+                try:
+                    for runner in (ref, cand):
+                        runner.wait_ready()
+                except RunnerFailed:
+                    ref.close()
+                    cand.close()
+                    raise
+                with device_timing_lock(cfg.device) if cuda else contextlib.nullcontext():
+                    return _attempt(task, source, cfg, static_report, build, ref, cand)
+            except RunnerFailed as exc:
+                failure = f"a runner did not start: {exc.reason}"
+            except InfraFailure as exc:
+                failure = str(exc)
+            finally:
+                if workers is None:
+                    supply.close()
+            logger.warning("evaluation of %s: %s (attempt %d of %d)", task.id, failure, attempt + 1, ATTEMPTS)
+    return EvalResult(status=Status.INFRA_ERROR, message=f"the evaluation itself failed twice: {failure}",
+                      task_id=task.id)
+
+
+def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build: PreparedBuild,
+             ref: RunnerProcess, cand: RunnerProcess) -> EvalResult:
+    env = dict(build.env)
+    if build.directory is not None and cand.info.level != "none":
+        copy_into_scratch(cand, build.directory)
+        env["TORCH_EXTENSIONS_DIR"] = SCRATCH_INSIDE
+    flusher, bandwidth = flusher_for(cfg.device) if cfg.device.startswith("cuda") else (None, None)
+    ref.set_memory_limit(machine_memory_bytes() * 4 // 5)
+    cand.set_memory_limit(candidate_memory_limit(cfg, None))
+    session = Session(task, source, cfg, ref=ref, cand=cand, flusher=flusher, static_report=static_report,
+                      candidate_env=env)
+    timing = profile = None
+    status, message, mismatch, compile_log = Status.CORRECT, "", None, ""
+    t0 = time.perf_counter()
+    try:
+        session.setup()
+        session.size_arenas()
+        data = int(session.facts.get("input_bytes", 0)) + int(session.facts.get("output_bytes", 0))
+        cand.set_memory_limit(candidate_memory_limit(cfg, data))
+        if cfg.device.startswith("cuda"):
+            total = int(ref.hello.get("total_memory", 0)) if ref.hello else 0
+            cand.limits.gpu_memory_bytes = int(cfg.gpu_memory_fraction * total) if total else None
+        _check_constants(session, source)
+        session.trials()
+        session.guard_flags("the correctness trials")
+        if session.rejecting():
+            raise Verdict(Status.HACK_DETECTED, "")
+        t1 = time.perf_counter()
+        timing = Measurement(session, bandwidth).run()
+        session.phase_s["timing"] = time.perf_counter() - t1
+        session.guard_flags("the timed calls")
+        session.process_flags()
+        t2 = time.perf_counter()
+        profile = session.profile()
+        session.phase_s["profile"] = time.perf_counter() - t2
+        if session.rejecting():
+            status = Status.HACK_DETECTED
+    except Verdict as v:
+        status, message, mismatch, compile_log = v.status, v.message, v.mismatch, v.compile_log
+        if v.flag:
+            severity = Severity.ERROR if v.status is Status.HACK_DETECTED else Severity.WARNING
+            session.flags.append(Flag(v.flag, severity, v.message[:200], source="runtime"))
+        if status in (Status.INCORRECT, Status.RUNTIME_ERROR) and cand.proc.poll() is None:
+            _last_guard_look(session)  # a cheat that also computes wrongly is still a cheat
+    finally:
+        session.phase_s["session"] = time.perf_counter() - t0
+        session.close()
+        for runner in (ref, cand):
+            runner.close()
+    rejecting = session.rejecting()
+    if rejecting and status in (Status.CORRECT, Status.INCORRECT):
+        status, message = Status.HACK_DETECTED, ""  # a cheat that also computes wrongly is still a cheat
+    if status is Status.HACK_DETECTED and not message:
+        message = "; ".join(f"{f.rule}: {f.message}" for f in rejecting[:3]) or "rejected"
+    if status is Status.CORRECT and timing is None:
+        status, message = Status.RUNTIME_ERROR, "the evaluation ended without timing results"
+    return EvalResult(status=status, message=message, task_id=task.id, flags=session.flags,
+                      speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
+                      timing=timing if status is Status.CORRECT else None, mismatch=mismatch, compile_log=compile_log,
+                      protocol={"phase_s": session.phase_s, **({"clock": session.facts["clock"]}
+                                                               if "clock" in session.facts else {}),
+                                **({"kernel_profile": profile} if profile else {})})
+
+
+def _last_guard_look(session: Session) -> None:
+    """The candidate's guard flags after an early verdict, when its runner still answers."""
+    try:
+        session.guard_flags("its last call")
+    except (Verdict, InfraFailure, RunnerFailed):
+        pass
+
+
+def _check_constants(session: Session, source: str) -> None:
+    """Constants the candidate redefined with another value, that its ModelNew reads: it computes another
+    problem than the reference's (hyperparameter manipulation). Equal boilerplate passes."""
+    changed = changed_constants_used(source, session.facts.get("cand_constants", {}),
+                                     session.facts.get("ref_constants", {}))
+    if changed:
+        ref, cand = session.facts["ref_constants"], session.facts["cand_constants"]
+        shown = ", ".join(f"{n} = {cand[n]!r} (reference: {ref[n]!r})" for n in changed[:3])
+        session.flags.append(Flag(F.SIZE_CONSTANTS, Severity.ERROR, f"ModelNew reads redefined constants: {shown}",
+                                  source="runtime"))

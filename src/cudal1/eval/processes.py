@@ -1,0 +1,598 @@
+"""Runner processes: started in the sandbox, spoken to over a channel, watched, frozen and killed.
+
+A `RunnerProcess` is one `python -m cudal1.eval.runner` in its own sandbox (`sandbox.wrap_command`). It is
+started ahead of its work (interpreter, torch import and CUDA context overlap other work), takes a role when
+the parent sends `setup`, and serves requests until the parent closes it. The parent enforces:
+
+- a deadline on every request (`ChannelTimeout` -> the runner is killed);
+- a memory limit: the resident memory of the runner's whole process tree (shared memory included) is read
+  about every 0.1 s while the parent waits, and the tree is killed when it exceeds the limit; a GPU memory
+  limit the same way through NVML where it is installed; the sandbox's /tmp and /dev/shm are size-limited
+  tmpfs;
+- `freeze()` / `thaw()`: SIGSTOP/SIGCONT of the runner (every thread of it) while the other model runs, so
+  nothing the candidate left running competes with the reference for the CPU;
+- death: every process of the sandbox dies with the runner's tree (`kill`), with the parent (bwrap
+  `--die-with-parent`; a plain child gets PR_SET_PDEATHSIG), and a restart removes the folders a killed run
+  left (`reap_stale_folders`).
+
+`run_isolated` runs one trusted function (a build, a peak measurement) in a fresh sandboxed runner and
+returns how it ended. Not covered: a runner started from a thread that exits dies with that thread (Linux's
+parent-death signal follows the thread): start runners from long-lived threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cudal1.eval.cgroups import RunnerGroup
+from cudal1.eval.channel import Channel, ChannelClosed, ChannelTimeout, ProtocolError, socket_pair
+from cudal1.eval.sandbox import SandboxInfo, SandboxSpec, detect_sandbox, sandbox_environment, wrap_command
+
+logger = logging.getLogger(__name__)
+
+#: Prefix of the parent-side folders of runners (stderr log, scratch); `reap_stale_folders` knows them by it.
+FOLDER_PREFIX = "cudal1-run-"
+#: Where a runner sees its scratch folder (a candidate's prepared build is copied there before setup).
+SCRATCH_INSIDE = "/tmp/ext"
+MEMORY_POLL_S = 0.1
+GPU_MEMORY_POLL_S = 0.5
+START_TIMEOUT_S = 180.0
+
+
+class RunnerFailed(Exception):
+    """A request got no valid reply: the runner died, timed out, exceeded a limit or broke the protocol."""
+
+    def __init__(self, reason: str, *, timed_out: bool = False, memory: bool = False, signal_number: int | None = None,
+                 exit_code: int | None = None, killed_by_parent: bool = False, stderr_tail: str = ""):
+        super().__init__(reason)
+        self.reason, self.timed_out, self.memory = reason, timed_out, memory
+        self.signal_number, self.exit_code, self.killed_by_parent = signal_number, exit_code, killed_by_parent
+        self.stderr_tail = stderr_tail
+
+    @property
+    def killed_from_outside(self) -> bool:
+        """SIGKILL that the parent did not send: the OOM killer, an operator (or the candidate itself)."""
+        return self.signal_number == signal.SIGKILL and not self.killed_by_parent
+
+
+def _set_parent_death_signal() -> None:
+    """preexec for unsandboxed runners: SIGKILL when the parent (thread) dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def usable_cpu_count() -> int:
+    """Cores this process may run on (its affinity mask: taskset, cgroups' cpusets, Slurm), not the host's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants (Linux /proc children lists)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def tree_rss_bytes(pids: list[int]) -> int:
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def _gpu_memory_of(pids: list[int]) -> int | None:
+    """GPU memory used by these processes (NVML), None when NVML is not available."""
+    try:
+        import pynvml  # noqa: PLC0415 - optional: nvidia-ml-py, present on GPU hosts
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        wanted, used = set(pids), 0
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid in wanted and proc.usedGpuMemory:
+                    used += int(proc.usedGpuMemory)
+        return used
+    except Exception:  # noqa: BLE001 - NVML refusing (no driver, container) means no GPU watchdog
+        return None
+
+
+def _tail(path: Path, n_bytes: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - n_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class RunnerLimits:
+    """Limits the parent enforces on one runner."""
+
+    memory_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
+
+
+class RunnerProcess:
+    """One sandboxed runner (see the module docstring)."""
+
+    def __init__(self, device: str = "cpu", *, warm: bool = True, spec: SandboxSpec | None = None,
+                 info: SandboxInfo | None = None, cpus: frozenset[int] | None = None):
+        self.info = info or detect_sandbox()
+        self.device = device
+        self.spec = spec or SandboxSpec(gpu=device.startswith("cuda"))
+        self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        (self.folder / "owner").write_text(str(os.getpid()))
+        self.scratch = self.folder / "scratch"
+        self.scratch.mkdir()
+        self._chown_for_sandbox(self.scratch)
+        self.limits = RunnerLimits()
+        self.killed_reason: str | None = None
+        self._last_memory_check = 0.0
+        self._last_gpu_check = 0.0
+        self.runner_pid: int | None = None
+        self.tree_root: int | None = None
+        parent_sock, child_sock = socket_pair()
+        self.channel = Channel(parent_sock)
+        argv = [sys.executable, "-m", "cudal1.eval.runner", str(child_sock.fileno()), device if warm else "-"]
+        self.err_path = self.folder / "stderr.txt"
+        err = open(self.err_path, "wb")  # noqa: SIM115 - owned by the child from here on
+        sandboxed = self.info.level != "none"
+        if sandboxed:
+            spec = SandboxSpec(**{**self.spec.__dict__, "binds": [*self.spec.binds, (str(self.scratch), SCRATCH_INSIDE)]})
+            info_r, info_w = os.pipe()
+            cmd = wrap_command(argv, spec, self.info, info_fd=info_w)
+            pass_fds = (child_sock.fileno(), info_w)
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            cwd, preexec = None, None
+        else:
+            info_r = info_w = -1
+            cmd, pass_fds = argv, (child_sock.fileno(),)
+            work = self.folder / "work"
+            work.mkdir()
+            env = sandbox_environment({**self.spec.env, "HOME": str(work), "TMPDIR": str(work)})
+            cwd, preexec = str(work), _set_parent_death_signal
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
+                                         pass_fds=pass_fds, env=env, cwd=cwd, start_new_session=True,
+                                         preexec_fn=preexec)
+        finally:
+            err.close()
+            child_sock.close()
+            if info_w >= 0:
+                os.close(info_w)
+        self._info_r = info_r
+        if cpus is not None:
+            self.pin(cpus)
+        self.hello: dict[str, Any] | None = None
+        self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
+        self.group: RunnerGroup | None = None  # its control group, where the host allows one
+
+    # ------------------------------------------------------------------ identity and tree
+
+    def _chown_for_sandbox(self, path: Path) -> None:
+        """A folder the sandbox must write belongs to its uid when a root parent drops privileges."""
+        uid = self.info.drop_to_uid
+        if uid is None:
+            return
+        for dirpath, _dirnames, filenames in os.walk(path):
+            os.chown(dirpath, uid, uid)
+            for name in filenames:
+                os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+
+    def _resolve_pids(self) -> None:
+        if self.tree_root is not None:
+            return
+        if self._info_r < 0:
+            self.tree_root = self.runner_pid = self.proc.pid
+            return
+        try:
+            data = b""
+            while not data.endswith(b"}\n"):
+                chunk = os.read(self._info_r, 4096)
+                if not chunk:
+                    break
+                data += chunk
+            init = int(json.loads(data)["child-pid"])
+        except (OSError, ValueError, KeyError):
+            init = self.proc.pid
+        finally:
+            os.close(self._info_r)
+            self._info_r = -1
+        self.tree_root = init
+        kids = [p for p in process_tree(init) if p != init]
+        self.runner_pid = kids[0] if kids else init
+
+    def pids(self) -> list[int]:
+        """Every process of this runner's sandbox (the runner, anything it started), outside pids."""
+        self._resolve_pids()
+        return process_tree(self.proc.pid)
+
+    def pin(self, cpus: frozenset[int] | None) -> None:
+        """Run every thread of the runner's tree on `cpus` (None: every core this process may use)."""
+        if not hasattr(os, "sched_setaffinity"):
+            return
+        mask = cpus if cpus is not None else os.sched_getaffinity(0)
+        for pid in process_tree(self.proc.pid):
+            try:
+                tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tasks:
+                try:
+                    os.sched_setaffinity(tid, mask)
+                except OSError:
+                    pass
+
+    # ------------------------------------------------------------------ requests
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """The runner's hello (its pid, versions, device facts); waits for its start."""
+        if self.hello is None:
+            self.hello = self._receive(timeout_s)
+            self._resolve_pids()
+            tree = process_tree(self.proc.pid)
+            self.baseline_processes = len(tree)
+            self.group = RunnerGroup.create()
+            if self.group is not None:
+                self.group.add(tree)  # whatever they start from now on is in it too
+                if self.limits.memory_bytes:
+                    self.group.set_memory_limit(self.limits.memory_bytes)
+        return self.hello
+
+    def set_memory_limit(self, limit_bytes: int | None) -> None:
+        """The host memory limit of the whole sandbox: kernel-enforced where it has a cgroup, watched always."""
+        self.limits.memory_bytes = limit_bytes
+        if limit_bytes and self.group is not None:
+            self.group.set_memory_limit(limit_bytes)
+
+    def cpu_ns(self) -> int | None:
+        """CPU time the runner's sandbox used so far (its control group's clock), None without one."""
+        return self.group.cpu_ns() if self.group is not None else None
+
+    def wait_reply(self, timeout_s: float) -> dict[str, Any]:
+        """The next message of a request already sent (after a progress note)."""
+        return self._receive(timeout_s)
+
+    def request(self, message: dict[str, Any], timeout_s: float, fds: tuple[int, ...] = ()) -> dict[str, Any]:
+        """Send one request and return the runner's reply (a dict with `ok`); raises `RunnerFailed`."""
+        self.wait_ready()
+        try:
+            self.channel.send(message, fds)
+        except ChannelClosed:
+            raise self._failure("the runner exited") from None
+        reply = self._receive(timeout_s)
+        self._check_memory(force=False)
+        return reply
+
+    def _receive(self, timeout_s: float) -> dict[str, Any]:
+        try:
+            reply, fds = self.channel.recv(timeout_s, tick=self._tick)
+        except ChannelTimeout:
+            self.kill("timed out")
+            raise self._failure(f"no answer within {timeout_s:.1f} s", timed_out=True) from None
+        except ChannelClosed:
+            raise self._failure(self.killed_reason or "the runner exited") from None
+        except ProtocolError as exc:
+            self.kill("broke the protocol")
+            raise self._failure(f"the runner broke the protocol ({exc})") from None
+        for fd in fds:
+            os.close(fd)  # runners never send descriptors back
+        if self.killed_reason is not None:
+            raise self._failure(self.killed_reason, memory="memory" in self.killed_reason)
+        return reply
+
+    def _tick(self) -> None:
+        self._check_memory(force=False)
+        if self.proc.poll() is not None:
+            raise ChannelClosed("exited")
+
+    def _check_memory(self, force: bool) -> None:
+        now = time.monotonic()
+        if self.killed_reason is not None or (not force and now - self._last_memory_check < MEMORY_POLL_S):
+            return
+        self._last_memory_check = now
+        pids = None
+        if self.limits.memory_bytes:
+            pids = self.pids()
+            used = tree_rss_bytes(pids)
+            if used > self.limits.memory_bytes:
+                self.kill(f"exceeded the host memory limit ({used / 2**30:.1f} GiB > "
+                          f"{self.limits.memory_bytes / 2**30:.1f} GiB)")
+                return
+        if self.limits.gpu_memory_bytes and now - self._last_gpu_check >= GPU_MEMORY_POLL_S:
+            self._last_gpu_check = now
+            used = _gpu_memory_of(pids or self.pids())
+            if used is not None and used > self.limits.gpu_memory_bytes:
+                self.kill(f"exceeded the GPU memory limit ({used / 2**30:.1f} GiB > "
+                          f"{self.limits.gpu_memory_bytes / 2**30:.1f} GiB)")
+
+    def _failure(self, reason: str, *, timed_out: bool = False, memory: bool = False) -> RunnerFailed:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill(self.killed_reason or "did not exit")
+            code = self.proc.wait()
+        if not timed_out and self.group is not None and self.group.oom_killed() and self.killed_reason is None:
+            self.killed_reason = (f"exceeded the host memory limit "
+                                  f"({(self.limits.memory_bytes or 0) / 2**30:.1f} GiB)")
+        if self.killed_reason is not None and "memory limit" in self.killed_reason:
+            reason, memory = self.killed_reason, True
+        sig = None
+        if code is not None and code < 0:
+            sig = -code
+        elif code is not None and self.info.level != "none" and code > 128:
+            sig = code - 128  # bwrap reports a child killed by signal N as 128 + N
+        if sig is not None and not timed_out and not memory and self.killed_reason is None:
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            reason = f"crashed with signal {sig} {name}"
+        elif code not in (None, 0) and sig is None and not timed_out and self.killed_reason is None:
+            reason = f"exited with code {code} before reporting a result"
+        elif sig is None and not timed_out and self.killed_reason is None:
+            reason = "exited before reporting a result"
+        return RunnerFailed(reason, timed_out=timed_out, memory=memory, signal_number=sig, exit_code=code,
+                            killed_by_parent=self.killed_reason is not None, stderr_tail=_tail(self.err_path))
+
+    # ------------------------------------------------------------------ control
+
+    def freeze(self) -> None:
+        """Stop the whole sandbox (its cgroup's freezer; without one, SIGSTOP to the runner's threads)."""
+        if self.group is not None and self.group.freeze(True):
+            return
+        if self.runner_pid is not None:
+            try:
+                os.kill(self.runner_pid, signal.SIGSTOP)
+            except OSError:
+                pass
+
+    def thaw(self) -> None:
+        if self.group is not None and self.group.freeze(False):
+            return
+        if self.runner_pid is not None:
+            try:
+                os.kill(self.runner_pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+    def kill(self, reason: str = "killed") -> None:
+        """SIGKILL the whole tree and its control group (the sandbox goes with it)."""
+        if self.killed_reason is None:
+            self.killed_reason = reason
+        pids = set(process_tree(self.proc.pid))
+        if self.group is not None:
+            self.group.freeze(False)  # a frozen process takes its SIGKILL only once thawed
+            pids.update(self.group.pids())
+        for pid in sorted(pids, reverse=True):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """End the runner and remove its folder (never raises)."""
+        if self.proc.poll() is None:
+            self.kill("closed")
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.warning("runner %d did not exit after SIGKILL", self.proc.pid)
+        self.channel.close()
+        if self._info_r >= 0:
+            os.close(self._info_r)
+            self._info_r = -1
+        if self.group is not None:
+            for _ in range(50):  # the kernel empties a group a little after its processes die
+                if not self.group.pids():
+                    break
+                time.sleep(0.01)
+            self.group.remove()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> RunnerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def reap_stale_folders() -> int:
+    """Remove the runner folders of parents that are gone (a killed CLI or server); returns how many."""
+    root = Path(tempfile.gettempdir())
+    removed = 0
+    for folder in root.glob(FOLDER_PREFIX + "*"):
+        try:
+            owner = int((folder / "owner").read_text())
+        except (OSError, ValueError):
+            owner = -1
+        if owner > 0 and owner != os.getpid():
+            try:
+                os.kill(owner, 0)
+                continue  # its parent still runs
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        elif owner == os.getpid():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+# --------------------------------------------------------------------------- one-shot trusted functions
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one isolated run."""
+
+    timeout_s: float = field(default=300.0, metadata={"help": "Wall-clock limit of the child process."})
+    memory_bytes: int | None = field(
+        default=16 * 2**30, metadata={"help": "Resident memory limit of the child's process tree (None: none)."})
+
+
+@dataclass(frozen=True)
+class IsolatedOutcome:
+    """How a one-shot isolated run ended and what its function returned."""
+
+    value: dict[str, Any] | None
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    memory_exceeded: bool
+    duration_s: float
+    stderr_tail: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+    def describe_failure(self) -> str:
+        """One line: why no result came back."""
+        if self.timed_out:
+            return f"timed out after {self.duration_s:.1f} s"
+        if self.memory_exceeded:
+            return "exceeded the host memory limit"
+        if self.error:
+            return self.error
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else ""
+            return f"crashed with signal {self.signal} {name}".strip()
+        if self.exit_code not in (None, 0):
+            return f"exited with code {self.exit_code} before reporting a result"
+        return "exited before reporting a result"
+
+
+def run_isolated(entry: str, payload: dict[str, Any], *, limits: Limits = Limits(), env: dict[str, str] | None = None,
+                 device: str = "cpu", spec: SandboxSpec | None = None, info: SandboxInfo | None = None,
+                 scratch_from: str | os.PathLike | None = None,
+                 scratch_out: str | os.PathLike | None = None) -> IsolatedOutcome:
+    """Run trusted `entry` ("package.module:function", called with `payload`, returning a JSON dict) in a
+    fresh sandboxed runner; never raises for anything the child does. `env` is set in the child before the
+    call; `scratch_from` is copied into the runner's scratch folder first (a prepared build) and the scratch
+    folder is copied to `scratch_out` after (what a build wrote)."""
+    start = time.monotonic()
+    runner = RunnerProcess(device, warm=False, spec=spec, info=info)
+    try:
+        runner.set_memory_limit(limits.memory_bytes)
+        if scratch_from is not None:
+            copy_into_scratch(runner, scratch_from)
+        try:
+            runner.wait_ready(timeout_s=limits.timeout_s)
+            reply = runner.request({"op": "run_entry", "entry": entry, "payload": payload, "env": env or {}},
+                                   timeout_s=max(1.0, limits.timeout_s - (time.monotonic() - start)))
+        except RunnerFailed as failure:
+            return IsolatedOutcome(None, failure.exit_code, failure.signal_number, failure.timed_out, failure.memory,
+                                   time.monotonic() - start, failure.stderr_tail,
+                                   None if (failure.timed_out or failure.memory or failure.signal_number)
+                                   else failure.reason)
+        error = None if reply.get("ok") else str(reply.get("message") or reply.get("error") or "failed")
+        value = reply.get("value") if reply.get("ok") and isinstance(reply.get("value"), dict) else None
+        return IsolatedOutcome(value, 0, None, False, False, time.monotonic() - start, _tail(runner.err_path), error)
+    finally:
+        if scratch_out is not None:
+            runner.kill("done")
+            runner.proc.wait()
+            shutil.copytree(runner.scratch, scratch_out, dirs_exist_ok=True, symlinks=True, copy_function=shutil.copy2)
+        runner.close()
+
+
+def copy_into_scratch(runner: RunnerProcess, source: str | os.PathLike) -> None:
+    """Copy a prepared folder (a candidate's build) into the runner's scratch folder, times kept."""
+    source = Path(source)
+    if source.is_dir():
+        shutil.copytree(source, runner.scratch, dirs_exist_ok=True, copy_function=shutil.copy2, symlinks=True)
+        runner._chown_for_sandbox(runner.scratch)
+
+
+class RunnerSupply:
+    """Hands out started runners, starting a replacement each time one is taken (at most `total` in all when
+    given: a series of known length wastes no starts at its end). Each evaluation takes two."""
+
+    def __init__(self, device: str, *, spares: int = 2, total: int | None = None, spec: SandboxSpec | None = None,
+                 info: SandboxInfo | None = None):
+        self.device, self.spares, self.total = device, spares, total
+        self.spec = spec or SandboxSpec(gpu=device.startswith("cuda"))
+        self.info = info
+        self._started = 0
+        self._ready: list[RunnerProcess] = []
+        self._cpus: tuple[frozenset[int] | None, frozenset[int] | None] | None = None
+
+    def pin(self, cpus: frozenset[int] | None, others: frozenset[int] | None = None) -> None:
+        """From now on a runner handed out runs on `cpus` only, the ones waiting on `others` (None: every
+        core); `pin(None)`: every core again."""
+        self._cpus = (cpus, others) if cpus is not None else None
+        for runner in self._ready:
+            runner.pin(others if cpus is not None else None)
+
+    def take(self) -> RunnerProcess:
+        """A started runner; spares that died while waiting are discarded, never handed out."""
+        while self._ready and self._ready[0].proc.poll() is not None:
+            self._ready.pop(0).close()
+        runner = self._ready.pop(0) if self._ready else self._spawn()
+        if self._cpus is not None:
+            runner.pin(self._cpus[0])
+        try:
+            self.fill()
+        except OSError:  # no spare now (out of processes or files): the next take starts one itself
+            logger.warning("could not start a spare runner", exc_info=True)
+        return runner
+
+    def fill(self) -> None:
+        """Start spares up to `spares` now (e.g. while a batch's builds run)."""
+        while len(self._ready) < self.spares and (self.total is None or self._started < self.total):
+            self._ready.append(self._spawn())
+
+    @property
+    def n_ready(self) -> int:
+        return len(self._ready)
+
+    def _spawn(self) -> RunnerProcess:
+        runner = RunnerProcess(self.device, warm=True, spec=self.spec, info=self.info,
+                               cpus=self._cpus[1] if self._cpus is not None else None)
+        self._started += 1
+        return runner
+
+    def close(self) -> None:
+        for runner in self._ready:
+            runner.close()
+        self._ready.clear()
+
+    def __enter__(self) -> RunnerSupply:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

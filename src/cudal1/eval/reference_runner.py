@@ -1,0 +1,155 @@
+"""The reference's runner: loads the task, builds its inputs and outputs, times it like the candidate.
+
+It never sees candidate code: its process imports the task's reference and cudal1's harness only. What it
+reports (inputs, outputs, times, the reference's own float32 rounding noise) is what the parent compares the
+candidate against.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from cudal1.eval.calls import CallFailed, ModelSide, first_line, use_device, use_exact_fp32
+from cudal1.eval.channel import Arena, describe_value, tree_nbytes
+from cudal1.tasks.task import load_reference
+
+
+class ReferenceFailed(Exception):
+    """The reference itself failed (loading, its inputs, its construction or its forward)."""
+
+    kind = "reference"
+
+    def __init__(self, what: str, exc: BaseException):
+        super().__init__(f"the reference failed ({what}): {first_line(exc)}")
+
+
+def jsonable(value: Any) -> Any:
+    """A constant as JSON carries it (tuples become lists), anything else as its repr."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [jsonable(v) for v in value]
+    return repr(value)
+
+
+def configure(message: dict[str, Any]) -> torch.device:
+    """Device, CPU threads and numerics of a model runner, the same for both models."""
+    device = use_device(str(message["device"]))
+    threads = int(message.get("threads") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if message.get("exact_fp32"):
+        use_exact_fp32()
+    return device
+
+
+class ReferenceRole:
+    def __init__(self, message: dict[str, Any]):
+        self.device = configure(message)
+        t0 = time.perf_counter()
+        try:
+            self.reference = load_reference(message["ref_source"], message["task_id"], sizes=message.get("sizes", "full"))
+        except Exception as exc:  # noqa: BLE001 - TaskError or anything the module raised
+            raise ReferenceFailed("loading its module", exc) from None
+        try:
+            init_inputs = list(self.reference.get_init_inputs())
+            torch.manual_seed(int(message.get("seed", 42)))
+            model = self.reference.Model(*init_inputs)
+            if isinstance(model, torch.nn.Module):
+                model = model.to(self.device)
+        except Exception as exc:  # noqa: BLE001
+            raise ReferenceFailed("get_init_inputs and Model(...)", exc) from None
+        self.side = ModelSide(self.device, self.reference, model)
+        self.setup_ms = (time.perf_counter() - t0) * 1e3
+        self._model64: Any = None
+
+    def setup_reply(self) -> dict[str, Any]:
+        return {"ok": True, "constants": {k: jsonable(v) for k, v in self.reference.constants.items()},
+                "setup_ms": self.setup_ms}
+
+    def attach(self, arena: Arena) -> dict[str, Any]:
+        self.side.arena = arena
+        pinned = arena.register_with_cuda() if self.device.type == "cuda" else False
+        return {"ok": True, "pinned": pinned}
+
+    def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            if op == "describe":
+                return self._describe(message)
+            if op == "trial":
+                return self._trial(message)
+            if op == "prepare":
+                return self.side.prepare(message)
+            if op == "inputs":
+                assert self.side.arena is not None, "no arena attached"
+                tree = self.side.arena.pack(self.side.make_inputs(int(message["seed"])), "in")
+                return {"ok": True, "in": tree, "in_bytes": tree_nbytes(tree)}
+            if op == "call":
+                return self.side.timed_request(message)
+            if op == "flush":
+                self.side.flush_cpu_cache()
+                return {"ok": True}
+        except CallFailed as exc:
+            raise ReferenceFailed("forward", RuntimeError(exc.message)) from None
+        return {"ok": False, "error": "unknown_op", "message": op}
+
+    def _describe(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Shapes and sizes of the inputs and outputs for one seed (the parent sizes the arenas from them),
+        and the time of one untimed call (the first: it also warms the reference up)."""
+        try:
+            inputs = self.side.make_inputs(int(message["seed"]))
+        except Exception as exc:  # noqa: BLE001
+            raise ReferenceFailed("get_inputs", exc) from None
+        t0 = time.perf_counter()
+        out = self.side.call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+        call_ms = (time.perf_counter() - t0) * 1e3
+        return {"ok": True, "inputs": describe_value(inputs), "outputs": describe_value(out), "call_ms": call_ms}
+
+    def _trial(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A correctness trial: inputs (committed to `in`), outputs and inputs after the call (to `out`), and
+        with `noise_atol` the reference's own rounding noise (see `_noise`)."""
+        assert self.side.arena is not None, "no arena attached"
+        try:
+            inputs = self.side.inputs_from(message)
+        except Exception as exc:  # noqa: BLE001
+            raise ReferenceFailed("get_inputs", exc) from None
+        in_tree = self.side.arena.pack(inputs, "in")
+        working = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        out = self.side.call(working)
+        reply = {"ok": True, "in": in_tree, "out": self.side.commit((out, working))}
+        if message.get("noise_atol") is not None:
+            reply["noise"] = self._noise(inputs, out, float(message["noise_atol"]))
+        return reply
+
+    def _noise(self, inputs: list[Any], out: Any, atol: float) -> list[float | None]:
+        """The reference's own rounding error per output, max |float32 run - float64 run|, for the outputs
+        small enough that the comparison falls back to their own scale (None elsewhere or when the model
+        cannot run in float64)."""
+        from cudal1.eval.correctness import flatten
+
+        outs = flatten(out, strict=False)
+        small = [isinstance(o, torch.Tensor) and o.is_floating_point() and o.numel() > 0
+                 and float(o.detach().float().nan_to_num(0, 0, 0).abs().max()) < 10 * atol for o in outs]
+        if not any(small):
+            return [None] * len(outs)
+        try:
+            if self._model64 is None:
+                self._model64 = copy.deepcopy(self.side.model).double()
+            inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            with torch.no_grad():
+                outs64 = flatten(self._model64(*inputs64), strict=False)
+        except Exception:  # noqa: BLE001 - a model that cannot run in float64 keeps the plain rule
+            return [None] * len(outs)
+        noise: list[float | None] = []
+        for o, o64, is_small in zip(outs, outs64, small, strict=False):
+            if not is_small or not isinstance(o64, torch.Tensor) or o64.shape != o.shape:
+                noise.append(None)
+                continue
+            diff = (o.detach().double() - o64.detach().double()).abs()
+            finite = diff[torch.isfinite(diff)]
+            noise.append(float(finite.max()) if finite.numel() else None)
+        return noise

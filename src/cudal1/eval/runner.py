@@ -1,0 +1,174 @@
+"""Entry point of every runner process: `python -m cudal1.eval.runner FD WARM_DEVICE`.
+
+Started by `processes.RunnerProcess` inside the sandbox. FD is the runner's end of its channel, WARM_DEVICE a
+device to create the CUDA context on before any request ("-": none). The runner says hello, then serves
+requests one at a time until the parent closes the channel:
+
+- `setup {role, ...}` makes it the reference's runner, the candidate's runner or the device's flusher
+  (`reference_runner.ReferenceRole`, `candidate_runner.CandidateRole`, `FlusherRole` below);
+- `arena {in_bytes}` with a memfd attached maps shared memory for tensors;
+- `run_entry {entry, payload, env}` runs one trusted function (a build, a peak measurement) and returns its dict;
+- any other op goes to the role.
+
+Every reply is data: `{"ok": true, ...}` or `{"ok": false, "error": KIND, "message": ...}`. A runner holds no
+key and no verdict; the parent decides what replies mean.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import resource
+import socket
+import sys
+import traceback
+from typing import Any
+
+
+def environment_info(device: Any) -> dict[str, Any]:
+    """GPU and software versions as seen from inside a runner."""
+    import torch
+
+    env = {"device_type": device.type, "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+           "python": platform.python_version()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu_name=props.name, capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
+                   l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0), total_memory=int(props.total_memory))
+    else:
+        env.update(gpu_name="cpu", cpu=platform.processor() or platform.machine())
+    return env
+
+
+class FlusherRole:
+    """A device's cache flusher: evicts L2 from a context the candidate does not control, before each timed
+    call of either model, and resets the persisting-L2 lines (which an ordinary flush does not evict)."""
+
+    def __init__(self, message: dict[str, Any]):
+        import torch
+
+        from cudal1.eval.calls import use_device
+
+        self.device = use_device(message["device"])
+        props = torch.cuda.get_device_properties(self.device)
+        l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+        self.buffer = torch.empty(max(2 * l2, 256 * 2**20) // 4, dtype=torch.float32, device=self.device)
+        self.reset = _persisting_l2_reset()
+
+    def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        if op != "flush":
+            return {"ok": False, "error": "unknown_op", "message": op}
+        torch.cuda.synchronize(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.buffer.fill_(1.0)
+        end.record()
+        if self.reset is not None:
+            self.reset()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        return {"ok": True, "ms": ms, "GBps": self.buffer.numel() * 4 / max(ms, 1e-6) / 1e6}
+
+
+def _persisting_l2_reset():
+    """cudaCtxResetPersistingL2Cache through the CUDA runtime torch loaded, or None where there is none."""
+    import ctypes
+
+    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        fn = getattr(lib, "cudaCtxResetPersistingL2Cache", None)
+        if fn is not None:
+            return fn
+    return None
+
+
+def _make_role(message: dict[str, Any], channel: Any) -> Any:
+    role = message.get("role")
+    if role == "reference":
+        from cudal1.eval.reference_runner import ReferenceRole
+
+        return ReferenceRole(message)
+    if role == "candidate":
+        from cudal1.eval.candidate_runner import CandidateRole
+
+        return CandidateRole(message, channel)
+    if role == "flusher":
+        return FlusherRole(message)
+    raise ValueError(f"unknown role {role!r}")
+
+
+def _call_entry(message: dict[str, Any]) -> dict[str, Any]:
+    os.environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
+    module_name, _, func_name = str(message["entry"]).partition(":")
+    value = getattr(importlib.import_module(module_name), func_name)(message.get("payload") or {})
+    json.dumps(value)  # a trusted function must return JSON; fail here, not in the parent
+    return {"ok": True, "value": value}
+
+
+def serve(sock: socket.socket, warm_device: str) -> None:
+    from cudal1.eval.channel import Arena, Channel, ChannelClosed
+
+    channel = Channel(sock)
+    import torch
+
+    hello: dict[str, Any] = {"op": "hello", "pid": os.getpid(), "torch": torch.__version__}
+    if warm_device != "-" and warm_device.startswith("cuda") and torch.cuda.is_available():
+        torch.zeros(1, device=warm_device)  # the CUDA context, before any request
+        hello["total_memory"] = int(torch.cuda.get_device_properties(torch.device(warm_device)).total_memory)
+    channel.send(hello)
+    role: Any = None
+    while True:
+        try:
+            message, fds = channel.recv(max_fds=2)
+        except ChannelClosed:
+            return
+        op = str(message.get("op", ""))
+        try:
+            if op == "setup":
+                role = _make_role(message, channel)
+                reply = role.setup_reply() if hasattr(role, "setup_reply") else {"ok": True}
+            elif op == "arena":
+                if not fds or role is None:
+                    raise ValueError("an arena needs a role and a descriptor")
+                arena = Arena.attach(fds[0], int(message.get("in_bytes", 0)))
+                reply = role.attach(arena) if hasattr(role, "attach") else {"ok": True}
+            elif op == "run_entry":
+                reply = _call_entry(message)
+            elif op == "exit":
+                channel.send({"ok": True})
+                return
+            elif role is None:
+                reply = {"ok": False, "error": "no_role", "message": f"{op} before setup"}
+            else:
+                reply = role.handle(op, message)
+        except Exception as exc:  # noqa: BLE001 - reported as data; the parent decides
+            kind = getattr(exc, "kind", None)
+            reply = {"ok": False, "error": kind or "internal",
+                     "message": str(exc)[:500] if kind else f"{type(exc).__name__}: {str(exc)[:500]}",
+                     "compile_log": str(getattr(exc, "compile_log", ""))[:4000],
+                     "traceback": traceback.format_exc(limit=6)[-2000:]}
+        channel.send(reply)
+
+
+def main() -> None:
+    fd, warm_device = int(sys.argv[1]), sys.argv[2]
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    sock = socket.socket(fileno=fd)
+    try:
+        serve(sock, warm_device)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: CUDA contexts and candidate threads can hang or crash at exit.
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,384 @@
+"""The trusted side of one evaluation: runs in the parent, never imports candidate code.
+
+A session drives two runners (`processes.RunnerProcess`), the reference's and the candidate's, and on a GPU
+the device's flusher. It
+
+1. sets both up (the reference loads and constructs its model; the candidate's runner imports the candidate
+   and constructs `ModelNew`), under deadlines relative to the reference's own time;
+2. runs the correctness trials: the reference's runner makes the inputs from a seed the parent drew from OS
+   randomness and commits inputs and outputs to its arena; the parent copies the inputs into the candidate's
+   arena, the candidate's runner calls its model on them and commits outputs and inputs after the call; the
+   parent compares what it copied out (`correctness.compare_outputs`) and checks that the inputs are
+   unchanged, byte for byte; extra trials on inputs beyond the reference's distribution where the profile
+   asks for them;
+3. times both (`measure.measure`): every timed call on fresh inputs, outputs of a secret sample of calls
+   verified here, reported times cross-checked against the parent's own clock;
+4. gathers the candidate's guard flags and, on a GPU, one profiled forward (decoy kernels).
+
+Everything the candidate's runner returns is data: a failure it reports can only be its own loss, a success
+is never taken on its word. A `Verdict` ends the session early with a status; `InfraFailure` means the
+evaluation itself broke (a runner killed from outside, the flusher gone) and says nothing of the candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cudal1.core import flags as F
+from cudal1.core.types import Flag, Mismatch, Severity, Status, TimingStats
+from cudal1.eval.channel import Arena, UnsupportedValue, tree_classes, tree_nbytes
+from cudal1.eval.config import EvalConfig
+from cudal1.eval.correctness import OutputHackError, changed_inputs, compare_outputs
+from cudal1.eval.processes import RunnerFailed, RunnerProcess
+
+logger = logging.getLogger(__name__)
+
+#: Room in the candidate's `out` arena beyond the reference's outputs and inputs (alignment, small extras).
+ARENA_SLACK_BYTES = 1 << 16
+PLAIN_TENSOR_CLASSES = frozenset({"Tensor", "Parameter"})
+PLAIN_SEQUENCES = frozenset({"tuple", "list", "return_types"})
+#: Candidate errors at setup, by the kind its runner reports -> the status they mean.
+SETUP_FAILURES = {"syntax": Status.COMPILE_ERROR, "import": Status.COMPILE_ERROR, "build": Status.COMPILE_ERROR,
+                  "no_modelnew": Status.COMPILE_ERROR, "construct": Status.RUNTIME_ERROR, "oom": Status.RUNTIME_ERROR}
+
+
+class Verdict(Exception):
+    """Ends the session early with a status and its evidence."""
+
+    def __init__(self, status: Status, message: str, *, flag: str | None = None, mismatch: Mismatch | None = None,
+                 compile_log: str = ""):
+        super().__init__(message)
+        self.status, self.message, self.flag, self.mismatch, self.compile_log = status, message, flag, mismatch, compile_log
+
+
+class InfraFailure(Exception):
+    """The evaluation itself failed (not the candidate): retried, never stored."""
+
+
+@dataclass
+class SessionOutcome:
+    """What a session found; `pipeline` turns it into an `EvalResult`."""
+
+    status: Status
+    message: str = ""
+    flags: list[Flag] = field(default_factory=list)
+    timing: TimingStats | None = None
+    mismatch: Mismatch | None = None
+    compile_log: str = ""
+    kernel_profile: dict[str, Any] | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # constants, own inputs, noise: what decided what
+
+
+def new_seed() -> int:
+    """A seed from OS randomness: nothing in any runner can predict it (no state of theirs reveals it)."""
+    return secrets.randbits(62)
+
+
+class Deadlines:
+    """Per-request time limits: the candidate gets max(floor, factor x the reference's time for the same
+    step), never more than what is left of the evaluation's overall limit."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.start = time.monotonic()
+        self.total_s, self.floor_s, self.factor = cfg.timeout_s, cfg.phase_floor_s, cfg.phase_factor
+
+    def left(self) -> float:
+        return self.total_s - (time.monotonic() - self.start)
+
+    def candidate(self, reference_s: float) -> float:
+        left = self.left()
+        if left <= 0:
+            raise Verdict(Status.TIMEOUT, f"the evaluation exceeded its limit of {self.total_s:.0f} s")
+        return min(left, max(self.floor_s, self.factor * reference_s))
+
+    def reference(self) -> float:
+        return max(self.left(), self.floor_s)
+
+
+class Session:
+    """One evaluation's trusted orchestration (module docstring)."""
+
+    def __init__(self, task: Any, source: str, cfg: EvalConfig, *, ref: RunnerProcess, cand: RunnerProcess,
+                 flusher: RunnerProcess | None = None, static_report: Any = None,
+                 candidate_env: dict[str, str] | None = None):
+        self.task, self.source, self.cfg = task, source, cfg
+        self.ref, self.cand, self.flusher = ref, cand, flusher
+        self.static_report = static_report
+        self.candidate_env = candidate_env or {}
+        self.deadlines = Deadlines(cfg)
+        self.flags: list[Flag] = []
+        self.phase_s: dict[str, float] = {}
+        self.facts: dict[str, Any] = {}
+        self.ref_arena: Arena | None = None
+        self.cand_arena: Arena | None = None
+        self.ref_times: dict[str, float] = {}
+        self.device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
+        self.candidate_ran = False
+
+    # ------------------------------------------------------------------ requests
+
+    def ask_reference(self, message: dict[str, Any], what: str) -> tuple[dict[str, Any], float]:
+        """A request to the reference's runner: (reply, seconds). Its failures are the reference's."""
+        t0 = time.perf_counter()
+        self.ref.thaw()  # both runners are frozen between their requests: their requests are alike
+        try:
+            reply = self.ref.request(message, timeout_s=self.deadlines.reference())
+        except RunnerFailed as failure:
+            if failure.killed_from_outside:
+                raise InfraFailure(f"the reference's runner was killed from outside ({what})") from None
+            raise Verdict(Status.RUNTIME_ERROR, f"the reference's runner {failure.reason} ({what})"
+                          + ("" if self.candidate_ran else ", not the candidate"), flag=F.REFERENCE_ERROR) from None
+        finally:
+            self.ref.freeze()
+        seconds = time.perf_counter() - t0
+        if not reply.get("ok"):
+            text = str(reply.get("message", "failed"))
+            if reply.get("error") == "reference":
+                raise Verdict(Status.RUNTIME_ERROR, text + ("" if self.candidate_ran else ", not the candidate"),
+                              flag=F.REFERENCE_ERROR)
+            raise InfraFailure(f"the reference's runner failed ({what}): {text}")
+        return reply, seconds
+
+    def ask_candidate(self, message: dict[str, Any], what: str, reference_s: float) -> dict[str, Any]:
+        """A request to the candidate's runner, thawed for it and frozen again after; its failures are its own."""
+        timeout = self.deadlines.candidate(reference_s)
+        self.cand.thaw()
+        self.candidate_ran = True
+        try:
+            return self._candidate_reply(message, what, timeout)
+        except RunnerFailed as failure:
+            if failure.timed_out:
+                raise Verdict(Status.TIMEOUT, f"{what} did not finish within {timeout:.0f} s") from None
+            if failure.memory:
+                raise Verdict(Status.RUNTIME_ERROR, f"{what}: {failure.reason}") from None
+            if failure.killed_from_outside:
+                raise InfraFailure(f"the candidate's runner was killed from outside ({what})") from None
+            hint = _error_hint(failure.stderr_tail)
+            raise Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process {failure.reason}{hint}") from None
+        finally:
+            self.cand.freeze()
+
+    def _candidate_reply(self, message: dict[str, Any], what: str, timeout: float) -> dict[str, Any]:
+        """The reply, waiting past progress notes: a real build started by the candidate extends the wait to
+        the build time limit (its runner says so; a lie only buys it that limit)."""
+        reply = self.cand.request(message, timeout_s=timeout)
+        while reply.get("op") == "progress":
+            reply = self.cand.wait_reply(timeout_s=max(timeout, self.cfg.build_timeout_s))
+        return reply
+
+    def flush(self, who: str) -> float | None:
+        """Evict caches before a cold timed call of `who`: from the flusher's context on a GPU (the candidate
+        cannot skip it), in the runner itself on the CPU. Returns the flusher's own time (GPU)."""
+        if self.flusher is not None:
+            try:
+                reply = self.flusher.request({"op": "flush"}, timeout_s=self.deadlines.reference())
+            except RunnerFailed as failure:
+                raise InfraFailure(f"the cache flusher failed: {failure.reason}") from None
+            return float(reply.get("ms", 0.0)) if reply.get("ok") else None
+        if who == "ref":
+            self.ask_reference({"op": "flush"}, "flush")
+        else:
+            self.ask_candidate({"op": "flush"}, "the cache flush", self.ref_times.get("call", 1.0))
+        return None
+
+    # ------------------------------------------------------------------ phases
+
+    def setup(self) -> None:
+        common = {"device": self.cfg.device, "task_id": self.task.id, "ref_source": self.task.source,
+                  "sizes": self.cfg.sizes, "seed": self.cfg.seed, "threads": self.cfg.cpu_threads,
+                  "exact_fp32": self.cfg.uses_exact_fp32}
+        t0 = time.perf_counter()
+        reply, seconds = self.ask_reference({"op": "setup", "role": "reference", **common}, "loading its module")
+        self.ref_times["setup"] = seconds
+        self.facts["ref_constants"] = reply.get("constants", {})
+        self.phase_s["reference_setup"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        message = {"op": "setup", "role": "candidate", **common, "cand_source": self.source,
+                   "env": self.candidate_env, "gpu_memory_fraction": self.cfg.gpu_memory_fraction}
+        reply = self.ask_candidate(message, "importing and constructing the candidate", seconds)
+        if not reply.get("ok"):
+            status = SETUP_FAILURES.get(str(reply.get("error")), Status.RUNTIME_ERROR)
+            if reply.get("error") == "reference":
+                status = Status.RUNTIME_ERROR
+            raise Verdict(status, str(reply.get("message", "setup failed")), compile_log=str(reply.get("compile_log", "")))
+        self.flags += [Flag.from_dict(f) for f in reply.get("flags", []) if isinstance(f, dict)]
+        self.facts.update(cand_constants=reply.get("constants", {}), own_inputs=reply.get("own_inputs", {}))
+        self.phase_s["import"] = float(reply.get("import_ms", 0.0)) / 1e3
+        self.phase_s["construct"] = float(reply.get("construct_ms", 0.0)) / 1e3
+        self.phase_s["candidate_setup"] = time.perf_counter() - t1
+
+    def size_arenas(self) -> None:
+        """Run the reference once to learn its input and output sizes, then give both runners their arenas."""
+        reply, seconds = self.ask_reference({"op": "describe", "seed": new_seed()}, "its first forward")
+        self.ref_times["call"] = seconds
+        in_bytes, out_bytes = tree_nbytes(reply["inputs"]), tree_nbytes(reply["outputs"])
+        self.facts.update(input_bytes=in_bytes, output_bytes=out_bytes)
+        self.ref_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
+        self.cand_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
+        for runner, arena in ((self.ref, self.ref_arena), (self.cand, self.cand_arena)):
+            runner.thaw()
+            try:
+                reply = runner.request({"op": "arena", "in_bytes": arena.in_bytes}, timeout_s=60.0, fds=(arena.fd,))
+            except RunnerFailed as failure:
+                if runner is self.cand:
+                    raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process {failure.reason}") from None
+                raise InfraFailure(f"the reference's runner failed to map its arena: {failure.reason}") from None
+            finally:
+                runner.freeze()
+            if not reply.get("ok"):
+                raise InfraFailure(f"mapping an arena failed: {reply.get('message')}")
+
+    def close(self) -> None:
+        for arena in (self.ref_arena, self.cand_arena):
+            if arena is not None:
+                arena.close()
+
+    def trials(self) -> None:
+        t0 = time.perf_counter()
+        for trial in range(self.cfg.correctness_trials):
+            self.trial(trial, "reference")
+        self.phase_s["correctness"] = time.perf_counter() - t0
+        extra = self.cfg.extra_trial_count
+        if extra:
+            t1 = time.perf_counter()
+            ran = sum(self.trial(self.cfg.correctness_trials + i, "heavy") for i in range(extra))
+            self.facts["beyond_distribution_trials"] = ran
+            self.phase_s["beyond_distribution"] = time.perf_counter() - t1
+
+    def trial(self, index: int, distribution: str) -> bool:
+        """One trial (module docstring, step 2); False when the reference itself cannot run on these inputs
+        (extra trials only: then the trial is skipped)."""
+        assert self.ref_arena is not None and self.cand_arena is not None
+        tol = self.cfg.profile_obj.tolerance("float32").atol
+        message = {"op": "trial", "seed": new_seed(), "distribution": distribution, "noise_atol": tol}
+        try:
+            reply, seconds = self.ask_reference(message, "a correctness trial")
+        except Verdict:
+            if distribution == "heavy":
+                return False
+            raise
+        self.ref_times["trial"] = max(self.ref_times.get("trial", 0.0), seconds)
+        ref_noise = reply.get("noise")
+        inputs = self.ref_arena.unpack(reply["in"])
+        ref_out, ref_after = self.ref_arena.unpack(reply["out"])
+        if distribution == "heavy" and _mostly_not_finite(ref_out):
+            return False
+        try:
+            in_tree = self.cand_arena.pack(inputs, "in")
+        except Exception as exc:  # noqa: BLE001 - inputs the arena cannot carry are the task's problem
+            raise InfraFailure(f"the reference's inputs cannot cross to the candidate: {exc}") from None
+        reply = self.ask_candidate({"op": "trial", "inputs": in_tree}, f"correctness trial {index}", seconds)
+        if not reply.get("ok"):
+            raise call_verdict(reply, f"trial {index}")
+        cand_out, cand_after = self._unpack_candidate(reply["out"])
+        self._check_output(ref_out, cand_out, index, reply["out"], beyond=distribution == "heavy",
+                           ref_noise=ref_noise)
+        self._check_inputs(inputs, ref_after, cand_after, "a correctness trial")
+        return True
+
+    def _unpack_candidate(self, tree: Any) -> tuple[Any, Any]:
+        assert self.cand_arena is not None
+        try:
+            value = self.cand_arena.unpack(tree)
+            out, after = value
+        except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
+            raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}") from None
+        return out, list(after) if isinstance(after, (list, tuple)) else [after]
+
+    def _check_output(self, ref_out: Any, cand_out: Any, trial: int, tree: Any, *, beyond: bool = False,
+                      ref_noise: Any = None) -> None:
+        odd = output_classes(tree.get("items", [{}])[0] if isinstance(tree, dict) and tree.get("t") == "seq" else {})
+        if odd:
+            raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
+                          flag=F.OUTPUT_TYPE)
+        try:
+            result = compare_outputs(ref_out, cand_out, self.cfg.profile_obj, trial, noise=ref_noise)
+        except OutputHackError as exc:
+            raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {exc}", flag=F.OUTPUT_TYPE) from None
+        if not result.ok:
+            if beyond:
+                raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution (heavy-tailed, "
+                              f"sign-varied): {result.message}", flag=F.BEYOND_DISTRIBUTION, mismatch=result.mismatch)
+            raise Verdict(Status.INCORRECT, result.message, mismatch=result.mismatch)
+
+    def _check_inputs(self, inputs: list[Any], ref_after: list[Any], cand_after: list[Any], where: str) -> None:
+        changed = changed_inputs(inputs, cand_after)
+        if changed and not changed_inputs(inputs, ref_after):
+            raise Verdict(Status.INCORRECT, f"the candidate modified its input(s) {changed} in place in {where}; "
+                          "the reference leaves them unchanged", flag=F.INPUT_MUTATION)
+
+    def guard_flags(self, phase: str) -> None:
+        reply = self.ask_candidate({"op": "guards", "phase": phase}, "the guard check", 1.0)
+        if reply.get("ok"):
+            self.flags += [Flag.from_dict(f) for f in reply.get("flags", []) if isinstance(f, dict)]
+
+    def process_flags(self) -> None:
+        """Processes the candidate started that still live (seen from outside its sandbox)."""
+        extra = len(self.cand.pids()) - self.cand.baseline_processes
+        if extra > 0:
+            self.flags.append(Flag(F.PROCESSES, Severity.ERROR, f"the candidate left {extra} process(es) running",
+                                   source="runtime"))
+
+    def profile(self) -> dict[str, Any] | None:
+        if self.device_type != "cuda" or self.static_report is None or not self.cfg.profile_kernels:
+            return None
+        from cudal1.analysis import StaticReport
+        from cudal1.eval.profiling import KernelProfile, decoy_flags
+
+        reply = self.ask_candidate({"op": "profile", "seed": new_seed()}, "the profiled forward",
+                                   self.ref_times.get("call", 1.0))
+        if not reply.get("ok"):
+            raise call_verdict(reply, "the profiled forward")
+        prof = KernelProfile.from_dict(reply.get("profile") or {})
+        self.flags += decoy_flags(prof, StaticReport.from_dict(self.static_report), min_share=self.cfg.decoy_min_share,
+                                  raw_kernel_names=[str(k) for k in reply.get("raw_kernels", [])])
+        return prof.to_dict()
+
+    def rejecting(self) -> list[Flag]:
+        errors = [f for f in self.flags if f.severity is Severity.ERROR]
+        if self.cfg.profile_obj.reject_runtime_guards:
+            return errors
+        return [f for f in errors if f.rule in ALWAYS_REJECT]
+
+
+#: Findings that reject under every profile: each makes the measured speedup meaningless.
+ALWAYS_REJECT = frozenset({F.TIMER_PATCHING, F.OUTSIDE_CLOCK, F.BELOW_FLOOR, F.INTERFERENCE, F.SIZE_CONSTANTS})
+
+
+def output_classes(tree: Any) -> list[str]:
+    """Classes in an output's descriptor tree that are not plain tensors or plain sequences."""
+    if not isinstance(tree, dict):
+        return ["malformed output"]
+    return [c for c in tree_classes(tree) if c not in PLAIN_TENSOR_CLASSES and c not in PLAIN_SEQUENCES]
+
+
+def _mostly_not_finite(value: Any) -> bool:
+    import torch
+
+    from cudal1.eval.correctness import flatten
+
+    tensors = [t for t in flatten(value, strict=False) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    total = sum(t.numel() for t in tensors)
+    bad = sum(int((~torch.isfinite(t)).sum()) for t in tensors)
+    return total > 0 and bad * 2 > total
+
+
+def call_verdict(reply: dict[str, Any], where: str) -> Verdict:
+    """The verdict for a call the candidate's runner says failed."""
+    text = str(reply.get("message", "failed"))
+    if reply.get("error") in ("raised", "oom"):
+        return Verdict(Status.RUNTIME_ERROR, text)
+    if reply.get("error") in ("arena_full", "unsupported_output"):
+        return Verdict(Status.INCORRECT, f"{where}: {text}")
+    return Verdict(Status.RUNTIME_ERROR, f"{where}: {text}")
+
+
+def _error_hint(stderr_tail: str) -> str:
+    lines = [ln for ln in stderr_tail.splitlines() if "error" in ln.lower()][-1:]
+    return f" ({lines[0].strip()[:200]})" if lines else ""

@@ -1,0 +1,124 @@
+"""Messages and shared memory between the parent and its runners (cudal1.eval.channel)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+import torch
+
+from cudal1.eval.channel import (
+    Arena,
+    ArenaFull,
+    Channel,
+    ChannelTimeout,
+    OpaqueValue,
+    UnsupportedValue,
+    describe_value,
+    socket_pair,
+    tree_nbytes,
+)
+
+
+def _dtypes():
+    names = ["float32", "float64", "float16", "bfloat16", "int64", "int8", "uint8", "bool", "complex64",
+             "float8_e4m3fn", "float8_e5m2"]
+    return [getattr(torch, n) for n in names if hasattr(torch, n)]
+
+
+@pytest.mark.parametrize("dtype", _dtypes(), ids=str)
+def test_every_dtype_crosses_bit_for_bit(dtype):
+    x = torch.randn(3, 5).to(dtype) if dtype != torch.bool else torch.rand(3, 5) > 0.5
+    value = (x, [x[0], torch.tensor(2.5)], 7, None, "s")
+    arena = Arena.create(0, 4096)
+    try:
+        tree = arena.pack(value, "out")
+        back = arena.unpack(tree)
+        assert isinstance(back, tuple) and isinstance(back[1], list) and back[2:] == (7, None, "s")
+        for a, b in ((x, back[0]), (x[0], back[1][0])):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    finally:
+        arena.close()
+
+
+def test_unpacked_values_are_copies_that_later_writes_do_not_change():
+    arena = Arena.create(0, 4096)
+    tree = arena.pack(torch.ones(16), "out")
+    snapshot = arena.unpack(tree)
+    arena.pack(torch.zeros(16), "out")  # the runner overwrites its arena after the parent copied
+    assert torch.equal(snapshot, torch.ones(16))
+    arena.close()
+
+
+def test_views_see_the_shared_memory_itself():
+    arena = Arena.create(4096, 0)
+    tree = arena.pack([torch.arange(8, dtype=torch.float32)], "in")
+    view = arena.unpack(tree, copy=False)[0]
+    arena.write_region("in", torch.full((8,), 3.0).numpy().tobytes())
+    assert torch.equal(view, torch.full((8,), 3.0))
+    arena.close()
+
+
+def test_an_arena_cannot_be_resized_by_either_side():
+    arena = Arena.create(4096, 4096)
+    seals = fcntl.fcntl(arena.fd, fcntl.F_GET_SEALS)
+    assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW
+    with pytest.raises(PermissionError):
+        os.ftruncate(arena.fd, 0)  # a runner that shrank it would crash the parent with SIGBUS
+    arena.close()
+
+
+def test_outputs_larger_than_the_region_are_refused():
+    arena = Arena.create(0, 1024)
+    with pytest.raises(ArenaFull):
+        arena.pack(torch.zeros(1024), "out")
+    arena.close()
+
+
+@pytest.mark.parametrize("tree", [
+    {"t": "tensor", "offset": 10**9, "nbytes": 4, "dtype": "float32", "shape": [1]},
+    {"t": "tensor", "offset": 0, "nbytes": 8, "dtype": "float32", "shape": [1]},
+    {"t": "tensor", "offset": 0, "nbytes": 4, "dtype": "os.system", "shape": [1]},
+    {"t": "tensor", "offset": 0, "nbytes": 4, "dtype": "float32", "shape": [-1, -4]},
+    "not a dict",
+])
+def test_descriptors_that_do_not_fit_the_arena_are_refused(tree):
+    arena = Arena.create(0, 1024)
+    with pytest.raises(UnsupportedValue):
+        arena.unpack({"t": "seq", "type": "tuple", "items": [tree]})
+    arena.close()
+
+
+def test_values_json_cannot_carry_are_opaque_and_compare_by_repr():
+    arena = Arena.create(0, 1024)
+    back = arena.unpack(arena.pack(object, "out"))
+    assert isinstance(back, OpaqueValue) and back == OpaqueValue("type", repr(object))
+    arena.close()
+
+
+def test_describe_value_sizes_what_pack_writes():
+    value = [torch.zeros(100), (torch.zeros(3, dtype=torch.float64), 2)]
+    arena = Arena.create(0, 8192)
+    assert tree_nbytes(describe_value(value)) == tree_nbytes(arena.pack(value, "out"))
+    arena.close()
+
+
+def test_channel_carries_messages_and_descriptors_and_times_out():
+    a, b = socket_pair()
+    left, right = Channel(a), Channel(b)
+    r, w = os.pipe()
+    left.send({"op": "x", "n": [1, 2]}, fds=(r,))
+    message, fds = right.recv(timeout_s=5, max_fds=1)
+    assert message == {"op": "x", "n": [1, 2]} and len(fds) == 1
+    os.write(w, b"hi")
+    assert os.read(fds[0], 2) == b"hi"
+    ticks = []
+    with pytest.raises(ChannelTimeout):
+        right.recv(timeout_s=0.2, tick=lambda: ticks.append(1))
+    assert ticks  # the watchdog ran while waiting
+    for fd in (r, w, fds[0]):
+        os.close(fd)
+    left.close()
+    right.close()

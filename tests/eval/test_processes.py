@@ -1,0 +1,134 @@
+"""Runner processes (cudal1.eval.processes): started ahead, supervised, frozen, killed, cleaned up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cudal1.eval.processes import (
+    FOLDER_PREFIX,
+    Limits,
+    RunnerFailed,
+    RunnerProcess,
+    RunnerSupply,
+    process_tree,
+    reap_stale_folders,
+    run_isolated,
+    usable_cpu_count,
+)
+
+PROBE = "tests.helpers.sandbox_probe"
+
+
+def test_a_trusted_entry_runs_and_its_value_comes_back():
+    outcome = run_isolated(f"{PROBE}:echo", {"x": [1, 2]}, limits=Limits(timeout_s=120))
+    assert outcome.ok and outcome.value["payload"] == {"x": [1, 2]}
+
+
+def test_an_entry_that_never_answers_costs_its_deadline_only():
+    started = time.monotonic()
+    outcome = run_isolated("time:sleep", 3600, limits=Limits(timeout_s=3))  # type: ignore[arg-type]
+    assert outcome.timed_out and time.monotonic() - started < 30
+
+
+def test_a_runner_that_misses_its_deadline_is_killed_with_everything_it_started():
+    with RunnerProcess("cpu", warm=False) as runner:
+        runner.wait_ready()
+        with pytest.raises(RunnerFailed) as failure:
+            runner.request({"op": "run_entry", "entry": "time:sleep", "payload": 3600}, timeout_s=1.0)
+        assert failure.value.timed_out and failure.value.killed_by_parent
+        runner.proc.wait(timeout=10)
+        assert all(not os.path.exists(f"/proc/{pid}") for pid in process_tree(runner.proc.pid)[1:])
+
+
+def test_freeze_stops_the_runner_and_thaw_resumes_it():
+    with RunnerProcess("cpu", warm=False) as runner:
+        runner.wait_ready()
+        runner.freeze()
+        time.sleep(0.2)
+        with open(f"/proc/{runner.runner_pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        assert state in ("T", "t", "D") or runner.group is not None  # cgroup freezer: state D/S while frozen
+        with pytest.raises(RunnerFailed):
+            runner.request({"op": "run_entry", "entry": "os:getpid", "payload": {}}, timeout_s=1.0)
+
+
+def test_a_supply_starts_spares_ahead_and_tops_them_up():
+    with RunnerSupply("cpu", spares=2) as supply:
+        assert supply.n_ready == 0
+        supply.fill()
+        assert supply.n_ready == 2
+        first = supply._ready[0]
+        taken = supply.take()
+        assert taken is first and supply.n_ready == 2
+        taken.close()
+        waiting = list(supply._ready)
+    for runner in waiting:  # close() ended the ones never taken
+        assert runner.proc.poll() is not None
+
+
+def test_a_series_of_known_length_starts_no_more_runners_than_it_takes():
+    with RunnerSupply("cpu", spares=3, total=2) as supply:
+        supply.fill()
+        taken = [supply.take(), supply.take()]
+        assert supply.n_ready == 0 and supply._started == 2
+        for runner in taken:
+            runner.close()
+
+
+def test_pool_sizes_follow_the_cores_this_process_may_use_not_the_host():
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from cudal1.eval.processes import usable_cpu_count; print(usable_cpu_count())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1" and usable_cpu_count() >= 1
+
+
+def test_a_restart_removes_what_a_killed_parent_left():
+    import tempfile
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+    (left / "owner").write_text(dead.stdout.strip())
+    mine = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+    (mine / "owner").write_text(str(os.getpid()))
+    assert reap_stale_folders() >= 1
+    assert not left.exists() and mine.exists()
+    (mine / "owner").unlink()
+    mine.rmdir()
+
+
+def test_runners_die_with_a_parent_killed_by_sigkill(tmp_path):
+    """An interrupted or killed CLI takes its runners with it: nothing it started keeps running."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from cudal1.eval.processes import RunnerProcess\n"
+        "r = RunnerProcess('cpu', warm=False)\n"
+        "r.wait_ready()\n"
+        "print(' '.join(map(str, r.pids())), flush=True)\n"
+        "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert pids
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

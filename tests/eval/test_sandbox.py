@@ -1,0 +1,112 @@
+"""The OS sandbox of every runner (cudal1.eval.sandbox), seen from inside: what a process there can see and
+do. Runs the probes of tests/helpers/sandbox_probe.py through `run_isolated`, as the evaluator runs builds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from cudal1.eval.processes import Limits, run_isolated
+from cudal1.eval.sandbox import SANDBOX_UID, SandboxSpec, detect_sandbox
+
+PROBE = "tests.helpers.sandbox_probe"
+needs_sandbox = pytest.mark.skipif(detect_sandbox().level == "none", reason="no sandbox on this host")
+
+
+@pytest.fixture
+def listener():
+    """A loopback TCP server that records every connection."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            seen.append(conn.recv(100))
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], seen
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_this_host_has_a_full_sandbox():
+    """The development and CI machines have bubblewrap (installed by .ci/run) and namespaces."""
+    info = detect_sandbox()
+    assert info.level == "full", info
+
+
+@needs_sandbox
+def test_a_sandboxed_process_sees_no_other_process_no_network_and_writes_nowhere(listener, tmp_path, monkeypatch):
+    port, seen = listener
+    monkeypatch.setenv("CUDAL1_SERVER_TOKEN", "s3cret-token")  # a secret of the parent's environment
+    store = tmp_path / "results.sqlite"
+    store.write_text("rows")
+    home_file = os.path.expanduser("~/.cudal1-planted")
+    site = os.path.dirname(os.__file__)
+    payload = {"parent_pid": os.getpid(), "port": port,
+               "write_to": [str(store), home_file, os.path.join(site, "evil.pth"), "/tmp/x", "/dev/shm/y"],
+               "read": [str(store)]}
+    spec = SandboxSpec(hidden_files=[str(store)])
+    outcome = run_isolated(f"{PROBE}:look_around", payload, limits=Limits(timeout_s=120), spec=spec)
+    assert outcome.ok, outcome.describe_failure()
+    seen_inside = outcome.value
+    assert "parent_environ" not in seen_inside, "the parent's environment is readable"
+    assert "CUDAL1_SERVER_TOKEN" not in seen_inside["env"]
+    assert os.getpid() not in seen_inside["pids"] and len(seen_inside["pids"]) <= 4
+    assert seen_inside["connected"] is False and seen == []
+    writes = seen_inside["writes"]
+    assert writes[str(store)] != "written" and store.read_text() == "rows"
+    assert writes[home_file] != "written" and not os.path.exists(home_file)
+    assert writes[os.path.join(site, "evil.pth")] != "written" and not os.path.exists(os.path.join(site, "evil.pth"))
+    assert writes["/tmp/x"] == "written" and writes["/dev/shm/y"] == "written"  # its own private tmpfs
+    assert not os.path.exists("/dev/shm/y")
+    assert seen_inside["reads"][str(store)] in ("", "PermissionError"), "the store's content is readable"
+    if os.geteuid() == 0:
+        assert seen_inside["uid"] == SANDBOX_UID
+
+
+@needs_sandbox
+def test_a_detached_grandchild_ends_with_the_sandbox():
+    marker = f"cudal1-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    outcome = run_isolated(f"{PROBE}:leave_a_daemon", {"marker": marker, "seconds": 60},
+                           limits=Limits(timeout_s=120))
+    assert outcome.ok, outcome.describe_failure()
+    time.sleep(0.5)
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    alive.append(pid)
+        except OSError:
+            continue
+    assert alive == [], f"the daemon outlived its sandbox: {alive}"
+
+
+def test_a_memory_hog_is_stopped_at_its_limit():
+    outcome = run_isolated(f"{PROBE}:hog_memory", {"gib": 3}, limits=Limits(timeout_s=120, memory_bytes=1 * 2**30))
+    assert not outcome.ok and outcome.memory_exceeded, outcome
+
+
+@needs_sandbox
+def test_shared_memory_inside_is_private_and_bounded():
+    spec = SandboxSpec(tmp_bytes=64 * 2**20)
+    outcome = run_isolated(f"{PROBE}:fill_shm", {"mib": 200}, limits=Limits(timeout_s=120), spec=spec)
+    assert outcome.ok, outcome.describe_failure()
+    assert outcome.value["written_mib"] <= 64 and outcome.value.get("error") == "OSError"
+    assert not os.path.exists("/dev/shm/fill")

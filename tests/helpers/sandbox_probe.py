@@ -1,0 +1,79 @@
+"""Trusted entries the sandbox tests run inside a runner (`processes.run_isolated`): each reports what the
+sandbox lets a process see and do."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def echo(payload: dict) -> dict:
+    return {"payload": payload, "pid": os.getpid()}
+
+
+def look_around(payload: dict) -> dict:
+    """What a sandboxed process can reach: other processes, the network, writable places, the environment."""
+    out: dict = {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+                 "env": sorted(os.environ)}
+    target = payload.get("parent_pid")
+    try:
+        with open(f"/proc/{target}/environ", "rb") as f:
+            out["parent_environ"] = f.read()[:100].decode(errors="replace")
+    except OSError as exc:
+        out["parent_environ_error"] = type(exc).__name__
+    try:
+        with socket.create_connection(("127.0.0.1", int(payload["port"])), timeout=2) as s:
+            s.sendall(b"escaped")
+            out["connected"] = True
+    except OSError as exc:
+        out["connected"] = False
+        out["connect_error"] = type(exc).__name__
+    writes = {}
+    for path in payload.get("write_to", []):
+        try:
+            with open(path, "w") as f:
+                f.write("planted")
+            writes[path] = "written"
+        except OSError as exc:
+            writes[path] = type(exc).__name__
+    out["writes"] = writes
+    reads = {}
+    for path in payload.get("read", []):
+        try:
+            with open(path, "rb") as f:
+                reads[path] = f.read(64).decode(errors="replace")
+        except OSError as exc:
+            reads[path] = type(exc).__name__
+    out["reads"] = reads
+    return out
+
+
+def leave_a_daemon(payload: dict) -> dict:
+    """Start a detached grandchild (new session) that would keep running after the runner ends."""
+    code = f"import time\ntime.sleep({float(payload.get('seconds', 60))})\n"
+    proc = subprocess.Popen([sys.executable, "-c", code, payload["marker"]], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return {"daemon": proc.pid}
+
+
+def hog_memory(payload: dict) -> dict:
+    blocks = []
+    for _ in range(int(payload["gib"] * 8)):
+        blocks.append(bytearray(2**27))  # 128 MiB each, touched
+        time.sleep(0.01)
+    return {"held": len(blocks)}
+
+
+def fill_shm(payload: dict) -> dict:
+    written = 0
+    try:
+        with open("/dev/shm/fill", "wb") as f:
+            for _ in range(int(payload["mib"])):
+                f.write(b"\0" * 2**20)
+                written += 1
+    except OSError as exc:
+        return {"written_mib": written, "error": type(exc).__name__}
+    return {"written_mib": written}
