@@ -61,11 +61,10 @@ def main() -> None:
     tasks = pick_tasks(args)
     pairs = [(t, as_candidate(t.source)) for t in tasks]
     deadline = time.monotonic() + args.time_budget_s
-    results = evaluate_many(pairs, EvalConfig(profile=args.profile), should_stop=lambda: time.monotonic() > deadline)
-    rows = []
-    for task, result in zip(tasks, results, strict=True):
-        if result is None:
-            continue
+    rows: list[dict] = []
+
+    def report(i: int, result) -> None:
+        task = tasks[i]
         clock = result.protocol.get("clock", {})
         rows.append({"task": task.id, "status": result.status.value, "speedup": result.speedup,
                      "stability": result.stability, "message": result.message[:200], **clock,
@@ -75,6 +74,9 @@ def main() -> None:
               f"diff {clock.get('paired_diff_ms', 0) * 1e3:7.1f} us (tol {clock.get('tolerance_ms', 0) * 1e3:6.1f})  "
               f"flush {clock.get('flush_after_ref_ms', 0) * 1e3:6.1f} / {clock.get('flush_after_cand_ms', 0) * 1e3:6.1f} us"
               + (f"  {result.message[:80]}" if result.status is not Status.CORRECT else ""), flush=True)
+
+    evaluate_many(pairs, EvalConfig(profile=args.profile), should_stop=lambda: time.monotonic() > deadline,
+                  on_result=report)
     speedups = sorted(r["speedup"] for r in rows if r["speedup"])
     summary = {"tasks": len(rows), "correct": len(speedups),
                "median": statistics.median(speedups) if speedups else None,

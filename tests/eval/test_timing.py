@@ -79,14 +79,16 @@ def test_the_tolerance_grows_with_the_noise_not_with_a_constant():
     assert timing.clock_check(quiet, "cuda") is not None  # 30 us out of quiet noise
 
 
-def test_reference_calls_slowed_after_the_candidates_are_interference():
+def test_reference_calls_slowed_after_the_candidates_are_only_recorded():
+    """A context's leftovers in caches and TLBs slow the next context's first kernel either way: no flag."""
     series = _series(0.2, 0.1, ref_gap=0.05, cand_gap=0.05)
     for i, s in enumerate(series.all("ref")):
         s.after = "cand" if i % 2 else "ref"
         if s.after == "cand":
-            s.ms = 0.3  # the candidate's leftover work slowed it
-    flag = timing.interference_check(series, "cuda")
-    assert flag is not None and flag.rule == F.INTERFERENCE
+            s.ms = 0.24
+    assert timing.interference_check(series, "cuda") is None
+    summary = timing.clock_summary(series, "cuda")
+    assert summary["ref_call_after_cand_ms"] > summary["ref_call_after_ref_ms"]
 
 
 def test_flushes_slowed_after_the_candidates_prepare_are_interference():

@@ -97,8 +97,9 @@ def test_seed_from_corpus_loads_every_exploit_once(tmp_path):
     cases = db.list(origin="seed")
     assert sorted(c.rule for c in cases) == sorted(e["exploit_class"] for e in exploits)
     by_task = {c.task_id: c for c in cases}
-    shrunk = by_task["corpus/exploits/shrunk_sizes.py"]
-    assert "size_constants_redefined" in shrunk.static_rules  # found with the reference's help
+    fewer = by_task["corpus/exploits/fewer_rounds.py"]
+    assert "size_constants_redefined" in fewer.static_rules  # found with the reference's help
+    assert "size_constants_ignored" in by_task["corpus/exploits/shrunk_sizes.py"].static_rules
     assert all(c.explanation and "Expected" not in c.explanation for c in cases)
     with pytest.raises(ValueError, match="manifest"):
         db.seed_from_corpus(tmp_path / "missing.yaml")

@@ -36,6 +36,9 @@ DEFAULT_SEVERITY: dict[str, Severity] = {
     "exception_fallback": W,
     # Rationale: a candidate that shrinks the sizes or get_inputs is timed on a smaller problem.
     "size_constants_redefined": E,
+    # Rationale: a redefinition ModelNew does not read, or KernelBench's own get_inputs: the harness ignores
+    # them (it takes inputs and sizes from the reference); descriptive only.
+    "size_constants_ignored": Severity.INFO,
     # Rationale: a compiled kernel the forward never launches is a decoy (looks custom, runs torch).
     "unused_kernel": W,
     # Rationale: load_inline(functions=[...]) with empty cpp_sources can never build (main.cpp declares

@@ -337,12 +337,11 @@ def check_size_constants_redefined(ctx: AnalysisContext) -> list[Flag]:
                     out.append(flag("size_constants_redefined",
                                     f"redefines {name} = {text} (reference: {ref_text}) and ModelNew uses it", line))
                 else:
-                    out.append(flag("size_constants_redefined", f"redefines {name} = {text} (reference: {ref_text}); "
-                                    "ModelNew does not use it and the harness takes the reference's", line,
-                                    Severity.WARNING))
+                    out.append(flag(IGNORED, f"redefines {name} = {text} (reference: {ref_text}); ModelNew does not "
+                                    "use it and the harness takes the reference's", line, Severity.INFO))
             elif name in used and text != ref_text:
-                out.append(flag("size_constants_redefined", f"defines {name} = {text} (reference: {ref_text}); its "
-                                "value is compared at run time", line, Severity.WARNING))
+                out.append(flag(IGNORED, f"defines {name} = {text} (reference: {ref_text}); its value is compared "
+                                "at run time", line, Severity.INFO))
     ref_fns = {n.name: n for n in ref.body if isinstance(n, ast.FunctionDef)} if ref is not None else {}
     for name in INPUT_FUNCTIONS:
         fn = ctx.functions.get(name)
@@ -350,9 +349,13 @@ def check_size_constants_redefined(ctx: AnalysisContext) -> list[Flag]:
             continue
         if name in ref_fns and _function_dump(fn) == _function_dump(ref_fns[name]):
             continue
-        out.append(flag("size_constants_redefined", f"defines {name}() differently from the reference; the harness "
-                        "takes it from the reference", fn.lineno, Severity.WARNING))
+        out.append(flag(IGNORED, f"defines {name}() differently from the reference; the harness takes it from the "
+                        "reference", fn.lineno, Severity.INFO))
     return out
+
+
+#: The rule of redefinitions that cannot change what ModelNew computes (never rejects).
+IGNORED = "size_constants_ignored"
 
 
 def check_unused_kernel(ctx: AnalysisContext) -> list[Flag]:

@@ -56,7 +56,7 @@ def audit_command(
     time_budget_s: float | None = _TIME_BUDGET_S_OPT,
     batch_size: int = _BATCH_SIZE_OPT,
     device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
-    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
+    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
     plots: bool = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
     compare_to: Path | None = _COMPARE_TO_OPT, tolerance: float = _TOLERANCE_OPT,
@@ -67,7 +67,8 @@ def audit_command(
         release=str(release), profile=profile, levels=tuple(level), sample_per_level=sample_per_level, seed=seed,
         limit=limit, chunk=chunk, baselines=tuple(parse_kinds(baselines)) if baselines else (),
         batch_size=batch_size, time_budget_s=time_budget_s, force=force,
-        eval_config=common.make_config(device, profile, trials, sizes, buckets=buckets, timeout_s=timeout_s))
+        eval_config=common.make_config(device, profile, trials, sizes, buckets=buckets, timeout_s=timeout_s,
+                                       sandbox=sandbox))
     if gpu and not report_only:
         raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
     store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)

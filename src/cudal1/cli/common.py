@@ -39,6 +39,9 @@ NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the re
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
 BucketsOpt = typer.Option(7, "--buckets", help="Timing buckets (speedup = median of bucket speedups).")
 TimeoutOpt = typer.Option(600.0, "--timeout-s", help="Wall-clock limit per candidate (builds excluded).")
+SandboxOpt = typer.Option("auto", "--sandbox", help="auto (the best OS sandbox of this host; strict refuses to run "
+                                                      "without one), required, or none (run unsandboxed: an opt-out "
+                                                      "recorded in every result).")
 
 
 def read_source(path: Path, what: str) -> str:

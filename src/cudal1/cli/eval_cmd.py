@@ -31,6 +31,7 @@ def eval_command(
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
     force: bool = common.ForceOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
+    sandbox: str = common.SandboxOpt,
     round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
@@ -40,6 +41,7 @@ def eval_command(
 ) -> None:
     """Evaluate candidates: verdict, speedup vs eager (cold and warm L2), stability, flags."""
     cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
+                             sandbox=sandbox,
                              timeout_s=timeout_s)
     pairs = _collect(candidate, ref, task, source, release, candidates_dir)
     if level:

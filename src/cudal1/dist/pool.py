@@ -9,7 +9,7 @@
 `LocalPool` (the embedded default) runs one thread per device slot in this process; each thread calls
 `evaluate_candidate` with `device="cuda:N"` (or `cpu`), which runs every candidate in its own isolated
 child process, so nothing here forks after CUDA is initialised. On a GPU machine, `load_inline`
-candidates are built ahead of their turn by CPU compile workers (`cudal1.eval.pipeline.prebuild`), so the
+candidates are built ahead of their turn by CPU compile workers (`cudal1.eval.scheduler.prebuild`), so the
 GPU slots only run. Submissions wait in a bounded queue: `submit` blocks when it is full, or raises
 `PoolBusyError` with `block=False` (back-pressure). `RayPool` (`cudal1.dist.ray_pool`) has the same
 interface across nodes.

@@ -436,7 +436,7 @@ class RayPool:
     def _prebuild_ref(self, job: Job, info: dict[str, Any], cfg: EvalConfig) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from cudal1.eval.pipeline import json_init_inputs
+        from cudal1.eval.compile import json_init_inputs
 
         strategy = NodeAffinitySchedulingStrategy(node_id=info["node_id"], soft=True)
         return self._build_task.options(scheduling_strategy=strategy).remote(

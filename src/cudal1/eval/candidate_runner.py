@@ -129,7 +129,8 @@ class CandidateRole:
             self.snapshot = guards.take_snapshot()  # report each change once
 
     def setup_reply(self) -> dict[str, Any]:
-        return {"ok": True, "flags": self.flags, "import_ms": self.import_ms, "construct_ms": self.construct_ms,
+        flags, self.flags = self.flags, []  # each flag reported once
+        return {"ok": True, "flags": flags, "import_ms": self.import_ms, "construct_ms": self.construct_ms,
                 "constants": {k: jsonable(v) for k, v in module_constants(vars(self.module)).items()},
                 "own_inputs": self._own_inputs()}
 

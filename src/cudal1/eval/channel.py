@@ -272,6 +272,44 @@ class Arena:
             torch.cuda.synchronize()
         return value
 
+    def copy_from(self, source: Arena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
+        """Copy the tensors of `tree` (laid out in `source`) into `region` of this arena from `offset` on, byte
+        for byte; (the tree as it lies here, the next free offset in the region)."""
+        start, end = self.region(region)
+        cursor = [start + offset]
+
+        def move(d: Any) -> Any:
+            if not isinstance(d, dict):
+                raise UnsupportedValue("malformed descriptor")
+            if d.get("t") == "tensor":
+                src, nbytes = int(d.get("offset", -1)), int(d.get("nbytes", -1))
+                if src < 0 or nbytes < 0 or src + nbytes > source.size:
+                    raise UnsupportedValue("a tensor descriptor that does not fit its arena")
+                dst = cursor[0]
+                if dst + nbytes > end:
+                    raise ArenaFull(nbytes)
+                if nbytes:
+                    self.map[dst: dst + nbytes] = source.map[src: src + nbytes]
+                cursor[0] = dst + _align(nbytes)
+                return {**d, "offset": dst}
+            if d.get("t") == "seq":
+                return {**d, "items": [move(i) for i in d.get("items", [])]}
+            return dict(d)
+
+        moved = move(tree)
+        return moved, cursor[0] - start
+
+    def tensor_bytes(self, tree: dict[str, Any]) -> list[Any]:
+        """The leaves of a descriptor tree: raw bytes for tensors (with dtype and shape), values as they are."""
+        if tree.get("t") == "tensor":
+            offset, nbytes = int(tree["offset"]), int(tree["nbytes"])
+            if offset < 0 or offset + nbytes > self.size:
+                raise UnsupportedValue("a tensor descriptor that does not fit its arena")
+            return [(str(tree.get("dtype")), tuple(tree.get("shape", [])), bytes(self.map[offset: offset + nbytes]))]
+        if tree.get("t") == "seq":
+            return [leaf for item in tree.get("items", []) for leaf in self.tensor_bytes(item)]
+        return [tree.get("v", tree.get("repr"))]
+
     def read_region(self, region: str) -> bytes:
         """A private copy of a whole region's bytes."""
         start, end = self.region(region)

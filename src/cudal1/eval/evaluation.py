@@ -31,8 +31,9 @@ from cudal1.eval.static_checks import changed_constants_used
 
 logger = logging.getLogger(__name__)
 
-#: Attempts of one evaluation when its infrastructure fails (a runner killed from outside, the flusher lost).
+#: Attempts of one evaluation when its infrastructure fails (a runner killed from outside, the helper lost).
 ATTEMPTS = 2
+CANDIDATE_KILLED = "the candidate's runner was killed from outside"
 
 
 @dataclass
@@ -71,37 +72,37 @@ def device_timing_lock(device: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-# --------------------------------------------------------------------------- the flusher of each device
+# --------------------------------------------------------------------------- the helper of each device
 
-_flushers: dict[str, tuple[RunnerProcess, float | None]] = {}
-_flushers_lock = threading.Lock()
+_helpers: dict[str, tuple[RunnerProcess, float | None]] = {}
+_helpers_lock = threading.Lock()
 
 
-def flusher_for(device: str) -> tuple[RunnerProcess, float | None]:
-    """The cache flusher of `device` in this process (started on first use, restarted when gone) and the
-    write bandwidth it measured (GB/s), which the physical floor uses."""
-    with _flushers_lock:
-        known = _flushers.get(device)
+def helper_for(device: str) -> tuple[RunnerProcess, float | None]:
+    """The trusted helper of `device` in this process (cache flushes, comparisons on the GPU; started on
+    first use, restarted when gone) and the write bandwidth it measured (GB/s), which the physical floor uses."""
+    with _helpers_lock:
+        known = _helpers.get(device)
         if known is not None and known[0].proc.poll() is None:
             return known
         if known is not None:
             known[0].close()
         runner = RunnerProcess(device, warm=True)
         try:
-            runner.request({"op": "setup", "role": "flusher", "device": device}, timeout_s=120.0)
+            runner.request({"op": "setup", "role": "helper", "device": device}, timeout_s=120.0)
             rates = [float(runner.request({"op": "flush"}, timeout_s=60.0).get("GBps", 0.0)) for _ in range(3)]
         except RunnerFailed as failure:
             runner.close()
-            raise InfraFailure(f"the cache flusher could not start: {failure.reason}") from None
-        _flushers[device] = (runner, max(rates) if rates else None)
-        return _flushers[device]
+            raise InfraFailure(f"the device helper could not start: {failure.reason}") from None
+        _helpers[device] = (runner, max(rates) if rates else None)
+        return _helpers[device]
 
 
-def close_flushers() -> None:
-    with _flushers_lock:
-        for runner, _ in _flushers.values():
+def close_helpers() -> None:
+    with _helpers_lock:
+        for runner, _ in _helpers.values():
             runner.close()
-        _flushers.clear()
+        _helpers.clear()
 
 
 # --------------------------------------------------------------------------- limits
@@ -156,13 +157,32 @@ def sandbox_spec(device: str, hidden_files: list[str] | None = None, *,
     return spec
 
 
+_reaped = threading.Event()
+
+
+def reap_once() -> None:
+    """Once per process: remove the runner folders and control groups that killed parents left behind."""
+    if _reaped.is_set():
+        return
+    _reaped.set()
+    from cudal1.eval.cgroups import reap_stale_groups
+    from cudal1.eval.processes import reap_stale_folders
+
+    removed = reap_stale_folders() + reap_stale_groups()
+    if removed:
+        logger.info("removed %d folder(s) and group(s) left by runs that were killed", removed)
+
+
 def runner_supply(device: str, at_most: int | None = None, *, hidden_files: list[str] | None = None,
                   spares: int | None = None, shared_compile_cache: bool = False) -> RunnerSupply:
     """Pre-started runners for a series of evaluations on `device` (close it when done); two per evaluation.
 
     A runner's start (interpreter, torch, a CUDA context) takes seconds, an evaluation about as long: spares
     started ahead hide the start."""
-    default = 4 if device.startswith("cuda") else 2
+    # Rationale: a runner starts in ~9 s on an H200 host (CUDA context), an evaluation there takes 2-5 s and
+    # uses two: eight spares are the next four evaluations. Each spare holds a CUDA context (~0.5 GB).
+    default = 8 if device.startswith("cuda") else 2
+    reap_once()
     n = default if spares is None else spares
     total = None if at_most is None else max(2, 2 * at_most)
     return RunnerSupply(device, spares=max(1, min(n, total)) if total is not None else n, total=total,
@@ -202,7 +222,7 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any
     context); on the CPU the whole evaluation, since starting runners would compete with the timed calls."""
     cuda = cfg.device.startswith("cuda")
     with contextlib.nullcontext() if cuda else device_timing_lock(cfg.device):
-        failure = ""
+        failure, failures = "", []
         for attempt in range(ATTEMPTS):
             supply = workers or runner_supply(cfg.device, 1, hidden_files=hidden_files, spares=0,
                                               shared_compile_cache=cfg.profile == "trusted")
@@ -224,7 +244,14 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any
             finally:
                 if workers is None:
                     supply.close()
+            failures.append(failure)
             logger.warning("evaluation of %s: %s (attempt %d of %d)", task.id, failure, attempt + 1, ATTEMPTS)
+    if len(set(failures)) == 1 and CANDIDATE_KILLED in failure:
+        # Killed by SIGKILL at the same step twice: the candidate's process can send itself (or its sandbox's
+        # init) SIGKILL; an outside kill (the OOM killer, an operator) is not that reproducible.
+        told = failure.replace(CANDIDATE_KILLED, "the candidate's process was killed (SIGKILL)")
+        return EvalResult(status=Status.RUNTIME_ERROR, task_id=task.id,
+                          message=f"{told} at the same step in both attempts: counted as its crash")
     return EvalResult(status=Status.INFRA_ERROR, message=f"the evaluation itself failed twice: {failure}",
                       task_id=task.id)
 
@@ -235,10 +262,10 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
     if build.directory is not None and cand.info.level != "none":
         copy_into_scratch(cand, build.directory)
         env["TORCH_EXTENSIONS_DIR"] = SCRATCH_INSIDE
-    flusher, bandwidth = flusher_for(cfg.device) if cfg.device.startswith("cuda") else (None, None)
+    helper, bandwidth = helper_for(cfg.device) if cfg.device.startswith("cuda") else (None, None)
     ref.set_memory_limit(machine_memory_bytes() * 4 // 5)
     cand.set_memory_limit(candidate_memory_limit(cfg, None))
-    session = Session(task, source, cfg, ref=ref, cand=cand, flusher=flusher, static_report=static_report,
+    session = Session(task, source, cfg, ref=ref, cand=cand, helper=helper, static_report=static_report,
                       candidate_env=env)
     timing = profile = None
     status, message, mismatch, compile_log = Status.CORRECT, "", None, ""

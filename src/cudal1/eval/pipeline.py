@@ -32,9 +32,8 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
     """Build a `load_inline` candidate in the compile service (cached) and return how to import it."""
     if not (cfg.device.startswith("cuda") and uses_load_inline(source)):
         return PreparedBuild()
-    from cudal1.eval.compile import CompileConfig, CompileService, local_arch
+    from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
     from cudal1.eval.compile_log import build_failure_message
-    from cudal1.eval.scheduler import json_init_inputs
 
     service = CompileService(CompileConfig(arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device))
     init = json_init_inputs(task)

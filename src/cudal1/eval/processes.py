@@ -199,6 +199,7 @@ class RunnerProcess:
         self.hello: dict[str, Any] | None = None
         self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
         self.group: RunnerGroup | None = None  # its control group, where the host allows one
+        self.last_request_ms = 0.0
 
     # ------------------------------------------------------------------ identity and tree
 
@@ -287,13 +288,16 @@ class RunnerProcess:
         return self._receive(timeout_s)
 
     def request(self, message: dict[str, Any], timeout_s: float, fds: tuple[int, ...] = ()) -> dict[str, Any]:
-        """Send one request and return the runner's reply (a dict with `ok`); raises `RunnerFailed`."""
+        """Send one request and return the runner's reply (a dict with `ok`); raises `RunnerFailed`.
+        `last_request_ms` is the parent's clock from the send to the reply: the outside clock of the timing."""
         self.wait_ready()
+        t0 = time.perf_counter()
         try:
             self.channel.send(message, fds)
         except ChannelClosed:
             raise self._failure("the runner exited") from None
         reply = self._receive(timeout_s)
+        self.last_request_ms = (time.perf_counter() - t0) * 1e3
         self._check_memory(force=False)
         return reply
 

@@ -4,8 +4,8 @@ Started by `processes.RunnerProcess` inside the sandbox. FD is the runner's end 
 device to create the CUDA context on before any request ("-": none). The runner says hello, then serves
 requests one at a time until the parent closes the channel:
 
-- `setup {role, ...}` makes it the reference's runner, the candidate's runner or the device's flusher
-  (`reference_runner.ReferenceRole`, `candidate_runner.CandidateRole`, `FlusherRole` below);
+- `setup {role, ...}` makes it the reference's runner, the candidate's runner or the device's trusted helper
+  (`reference_runner.ReferenceRole`, `candidate_runner.CandidateRole`, `HelperRole` below);
 - `arena {in_bytes}` with a memfd attached maps shared memory for tensors;
 - `run_entry {entry, payload, env}` runs one trusted function (a build, a peak measurement) and returns its dict;
 - any other op goes to the role.
@@ -42,9 +42,15 @@ def environment_info(device: Any) -> dict[str, Any]:
     return env
 
 
-class FlusherRole:
-    """A device's cache flusher: evicts L2 from a context the candidate does not control, before each timed
-    call of either model, and resets the persisting-L2 lines (which an ordinary flush does not evict)."""
+class HelperRole:
+    """A device's trusted helper, in a process that never imports task or candidate code:
+
+    - `flush`: evicts L2 from a context the candidate does not control, before each timed call of either
+      model, and resets the persisting-L2 lines (which an ordinary flush does not evict); times itself, so
+      that a device kept busy by another context shows;
+    - `compare`: compares two outputs the parent copied into its arena, on the GPU (for large outputs much
+      faster than the parent's CPU), by the same `compare_outputs` as the parent uses on the CPU.
+    """
 
     def __init__(self, message: dict[str, Any]):
         import torch
@@ -56,12 +62,24 @@ class FlusherRole:
         l2 = int(getattr(props, "L2_cache_size", 0) or 0)
         self.buffer = torch.empty(max(2 * l2, 256 * 2**20) // 4, dtype=torch.float32, device=self.device)
         self.reset = _persisting_l2_reset()
+        self.arena: Any = None
+
+    def attach(self, arena: Any) -> dict[str, Any]:
+        if self.arena is not None:
+            self.arena.close()
+        self.arena = arena
+        return {"ok": True, "pinned": arena.register_with_cuda()}
 
     def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
+        if op == "flush":
+            return self._flush()
+        if op == "compare":
+            return self._compare(message)
+        return {"ok": False, "error": "unknown_op", "message": op}
+
+    def _flush(self) -> dict[str, Any]:
         import torch
 
-        if op != "flush":
-            return {"ok": False, "error": "unknown_op", "message": op}
         torch.cuda.synchronize(self.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -72,6 +90,23 @@ class FlusherRole:
         end.synchronize()
         ms = start.elapsed_time(end)
         return {"ok": True, "ms": ms, "GBps": self.buffer.numel() * 4 / max(ms, 1e-6) / 1e6}
+
+    def _compare(self, message: dict[str, Any]) -> dict[str, Any]:
+        import dataclasses
+
+        from cudal1.eval.config import PROFILES
+        from cudal1.eval.correctness import OutputHackError, compare_outputs
+
+        assert self.arena is not None, "no arena attached"
+        ref = self.arena.unpack(message["ref"], device=self.device)
+        cand = self.arena.unpack(message["cand"], device=self.device)
+        try:
+            result = compare_outputs(ref, cand, PROFILES[message["profile"]], int(message.get("trial", -1)),
+                                     noise=message.get("noise"))
+        except OutputHackError as exc:
+            return {"ok": True, "match": False, "hack": str(exc)}
+        return {"ok": True, "match": result.ok, "message": result.message,
+                "mismatch": dataclasses.asdict(result.mismatch) if result.mismatch else None}
 
 
 def _persisting_l2_reset():
@@ -99,8 +134,8 @@ def _make_role(message: dict[str, Any], channel: Any) -> Any:
         from cudal1.eval.candidate_runner import CandidateRole
 
         return CandidateRole(message, channel)
-    if role == "flusher":
-        return FlusherRole(message)
+    if role == "helper":
+        return HelperRole(message)
     raise ValueError(f"unknown role {role!r}")
 
 

@@ -9,7 +9,6 @@ does not wait: candidates without a pending build go first, the others as their 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -193,27 +192,6 @@ class _BackgroundBuilds:
             self._thread.join()
 
 
-def json_init_inputs(task: Task) -> list[Any] | None:
-    """The reference's init inputs when they are plain JSON values (so lazy builds in `ModelNew.__init__`
-    can happen in the compile pool); None otherwise. Runs reference code only, never candidate code."""
-    return _json_init_inputs(task.id, task.source)
-
-
-@functools.lru_cache(maxsize=1024)
-def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
-    # Cached: a batch asks once per candidate in `prebuild` and again in `prepare_build`.
-    import json
-
-    from cudal1.tasks.task import load_reference
-
-    try:
-        values = list(load_reference(source, task_id).get_init_inputs())
-        json.dumps(values)
-    except Exception:  # noqa: BLE001 - not JSON-able or not loadable: the build then happens in the worker
-        return None
-    return values
-
-
 def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
              on_build: Callable[[int, int], None] | None = None,
              on_item: Callable[[int], None] | None = None, max_workers: int | None = None,
@@ -234,7 +212,7 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
     if not todo:
         return
     try:
-        from cudal1.eval.compile import CompileConfig, CompileService, local_arch
+        from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
     except ImportError:  # no build service here: each candidate builds in its own evaluation
         for i in todo:
             notify(i)
@@ -258,4 +236,4 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
                   progress=progress, should_cancel=should_cancel)
 
 
-__all__ = ["evaluate_many", "json_init_inputs", "prebuild", "split_cores", "worker_supply"]
+__all__ = ["evaluate_many", "prebuild", "split_cores", "worker_supply"]

@@ -1,7 +1,7 @@
 """The trusted side of one evaluation: runs in the parent, never imports candidate code.
 
 A session drives two runners (`processes.RunnerProcess`), the reference's and the candidate's, and on a GPU
-the device's flusher. It
+the device's trusted helper (cache flushes, comparisons on the GPU). It
 
 1. sets both up (the reference loads and constructs its model; the candidate's runner imports the candidate
    and constructs `ModelNew`), under deadlines relative to the reference's own time;
@@ -17,7 +17,7 @@ the device's flusher. It
 
 Everything the candidate's runner returns is data: a failure it reports can only be its own loss, a success
 is never taken on its word. A `Verdict` ends the session early with a status; `InfraFailure` means the
-evaluation itself broke (a runner killed from outside, the flusher gone) and says nothing of the candidate.
+evaluation itself broke (a runner killed from outside, the helper gone) and says nothing of the candidate.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 
 from cudal1.core import flags as F
 from cudal1.core.types import Flag, Mismatch, Severity, Status, TimingStats
-from cudal1.eval.channel import Arena, UnsupportedValue, tree_classes, tree_nbytes
+from cudal1.eval.channel import Arena, ArenaFull, UnsupportedValue, tree_classes, tree_nbytes
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.correctness import OutputHackError, changed_inputs, compare_outputs
+from cudal1.eval.correctness import OutputHackError, compare_outputs
 from cudal1.eval.processes import RunnerFailed, RunnerProcess
 
 logger = logging.getLogger(__name__)
@@ -105,10 +105,11 @@ class Session:
     """One evaluation's trusted orchestration (module docstring)."""
 
     def __init__(self, task: Any, source: str, cfg: EvalConfig, *, ref: RunnerProcess, cand: RunnerProcess,
-                 flusher: RunnerProcess | None = None, static_report: Any = None,
+                 helper: RunnerProcess | None = None, static_report: Any = None,
                  candidate_env: dict[str, str] | None = None):
         self.task, self.source, self.cfg = task, source, cfg
-        self.ref, self.cand, self.flusher = ref, cand, flusher
+        self.ref, self.cand, self.helper = ref, cand, helper
+        self.helper_arena: Arena | None = None
         self.static_report = static_report
         self.candidate_env = candidate_env or {}
         self.deadlines = Deadlines(cfg)
@@ -126,7 +127,6 @@ class Session:
     def ask_reference(self, message: dict[str, Any], what: str) -> tuple[dict[str, Any], float]:
         """A request to the reference's runner: (reply, seconds). Its failures are the reference's."""
         t0 = time.perf_counter()
-        self.ref.thaw()  # both runners are frozen between their requests: their requests are alike
         try:
             reply = self.ref.request(message, timeout_s=self.deadlines.reference())
         except RunnerFailed as failure:
@@ -134,8 +134,6 @@ class Session:
                 raise InfraFailure(f"the reference's runner was killed from outside ({what})") from None
             raise Verdict(Status.RUNTIME_ERROR, f"the reference's runner {failure.reason} ({what})"
                           + ("" if self.candidate_ran else ", not the candidate"), flag=F.REFERENCE_ERROR) from None
-        finally:
-            self.ref.freeze()
         seconds = time.perf_counter() - t0
         if not reply.get("ok"):
             text = str(reply.get("message", "failed"))
@@ -173,13 +171,13 @@ class Session:
         return reply
 
     def flush(self, who: str) -> float | None:
-        """Evict caches before a cold timed call of `who`: from the flusher's context on a GPU (the candidate
-        cannot skip it), in the runner itself on the CPU. Returns the flusher's own time (GPU)."""
-        if self.flusher is not None:
+        """Evict caches before a cold timed call of `who`: from the helper's context on a GPU (the candidate
+        cannot skip it), in the runner itself on the CPU. Returns the helper's own time for it (GPU)."""
+        if self.helper is not None:
             try:
-                reply = self.flusher.request({"op": "flush"}, timeout_s=self.deadlines.reference())
+                reply = self.helper.request({"op": "flush"}, timeout_s=self.deadlines.reference())
             except RunnerFailed as failure:
-                raise InfraFailure(f"the cache flusher failed: {failure.reason}") from None
+                raise InfraFailure(f"the device helper failed: {failure.reason}") from None
             return float(reply.get("ms", 0.0)) if reply.get("ok") else None
         if who == "ref":
             self.ask_reference({"op": "flush"}, "flush")
@@ -221,8 +219,15 @@ class Session:
         self.facts.update(input_bytes=in_bytes, output_bytes=out_bytes)
         self.ref_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
         self.cand_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
+        if self.helper is not None:  # room for one output of each model
+            self.helper_arena = Arena.create(0, 2 * (out_bytes + ARENA_SLACK_BYTES))
+            try:
+                self.helper.request({"op": "arena", "in_bytes": 0}, timeout_s=60.0, fds=(self.helper_arena.fd,))
+            except RunnerFailed as failure:
+                raise InfraFailure(f"the device helper failed to map its arena: {failure.reason}") from None
         for runner, arena in ((self.ref, self.ref_arena), (self.cand, self.cand_arena)):
-            runner.thaw()
+            if runner is self.cand:
+                runner.thaw()
             try:
                 reply = runner.request({"op": "arena", "in_bytes": arena.in_bytes}, timeout_s=60.0, fds=(arena.fd,))
             except RunnerFailed as failure:
@@ -230,12 +235,13 @@ class Session:
                     raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process {failure.reason}") from None
                 raise InfraFailure(f"the reference's runner failed to map its arena: {failure.reason}") from None
             finally:
-                runner.freeze()
+                if runner is self.cand:
+                    runner.freeze()
             if not reply.get("ok"):
                 raise InfraFailure(f"mapping an arena failed: {reply.get('message')}")
 
     def close(self) -> None:
-        for arena in (self.ref_arena, self.cand_arena):
+        for arena in (self.ref_arena, self.cand_arena, self.helper_arena):
             if arena is not None:
                 arena.close()
 
@@ -264,52 +270,81 @@ class Session:
                 return False
             raise
         self.ref_times["trial"] = max(self.ref_times.get("trial", 0.0), seconds)
-        ref_noise = reply.get("noise")
-        inputs = self.ref_arena.unpack(reply["in"])
-        ref_out, ref_after = self.ref_arena.unpack(reply["out"])
-        if distribution == "heavy" and _mostly_not_finite(ref_out):
+        ref_out, ref_after = _halves(reply["out"])
+        if distribution == "heavy" and _mostly_not_finite(self.ref_arena.unpack(ref_out)):
             return False
         try:
-            in_tree = self.cand_arena.pack(inputs, "in")
+            in_tree, _ = self.cand_arena.copy_from(self.ref_arena, reply["in"], "in")
         except Exception as exc:  # noqa: BLE001 - inputs the arena cannot carry are the task's problem
             raise InfraFailure(f"the reference's inputs cannot cross to the candidate: {exc}") from None
-        reply = self.ask_candidate({"op": "trial", "inputs": in_tree}, f"correctness trial {index}", seconds)
-        if not reply.get("ok"):
-            raise call_verdict(reply, f"trial {index}")
-        cand_out, cand_after = self._unpack_candidate(reply["out"])
-        self._check_output(ref_out, cand_out, index, reply["out"], beyond=distribution == "heavy",
-                           ref_noise=ref_noise)
-        self._check_inputs(inputs, ref_after, cand_after, "a correctness trial")
+        cand = self.ask_candidate({"op": "trial", "inputs": in_tree}, f"correctness trial {index}", seconds)
+        if not cand.get("ok"):
+            raise call_verdict(cand, f"trial {index}")
+        try:
+            cand_out, cand_after = _halves(cand["out"])
+        except (KeyError, TypeError, ValueError):
+            raise Verdict(Status.INCORRECT, "the candidate's outputs could not be read") from None
+        self.check_output(ref_out, cand_out, index, beyond=distribution == "heavy", noise=reply.get("noise"))
+        self._check_inputs(reply["in"], ref_after, cand_after, "a correctness trial")
         return True
 
-    def _unpack_candidate(self, tree: Any) -> tuple[Any, Any]:
-        assert self.cand_arena is not None
-        try:
-            value = self.cand_arena.unpack(tree)
-            out, after = value
-        except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
-            raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}") from None
-        return out, list(after) if isinstance(after, (list, tuple)) else [after]
-
-    def _check_output(self, ref_out: Any, cand_out: Any, trial: int, tree: Any, *, beyond: bool = False,
-                      ref_noise: Any = None) -> None:
-        odd = output_classes(tree.get("items", [{}])[0] if isinstance(tree, dict) and tree.get("t") == "seq" else {})
+    def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
+                noise: list[float | None] | None = None) -> tuple[bool, str, Mismatch | None]:
+        """(match, message, mismatch) of the candidate's output against the reference's, as they lie in the two
+        arenas (the candidate's runner is frozen: nothing changes them meanwhile). On a GPU the helper compares,
+        from copies of both in its own arena; on the CPU this process does. Raises a `Verdict` for outputs that
+        are not plain tensors or cannot be read."""
+        odd = output_classes(cand_tree)
         if odd:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
                           flag=F.OUTPUT_TYPE)
+        assert self.ref_arena is not None and self.cand_arena is not None
         try:
-            result = compare_outputs(ref_out, cand_out, self.cfg.profile_obj, trial, noise=ref_noise)
+            if self.helper is None or self.helper_arena is None:
+                result = compare_outputs(self.ref_arena.unpack(ref_tree), self.cand_arena.unpack(cand_tree),
+                                         self.cfg.profile_obj, trial, noise=noise)
+                return result.ok, result.message, result.mismatch
+            ref_here, offset = self.helper_arena.copy_from(self.ref_arena, ref_tree, "out")
+            cand_here, _ = self.helper_arena.copy_from(self.cand_arena, cand_tree, "out", offset)
         except OutputHackError as exc:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {exc}", flag=F.OUTPUT_TYPE) from None
-        if not result.ok:
-            if beyond:
-                raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution (heavy-tailed, "
-                              f"sign-varied): {result.message}", flag=F.BEYOND_DISTRIBUTION, mismatch=result.mismatch)
-            raise Verdict(Status.INCORRECT, result.message, mismatch=result.mismatch)
+        except (UnsupportedValue, ArenaFull, ValueError, TypeError, KeyError) as exc:
+            raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}") from None
+        try:
+            reply = self.helper.request({"op": "compare", "ref": ref_here, "cand": cand_here, "trial": trial,
+                                         "profile": self.cfg.profile, "noise": noise},
+                                        timeout_s=self.deadlines.reference())
+        except RunnerFailed as failure:
+            raise InfraFailure(f"the device helper failed to compare: {failure.reason}") from None
+        if not reply.get("ok"):
+            raise InfraFailure(f"the device helper failed to compare: {reply.get('message')}")
+        if reply.get("hack"):
+            raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {reply['hack']}", flag=F.OUTPUT_TYPE)
+        mismatch = Mismatch.from_dict(reply["mismatch"]) if reply.get("mismatch") else None
+        return bool(reply.get("match")), str(reply.get("message", "")), mismatch
 
-    def _check_inputs(self, inputs: list[Any], ref_after: list[Any], cand_after: list[Any], where: str) -> None:
-        changed = changed_inputs(inputs, cand_after)
-        if changed and not changed_inputs(inputs, ref_after):
+    def check_output(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int, *, beyond: bool = False,
+                     noise: Any = None) -> None:
+        match, message, mismatch = self.compare(ref_tree, cand_tree, trial, noise)
+        if match:
+            return
+        if beyond:
+            raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution (heavy-tailed, "
+                          f"sign-varied): {message}", flag=F.BEYOND_DISTRIBUTION, mismatch=mismatch)
+        raise Verdict(Status.INCORRECT, message, mismatch=mismatch)
+
+    def _check_inputs(self, inputs: dict[str, Any], ref_after: dict[str, Any], cand_after: dict[str, Any],
+                      where: str) -> None:
+        """Inputs changed in place by the candidate (byte for byte) where the reference leaves them unchanged."""
+        assert self.ref_arena is not None and self.cand_arena is not None
+        try:
+            given = self.ref_arena.tensor_bytes(inputs)
+            ref_after_b, cand_after_b = self.ref_arena.tensor_bytes(ref_after), self.cand_arena.tensor_bytes(cand_after)
+        except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
+            raise Verdict(Status.INCORRECT, f"the candidate's inputs after the call could not be read: {exc}") from None
+        changed = [i for i, (a, b) in enumerate(zip(given, cand_after_b, strict=False)) if a != b]
+        changed += list(range(len(cand_after_b), len(given)))
+        if changed and given == ref_after_b:
             raise Verdict(Status.INCORRECT, f"the candidate modified its input(s) {changed} in place in {where}; "
                           "the reference leaves them unchanged", flag=F.INPUT_MUTATION)
 
@@ -349,6 +384,13 @@ class Session:
 
 #: Findings that reject under every profile: each makes the measured speedup meaningless.
 ALWAYS_REJECT = frozenset({F.TIMER_PATCHING, F.OUTSIDE_CLOCK, F.BELOW_FLOOR, F.INTERFERENCE, F.SIZE_CONSTANTS})
+
+
+def _halves(tree: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(outputs, inputs after the call) of a trial's committed pair."""
+    if not isinstance(tree, dict) or tree.get("t") != "seq" or len(tree.get("items", [])) != 2:
+        raise ValueError("a trial's reply is an (outputs, inputs) pair")
+    return tree["items"][0], tree["items"][1]
 
 
 def output_classes(tree: Any) -> list[str]:

@@ -57,11 +57,18 @@ class Sample:
     flush_ms: float | None = None  # the flusher's own time for the flush before this call
     flush_after: str = ""  # "cand": the flush came right after the candidate's request; "ref": after the
     # reference's only (the previous call was the reference's too); "": mixed
+    cpu_ms: float | None = None  # CPU time of the runner's whole sandbox during its requests (its cgroup's clock)
 
     @property
     def gap_ms(self) -> float:
-        """Time outside the reported span: preparation, harness, commit, messages."""
+        """Wall time outside the reported span: preparation, harness, commit, messages."""
         return self.prepare_ms + self.outside_ms - self.ms
+
+    @property
+    def cpu_gap_ms(self) -> float:
+        """CPU time of the sandbox beyond the reported span: work of other threads or processes in it, which
+        wall time does not show when it runs beside the harness's own."""
+        return (self.cpu_ms or 0.0) - self.ms
 
 
 @dataclass
@@ -125,30 +132,51 @@ def _robust_sigma(values: list[float]) -> float:
     return 1.4826 * statistics.median(abs(v - med) for v in values)
 
 
-def clock_gaps(series: PairedSeries) -> tuple[float, float, float, float]:
+def clock_gaps(series: PairedSeries, clock: str = "wall") -> tuple[float, float, float, float]:
     """(reference's median gap, candidate's median gap, median of the paired differences, its robust standard
-    error). Pairs ran back to back, so what slows the host slows both: the paired difference is the sharp
-    statistic."""
+    error), on the wall clock or the sandboxes' CPU clock. Pairs ran back to back, so what slows the host
+    slows both: the paired difference is the sharp statistic."""
     ref, cand = series.all("ref"), series.all("cand")
-    diffs = [c.gap_ms - r.gap_ms for r, c in zip(ref, cand, strict=True)]
+
+    def gap(s: Sample) -> float:
+        return s.gap_ms if clock == "wall" else s.cpu_gap_ms
+
+    diffs = [gap(c) - gap(r) for r, c in zip(ref, cand, strict=True)]
     se = 1.2533 * _robust_sigma(diffs) / math.sqrt(max(len(diffs), 1))
-    return (statistics.median(s.gap_ms for s in ref), statistics.median(s.gap_ms for s in cand),
-            statistics.median(diffs), se)
+    return statistics.median(map(gap, ref)), statistics.median(map(gap, cand)), statistics.median(diffs), se
+
+
+def has_cpu_clock(series: PairedSeries) -> bool:
+    return all(s.cpu_ms is not None for s in series.all("ref") + series.all("cand"))
+
+
+def _tolerance(series: PairedSeries, ref_gap: float, se: float, device_type: str) -> float:
+    cand_ms = statistics.median(s.ms for s in series.all("cand"))
+    return max(CLOCK_REL_TOL * cand_ms, CLOCK_GAP_REL_TOL * abs(ref_gap), CLOCK_SIGMAS * se,
+               CLOCK_MIN_TOL_MS.get(device_type, CLOCK_MIN_TOL_MS["cpu"]))
 
 
 def clock_summary(series: PairedSeries, device_type: str) -> dict[str, float]:
     """The cross-check's figures (ms): both models' median gaps, the median paired difference, the tolerance
-    it is held to, and the flushes' medians after each model. Recorded with every timed result."""
+    it is held to (the same on the CPU clock where the sandboxes have one), and the flushes' medians after
+    each model. Recorded with every timed result."""
     ref_gap, cand_gap, diff, se = clock_gaps(series)
-    cand_ms = statistics.median(s.ms for s in series.all("cand"))
-    tol = max(CLOCK_REL_TOL * cand_ms, CLOCK_GAP_REL_TOL * abs(ref_gap), CLOCK_SIGMAS * se,
-              CLOCK_MIN_TOL_MS.get(device_type, CLOCK_MIN_TOL_MS["cpu"]))
-    out = {"ref_gap_ms": ref_gap, "cand_gap_ms": cand_gap, "paired_diff_ms": diff, "tolerance_ms": tol}
+    out = {"ref_gap_ms": ref_gap, "cand_gap_ms": cand_gap, "paired_diff_ms": diff,
+           "tolerance_ms": _tolerance(series, ref_gap, se, device_type)}
+    if has_cpu_clock(series):
+        ref_cpu, cand_cpu, diff_cpu, se_cpu = clock_gaps(series, "cpu")
+        out.update(ref_cpu_gap_ms=ref_cpu, cand_cpu_gap_ms=cand_cpu, cpu_paired_diff_ms=diff_cpu,
+                   cpu_tolerance_ms=_tolerance(series, ref_cpu, se_cpu, device_type))
     everyone = series.all("ref") + series.all("cand")
     for who in ("ref", "cand"):
         flushes = [s.flush_ms for s in everyone if s.flush_after == who and s.flush_ms is not None]
         if flushes:
             out[f"flush_after_{who}_ms"] = statistics.median(flushes)
+    # For the record (not a check, see `interference_check`): the reference's calls after each model's.
+    for who in ("ref", "cand"):
+        calls = [s.ms for s in series.all("ref") if s.after == who]
+        if calls:
+            out[f"ref_call_after_{who}_ms"] = statistics.median(calls)
     return {k: round(v, 6) for k, v in out.items()}
 
 
@@ -158,8 +186,14 @@ def clock_check(series: PairedSeries, device_type: str) -> Flag | None:
     if not series.all("ref") or not series.all("cand"):
         return None
     summary = clock_summary(series, device_type)
-    ref_gap, cand_gap, diff, tol = (summary[k] for k in ("ref_gap_ms", "cand_gap_ms", "paired_diff_ms", "tolerance_ms"))
     cand_ms = statistics.median(s.ms for s in series.all("cand"))
+    if "cpu_paired_diff_ms" in summary and summary["cpu_paired_diff_ms"] > summary["cpu_tolerance_ms"]:
+        return Flag(F.OUTSIDE_CLOCK, Severity.ERROR,
+                    f"the candidate's sandbox used more CPU time outside the span it reports than the reference's: "
+                    f"{summary['cand_cpu_gap_ms'] * 1e3:.1f} us against {summary['ref_cpu_gap_ms'] * 1e3:.1f} us per call "
+                    f"(tolerance {summary['cpu_tolerance_ms'] * 1e3:.1f} us; its reported time {cand_ms * 1e3:.1f} us): "
+                    "work done beside its timed calls", source="runtime")
+    ref_gap, cand_gap, diff, tol = (summary[k] for k in ("ref_gap_ms", "cand_gap_ms", "paired_diff_ms", "tolerance_ms"))
     if abs(diff) <= tol:
         return None
     what = ("spent more time outside the span it reports than the reference (work hidden outside its timed "
@@ -171,22 +205,23 @@ def clock_check(series: PairedSeries, device_type: str) -> Flag | None:
 
 
 def interference_check(series: PairedSeries, device_type: str) -> Flag | None:
-    """A flag when the reference's calls, or the flushes, after the candidate's requests are slower than
-    after the reference's own (device work the candidate left running)."""
-    refs, everyone = series.all("ref"), series.all("ref") + series.all("cand")
-    checks = (("reference calls", [(s.after, s.ms) for s in refs]),
-              ("cache flushes", [(s.flush_after, s.flush_ms) for s in everyone if s.flush_ms is not None]))
-    for label, pairs in checks:
-        after_cand = [v for who, v in pairs if who == "cand"]
-        after_ref = [v for who, v in pairs if who == "ref"]
-        if min(len(after_cand), len(after_ref)) < INTERFERENCE_MIN_SAMPLES:
-            continue
-        slow, base = statistics.median(after_cand), statistics.median(after_ref)
-        floor = INTERFERENCE_MIN_MS.get(device_type, INTERFERENCE_MIN_MS["cpu"])
-        if slow > base * (1 + INTERFERENCE_REL_TOL) and slow - base > floor:
-            return Flag(F.INTERFERENCE, Severity.ERROR,
-                        f"{label} after the candidate's took {slow * 1e3:.1f} us against {base * 1e3:.1f} us after the "
-                        "reference's: the candidate left work running that slowed them", source="runtime")
+    """A flag when the flusher, a neutral third process with fixed work, runs slower right after the
+    candidate's requests than after the reference's: device work the candidate left running (a kernel queued
+    while it prepared its inputs, still busy during the flush). The reference's own calls are not the probe:
+    what one context leaves in the GPU's caches and TLBs slows the next context's first kernel either way
+    (seen on the H200 host: 15 % on honest candidates)."""
+    everyone = series.all("ref") + series.all("cand")
+    after_cand = [s.flush_ms for s in everyone if s.flush_after == "cand" and s.flush_ms is not None]
+    after_ref = [s.flush_ms for s in everyone if s.flush_after == "ref" and s.flush_ms is not None]
+    if min(len(after_cand), len(after_ref)) < INTERFERENCE_MIN_SAMPLES:
+        return None
+    slow, base = statistics.median(after_cand), statistics.median(after_ref)
+    floor = INTERFERENCE_MIN_MS.get(device_type, INTERFERENCE_MIN_MS["cpu"])
+    if slow > base * (1 + INTERFERENCE_REL_TOL) and slow - base > floor:
+        return Flag(F.INTERFERENCE, Severity.ERROR,
+                    f"cache flushes right after the candidate's requests took {slow * 1e3:.1f} us against "
+                    f"{base * 1e3:.1f} us after the reference's: the candidate left work running on the device",
+                    source="runtime")
     return None
 
 
