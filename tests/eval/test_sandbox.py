@@ -110,3 +110,19 @@ def test_shared_memory_inside_is_private_and_bounded():
     assert outcome.ok, outcome.describe_failure()
     assert outcome.value["written_mib"] <= 64 and outcome.value.get("error") == "OSError"
     assert not os.path.exists("/dev/shm/fill")
+
+
+def test_an_interpreter_under_tmp_or_home_stays_readable(monkeypatch, tmp_path):
+    """A virtual environment under /tmp (as CI makes one) or a home folder must be bound back into the
+    sandbox, whose /tmp and home are private."""
+    from cudal1.eval import sandbox
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    monkeypatch.setattr(sandbox, "python_paths", lambda: [str(venv)])
+    info = sandbox.SandboxInfo("full", "test", bwrap="/usr/bin/bwrap", drop_to_uid=SANDBOX_UID)
+    cmd = sandbox.wrap_command(["python"], SandboxSpec(), info)
+    i = cmd.index("--ro-bind", cmd.index("/tmp") if "/tmp" in cmd else 0)
+    binds = [(cmd[j + 1], cmd[j + 2]) for j in range(len(cmd) - 2) if cmd[j] == "--ro-bind"]
+    assert (str(venv), str(venv)) in binds
+    assert cmd.index("--tmpfs", 0) < i  # bound after the private /tmp is mounted

@@ -155,6 +155,12 @@ def serve(sock: socket.socket, warm_device: str) -> None:
 
     hello: dict[str, Any] = {"op": "hello", "pid": os.getpid(), "torch": torch.__version__}
     if warm_device != "-" and warm_device.startswith("cuda") and torch.cuda.is_available():
+        # Rationale: torch.profiler (the decoy check) and torch.compile pull in torch._dynamo, seconds of
+        # imports on first use (the profiled forward took 5-7 s on the H200 host); a started runner pays them
+        # before its work, and a candidate that triggers them is not taken for one that patched torch.
+        import torch._dynamo  # noqa: F401
+        import torch.profiler  # noqa: F401
+
         torch.zeros(1, device=warm_device)  # the CUDA context, before any request
         hello["total_memory"] = int(torch.cuda.get_device_properties(torch.device(warm_device)).total_memory)
     channel.send(hello)

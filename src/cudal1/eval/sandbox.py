@@ -177,13 +177,15 @@ def wrap_command(argv: Sequence[str], spec: SandboxSpec, info: SandboxInfo | Non
     size = str(int(spec.tmp_bytes))
     cmd += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp", "--perms", "1777", "--size", size,
             "--tmpfs", "/dev/shm", "--perms", "0777", "--dir", "/tmp/home"]
-    # What lies under a hidden folder but must stay readable (the interpreter, the packages) or writable.
-    readable = [p for p in python_paths() if _is_under(p, hidden)]
+    # What lies under a hidden folder (or the private /tmp: a virtual environment made there, a checkout under
+    # /tmp in CI) but must stay readable (the interpreter, the packages) or writable.
+    covered = hidden + ["/tmp", "/dev/shm"]
+    readable = [p for p in python_paths() if _is_under(p, covered)]
     writable = [p for p in spec.writable if p]
     made: set[str] = set()
     for path in readable + writable:
         for parent in _parents(path):
-            if _is_under(parent, hidden) and parent not in hidden and parent not in made:
+            if _is_under(parent, covered) and parent not in covered and parent not in made:
                 made.add(parent)
                 cmd += ["--perms", "0755", "--dir", parent]
     for path in readable:
