@@ -45,13 +45,13 @@ def load_pairs(spec: str, device_type: str, n: int | None) -> list[tuple[Task, s
 def make_bench_pool(workers: str, n_gpus: int, config: EvalConfig) -> Any:
     """A pool on the first `n_gpus` GPUs (Ray actors, or local slots)."""
     if workers == "ray":
-        from cudal1.dist.ray_pool import RayPool, RayPoolConfig
+        from cudal1.service.ray_pool import RayPool, RayPoolConfig
 
         # Actor output goes to the driver's stderr: a failing actor is otherwise silent here.
         return RayPool(config, RayPoolConfig(address=None, n_actors=n_gpus,
                                              init_kwargs={"num_gpus": n_gpus, "log_to_driver": True},
                                              trace_calls=True))
-    from cudal1.dist.pool import LocalPool, LocalPoolConfig
+    from cudal1.service.pool import LocalPool, LocalPoolConfig
 
     return LocalPool(config, LocalPoolConfig(devices=tuple(f"cuda:{i}" for i in range(n_gpus))))
 

@@ -29,10 +29,10 @@ CONFIGS = (
     ("Policy evaluation", "cudal1.train.policy_eval:PolicyEvalConfig"),
     ("Audit", "cudal1.audit.run:AuditConfig"),
     ("LLM judge", "cudal1.judge.judge:JudgeConfig"),
-    ("Reward server", "cudal1.dist.server:ServerConfig"),
-    ("Local evaluator pool", "cudal1.dist.pool:LocalPoolConfig"),
-    ("Ray evaluator pool", "cudal1.dist.ray_pool:RayPoolConfig"),
-    ("Outlier re-check", "cudal1.dist.recheck:RecheckConfig"),
+    ("Reward server", "cudal1.service.server:ServerConfig"),
+    ("Local evaluator pool", "cudal1.service.pool:LocalPoolConfig"),
+    ("Ray evaluator pool", "cudal1.service.ray_pool:RayPoolConfig"),
+    ("Outlier re-check", "cudal1.service.recheck:RecheckConfig"),
 )
 
 

@@ -36,6 +36,20 @@ def test_tasks_list_builtin_json(capsys):
     assert len(rows) >= 24 and all(r["id"].startswith("builtin/") for r in rows)
 
 
+def test_tasks_list_at_80_columns_shows_every_id_whole():
+    import os
+    import subprocess
+    import sys
+
+    from cudal1.tasks.sources import load_builtin
+
+    out = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "tasks", "list"], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "80"}, timeout=120).stdout
+    assert all(len(line) <= 80 for line in out.splitlines())
+    for task in load_builtin():
+        assert f"│ {task.id} " in out, task.id
+
+
 def test_tasks_show(capsys):
     assert main(["tasks", "show", "builtin/level1/matmul_square", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -95,6 +109,9 @@ def test_eval_batch_through_a_local_pool_stores_every_result(tmp_path, capsys):
     assert main(argv) == 0  # the pool wrote the store: the second run is served from it
     second = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert sorted(r["status"] for r in second) == ["correct", "incorrect"] and all(r["cached"] for r in second)
+    assert main([a for a in argv if a != "--json"]) == 0  # the table says which rows come from the store
+    table = capsys.readouterr().out
+    assert table.count("(cached)") == 2, table
 
 
 def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
@@ -168,3 +185,43 @@ def test_tasks_show_code_prints_the_module_verbatim(capsys):
     source = find_task("builtin/level1/softmax_manual_lastdim", ["builtin"]).source
     assert source in printed
     ast.parse(source)
+
+
+def test_version(capsys):
+    from cudal1 import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"cudal1 {__version__}"
+
+
+def test_progress_off_a_terminal_is_plain_periodic_lines():
+    import io
+
+    from cudal1.cli.common import PlainProgress
+
+    out = io.StringIO()
+    with PlainProgress(interval_s=3600, stream=out) as bar:
+        job = bar.add_task("evaluating", total=3, best="")
+        hidden = bar.add_task("hidden", total=1, visible=False)
+        for i in range(3):
+            bar.update(job, advance=1, best=f"best {i + 1}.00x")
+        bar.update(hidden, advance=1)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "evaluating: 1/3" in lines[0] and lines[1].endswith("evaluating: 3/3  best 3.00x")
+
+
+def test_a_batch_redirected_to_a_file_reports_progress(tmp_path):
+    """Not on a terminal (CI, nohup): the batch still says how far it is, on stderr, before the end."""
+    import subprocess
+    import sys
+
+    ref = (FIXTURES / "tasks" / "tiny_scale_add.py").read_text()
+    rows = [{"level_id": 1, "task_id": i, "ref_code": ref, "custom_code": (FIXTURES / "eval" / "correct.py").read_text()}
+            for i in (1, 2)]
+    release = tmp_path / "release.jsonl"
+    release.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "eval", "--release", str(release), "--device",
+                           "cpu", "--trials", "2", "--buckets", "2", "--no-store"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "evaluating: 2/2" in done.stderr

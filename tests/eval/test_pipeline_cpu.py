@@ -353,3 +353,24 @@ def test_tf32_turned_on_through_the_fp32_precision_api_is_flagged(line, profile,
     assert r.status is status, r.message  # never a runtime_error from PyTorch's mixed-API checks
     if profile == "strict":  # from true fp32, any of these is a change, named by its switch
         assert any(f.rule == "guard.global_state" and "fp32_precision" in f.message for f in r.flags), r.flags
+
+
+def test_a_noisy_measurement_is_flagged_measured_again_and_both_shown(task):
+    settings = dict(buckets=8, target_bucket_ms=1.0, min_iters_per_bucket=2, warm_buckets=0)  # ~0.4 %: all 8 alike
+    r = run(task, "noisy", **settings)
+    assert r.status is Status.CORRECT, r.message
+    (noisy,) = [f for f in r.flags if f.rule == "timing.noisy"]
+    assert noisy.severity.value == "info" and "measured again" in noisy.message and noisy.message.count("x (") == 2
+    assert r.stability is not None
+    quiet = run(task, "noisy", noisy_stability=0.0, **settings)  # 0: never re-measured
+    assert quiet.status is Status.CORRECT and not any(f.rule == "timing.noisy" for f in quiet.flags)
+
+
+def test_a_cuda_build_on_a_machine_without_a_gpu_says_so(task):
+    """Not a compile error of the candidate (it used to read "CUDA_HOME not set"): no verdict at all."""
+    source = ("import torch\nfrom torch.utils.cpp_extension import load_inline\n"
+              "ext = load_inline(name='k', cpp_sources='', cuda_sources='__global__ void k() {}')\n"
+              "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    r = evaluate_candidate(task, source, EvalConfig(**FAST))
+    assert r.status is Status.INFRA_ERROR and "needs a GPU" in r.message
+    assert not r.status.is_verdict

@@ -31,6 +31,7 @@ needs_sandbox = pytest.mark.skipif(detect_sandbox().level == "none", reason="no 
 EXPECTED = {
     "forge_reply.py": None,  # any verdict, as long as no fake speedup
     "patch_harness_clock.py": {"hack_detected"},
+    "skip_cache_flush.py": {"hack_detected"},
     "patch_tolerances.py": {"incorrect"},
     "patch_code_object.py": {"incorrect", "hack_detected"},
     "patch_builtins.py": {"incorrect", "runtime_error", "hack_detected"},
@@ -170,3 +171,41 @@ def test_a_hung_candidate_times_out_within_two_minutes_by_default(capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["status"] == "timeout"
     assert time.monotonic() - started < 120
+
+
+GPU_EXPECTED = {
+    "gpu_prepare_precompute.py": {"hack_detected"},
+    "gpu_leftover_work.py": {"hack_detected"},
+    "gpu_memory_hog.py": {"runtime_error"},
+}
+
+
+@pytest.mark.gpu
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(GPU_EXPECTED))
+def test_gpu_attack_gains_nothing(name, capsys):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    assert main(["eval", "--ref", str(RELU), "--candidate", str(REDTEAM / name), "--device", "cuda", "--trials",
+                 "3", "--buckets", "3", "--json", "--no-store"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    print(name, result["status"], result["message"][:200], result.get("protocol", {}).get("clock"))
+    assert_no_fake_speedup(result)
+    assert result["status"] in GPU_EXPECTED[name], (name, result["status"], result["message"])
+
+
+@pytest.mark.gpu
+def test_gpu_honest_controls_and_the_null_test(capsys):
+    """Honest controls on the GPU: correct, with the clock figures inside their tolerance."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for name in ("honest_out_param.py", "honest_boilerplate.py"):
+        assert main(["eval", "--ref", str(RELU), "--candidate", str(REDTEAM / name), "--device", "cuda",
+                     "--json", "--no-store"]) == 0
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        print(name, result["status"], result["speedup"], result.get("protocol", {}).get("clock"))
+        assert result["status"] == "correct", result["message"]

@@ -3,10 +3,14 @@ do. Runs the probes of tests/helpers/sandbox_probe.py through `run_isolated`, as
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +130,43 @@ def test_an_interpreter_under_tmp_or_home_stays_readable(monkeypatch, tmp_path):
     binds = [(cmd[j + 1], cmd[j + 2]) for j in range(len(cmd) - 2) if cmd[j] == "--ro-bind"]
     assert (str(venv), str(venv)) in binds
     assert cmd.index("--tmpfs", 0) < i  # bound after the private /tmp is mounted
+
+
+def test_a_private_root_on_the_import_path_stays_private(monkeypatch):
+    """A script run from /tmp or a home folder puts that folder on sys.path: binding it back would show the
+    host's /tmp (other runners' files) read-only, and the runner could not start."""
+    from cudal1.eval import sandbox
+
+    home = os.path.expanduser("~")
+    monkeypatch.setattr(sandbox, "python_paths", lambda: ["/tmp", home])
+    monkeypatch.setattr(sandbox.sys, "path", ["/tmp", home, *sandbox.sys.path])
+    info = sandbox.SandboxInfo("full", "test", bwrap="/usr/bin/bwrap", drop_to_uid=SANDBOX_UID)
+    cmd = sandbox.wrap_command(["python"], SandboxSpec(), info)
+    binds = [cmd[j + 1] for j in range(len(cmd) - 2) if cmd[j] in ("--ro-bind", "--bind")]
+    assert "/tmp" not in binds and home not in binds
+    pythonpath = cmd[cmd.index("PYTHONPATH") + 1].split(os.pathsep)
+    assert "/tmp" not in pythonpath and home not in pythonpath
+
+
+@needs_sandbox
+def test_a_runner_starts_from_a_script_in_tmp(tmp_path):
+    """End to end: a runner started by a script whose folder is /tmp itself starts, and still cannot read
+    the host's /tmp."""
+    marker = tmp_path / "host-file"
+    marker.write_text("host")
+    script = Path("/tmp") / f"cudal1_probe_{os.getpid()}.py"
+    script.write_text(
+        "import json, sys\n"
+        "from cudal1.eval.processes import Limits, run_isolated\n"
+        f"out = run_isolated('{PROBE}:look_around', {{'port': 9, 'read': [{str(marker)!r}]}}, "
+        "limits=Limits(timeout_s=60))\n"
+        "print(json.dumps({'ok': out.ok, 'why': out.describe_failure(), 'reads': (out.value or {}).get('reads')}))\n")
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                              cwd="/tmp", env={**os.environ, "PYTHONPATH": os.getcwd()})
+    finally:
+        script.unlink()
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["ok"], seen["why"]
+    assert seen["reads"] == {str(marker): "FileNotFoundError"}

@@ -115,3 +115,38 @@ def test_stats_carry_both_clocks():
     assert stats.ref_outside_ms == pytest.approx(0.25, abs=0.01)
     assert stats.candidate_outside_ms == pytest.approx(0.15, abs=0.01)
     assert stats.floor_ms == 0.01 and stats.verified_calls == 7
+
+
+def test_every_schedule_times_enough_pairs_for_the_clock_check():
+    """Two pairs on a loaded host differ by milliseconds of noise; a lazy output computed outside the span
+    hides in them. The schedule therefore never times fewer than CLOCK_MIN_PAIRS, whatever the bounds."""
+    for buckets in (1, 2, 3, 7):
+        iters = timing.iterations_per_bucket(50.0, 50.0, 5.0, lo=1, hi=2, buckets=buckets)
+        assert iters * buckets >= timing.CLOCK_MIN_PAIRS
+    assert timing.iterations_per_bucket(0.1, 0.1, 5.0, lo=3, hi=100, buckets=7) == 50  # the target still rules
+
+
+def test_on_the_cpu_a_smaller_gap_and_a_preempted_reference_are_not_judged():
+    """A loaded CPU host moves milliseconds between the parts of a request, and takes more CPU from the slower
+    model's longer spans: neither may reject an honest candidate there. On a GPU a smaller gap still counts."""
+    smaller = _series(0.2, 0.1, ref_gap=0.8, cand_gap=0.1)
+    assert timing.clock_check(smaller, "cpu") is None
+    assert timing.clock_check(smaller, "cuda") is not None
+    preempted = _series(2.0, 0.5, ref_gap=0.5, cand_gap=0.5)
+    for s in preempted.all("ref"):
+        s.cpu_ms = s.ms - 1.5  # the reference got 0.5 ms of CPU in a 2 ms span
+    for s in preempted.all("cand"):
+        s.cpu_ms = s.ms + 0.4
+    assert timing.clock_check(preempted, "cpu") is None
+    for s in preempted.all("ref"):
+        s.cpu_ms = s.ms + 0.05  # not preempted: the candidate's 0.35 ms more CPU outside its span is hidden work
+    flag = timing.clock_check(preempted, "cpu")
+    assert flag is not None and "CPU time" in flag.message
+
+
+def test_skipped_cpu_cache_flushes_are_caught():
+    honest = [5.0 + 0.1 * i for i in range(timing.CLOCK_MIN_PAIRS)]
+    assert timing.flush_check(honest, [x * 1.4 for x in honest]) is None  # preemption slows either
+    flag = timing.flush_check(honest, [0.2] * len(honest))
+    assert flag is not None and flag.rule == F.OUTSIDE_CLOCK and "skipped" in flag.message
+    assert timing.flush_check(honest[:3], [0.2] * 3) is None  # too few to judge (never so in a schedule)

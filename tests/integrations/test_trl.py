@@ -6,10 +6,10 @@ import httpx
 import pytest
 
 from cudal1.core.types import EvalResult, Status
-from cudal1.dist.client import RewardClient
-from cudal1.dist.pool import LocalPool, LocalPoolConfig
 from cudal1.eval.config import EvalConfig
 from cudal1.integrations.trl import make_trl_reward
+from cudal1.service.client import RewardClient
+from cudal1.service.pool import LocalPool, LocalPoolConfig
 
 CODE = "class ModelNew:\n    SPEED = {speed}\n"
 

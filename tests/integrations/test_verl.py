@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from cudal1.core.types import EvalResult, Status
-from cudal1.dist.client import RewardClient
 from cudal1.integrations import verl
+from cudal1.service.client import RewardClient
 from cudal1.tasks import load_tasks
 
 GOOD = "```python\nclass ModelNew:\n    pass\n```"

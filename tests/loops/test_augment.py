@@ -57,6 +57,24 @@ def test_two_models_keep_at_most_m_per_task_and_export_both_formats(tmp_path, st
     assert len(records) == 3 and records[0]["completion"][0]["role"] == "assistant"
 
 
+def test_a_release_import_honours_the_task_filters(tmp_path, store):
+    """--task, --level and --max-tasks used to be ignored with --from-release: every row was evaluated."""
+    task = cpu_task()
+    rows = [{"level_id": level, "task_id": n, "ref_code": task.source, "custom_code": code("wrong")}
+            for level, n in ((1, 1), (1, 2), (2, 3))]
+    release = tmp_path / "rel.jsonl"
+    release.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def stats(**filters):
+        config = AugmentConfig(from_release=[str(release)], eval=CPU_EVAL, out_dir=str(tmp_path / "out"),
+                               hf_dataset=False, **filters)
+        return sorted(s["task_id"] for s in augment(config, store=store).stats)
+
+    assert stats(levels=[2]) == ["rel/level2/3"]
+    assert stats(task_ids=["rel/level1/2"]) == ["rel/level1/2"]
+    assert stats(max_tasks=1) == ["rel/level1/1"]
+
+
 def test_imports_the_correct_candidates_of_a_release(tmp_path, store):
     task = cpu_task()
     rows = [{"level_id": 1, "task_id": 1, "ref_code": task.source, "custom_code": code("fast"), "score_default": 30.0},

@@ -190,7 +190,7 @@ def test_run_key_ignores_rounds_but_not_the_model():
 
 
 def test_evaluates_through_a_pool_when_given(tmp_path, store):
-    from cudal1.dist import make_pool
+    from cudal1.service import make_pool
 
     with make_pool("local", CPU_EVAL, store=store) as pool:
         submitted = []

@@ -27,6 +27,18 @@ def test_print_config_is_the_reference_yaml(capsys):
     assert "reward_clip_k: 1.5" in out and "num_generations: 8" in out
 
 
+@pytest.mark.parametrize("stage", ["sft", "self-supervised", "rl"])
+def test_a_printed_config_loads_back(stage, tmp_path, capsys):
+    """`train STAGE --print-config > f.yaml` then `--config f.yaml`: long comments used to wrap into bad YAML."""
+    from cudal1.train.config import STAGES, load_config
+
+    assert main(["train", stage, "--print-config"]) == 0
+    path = tmp_path / "stage.yaml"
+    path.write_text(capsys.readouterr().out)
+    required = {"model": "scratch", "output_dir": str(tmp_path / "o"), **({"dataset": "d.jsonl"} if stage == "sft" else {})}
+    assert load_config(STAGES[stage.replace("-", "_")], path, required) is not None
+
+
 def test_impossible_config_is_one_line_error(capsys):
     code = main(["train", "rl", "--model", "scratch", "-o", "/tmp/never", "--set", "use_lora=true",
                  "--set", "lora_r=0"])

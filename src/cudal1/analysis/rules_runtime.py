@@ -102,7 +102,7 @@ FLAG_SETTERS = (
 # Rationale: reaching into the harness (its modules, frames, objects) or hiding code from this analysis.
 # Rationale: a candidate needs nothing from cudal1 but its raw-CUDA launcher; importing the evaluator
 # (to raise its verdicts, read its state or patch it) is only useful for cheating.
-HARNESS_MODULES = ("cudal1.eval", "cudal1.analysis", "cudal1.store", "cudal1.judge", "cudal1.dist")
+HARNESS_MODULES = ("cudal1.eval", "cudal1.analysis", "cudal1.store", "cudal1.judge", "cudal1.service")
 # Rationale: `type.__setattr__(torch.Tensor, ...)` patches a class while hiding the attribute name from
 # the plain-assignment rules; honest kernels never need it.
 RAW_SETATTR = ("type.__setattr__", "object.__setattr__", "type.__delattr__", "object.__delattr__")

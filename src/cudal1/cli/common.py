@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,59 @@ def open_store(path: Path | None, disabled: bool) -> Any:
     return ResultsStore(path)
 
 
-def progress_bar() -> Progress:
+class PlainProgress:
+    """`rich.progress.Progress`'s calls that the commands use, as plain log lines on stderr: for output that is
+    not a terminal (CI, nohup, a pipe), where a live bar would show nothing until the end. A line at most every
+    `interval_s` while work advances, and the final state."""
+
+    def __init__(self, interval_s: float = 10.0, stream: Any = None):
+        self.interval_s = interval_s
+        self.stream = stream
+        self._jobs: dict[int, dict[str, Any]] = {}
+        self._last = 0.0
+        self._started = time.monotonic()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for job in self._jobs.values():
+            self._print(job)
+
+    def add_task(self, description: str, total: float | None = None, visible: bool = True, **fields: Any) -> int:
+        self._jobs[len(self._jobs)] = {"description": description, "total": total, "completed": 0,
+                                       "visible": visible, "fields": fields, "printed": None}
+        return len(self._jobs) - 1
+
+    def update(self, job_id: int, *, advance: float | None = None, completed: float | None = None,
+               total: float | None = None, description: str | None = None, visible: bool | None = None,
+               **fields: Any) -> None:
+        job = self._jobs[job_id]
+        job["completed"] = completed if completed is not None else job["completed"] + (advance or 0)
+        for key, value in (("total", total), ("description", description), ("visible", visible)):
+            if value is not None:
+                job[key] = value
+        job["fields"].update(fields)
+        if time.monotonic() - self._last >= self.interval_s:
+            self._print(job)
+
+    def _print(self, job: dict[str, Any]) -> None:
+        line = self._line(job)
+        if not job["visible"] or line == job["printed"]:
+            return
+        job["printed"], self._last = line, time.monotonic()
+        print(line, file=self.stream or sys.stderr, flush=True)
+
+    def _line(self, job: dict[str, Any]) -> str:
+        done = f"{job['completed']:g}" + (f"/{job['total']:g}" if job["total"] else "")
+        best = str(job["fields"].get("best") or "")
+        return f"[{time.monotonic() - self._started:6.0f} s] {job['description']}: {done}" + (f"  {best}" if best else "")
+
+
+def progress_bar() -> Progress | PlainProgress:
+    """A live bar on a terminal, periodic plain lines otherwise (`PlainProgress`)."""
+    if not console.is_terminal:
+        return PlainProgress()
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                     console=console, transient=False)
@@ -124,7 +177,8 @@ def result_table(rows: Iterable[tuple[str, EvalResult]], title: str) -> Table:
     for name, r in rows:
         style = STATUS_STYLE.get(r.status, "")
         warm = r.timing.speedup_warm if r.timing else None
-        table.add_row(name, f"[{style}]{r.status.value}[/{style}]", fmt(r.speedup, ".2f", "x"),
+        status = r.status.value + (" (cached)" if r.cached else "")  # a stored result is not a fresh measurement
+        table.add_row(name, f"[{style}]{status}[/{style}]", fmt(r.speedup, ".2f", "x"),
                       fmt(warm, ".2f", "x"), fmt(r.ref_ms, ".3f"), fmt(r.candidate_ms, ".3f"),
                       fmt(r.stability, ".1%"), r.kernel_class.value if r.kernel_class else "-",
                       _first_line(r.message or ""))

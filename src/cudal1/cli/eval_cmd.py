@@ -85,7 +85,7 @@ def _evaluate_in_pool(spec: str, pairs: list[tuple[Task, str]], cfg, store, *, f
                       run_id: str | None, on_result) -> None:
     """Submit every pair to the pool `spec` (from a thread: submissions wait while its queue is full) and report
     each result here, in the order they finish."""
-    from cudal1.dist import make_pool
+    from cudal1.service import make_pool
 
     done: queue.Queue = queue.Queue()
     pool = make_pool(spec, cfg, store=store)

@@ -26,7 +26,9 @@ def _register() -> None:
                      "serve_cmd", "policy_cmd", "judge_cmd"):
         try:
             module = __import__(f"cudal1.cli.{optional}", fromlist=["register"])
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] == "cudal1":
+                raise  # a broken import of our own is a bug, never a missing optional extra
             continue
         module.register(app)
 
@@ -34,8 +36,18 @@ def _register() -> None:
 _register()
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from cudal1 import __version__
+
+        typer.echo(f"cudal1 {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr.")) -> None:
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
+          version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 

@@ -69,7 +69,7 @@ def open_pool(spec: str, config: EvalConfig, store: Any) -> Any:
     """An evaluator pool from `--workers` (alias `--pool`), or None when it is empty."""
     if not spec:
         return None
-    from cudal1.dist import make_pool
+    from cudal1.service import make_pool
 
     return make_pool(spec, config, store=store)
 

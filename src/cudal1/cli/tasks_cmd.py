@@ -49,10 +49,18 @@ def list_tasks(
             raise typer.Exit(1)
         return
     table = Table(title=f"{len(rows)} tasks from {source}")
-    for col in ("id", "level", "description") + (("candidate",) if is_release else ()) + (("valid",) if validate else ()):
+    # Ids are what users copy: never cut or wrapped; the description gives way instead (one line, shortened).
+    id_width = max((len(r["id"]) for r in rows), default=2)
+    extra = (("candidate",) if is_release else ()) + (("valid",) if validate else ())
+    table.add_column("id", no_wrap=True, min_width=id_width)
+    table.add_column("level", no_wrap=True)
+    table.add_column("description", no_wrap=True, overflow="ellipsis")
+    for col in extra:
         table.add_column(col)
+    room = max(12, min(70, console.width - id_width - 5 - 12 * len(extra) - 3 * (3 + len(extra)) - 1))
     for r in rows:
-        cells = [r["id"], str(r["level"] or ""), r["description"][:70]]
+        text = r["description"]
+        cells = [r["id"], str(r["level"] or ""), text if len(text) <= room else text[: room - 1] + "…"]
         if is_release:
             cells.append("yes" if r["has_candidate"] else "-")
         if validate:

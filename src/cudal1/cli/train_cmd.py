@@ -41,7 +41,7 @@ def _run(stage: str, config_path: Path | None, overrides: dict[str, Any], print_
 
     cls = STAGES[stage]
     if print_config:
-        console.print(reference_yaml(cls), markup=False, highlight=False)
+        typer.echo(reference_yaml(cls))  # plain text: a console would wrap long comments into invalid YAML
         return
     config = load_config(cls, config_path, overrides)
     if stage == "sft":

@@ -35,6 +35,7 @@ REFERENCE_ERROR = "reference_error"
 OUTSIDE_CLOCK = "timing.outside_clock"
 BELOW_FLOOR = "timing.below_floor"
 INTERFERENCE = "timing.interference"
+NOISY = "timing.noisy"
 SIZE_CONSTANTS = "runtime.size_constants"
 
 # -- re-checks and the judge --------------------------------------------------------------------------------
@@ -68,6 +69,7 @@ DESCRIPTIONS: dict[str, str] = {
     OUTSIDE_CLOCK: "the times reported from the candidate's process disagree with the clock outside it",
     BELOW_FLOOR: "a reported time is below the task's physical floor",
     INTERFERENCE: "the candidate's work slowed the reference's calls after its own had returned",
+    NOISY: "the bucket speedups scattered beyond the stability threshold: measured twice, both shown",
     SIZE_CONSTANTS: "the candidate's size constants differ from the reference's and ModelNew uses them",
     RECHECK_AGREE: "an independent re-measurement agreed",
     RECHECK_DISAGREE: "an independent re-measurement disagreed",

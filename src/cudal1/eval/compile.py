@@ -541,21 +541,9 @@ def build_candidates(sources: Sequence[str], *, arch: str | None, max_workers: i
 
 
 def json_init_inputs(task: Any) -> list[Any] | None:
-    """The reference's init inputs when they are plain JSON values (so lazy builds in `ModelNew.__init__`
-    can happen in the compile pool); None otherwise. Runs reference code only, never candidate code."""
-    return _json_init_inputs(task.id, task.source)
+    """The reference's init inputs when its syntax tree shows them as plain values (so lazy builds in
+    `ModelNew.__init__` can happen in the compile pool); None otherwise. Runs no code at all: the reference
+    may come from a client (`cudal1.tasks.static_inputs`)."""
+    from cudal1.tasks.static_inputs import static_init_inputs
 
-
-@functools.lru_cache(maxsize=1024)
-def _json_init_inputs(task_id: str, source: str) -> list[Any] | None:
-    # Cached: a batch asks once per candidate in `prebuild` and again in `prepare_build`.
-    import json
-
-    from cudal1.tasks.task import load_reference
-
-    try:
-        values = list(load_reference(source, task_id).get_init_inputs())
-        json.dumps(values)
-    except Exception:  # noqa: BLE001 - not JSON-able or not loadable: the build then happens in the worker
-        return None
-    return values
+    return static_init_inputs(task.source)

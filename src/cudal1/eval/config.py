@@ -94,6 +94,9 @@ class EvalConfig:
     flush_l2: bool = _f(True, "Flush the L2 cache before every timed call (cold-cache timing, primary).")
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
+    noisy_stability: float = _f(0.25, "A measurement whose stability (IQR of bucket speedups / median) exceeds "
+                                      "this is flagged timing.noisy and measured once more; the steadier of the "
+                                      "two is kept, both are in the flag (0: never re-measure).")
     timeout_s: float = _f(600.0, "Wall-clock limit of one whole evaluation (build time excluded).")
     phase_floor_s: float = _f(30.0, "Each step of the candidate (import, a trial, a timed call) may take at least "
                                     "this long...")
@@ -131,6 +134,8 @@ class EvalConfig:
             raise ConfigError("need buckets >= 1 and 1 <= min_iters_per_bucket <= max_iters_per_bucket")
         if self.warmup_iters < 1:
             raise ConfigError("warmup_iters must be >= 1 (warm-up also sizes the timing buckets)")
+        if self.noisy_stability < 0:
+            raise ConfigError(f"noisy_stability must be >= 0, not {self.noisy_stability!r}")
         for name in ("timeout_s", "build_timeout_s", "target_bucket_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")

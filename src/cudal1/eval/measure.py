@@ -152,12 +152,13 @@ class Measurement:
         cand_out = statistics.median(s.prepare_ms + s.outside_ms for s in warmup.all("cand"))
         self.s.ref_times["call"] = statistics.median(s.outside_ms for s in warmup.all("ref")) / 1e3
         iters = timing.iterations_per_bucket(ref_out, cand_out, cfg.target_bucket_ms, cfg.min_iters_per_bucket,
-                                             cfg.max_iters_per_bucket)
+                                             cfg.max_iters_per_bucket, cfg.buckets)
         cold = self.series(cfg.buckets, iters, flush)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
         device = self.s.device_type
         self.s.facts["clock"] = timing.clock_summary(cold, device)
-        for found in (timing.clock_check(cold, device), timing.interference_check(cold, device)):
+        for found in (timing.clock_check(cold, device), timing.interference_check(cold, device),
+                      timing.flush_check(self.s.cpu_flush_ms["ref"], self.s.cpu_flush_ms["cand"])):
             if found is not None:
                 self.s.flags.append(found)
         floor_ms = self.floor_ms()

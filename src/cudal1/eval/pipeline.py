@@ -9,6 +9,7 @@ Batches go through `scheduler.evaluate_many`.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -19,13 +20,34 @@ from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candi
 from cudal1.eval.processes import RunnerSupply
 from cudal1.eval.profiling import reclassify
 from cudal1.eval.static_checks import static_rejection, static_report
-from cudal1.tasks.task import Task, source_hash
+from cudal1.tasks.task import Task, source_hash, text_problem
 
 logger = logging.getLogger(__name__)
 
 
 def uses_load_inline(source: str) -> bool:
     return "cpp_extension" in source or "load_inline" in source
+
+
+_CUDA_BUILD = re.compile(r"cuda_sources\s*=|CUDAExtension\b|['\"][^'\"\n]*\.cu['\"]")
+
+
+_NO_CUDA = re.compile(r"CUDA_HOME|Torch not compiled with CUDA|No CUDA (runtime|GPUs)|nvcc.*not found")
+
+
+def needs_a_gpu(result: EvalResult, source: str, cfg: EvalConfig) -> bool:
+    """Whether a failure on a machine without a GPU only says that CUDA is missing (the candidate's own build
+    errors, found before a compiler runs, stay its `compile_error`)."""
+    if cfg.device.startswith("cuda") or not builds_cuda(source):
+        return False
+    failed = result.status in (Status.COMPILE_ERROR, Status.RUNTIME_ERROR)
+    return failed and _NO_CUDA.search(f"{result.message}\n{result.compile_log or ''}") is not None
+
+
+def builds_cuda(source: str) -> bool:
+    """Whether the candidate compiles CUDA code (`load_inline(cuda_sources=...)`, `.cu` files): it cannot run
+    without a GPU."""
+    return uses_load_inline(source) and _CUDA_BUILD.search(source) is not None
 
 
 def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
@@ -63,6 +85,10 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
     `workers` supplies pre-started runners (see `scheduler.evaluate_many`); without it two are started for
     this candidate. Raises `ConfigError` when the profile needs an OS sandbox this host lacks.
     """
+    problem = text_problem(source)
+    if problem is not None:  # not a source file at all; nothing to run or store (SQLite cannot hold it either)
+        return EvalResult(status=Status.UNPARSEABLE, message=f"the candidate is not a source file: {problem}",
+                          task_id=task.id, candidate_hash=source_hash(source))
     started = time.monotonic()
     cfg = (config or EvalConfig()).resolved(resolve_device((config or EvalConfig()).device))
     protocol = evaluation_protocol(cfg)  # what it is measured under: the key's protocol and the sandbox level
@@ -122,9 +148,12 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, workers: Runner
     result = run_candidate(task, source, cfg, static_report=report.to_dict() if report is not None else None,
                            build=build, workers=workers, hidden_files=hidden_files)
     lap("run")
+    if needs_a_gpu(result, source, cfg):  # not the candidate's fault: no verdict
+        result = EvalResult(status=Status.INFRA_ERROR, message="this candidate compiles CUDA code, which needs a "
+                            f"GPU: evaluate it on a machine with one, --device cuda ({result.message[:120]})")
     if kernel_class is not None:
         kernel_class = reclassify(kernel_class, result.flags)  # a decoy counts as what actually ran
     return with_phases(result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class))
 
 
-__all__ = ["evaluate_candidate", "prepare_build", "uses_load_inline"]
+__all__ = ["builds_cuda", "evaluate_candidate", "prepare_build", "uses_load_inline"]

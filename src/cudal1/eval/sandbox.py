@@ -137,6 +137,12 @@ def _is_under(path: str, folders: Sequence[str]) -> bool:
     return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
 
 
+def _private_roots() -> list[str]:
+    """Folders the sandbox replaces by empty or private ones. One of them on the import path (a script run
+    from /tmp or from home puts its folder there) is never bound back: that would undo the hiding."""
+    return [*HIDDEN_DIRS, os.path.expanduser("~"), "/tmp", "/dev/shm"]
+
+
 def python_paths() -> list[str]:
     """Folders a runner's interpreter must read: its prefixes and every import path."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
@@ -147,7 +153,8 @@ def python_paths() -> list[str]:
 def sandbox_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The scrubbed environment of a runner: passthrough variables, our import path, a private HOME."""
     env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-    env.update(HOME="/tmp/home", TMPDIR="/tmp", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+    roots = set(_private_roots())
+    env.update(HOME="/tmp/home", TMPDIR="/tmp", PYTHONPATH=os.pathsep.join(p for p in sys.path if p and p not in roots),
                PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", PYTHONNOUSERSITE="1",
                # Rationale: glibc adapts its mmap threshold to what a process freed before, so two runners
                # with different histories pay different page-fault costs for the same allocations (seen
@@ -180,7 +187,8 @@ def wrap_command(argv: Sequence[str], spec: SandboxSpec, info: SandboxInfo | Non
     # What lies under a hidden folder (or the private /tmp: a virtual environment made there, a checkout under
     # /tmp in CI) but must stay readable (the interpreter, the packages) or writable.
     covered = hidden + ["/tmp", "/dev/shm"]
-    readable = [p for p in python_paths() if _is_under(p, covered)]
+    roots = set(_private_roots())
+    readable = [p for p in python_paths() if _is_under(p, covered) and p not in covered and p not in roots]
     writable = [p for p in spec.writable if p]
     made: set[str] = set()
     for path in readable + writable:

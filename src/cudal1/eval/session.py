@@ -119,6 +119,7 @@ class Session:
         self.ref_arena: Arena | None = None
         self.cand_arena: Arena | None = None
         self.ref_times: dict[str, float] = {}
+        self.cpu_flush_ms: dict[str, list[float]] = {"ref": [], "cand": []}  # the parent's clock (`flush_check`)
         self.device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
         self.candidate_ran = False
 
@@ -157,7 +158,7 @@ class Session:
                 raise Verdict(Status.RUNTIME_ERROR, f"{what}: {failure.reason}") from None
             if failure.killed_from_outside:
                 raise InfraFailure(f"the candidate's runner was killed from outside ({what})") from None
-            hint = _error_hint(failure.stderr_tail)
+            hint = error_hint(failure.stderr_tail)
             raise Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process {failure.reason}{hint}") from None
         finally:
             self.cand.freeze()
@@ -183,6 +184,7 @@ class Session:
             self.ask_reference({"op": "flush"}, "flush")
         else:
             self.ask_candidate({"op": "flush"}, "the cache flush", self.ref_times.get("call", 1.0))
+        self.cpu_flush_ms[who].append((self.ref if who == "ref" else self.cand).last_request_ms)
         return None
 
     # ------------------------------------------------------------------ phases
@@ -421,6 +423,7 @@ def call_verdict(reply: dict[str, Any], where: str) -> Verdict:
     return Verdict(Status.RUNTIME_ERROR, f"{where}: {text}")
 
 
-def _error_hint(stderr_tail: str) -> str:
+def error_hint(stderr_tail: str) -> str:
+    """The last line of a runner's log that names an error, as a short parenthesised hint ('' if none)."""
     lines = [ln for ln in stderr_tail.splitlines() if "error" in ln.lower()][-1:]
     return f" ({lines[0].strip()[:200]})" if lines else ""

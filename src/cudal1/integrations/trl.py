@@ -1,6 +1,6 @@
 """A TRL reward function over any cudal1 evaluator: a pool, a `RewardClient`, or a plain callable.
 
-    from cudal1.dist import make_pool
+    from cudal1.service import make_pool
     from cudal1.integrations.trl import make_trl_reward
 
     reward = make_trl_reward(make_pool("local", EvalConfig()))        # dataset needs a "task_id" column

@@ -49,7 +49,7 @@ def reward_client() -> Any:
     global _client
     with _client_lock:
         if _client is None:
-            from cudal1.dist.client import RewardClient
+            from cudal1.service.client import RewardClient
 
             _client = RewardClient.from_env()
         return _client

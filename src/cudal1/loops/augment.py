@@ -366,6 +366,8 @@ def import_release(path: str | Path, config: AugmentConfig, evaluator: Candidate
 
     path = Path(path)
     pairs = [(task, cand) for task, cand in load_release(path) if cand is not None]
+    chosen = {task.id for task in select_tasks(config, [task for task, _ in pairs])}  # --task, --level, --max-tasks
+    pairs = [(task, cand) for task, cand in pairs if task.id in chosen]
     label = path.stem
     total = len(pairs)
     started = time.monotonic()

@@ -6,7 +6,7 @@
   `<run id>/<item key>`, plus `mark_done` once a sample is evaluated. A rerun of the same command skips
   done samples, evaluates generated-but-unevaluated ones without asking the LLM again, and generates the
   rest. Without a store the journal lives in memory (nothing resumes).
-- `CandidateEvaluator`: evaluates a batch through an evaluator pool (`cudal1.dist`) when one is given,
+- `CandidateEvaluator`: evaluates a batch through an evaluator pool (`cudal1.service`) when one is given,
   else on this machine with `evaluate_candidate`, `load_inline` builds started in parallel first
   (`prebuild`) and one warm-worker supply kept for the whole run (the next worker starts while the
   current candidate runs, also across rounds).

@@ -204,7 +204,7 @@ def optimize(task: Task, config: OptimizeConfig, *, backend: Any = None, store: 
     """Run (or continue) the contrastive loop on `task`; see the module docstring.
 
     `backend` defaults to `make_backend(config.llm)`; `store` (a `ResultsStore`) makes the run resumable
-    and caches evaluations; `pool` (a `cudal1.dist` pool) evaluates instead of this machine; `progress`
+    and caches evaluations; `pool` (a `cudal1.service` pool) evaluates instead of this machine; `progress`
     is called with a `ProgressEvent` as rounds and samples finish (an exception raised there stops the
     run, which a rerun then continues).
     """

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cudal1.core.errors import MissingDependencyError, SourceError, TaskError
 from cudal1.tasks.builtin import BUILTIN_DIR
-from cudal1.tasks.task import Candidate, Task, check_syntax
+from cudal1.tasks.task import Candidate, Task, check_syntax, text_problem
 
 HF_DEFAULT_DATASET = "ScalingIntelligence/KernelBench"
 LEVEL_DIR = re.compile(r"^level_?(\d+)$")
@@ -83,8 +83,9 @@ def load_directory(path: Path) -> list[Task]:
     return [Task(id=f"{root.name}/{p.stem}", source=p.read_text(), origin=str(p)) for p in files]
 
 
-def load_file(path: Path) -> Task:
+def load_file(path: Path | str) -> Task:
     """One user file; raises `TaskError` naming what is missing."""
+    path = Path(path)
     task_id = f"file/{path.stem}"
     try:
         source = path.read_text()
@@ -146,6 +147,13 @@ def load_release(path: str | Path) -> list[tuple[Task, Candidate | None]]:
             level, number, ref = int(row["level_id"]), row["task_id"], row["ref_code"]
         except (ValueError, KeyError, TypeError) as exc:
             raise SourceError(f"{path}:{lineno}: not a release row ({type(exc).__name__}: {exc})") from None
+        # A reference must be a source file (it is stored and run); a published candidate that is not one is
+        # kept, and its evaluation says so (`unparseable`).
+        problem = text_problem(ref) if isinstance(ref, str) else "not a string"
+        if problem is None and not (row.get("custom_code") in NULL_CODE or isinstance(row["custom_code"], str)):
+            problem = "custom_code is not a string"
+        if problem:
+            raise SourceError(f"{path}:{lineno}: not a release row ({problem})")
         task_id = f"{label}/level{level}/{number}"
         meta = {k: row[k] for k in ("cuda_graph_code", "cudnn_code") if row.get(k) not in NULL_CODE}
         task = Task(id=task_id, source=ref, level=level, origin=f"{path}:{lineno}", meta=meta)

@@ -24,8 +24,21 @@ REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 
 
 def source_hash(source: str) -> str:
-    """Content hash of a source text (sha256 hex)."""
-    return hashlib.sha256(source.encode()).hexdigest()
+    """Content hash of a source text (sha256 hex). Defined for any str: a lone surrogate (valid in JSON, not in
+    UTF-8) hashes too, so that the paths that report such a text never fail on it."""
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be a Python source file (a lone surrogate, which UTF-8 cannot encode; a NUL byte,
+    which the compiler refuses), or None. Checked where text enters: requests, releases, candidates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"the text holds a character UTF-8 cannot encode ({text[exc.start]!a} at offset {exc.start})"
+    if "\0" in text:
+        return f"the text holds a NUL character (at offset {text.index(chr(0))})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
-"""Re-check of outlier speedups on a second device, with a scripted pool (cudal1.dist.recheck)."""
+"""Re-check of outlier speedups on a second device, with a scripted pool (cudal1.service.recheck)."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 
 import pytest
-from _dist_fakes import FAST_CONFIG, tiny_task
+from _service_fakes import FAST_CONFIG, tiny_task
 
 from cudal1.core.types import EvalResult, Severity, Status
-from cudal1.dist.pool import PoolFuture
-from cudal1.dist.recheck import RecheckConfig, RecheckingPool, combine, needs_recheck, recheck_result
+from cudal1.service.pool import PoolFuture
+from cudal1.service.recheck import RecheckConfig, RecheckingPool, combine, needs_recheck, recheck_result
 from cudal1.store import ResultsStore
 
 

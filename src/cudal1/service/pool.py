@@ -1,6 +1,6 @@
 """Evaluator pools: one interface over "evaluate many candidates on every device I have".
 
-    from cudal1.dist import make_pool
+    from cudal1.service import make_pool
 
     with make_pool("local", EvalConfig()) as pool:          # or "ray:auto", "ray://head:10001"
         futures = [pool.submit(task, source) for task, source in items]
@@ -11,7 +11,7 @@
 child process, so nothing here forks after CUDA is initialised. On a GPU machine, `load_inline`
 candidates are built ahead of their turn by CPU compile workers (`cudal1.eval.scheduler.prebuild`), so the
 GPU slots only run. Submissions wait in a bounded queue: `submit` blocks when it is full, or raises
-`PoolBusyError` with `block=False` (back-pressure). `RayPool` (`cudal1.dist.ray_pool`) has the same
+`PoolBusyError` with `block=False` (back-pressure). `RayPool` (`cudal1.service.ray_pool`) has the same
 interface across nodes.
 
 Results store: a pool given a `store` is its single writer. Lookups and writes happen on the driver side
@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,9 +37,13 @@ from cudal1.core.errors import ConfigError, Cudal1Error
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.processes import usable_cpu_count
-from cudal1.tasks.task import Task, source_hash
+from cudal1.tasks.task import Task, source_hash, text_problem
 
 logger = logging.getLogger(__name__)
+
+#: A slot is replaced when one evaluation runs this long past its own time and build limits (`stuck_after_s`).
+STUCK_MARGIN_S = 120.0
+WATCH_INTERVAL_S = 1.0
 
 # `evaluate_candidate`'s shape without the store: (task, source, config) -> EvalResult. Pools call it with
 # the slot's device in `config`; tests and custom deployments may pass their own.
@@ -139,6 +144,26 @@ def complete_result(result: EvalResult, task: Task, source: str, config: EvalCon
 def failure_result(task: Task, source: str, message: str, status: Status = Status.RUNTIME_ERROR) -> EvalResult:
     """A verdict for an item the pool could not evaluate (e.g. its worker kept dying)."""
     return EvalResult(status=status, message=message, task_id=task.id, candidate_hash=source_hash(source))
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Type: message` of an exception, even one whose own str() fails."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - the report of a failure must not fail
+        return type(exc).__name__
+
+
+def refused_at_submit(task: Task, source: str) -> PoolFuture | None:
+    """A resolved future for what no pool queues: a candidate that is not a source file (it could be neither
+    run nor stored). None for everything else."""
+    problem = text_problem(source)
+    if problem is None:
+        return None
+    future = PoolFuture()
+    future.set_result(failure_result(task, source, f"the candidate is not a source file: {problem}",
+                                     Status.UNPARSEABLE))
+    return future
 
 
 @dataclass
@@ -260,10 +285,15 @@ class LocalPoolConfig:
     max_queue: int = field(default=64, metadata=_h("Submissions waiting beyond the running ones (back-pressure)."))
     compile_workers: int = field(default=0, metadata=_h(
         "CPU threads building load_inline candidates ahead of the GPU slots (0: one per 2 cores, GPU only)."))
+    stuck_after_s: float | None = field(default=None, metadata=_h(
+        "A slot busy this long on one evaluation is replaced and the evaluation answered as an infra_error "
+        "(None: the evaluation's own time and build limits plus 120 s; a backstop, they end it first)."))
 
     def __post_init__(self) -> None:
         if self.cpu_slots < 1 or self.max_queue < 1 or self.compile_workers < 0:
             raise ConfigError("need cpu_slots >= 1, max_queue >= 1 and compile_workers >= 0")
+        if self.stuck_after_s is not None and self.stuck_after_s <= 0:
+            raise ConfigError("stuck_after_s must be positive")
 
 
 def local_devices(cfg: LocalPoolConfig) -> list[str]:
@@ -290,10 +320,16 @@ class LocalPool:
         self._queue = JobQueue(len(self.devices), self.pool_config.max_queue)
         self._env: dict[str, dict[str, Any]] = {}
         self._prebuilder = self._make_prebuilder()
-        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"cudal1-slot-{i}", daemon=True)
-                         for i in range(len(self.devices))]
-        for thread in self._threads:
-            thread.start()
+        # Supervision: each slot's thread has a generation; a replaced thread finds its generation stale and
+        # leaves without touching the slot again.
+        self._lock = threading.Lock()
+        self._generation = [0] * len(self.devices)
+        self._running: list[tuple[Job, float] | None] = [None] * len(self.devices)
+        self.replaced_slots = 0
+        self._threads = [self._start_slot(i) for i in range(len(self.devices))]
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="cudal1-slot-watchdog", daemon=True)
+        self._watchdog.start()
         logger.info("local pool: %d slot(s) on %s", len(self.devices), ", ".join(self.devices))
 
     @property
@@ -320,6 +356,9 @@ class LocalPool:
                label: str = "", run_id: str | None = None, block: bool = True,
                avoid_slot: int | None = None) -> PoolFuture:
         """Queue one evaluation; the future resolves to its `EvalResult` (never to an exception)."""
+        refused = refused_at_submit(task, source)
+        if refused is not None:
+            return refused
         cfg = config or self.config
         job = Job(task, source, cfg, force, label, run_id, avoid_slot, PoolFuture())
         if self._prebuilder is not None:
@@ -337,27 +376,83 @@ class LocalPool:
         futures = [self.submit(task, source, config) for task, source in items]
         return [f.result() for f in futures]
 
-    def _work(self, slot: int) -> None:
+    def health(self) -> dict[str, Any]:
+        """The slots' state for /healthz: how many are busy, the longest running evaluation, replacements."""
+        now = time.monotonic()
+        with self._lock:
+            busy = [now - entry[1] for entry in self._running if entry is not None]
+        return {"slots": len(self.devices), "busy_slots": len(busy), "longest_running_s": round(max(busy, default=0.0), 1),
+                "replaced_slots": self.replaced_slots}
+
+    def _start_slot(self, slot: int) -> threading.Thread:
+        generation = self._generation[slot]
+        thread = threading.Thread(target=self._work, args=(slot, generation), daemon=True,
+                                  name=f"cudal1-slot-{slot}" + (f"-{generation}" if generation else ""))
+        thread.start()
+        return thread
+
+    def _current(self, slot: int, generation: int) -> bool:
+        with self._lock:
+            return self._generation[slot] == generation
+
+    def _work(self, slot: int, generation: int) -> None:
         try:
-            self._serve(slot)
+            while self._current(slot, generation):
+                try:
+                    job = self._queue.get(slot, timeout_s=1.0)
+                except Exception:  # noqa: BLE001 - the slot outlives a fault of its own loop
+                    logger.exception("slot %d: taking the next job failed", slot)
+                    time.sleep(1.0)
+                    continue
+                if job is None:
+                    if self._queue.closed:
+                        return
+                    continue
+                if job.future.set_running_or_notify_cancel():
+                    self._serve(slot, generation, job)
         finally:
             close_thread_supplies()
 
-    def _serve(self, slot: int) -> None:
-        device = self.devices[slot]
-        while True:
-            job = self._queue.get(slot)
-            if job is None:
-                return
-            if not job.future.set_running_or_notify_cancel():
-                continue
-            job.future.slot = slot
-            try:
-                result = self._run(job, device)
-            except Exception as exc:  # noqa: BLE001 - a pool thread must survive anything
-                logger.exception("slot %d failed on %s", slot, job.task.id)
-                result = failure_result(job.task, job.source, f"evaluator failed: {type(exc).__name__}: {exc}")
+    def _serve(self, slot: int, generation: int, job: Job) -> None:
+        with self._lock:
+            self._running[slot] = (job, time.monotonic())
+        job.future.slot = slot
+        try:
+            result = self._run(job, self.devices[slot])
+        except BaseException as exc:  # noqa: BLE001 - a pool thread must survive anything and answer
+            logger.exception("slot %d failed on %s", slot, job.task.id)
+            result = failure_result(job.task, job.source, f"evaluator failed: {describe_error(exc)}")
+        with self._lock:
+            if self._generation[slot] != generation:
+                return  # replaced while it ran: its future was answered by the watchdog
+            self._running[slot] = None
+        if not job.future.done():
             job.future.set_result(result)
+
+    def _stuck_after_s(self, job: Job) -> float:
+        if self.pool_config.stuck_after_s is not None:
+            return self.pool_config.stuck_after_s
+        return job.config.timeout_s + job.config.build_timeout_s + STUCK_MARGIN_S
+
+    def _watch(self) -> None:
+        """Replace a slot whose evaluation overran every limit (a hang below the evaluator's own deadlines)."""
+        while not self._closed.wait(WATCH_INTERVAL_S):
+            now = time.monotonic()
+            for slot in range(len(self.devices)):
+                with self._lock:
+                    entry = self._running[slot]
+                    if entry is None or now - entry[1] <= self._stuck_after_s(entry[0]):
+                        continue
+                    job = entry[0]
+                    self._running[slot] = None
+                    self._generation[slot] += 1
+                    self.replaced_slots += 1
+                logger.error("slot %d stuck for %.0f s on %s: replaced", slot, now - entry[1], job.task.id)
+                if not job.future.done():
+                    job.future.set_result(failure_result(
+                        job.task, job.source, f"the evaluation overran every limit ({now - entry[1]:.0f} s); its "
+                        "slot was replaced", Status.INFRA_ERROR))
+                self._threads[slot] = self._start_slot(slot)
 
     def _run(self, job: Job, device: str) -> EvalResult:
         env = self.environment(device)
@@ -380,6 +475,7 @@ class LocalPool:
 
     def close(self) -> None:
         """Stop the slots after their current job; queued jobs resolve to a RUNTIME_ERROR result."""
+        self._closed.set()
         for job in self._queue.close():
             if job.future.set_running_or_notify_cancel():
                 job.future.set_result(failure_result(job.task, job.source, "the pool was closed"))
@@ -404,7 +500,7 @@ def make_pool(spec: str, config: EvalConfig | None = None, *, store: Any = None,
     if spec == "local":
         return LocalPool(config, LocalPoolConfig(**options), store=store, evaluate_fn=evaluate_fn)
     if spec == "ray:auto" or spec.startswith("ray://"):
-        from cudal1.dist.ray_pool import RayPool, RayPoolConfig
+        from cudal1.service.ray_pool import RayPool, RayPoolConfig
 
         address = "auto" if spec == "ray:auto" else spec
         return RayPool(config, RayPoolConfig(address=address, **options), store=store, evaluate_fn=evaluate_fn)

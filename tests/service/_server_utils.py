@@ -10,15 +10,16 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
-from cudal1.dist.server import ServerConfig, create_app
+from cudal1.service.server import ServerConfig, create_app
 
 TOKEN = "s3cret-token"
 
 
 @contextmanager
 def running_server(pool, store=None, **config):
-    """Yield (base_url, app) of a uvicorn server on 127.0.0.1:<free port>; stop it afterwards."""
-    cfg = ServerConfig(token=TOKEN, port=0, **config)
+    """Yield (base_url, app) of a uvicorn server on 127.0.0.1:<free port>; stop it afterwards. The tests'
+    requests carry their own tiny references, so these servers accept them unless told otherwise."""
+    cfg = ServerConfig(token=TOKEN, port=0, **{"allow_reference_source": True, **config})
     app = create_app(cfg, pool, store)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -86,7 +86,7 @@ def fake_evaluate(task: Task, source: str, config: EvalConfig) -> EvalResult:
     """Scripted evaluator (see the module docstring)."""
     d = parse_directives(source)
     if not d:
-        from cudal1.dist.pool import default_evaluate
+        from cudal1.service.pool import default_evaluate
 
         return default_evaluate(task, source, config)
     with _LOCK:

@@ -115,7 +115,8 @@ class RewardClient:
 
     def evaluate(self, task_id: str, source: str, *, reference_source: str | None = None,
                  label: str = "") -> EvalResult:
-        """Evaluate one candidate for a task id (or for `reference_source`, under that id)."""
+        """Evaluate one candidate for a task id (or for `reference_source`, which the server must allow, under
+        `request/<task_id>`)."""
         body: dict[str, Any] = {"task_id": task_id, "source": source, "label": label}
         if reference_source is not None:
             body["reference_source"] = reference_source

@@ -1,18 +1,18 @@
-"""The reward client: results, retries honouring Retry-After, refusals (cudal1.dist.client)."""
+"""The reward client: results, retries honouring Retry-After, refusals (cudal1.service.client)."""
 
 from __future__ import annotations
 
 import time
 
-import _dist_fakes as fakes
+import _service_fakes as fakes
 import httpx
 import pytest
-from _dist_fakes import FAST_CONFIG, TINY_REF, fake_evaluate, fake_source
 from _server_utils import TOKEN, running_server
+from _service_fakes import FAST_CONFIG, TINY_REF, fake_evaluate, fake_source
 
 from cudal1.core.types import EvalResult, Status
-from cudal1.dist.client import RewardClient, RewardServerError
-from cudal1.dist.pool import LocalPool, LocalPoolConfig
+from cudal1.service.client import RewardClient, RewardServerError
+from cudal1.service.pool import LocalPool, LocalPoolConfig
 
 OK = EvalResult(status=Status.CORRECT, speedup=2.0, task_id="t").to_dict()
 

@@ -9,8 +9,10 @@ Endpoints (JSON bodies; every one but /healthz needs `Authorization: Bearer <tok
 - `GET  /metrics`            Prometheus text: requests, rejections, queue depth, evaluations by status,
                              evaluation latency histogram.
 
-Task ids resolve through the configured task sources (`find_task`'s sources, indexed once); a request may
-instead carry the reference module itself (`reference_source`), which runs only in isolated workers.
+Task ids resolve through the configured task sources (`find_task`'s sources, indexed once). An operator may
+let requests carry the reference module itself (`reference_source`, off by default): it then runs only in
+the sandboxed runners, like a candidate, and its task id is put under `request/` so that its rows can never
+pass for a built-in or release task's. No reference or candidate code runs in the server process.
 The evaluation protocol is the server's (`EvalConfig`); requests cannot change it, so every trainer
 gets rewards measured the same way.
 
@@ -20,6 +22,11 @@ cannot slip past; at most `max_queue` items are admitted at once (queued or runn
 server answers 429 with Retry-After instead of queueing without bound. The server process is the single
 writer of its results store: evaluations run through the pool, whose driver side (in this process) writes.
 
+Faults: a request is answered within `request_timeout_s` (504 beyond; the work is cancelled if it has not
+started); a client that disconnects cancels its queued work; identical submissions in flight are evaluated
+once and every waiter gets that result; a slot that dies or sticks is replaced (`/healthz` counts it);
+SIGTERM stops accepting, lets running requests finish for `shutdown_grace_s`, then stops.
+
 Limits: no TLS (put it behind a reverse proxy, or keep it on 127.0.0.1 / an SSH tunnel); one shared token,
 no per-user quotas; a request waits for its result on an open connection (clients set long timeouts).
 """
@@ -28,8 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -40,9 +49,9 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError, Cudal1Error, MissingDependencyError, SourceError, TaskError
 from cudal1.core.types import EvalResult
-from cudal1.dist.pool import PoolBusyError
 from cudal1.eval.config import EvalConfig
-from cudal1.tasks.task import Task, check_syntax
+from cudal1.service.pool import PoolBusyError
+from cudal1.tasks.task import Task, check_syntax, source_hash, text_problem
 
 try:
     from fastapi import FastAPI, Request
@@ -54,12 +63,24 @@ logger = logging.getLogger(__name__)
 
 ENV_TOKEN = "CUDAL1_SERVER_TOKEN"
 OPEN_PATHS = frozenset({"/healthz"})
+KNOWN_PATHS = frozenset({"/healthz", "/metrics", "/v1/evaluate", "/v1/evaluate_batch"})
+DISCONNECT_POLL_S = 1.0  # how often a waiting request looks whether its client is still there
 # Rationale: evaluations take from under a second (cached) to minutes (a cold load_inline build).
 LATENCY_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, float("inf"))
 
 
 def _h(help: str) -> dict[str, str]:
     return {"help": help}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` binds loopback only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -76,11 +97,23 @@ class ServerConfig:
     max_batch_items: int = field(default=64, metadata=_h("Items in one evaluate_batch request."))
     retry_after_s: int = field(default=5, metadata=_h("Retry-After sent with 429."))
     sources: tuple[str, ...] = field(default=("builtin",), metadata=_h("Task sources resolving task ids."))
-    allow_reference_source: bool = field(default=True, metadata=_h("Accept a reference module in requests."))
+    allow_reference_source: bool = field(default=False, metadata=_h(
+        "Accept a reference module in requests (run sandboxed, stored under request/<task_id>)."))
+    request_timeout_s: float = field(default=1800.0, metadata=_h(
+        "A request's answer within this (504 beyond, and its work cancelled if not started)."))
+    shutdown_grace_s: float = field(default=30.0, metadata=_h(
+        "On SIGTERM, how long running requests may finish before the server stops."))
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024 or self.max_queue < 1 or self.max_batch_items < 1:
             raise ConfigError("need max_body_bytes >= 1024, max_queue >= 1 and max_batch_items >= 1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is not a TCP port (0 to 65535)")
+        if self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
+            raise ConfigError("need request_timeout_s > 0 and shutdown_grace_s >= 0")
+        if self.insecure_no_auth and not is_loopback(self.host):
+            raise ConfigError(f"--insecure-no-auth serves only on a loopback address, not {self.host}: anyone who "
+                              "reaches the port could run code on this machine's GPUs; use a token")
 
     def resolve_token(self) -> str | None:
         """The token: `token`, else the contents of `token_file`, else $CUDAL1_SERVER_TOKEN.
@@ -111,10 +144,16 @@ class Metrics:
         self.latency_counts = [0] * len(LATENCY_BUCKETS_S)
         self.latency_sum_s = 0.0
         self.latency_n = 0
+        self.joined = 0  # submissions answered by an identical evaluation already in flight
 
     def count_request(self, path: str, code: int) -> None:
+        path = path if path in KNOWN_PATHS else "other"  # a label per path a client invents would grow forever
         with self._lock:
             self.requests[(path, code)] = self.requests.get((path, code), 0) + 1
+
+    def count_joined(self) -> None:
+        with self._lock:
+            self.joined += 1
 
     def count_rejected(self, reason: str) -> None:
         with self._lock:
@@ -138,6 +177,7 @@ class Metrics:
             out += [f'cudal1_requests_total{{path="{p}",code="{c}"}} {n}' for (p, c), n in sorted(self.requests.items())]
             out += ["# TYPE cudal1_rejected_total counter"]
             out += [f'cudal1_rejected_total{{reason="{r}"}} {n}' for r, n in sorted(self.rejected.items())]
+            out += ["# TYPE cudal1_joined_duplicates_total counter", f"cudal1_joined_duplicates_total {self.joined}"]
             out += ["# TYPE cudal1_evaluations_total counter"]
             out += [f'cudal1_evaluations_total{{status="{s}"}} {n}' for s, n in sorted(self.evaluations.items())]
             out += ["# TYPE cudal1_evaluation_seconds histogram"]
@@ -255,6 +295,7 @@ class ServerState:
         self.admitted = 0
         self._lock = threading.Lock()
         self._tasks: dict[str, Task] | None = None
+        self._inflight: dict[tuple[str, str, str], _Shared] = {}  # touched on the event loop only
 
     def admit(self, n: int) -> bool:
         with self._lock:
@@ -292,17 +333,13 @@ class ServerState:
         label = data.get("label") or ""
         if not isinstance(label, str):
             raise RequestError(422, "label must be a string")
+        for name, text in (("task_id", task_id), ("source", source), ("label", label)):
+            problem = text_problem(text)
+            if problem:
+                raise RequestError(400, f"{name} cannot be evaluated: {problem}")
         reference = data.get("reference_source")
         if reference is not None:
-            if not self.config.allow_reference_source:
-                raise RequestError(403, "this server does not accept reference_source")
-            if not isinstance(reference, str):
-                raise RequestError(422, "reference_source must be a string")
-            try:
-                check_syntax(reference, task_id)
-            except TaskError as exc:
-                raise RequestError(400, str(exc)) from None
-            return Task(id=task_id, source=reference, origin="request"), source, label
+            return self._request_task(task_id, reference), source, label
         try:
             task = self.task_index().get(task_id)
         except (SourceError, TaskError) as exc:
@@ -311,16 +348,84 @@ class ServerState:
             raise RequestError(404, f"unknown task {task_id!r} (sources: {', '.join(self.config.sources)})")
         return task, source, label
 
-    async def evaluate(self, task: Task, source: str, label: str) -> EvalResult:
-        """Run one admitted item through the pool; waits without blocking the event loop."""
+    def _request_task(self, task_id: str, reference: Any) -> Task:
+        """A client's own reference, under `request/` whatever id it claims (never a built-in's rows)."""
+        if not self.config.allow_reference_source:
+            raise RequestError(403, "this server does not accept reference_source (serve --allow-reference-source)")
+        if not isinstance(reference, str):
+            raise RequestError(422, "reference_source must be a string")
+        problem = text_problem(reference)
+        if problem:
+            raise RequestError(400, f"reference_source cannot be evaluated: {problem}")
+        try:
+            check_syntax(reference, task_id)  # parsing only: the reference runs in the sandboxed runners
+        except TaskError as exc:
+            raise RequestError(400, str(exc)) from None
+        return Task(id="request/" + task_id.removeprefix("request/"), source=reference, origin="request")
+
+    async def evaluate(self, task: Task, source: str, label: str,
+                       disconnected: Callable[[], Awaitable[bool]]) -> EvalResult:
+        """The result of one admitted item. Identical items in flight share one evaluation; the wait ends at
+        the request's deadline (504) or when the client goes away (its share of the work is then dropped)."""
+        key = (task.id, task.hash, source_hash(source))
+        shared = self._inflight.get(key)
+        if shared is None:
+            shared = _Shared(asyncio.ensure_future(self._run(task, source, label)))
+            self._inflight[key] = shared
+            shared.task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is shared
+                                          else None)
+        else:
+            self.metrics.count_joined()
+        shared.waiters += 1
+        try:
+            return await self._wait(shared, disconnected)
+        finally:
+            shared.waiters -= 1
+            if shared.waiters == 0 and not shared.task.done():
+                shared.cancel()
+                if self._inflight.get(key) is shared:
+                    del self._inflight[key]
+
+    async def _run(self, task: Task, source: str, label: str) -> EvalResult:
         started = time.monotonic()
         try:
             future = self.pool.submit(task, source, self.eval_config, label=label, block=False)
         except PoolBusyError:
             future = await asyncio.to_thread(self.pool.submit, task, source, self.eval_config, label=label)
-        result = await asyncio.wrap_future(future)
+        result = await asyncio.wrap_future(future)  # cancelling this cancels a pool job not yet started
         self.metrics.observe(result, time.monotonic() - started)
         return result
+
+    async def _wait(self, shared: _Shared, disconnected: Callable[[], Awaitable[bool]]) -> EvalResult:
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            done, _ = await asyncio.wait({shared.task}, timeout=max(0.0, min(DISCONNECT_POLL_S, left)))
+            if done:
+                return shared.task.result()
+            if await disconnected():
+                self.metrics.count_rejected("client_gone")
+                raise ClientGone()
+            if time.monotonic() >= deadline:
+                self.metrics.count_rejected("deadline")
+                raise RequestError(504, f"no result within {self.config.request_timeout_s:.0f} s (request_timeout_s)")
+
+
+class ClientGone(Exception):
+    """The client of a request disconnected before its answer."""
+
+
+class _Shared:
+    """One evaluation in flight and the number of requests waiting for it."""
+
+    def __init__(self, task: asyncio.Task):
+        self.task = task
+        self.waiters = 0
+
+    def cancel(self) -> None:
+        """Nobody waits any more: drop the work if the pool has not started it (a running one finishes, and
+        its result is stored for the next identical request)."""
+        self.task.cancel()
 
 
 async def _json_body(request: Request) -> Any:
@@ -328,6 +433,8 @@ async def _json_body(request: Request) -> Any:
         return json.loads(await request.body())
     except ValueError:
         raise RequestError(400, "the body is not valid JSON") from None
+    except RecursionError:
+        raise RequestError(400, "the body nests too deeply") from None
 
 
 def _error(exc: RequestError, retry_after_s: int | None = None) -> JSONResponse:
@@ -350,22 +457,28 @@ def create_app(config: ServerConfig, pool: Any, store: Any = None, *,
     app = FastAPI(title="cudal1 reward server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.cudal1 = state
 
-    async def run_items(items: list[Any]) -> list[EvalResult]:
+    async def run_items(items: list[Any], request: Request) -> list[EvalResult]:
         parsed = [state.parse_item(item) for item in items]
         if not state.admit(len(parsed)):
             metrics.count_rejected("queue")
             raise RequestError(429, f"the evaluation queue is full ({config.max_queue} items); retry later")
         try:
-            return list(await asyncio.gather(*(state.evaluate(t, s, lbl) for t, s, lbl in parsed)))
+            return list(await asyncio.gather(*(state.evaluate(t, s, lbl, request.is_disconnected)
+                                               for t, s, lbl in parsed)))
         finally:
             state.release(len(parsed))
+
+    def refusal(exc: RequestError) -> JSONResponse:
+        return _error(exc, config.retry_after_s if exc.status == 429 else None)
 
     @app.post("/v1/evaluate")
     async def evaluate(request: Request) -> JSONResponse:
         try:
-            results = await run_items([await _json_body(request)])
+            results = await run_items([await _json_body(request)], request)
         except RequestError as exc:
-            return _error(exc, config.retry_after_s if exc.status == 429 else None)
+            return refusal(exc)
+        except ClientGone:
+            return JSONResponse({"detail": "client disconnected"}, status_code=499)
         return JSONResponse(results[0].to_dict())
 
     @app.post("/v1/evaluate_batch")
@@ -375,17 +488,21 @@ def create_app(config: ServerConfig, pool: Any, store: Any = None, *,
             items = data.get("items") if isinstance(data, dict) else None
             if not isinstance(items, list) or not items:
                 raise RequestError(422, "the body needs a non-empty list 'items'")
-            if len(items) > config.max_batch_items:
-                raise RequestError(413, f"{len(items)} items; at most {config.max_batch_items} per batch")
-            results = await run_items(items)
+            limit = min(config.max_batch_items, config.max_queue)  # a batch over the queue could never be admitted
+            if len(items) > limit:
+                raise RequestError(413, f"{len(items)} items; at most {limit} per batch")
+            results = await run_items(items, request)
         except RequestError as exc:
-            return _error(exc, config.retry_after_s if exc.status == 429 else None)
+            return refusal(exc)
+        except ClientGone:
+            return JSONResponse({"detail": "client disconnected"}, status_code=499)
         return JSONResponse({"results": [r.to_dict() for r in results]})
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
+        slots = pool.health() if hasattr(pool, "health") else {}
         return JSONResponse({"status": "ok", "n_devices": pool.n_devices, "queue_depth": pool.queue_depth,
-                             "admitted": state.admitted, "max_queue": config.max_queue})
+                             "admitted": state.admitted, "max_queue": config.max_queue, **slots})
 
     @app.get("/metrics")
     async def metrics_endpoint() -> PlainTextResponse:
@@ -404,11 +521,13 @@ def serve(config: ServerConfig, eval_config: EvalConfig, *, workers: str = "loca
         import uvicorn
     except ImportError:
         raise MissingDependencyError("uvicorn", "dist", "the reward server") from None
-    from cudal1.dist.pool import make_pool
-    from cudal1.dist.recheck import RecheckingPool
+    from cudal1.eval.evaluation import reap_once
+    from cudal1.service.pool import make_pool
+    from cudal1.service.recheck import RecheckingPool
     from cudal1.store import ResultsStore
 
     config.resolve_token()  # fail before starting workers
+    reap_once()  # what a killed earlier run left (runner folders, control groups), before serving again
     store = ResultsStore(store_path)
     pool: Any = make_pool(workers, eval_config, store=store, **(pool_options or {}))
     if recheck:
@@ -417,7 +536,9 @@ def serve(config: ServerConfig, eval_config: EvalConfig, *, workers: str = "loca
         app = create_app(config, pool, store, eval_config=eval_config)
         logger.info("reward server on http://%s:%d (%d device(s), store %s)", config.host, config.port,
                     pool.n_devices, store.path)
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+        # SIGTERM (uvicorn's handler): stop accepting, let running requests finish for the grace, then stop.
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+                    timeout_graceful_shutdown=int(math.ceil(config.shutdown_grace_s)))
     finally:
         pool.close()
         store.close()

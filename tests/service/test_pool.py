@@ -1,17 +1,17 @@
-"""The local evaluator pool: slots, back-pressure, routing, store as single writer (cudal1.dist.pool)."""
+"""The local evaluator pool: slots, back-pressure, routing, store as single writer (cudal1.service.pool)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-import _dist_fakes as fakes
+import _service_fakes as fakes
 import pytest
-from _dist_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
+from _service_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
-from cudal1.dist.pool import (
+from cudal1.service.pool import (
     EvaluatorPool,
     LocalPool,
     LocalPoolConfig,
@@ -93,6 +93,49 @@ def test_evaluator_exception_becomes_runtime_error_and_slot_survives():
     assert good.status is Status.CORRECT
 
 
+def test_the_one_slot_survives_what_used_to_kill_it():
+    """A lone surrogate (valid JSON, not UTF-8) made hashing raise on the failure path too, and the only slot
+    thread died: no later job was ever answered. So did an exception whose own message fails."""
+    class Unprintable(RuntimeError):
+        def __str__(self):
+            raise ValueError("no message")
+
+    def broken(task, source, config):
+        if "unprintable" in source:
+            raise Unprintable()
+        return fake_evaluate(task, source, config)
+
+    with LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=1), evaluate_fn=broken) as pool:
+        lone = pool.submit(tiny_task(), "x = '\ud800'\n").result(10)
+        unprintable = pool.submit(tiny_task(), "unprintable").result(10)
+        good = pool.submit(tiny_task(), fake_source()).result(10)
+    assert lone.status is Status.UNPARSEABLE and "UTF-8" in lone.message
+    assert unprintable.status is Status.RUNTIME_ERROR and "Unprintable" in unprintable.message
+    assert good.status is Status.CORRECT and len(fakes.CALLS) == 1  # the unencodable text never ran
+
+
+def test_a_stuck_slot_is_replaced_and_its_job_answered():
+    stuck = threading.Event()
+
+    def hangs(task, source, config):
+        if "hang" in source:
+            stuck.wait(30)
+        return fake_evaluate(task, source, config)
+
+    pool = LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=1, stuck_after_s=1.0), evaluate_fn=hangs)
+    try:
+        started = time.monotonic()
+        hung = pool.submit(tiny_task(), "hang").result(15)
+        assert hung.status is Status.INFRA_ERROR and "replaced" in hung.message
+        assert time.monotonic() - started < 10
+        after = pool.submit(tiny_task(), fake_source()).result(10)  # the replacement slot serves
+        assert after.status is Status.CORRECT
+        assert pool.health()["replaced_slots"] == 1
+    finally:
+        stuck.set()
+        pool.close()
+
+
 def test_store_is_written_by_the_pool_and_reused(tmp_path):
     task, source = tiny_task(), fake_source(speedup=2.5)
     with ResultsStore(tmp_path / "r.sqlite") as store:
@@ -145,7 +188,7 @@ def test_real_evaluation_through_the_pool(tmp_path):
 
 
 def test_retired_slot_hands_its_lane_to_live_slots():
-    from cudal1.dist.pool import Job, JobQueue, PoolFuture
+    from cudal1.service.pool import Job, JobQueue, PoolFuture
 
     queue = JobQueue(3, capacity=8)
 
@@ -166,26 +209,27 @@ def test_retired_slot_hands_its_lane_to_live_slots():
 def test_pool_evaluations_reuse_pre_started_workers():
     # The real evaluator as pools call it: the calling thread keeps a warm worker ready for its next
     # evaluation, and the slot's end stops it.
-    from cudal1.dist import pool as pool_mod
+    from cudal1.service import pool as pool_mod
 
     first = pool_mod.default_evaluate(tiny_task(), TINY_CANDIDATE, FAST_CONFIG)
     supply = pool_mod._thread_state.supplies["cpu"]
-    assert first.status is Status.CORRECT and supply.n_ready == 1
-    spare = supply._ready[0]
+    assert first.status is Status.CORRECT and supply.n_ready == 2  # the next evaluation's two runners
+    spares = list(supply._ready)
     second = pool_mod.default_evaluate(tiny_task(), TINY_CANDIDATE, FAST_CONFIG)
     assert second.status is Status.CORRECT
-    assert spare not in supply._ready and supply.n_ready == 1  # the spare ran it; a new one waits
-    waiting = supply._ready[0]
+    assert not set(spares) & set(supply._ready) and supply.n_ready == 2  # the spares ran it; new ones wait
+    waiting = list(supply._ready)
     pool_mod.close_thread_supplies()
-    assert waiting.proc.wait(timeout=10) is not None and not hasattr(pool_mod._thread_state, "supplies")
+    assert all(w.proc.wait(timeout=10) is not None for w in waiting)
+    assert not hasattr(pool_mod._thread_state, "supplies")
 
 
 def test_cpu_prebuild_skips_a_build_the_node_already_holds(tmp_path, monkeypatch):
     # A Ray pool's CPU build task ran an import-only build even when the node already held the evaluation's
     # own build (made with the task's init inputs): ~40 s of compile per load_inline item, for nothing.
-    from cudal1.dist.ray_pool import prebuild_on_node
     from cudal1.eval import compile as compile_mod
     from cudal1.eval.compile import CompileConfig, CompileService, write_marker
+    from cudal1.service.ray_pool import prebuild_on_node
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
     builds = []
@@ -200,8 +244,8 @@ def test_cpu_prebuild_skips_a_build_the_node_already_holds(tmp_path, monkeypatch
 
 def test_gpu_pool_builds_load_inline_candidates_ahead_of_their_slot(monkeypatch):
     # The build of a queued load_inline candidate starts at submit, so the GPU slot finds it done.
-    from cudal1.dist import pool as pool_mod
     from cudal1.eval import scheduler
+    from cudal1.service import pool as pool_mod
 
     built = []
     monkeypatch.setattr(scheduler, "prebuild", lambda items, cfg, **kw: built.extend(items))

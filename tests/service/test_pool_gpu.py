@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cudal1.core.types import Status
-from cudal1.dist.pool import LocalPool
 from cudal1.eval.config import EvalConfig
+from cudal1.service.pool import LocalPool
 from cudal1.tasks.sources import example_candidates
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +33,7 @@ def test_ray_pool_one_actor_per_gpu():
     import torch
 
     ray = pytest.importorskip("ray")
-    from cudal1.dist.ray_pool import RayPool, RayPoolConfig
+    from cudal1.service.ray_pool import RayPool, RayPoolConfig
 
     n = torch.cuda.device_count()
     config = EvalConfig(device="cuda", buckets=3, target_bucket_ms=20, warm_buckets=0)

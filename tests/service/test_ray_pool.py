@@ -1,4 +1,4 @@
-"""The Ray pool on a local cluster with two declared (fake) GPUs; actors evaluate on cpu (cudal1.dist.ray_pool).
+"""The Ray pool on a local cluster with two declared (fake) GPUs; actors evaluate on cpu (cudal1.service.ray_pool).
 
 One cluster and one pool serve every test of this module (Ray startup costs 10-20 s on 2 cores).
 """
@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from _dist_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
+from _service_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
 
 from cudal1.core.types import Status
 from cudal1.store import ResultsStore
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'cudal1[dist]')")
 
-from cudal1.dist.pool import EvaluatorPool, PoolBusyError  # noqa: E402
-from cudal1.dist.ray_pool import RayPool, RayPoolConfig  # noqa: E402
+from cudal1.service.pool import EvaluatorPool, PoolBusyError  # noqa: E402
+from cudal1.service.ray_pool import RayPool, RayPoolConfig  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -143,7 +143,7 @@ def test_an_actor_no_node_can_host(cluster, caplog):
     from cudal1.core.errors import ConfigError
 
     cfg = RayPoolConfig(n_actors=1, device="cpu", num_gpus_per_actor=3, num_cpus_per_actor=0)
-    with caplog.at_level("WARNING", logger="cudal1.dist.ray_pool"):
+    with caplog.at_level("WARNING", logger="cudal1.service.ray_pool"):
         joined = RayPool(FAST_CONFIG, cfg, evaluate_fn=fake_evaluate)
         joined.close()
     assert "no node can host an actor needing 3 GPU" in caplog.text
@@ -155,7 +155,7 @@ def test_an_actor_no_node_can_host(cluster, caplog):
 
 
 def test_stack_watchdog_traces_and_dumps_a_stuck_call(capfd):
-    from cudal1.dist.ray_pool import stack_watchdog
+    from cudal1.service.ray_pool import stack_watchdog
 
     with stack_watchdog("quick call"):
         pass

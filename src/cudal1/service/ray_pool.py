@@ -40,7 +40,8 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
 from cudal1.core.types import EvalResult
-from cudal1.dist.pool import (
+from cudal1.eval.config import EvalConfig
+from cudal1.service.pool import (
     EvaluateFn,
     Job,
     JobQueue,
@@ -48,10 +49,10 @@ from cudal1.dist.pool import (
     complete_result,
     default_evaluate,
     failure_result,
+    refused_at_submit,
     store_lookup,
     store_record,
 )
-from cudal1.eval.config import EvalConfig
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,8 @@ class EvalActor:
 
         import ray
 
-        from cudal1.dist.pool import pool_environment
         from cudal1.eval.config import resolve_device
+        from cudal1.service.pool import pool_environment
 
         with stack_watchdog("describe", self.trace):
             device = resolve_device(self.device)
@@ -156,7 +157,7 @@ class EvalActor:
 
     def close(self) -> None:
         """Stop this actor's pre-started evaluation workers (before the pool kills it)."""
-        from cudal1.dist.pool import close_thread_supplies
+        from cudal1.service.pool import close_thread_supplies
 
         close_thread_supplies()
 
@@ -366,6 +367,9 @@ class RayPool:
                label: str = "", run_id: str | None = None, block: bool = True,
                avoid_slot: int | None = None) -> PoolFuture:
         """Queue one evaluation; the future resolves to its `EvalResult` (never to an exception)."""
+        refused = refused_at_submit(task, source)
+        if refused is not None:
+            return refused
         job = Job(task, source, config or self.config, force, label, run_id, avoid_slot, PoolFuture())
         self._queue.put(job, block=block)
         return job.future

@@ -34,8 +34,8 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Flag, Severity, Status
-from cudal1.dist.pool import EvaluatorPool, PoolFuture, key_protocol
 from cudal1.eval.config import EvalConfig
+from cudal1.service.pool import EvaluatorPool, PoolFuture, key_protocol
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -124,6 +124,10 @@ class RecheckingPool:
     def queue_depth(self) -> int:
         return self.pool.queue_depth
 
+    def health(self) -> dict[str, Any]:
+        """The inner pool's slot state (see `LocalPool.health`), if it reports one."""
+        return self.pool.health() if hasattr(self.pool, "health") else {}
+
     def best_so_far(self, task_id: str) -> float | None:
         """Best accepted speedup of the task (this session, else the store's CORRECT rows)."""
         with self._lock:
@@ -149,9 +153,13 @@ class RecheckingPool:
         inner = self.pool.submit(task, source, config, force=force, label=label, run_id=run_id, block=block,
                                  avoid_slot=avoid_slot)
         outer = PoolFuture()
-        outer.set_running_or_notify_cancel()
+        # A caller that gives up (cancels) before the evaluation starts cancels the inner job too.
+        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
 
         def finish(done: PoolFuture) -> None:
+            if done.cancelled():
+                outer.cancel()
+                return
             self._executor.submit(self._finish, done, outer, task, source, config, label, run_id)
 
         inner.add_done_callback(finish)
@@ -159,6 +167,8 @@ class RecheckingPool:
 
     def _finish(self, inner: PoolFuture, outer: PoolFuture, task: Task, source: str,
                 config: EvalConfig | None, label: str, run_id: str | None) -> None:
+        if not outer.set_running_or_notify_cancel():
+            return
         try:
             result = inner.result()
             outer.slot = inner.slot
