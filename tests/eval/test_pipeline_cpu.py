@@ -374,3 +374,10 @@ def test_a_cuda_build_on_a_machine_without_a_gpu_says_so(task):
     r = evaluate_candidate(task, source, EvalConfig(**FAST))
     assert r.status is Status.INFRA_ERROR and "needs a GPU" in r.message
     assert not r.status.is_verdict
+
+
+def test_verbose_logs_each_evaluation_with_its_phases(task, caplog):
+    with caplog.at_level("INFO", logger="cudal1.eval.pipeline"):
+        r = run(task, "correct")
+    (line,) = [rec.getMessage() for rec in caplog.records if rec.name == "cudal1.eval.pipeline"]
+    assert r.status is Status.CORRECT and "correct" in line and "static" in line and "run" in line

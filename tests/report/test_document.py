@@ -68,3 +68,17 @@ def test_flag_list_names_each_rule_once_with_its_count():
 
     assert flag_list(["b", "a", "b", "b"]) == "b x3, a"
     assert flag_list([]) == "-"
+
+
+def test_origins_get_their_own_summaries_and_every_task_its_row():
+    rows = [ResultRow("builtin/level1/relu", level=1, status="correct", speedup=2.0),
+            ResultRow("h100/level1/7", level=1, status="incorrect"),
+            ResultRow("file/mine", status="correct", speedup=1.1, kernel_class="pytorch_rewrite")]
+    blocks = build_document(rows, title="T", meta={})
+    heads = _headings(blocks)
+    assert {"built-in tasks", "release h100", "ad-hoc files", "Per task"} <= set(heads)
+    table = next(b for b in blocks[blocks.index(Heading("Per task", 2)):] if isinstance(b, Table))
+    assert [r[0] for r in table.rows] == ["builtin/level1/relu", "h100/level1/7", "file/mine"]
+    assert table.rows[2][1] == "ad-hoc files" and table.rows[1][3] == "incorrect"
+    single = _headings(build_document(rows[:1], title="T", meta={}))
+    assert "built-in tasks" not in single  # one origin: no split

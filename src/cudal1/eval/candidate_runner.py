@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from cudal1.core import flags as F
 from cudal1.eval import guards
 from cudal1.eval.calls import CallFailed, ModelSide, first_line, seed_everything
 from cudal1.eval.channel import Arena, Channel, describe_value, tree_nbytes
@@ -195,6 +196,6 @@ class CandidateRole:
             raw_names = list(sys.modules["cudal1.raw_cuda"].launch_log().defined_kernels)
         self._guard("profiling")
         # The profiler leaves a native helper thread behind: not the candidate's doing.
-        self.flags = [f for f in self.flags if f.get("rule") != "guard.native_threads"]
+        self.flags = [f for f in self.flags if f.get("rule") != F.NATIVE_THREADS]
         return {"ok": True, "profile": prof.to_dict(), "raw_kernels": raw_names}
 

@@ -103,6 +103,7 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
     result = result.replace(protocol={**protocol, **cfg.limits(), **result.protocol},
                             environment={**env, **result.environment},
                             duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
+    log_phases(result)
     if store is not None and result.status.is_verdict:
         from cudal1.baselines import attach_baselines
 
@@ -115,6 +116,17 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
 
             HackCaseDB(store.path).record_confirmed(result, source, reference_source=task.source)
     return result
+
+
+def log_phases(result: EvalResult) -> None:
+    """One INFO line per evaluation (`cudal1 -v`): its verdict, speedup and where its time went."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    phases = result.protocol.get("phase_s", {})
+    spent = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items() if isinstance(seconds, float))
+    speedup = f" {result.speedup:.2f}x" if result.speedup is not None else ""
+    logger.info("%s %s: %s%s in %.1f s (%s)", result.task_id, result.candidate_hash[:8], result.status.value,
+                speedup, result.duration_s or 0.0, spent or "no phases")
 
 
 def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, workers: RunnerSupply | None,

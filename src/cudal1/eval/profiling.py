@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core import flags as F
 from cudal1.core.types import Flag, KernelClass, Severity
 
 __all__ = [
@@ -372,7 +373,7 @@ def decoy_flags(profile: KernelProfile, static_report: Any, kernel_class: Kernel
     if not profile.available or profile.device != "cuda":
         return []
     if not profile.kernels:
-        return [Flag("guard.no_gpu_work", Severity.INFO, "the profiled forward ran no GPU kernels",
+        return [Flag(F.NO_GPU_WORK, Severity.INFO, "the profiled forward ran no GPU kernels",
                      source="runtime")]
     own = own_kernel_names(static_report, raw_kernel_names)
     if not own:
@@ -381,18 +382,18 @@ def decoy_flags(profile: KernelProfile, static_report: Any, kernel_class: Kernel
     ran = [o for o in own if o not in missing]
     top = short_name(profile.kernels[0].name)
     if not ran:
-        return [Flag("guard.decoy_kernel", Severity.WARNING,
+        return [Flag(F.DECOY_KERNEL, Severity.WARNING,
                      f"none of the candidate's kernels ({_names(own)}) ran in the forward; "
                      f"the GPU time went to {top} and {len(profile.kernels) - 1} other kernel(s)",
                      source="runtime")]
     flags = []
     share = own_kernel_share(profile, own)
     if share < min_share:
-        flags.append(Flag("guard.low_custom_share", Severity.INFO,
+        flags.append(Flag(F.LOW_CUSTOM_SHARE, Severity.INFO,
                           f"the candidate's kernels took {100 * share:.1f}% of the forward's GPU time "
                           f"(below {100 * min_share:.0f}%); most went to {top}", source="runtime"))
     if missing:
-        flags.append(Flag("guard.kernels_not_run", Severity.INFO,
+        flags.append(Flag(F.KERNELS_NOT_RUN, Severity.INFO,
                           f"defined but not run in the forward: {_names(missing)}", source="runtime"))
     return flags
 
@@ -402,6 +403,6 @@ def reclassify(kernel_class: KernelClass | str | None, flags: Iterable[Flag]) ->
     if kernel_class is None:
         return None
     cls = KernelClass(kernel_class)
-    if cls in CUSTOM_CLASSES and any(f.rule == "guard.decoy_kernel" for f in flags):
+    if cls in CUSTOM_CLASSES and any(f.rule == F.DECOY_KERNEL for f in flags):
         return KernelClass.PYTORCH_ONLY
     return cls

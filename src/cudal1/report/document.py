@@ -3,9 +3,9 @@
 `build_document` decides *what* a report says; `cudal1.report.render` decides how it looks in Markdown
 or HTML. Keeping one content builder means the two formats cannot drift apart.
 
-Sections: run metadata, conventions, summary tables per label and baseline (rows per level), plots,
-verdict counts, kernel classes, flags, speed of light (when rows carry SOL fractions) and an audit of
-published speedups (when rows carry published scores). Nothing here reads the clock or the environment:
+Sections: run metadata, conventions, summary tables per label, task origin and baseline (rows per level),
+plots, verdict counts, kernel classes, flags, a table of every task, speed of light (when rows carry SOL
+fractions) and an audit of published speedups (when rows carry published scores). Nothing here reads the clock or the environment:
 the date and the machine come from `meta`, so the output is reproducible for a fixed input.
 """
 
@@ -34,6 +34,9 @@ from cudal1.metrics.summary import FAST_P_THRESHOLDS, SpeedupSummary, fast_p_nam
 from cudal1.report.plots import PlotSpec, has_sol
 
 MISSING = "-"
+ORIGINS = {"builtin": "built-in tasks", "kernelbench": "KernelBench", "file": "ad-hoc files",
+           "request": "client references"}
+OTHER_ORIGIN = "tasks"  # ids without a source prefix
 
 
 @dataclass(frozen=True)
@@ -120,24 +123,64 @@ def _conventions(failures_as: float | None) -> Paragraph:
         "(its heading says how many when that is not all of them).")
 
 
-def _summary_section(rows: Sequence[ResultRow], failures_as: float | None) -> list[Block]:
-    records = summarize_rows(rows, by=("label", "level", "baseline"), failures_as=failures_as)
+def task_origin(task_id: str) -> str:
+    """Where a task comes from, by its id's first part: built-in suite, KernelBench, a user's file, a client's
+    reference, or a release (named)."""
+    if "/" not in task_id:
+        return OTHER_ORIGIN
+    head = task_id.split("/", 1)[0]
+    return ORIGINS.get(head, f"release {head}")
+
+
+def _origin_key(origin: str) -> tuple[int, str]:
+    """Built-in and KernelBench first, then releases by name, then users' files and clients' references."""
+    order = {"built-in tasks": 0, "KernelBench": 1, "ad-hoc files": 3, "client references": 4, OTHER_ORIGIN: 5}
+    return order.get(origin, 2), origin
+
+
+def _groups(rows: Sequence[ResultRow]) -> list[tuple[str, list[ResultRow]]]:
+    """(title, rows) per run and per task origin: a summary never mixes built-in, release and ad-hoc tasks."""
     labels = sorted({r.label for r in rows})
-    blocks: list[Block] = [Heading("Summary", 2)]
+    origins = sorted({task_origin(r.task_id) for r in rows}, key=_origin_key)
+    out = []
     for label in labels:
-        if len(labels) > 1:
-            blocks.append(Heading(f"Run: {label or 'unlabelled'}", 3))
-        mine = [rec for rec in records if rec.label == label]
-        n_rows = sum(r.label == label for r in rows)
-        for baseline in dict.fromkeys(rec.baseline for rec in mine):
-            recs = [rec for rec in mine if rec.baseline == baseline]
+        for origin in origins:
+            mine = [r for r in rows if r.label == label and task_origin(r.task_id) == origin]
+            parts = ([f"Run: {label or 'unlabelled'}"] if len(labels) > 1 else []) + ([origin] if len(origins) > 1 else [])
+            if mine:
+                out.append((", ".join(parts), mine))
+    return out
+
+
+def _summary_section(rows: Sequence[ResultRow], failures_as: float | None) -> list[Block]:
+    groups = _groups(rows)
+    blocks: list[Block] = [Heading("Summary", 2)]
+    for title, group in groups:
+        if len(groups) > 1:
+            blocks.append(Heading(title, 3))
+        records = summarize_rows(group, by=("level", "baseline"), failures_as=failures_as)
+        for baseline in dict.fromkeys(rec.baseline for rec in records):
+            recs = [rec for rec in records if rec.baseline == baseline]
             header = ["Level", *SUMMARY_HEADER, *FAST_HEADER]
             body = [[fmt_level(rec.level), *summary_cells(rec.summary)] for rec in recs]
             n = recs[0].summary.n_total  # the "all" group comes first
-            scope = f" ({n} of {n_rows} tasks have this baseline measured)" if n < n_rows else ""
-            blocks += [Heading(f"vs {baseline}{scope}", 4 if len(labels) > 1 else 3),
+            scope = f" ({n} of {len(group)} tasks have this baseline measured)" if n < len(group) else ""
+            blocks += [Heading(f"vs {baseline}{scope}", 4 if len(groups) > 1 else 3),
                        Table(header, body, [False] + [True] * (len(header) - 1))]
     return blocks
+
+
+def _task_section(rows: Sequence[ResultRow]) -> list[Block]:
+    """Every row: the table a user looks a task up in."""
+    multi = len({r.label for r in rows}) > 1
+    ordered = sorted(rows, key=lambda r: (r.label, _origin_key(task_origin(r.task_id)), r.level is None, r.level or 0,
+                                          _natural_key(r.task_id)))
+    header = (["Run"] if multi else []) + ["Task", "Origin", "Level", "Verdict", "Speedup", "Warm", "Kernel class",
+                                           "Flags"]
+    body = [([r.label or "unlabelled"] if multi else []) + [
+        r.task_id, task_origin(r.task_id), fmt_level(r.level), r.status, fmt_x(r.speedup), fmt_x(r.speedup_warm),
+        r.kernel_class or MISSING, flag_list(r.flags)] for r in ordered]
+    return [Heading("Per task", 2), Table(header, body, [h in {"Speedup", "Warm"} for h in header])]
 
 
 def _label_columns(rows: Sequence[ResultRow]) -> list[tuple[str, list[ResultRow]]]:
@@ -262,6 +305,7 @@ def build_document(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str, 
         blocks.append(Heading("Plots", 2))
         blocks += [Image(p.name, p.caption) for p in plots]
     blocks += _counts_section(rows)
+    blocks += _task_section(rows)
     blocks += _sol_section(rows)
     blocks += _audit_section(rows, survive_fraction, failures_as)
     return blocks
