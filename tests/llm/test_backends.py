@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from cudal1.core.errors import ConfigError
-from cudal1.llm.backends import BackendSpec, LLMConfig, UsageStats, make_backend, parse_spec, run_sync
+from cudal1.llm import make_backend
+from cudal1.llm.backends import BackendSpec, LLMConfig, UsageStats, parse_spec, run_sync
 
 
 @pytest.mark.parametrize(("spec", "expected"), [

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from cudal1.llm.backends import LLMConfig, make_backend  # noqa: E402
+from cudal1.llm import LLMConfig, make_backend  # noqa: E402
 from cudal1.llm.byte_tokenizer import ByteTokenizer  # noqa: E402
 from cudal1.llm.hf_backend import HFBackend, render_chat  # noqa: E402
 

@@ -11,13 +11,13 @@ from _service_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_sour
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
+from cudal1.service.factory import make_pool
 from cudal1.service.pool import (
     EvaluatorPool,
     LocalPool,
     LocalPoolConfig,
     PoolBusyError,
     key_protocol,
-    make_pool,
 )
 from cudal1.store import ResultsStore
 

@@ -286,7 +286,7 @@ class LLMJudge:
             if not config.enabled:
                 raise ConfigError("the LLM judge needs JudgeConfig.llm "
                                   "(e.g. 'openai:MODEL@http://host:port/v1')")
-            from cudal1.llm.backends import LLMConfig, make_backend
+            from cudal1.llm import LLMConfig, make_backend
 
             backend = make_backend(LLMConfig(spec=config.llm, temperature=config.temperature,
                                              max_tokens=config.max_tokens, timeout_s=config.timeout_s,

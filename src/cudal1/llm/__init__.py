@@ -9,10 +9,10 @@ from cudal1.llm.backends import (
     LLMBackend,
     LLMConfig,
     UsageStats,
-    make_backend,
     parse_spec,
 )
 from cudal1.llm.extract import Extraction, extract_completion
+from cudal1.llm.factory import make_backend
 from cudal1.llm.prompts import (
     FORM_INSTRUCTIONS,
     RESTRICTIONS,

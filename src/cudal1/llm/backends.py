@@ -1,4 +1,4 @@
-"""The LLM backend interface: completions, usage accounting, the config, and `make_backend`.
+"""The LLM backend interface: completions, usage accounting and the config (`make_backend` is in `factory`).
 
 One small protocol (`LLMBackend`) hides where completions come from: an OpenAI-compatible server
 (`openai:MODEL@BASE_URL`, see `openai_backend.py`) or a local `transformers` model (`hf:PATH_OR_ID`, see
@@ -222,22 +222,3 @@ def run_sync(make_coro: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(make_coro())  # type: ignore[arg-type]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudal1-llm") as pool:
         return pool.submit(lambda: asyncio.run(make_coro())).result()  # type: ignore[arg-type]
-
-
-def make_backend(spec_or_config: str | LLMConfig, **kwargs: Any) -> LLMBackend:
-    """Build a backend from a spec string or an `LLMConfig`.
-
-    Extra keyword arguments go to the backend's constructor (for `hf:` that includes `model=` and
-    `tokenizer=` to reuse already-built objects, e.g. the policy being trained).
-    """
-    config = LLMConfig(spec=spec_or_config) if isinstance(spec_or_config, str) else spec_or_config
-    if not isinstance(config, LLMConfig):
-        raise ConfigError(f"make_backend expects a spec string or an LLMConfig, got {type(config).__name__}")
-    parsed = parse_spec(config.spec)
-    if parsed.kind == "openai":
-        from cudal1.llm.openai_backend import OpenAIBackend
-
-        return OpenAIBackend(config, **kwargs)
-    from cudal1.llm.hf_backend import HFBackend
-
-    return HFBackend(config, **kwargs)

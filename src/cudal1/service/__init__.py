@@ -7,13 +7,13 @@ The server (`cudal1.service.server`, needs fastapi/uvicorn), the client (`cudal1
 and the Ray pool (`cudal1.service.ray_pool`, needs ray) import their optional dependencies only when used.
 """
 
+from cudal1.service.factory import make_pool
 from cudal1.service.pool import (
            EvaluatorPool,
            LocalPool,
            LocalPoolConfig,
            PoolBusyError,
            PoolFuture,
-           make_pool,
 )
 from cudal1.service.recheck import RecheckConfig, RecheckingPool, needs_recheck
 

@@ -489,19 +489,3 @@ class LocalPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def make_pool(spec: str, config: EvalConfig | None = None, *, store: Any = None,
-              evaluate_fn: EvaluateFn | None = None, **options: Any) -> EvaluatorPool:
-    """A pool from its spec: `local`, `ray:auto` (join or start a cluster) or `ray://HOST:PORT` (client).
-
-    `options` go to `LocalPoolConfig` or `RayPoolConfig`.
-    """
-    if spec == "local":
-        return LocalPool(config, LocalPoolConfig(**options), store=store, evaluate_fn=evaluate_fn)
-    if spec == "ray:auto" or spec.startswith("ray://"):
-        from cudal1.service.ray_pool import RayPool, RayPoolConfig
-
-        address = "auto" if spec == "ray:auto" else spec
-        return RayPool(config, RayPoolConfig(address=address, **options), store=store, evaluate_fn=evaluate_fn)
-    raise ConfigError(f"unknown workers spec {spec!r}: use local, ray:auto or ray://HOST:PORT")

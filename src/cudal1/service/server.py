@@ -522,7 +522,7 @@ def serve(config: ServerConfig, eval_config: EvalConfig, *, workers: str = "loca
     except ImportError:
         raise MissingDependencyError("uvicorn", "dist", "the reward server") from None
     from cudal1.eval.evaluation import reap_once
-    from cudal1.service.pool import make_pool
+    from cudal1.service.factory import make_pool
     from cudal1.service.recheck import RecheckingPool
     from cudal1.store import ResultsStore
 

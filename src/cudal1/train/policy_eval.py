@@ -170,7 +170,7 @@ def _tasks_of(config: PolicyEvalConfig, tasks: Sequence[Task] | None) -> list[Ta
 
 
 def _backend(config: PolicyEvalConfig) -> Any:
-    from cudal1.llm.backends import LLMConfig, make_backend
+    from cudal1.llm import LLMConfig, make_backend
 
     spec = config.llm or f"hf:{config.checkpoint}"
     llm_cfg = LLMConfig(spec=spec, temperature=config.temperature, max_tokens=config.max_new_tokens,

@@ -68,7 +68,7 @@ class PolicySampler:
     """Samples from the policy being trained through `HFBackend` (always the current weights)."""
 
     def __init__(self, model: Any, tokenizer: Any, config: SelfSupervisedConfig, batch_time_s: float | None = None):
-        from cudal1.llm.backends import LLMConfig, make_backend
+        from cudal1.llm import LLMConfig, make_backend
 
         llm_cfg = LLMConfig(spec="hf:policy", temperature=config.temperature, top_p=config.top_p,
                             max_tokens=config.max_new_tokens, concurrency=config.generation_batch_size,

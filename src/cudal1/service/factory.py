@@ -1,0 +1,26 @@
+"""`make_pool`: an evaluator pool from its spec. Apart from `pool.py` (the interface and the local pool, which
+the Ray pool builds on), so that the base module never imports the Ray pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudal1.core.errors import ConfigError
+from cudal1.eval.config import EvalConfig
+from cudal1.service.pool import EvaluateFn, EvaluatorPool, LocalPool, LocalPoolConfig
+
+
+def make_pool(spec: str, config: EvalConfig | None = None, *, store: Any = None,
+              evaluate_fn: EvaluateFn | None = None, **options: Any) -> EvaluatorPool:
+    """A pool from its spec: `local`, `ray:auto` (join or start a cluster) or `ray://HOST:PORT` (client).
+
+    `options` go to `LocalPoolConfig` or `RayPoolConfig`.
+    """
+    if spec == "local":
+        return LocalPool(config, LocalPoolConfig(**options), store=store, evaluate_fn=evaluate_fn)
+    if spec == "ray:auto" or spec.startswith("ray://"):
+        from cudal1.service.ray_pool import RayPool, RayPoolConfig  # lazy: `ray` is an optional dependency
+
+        address = "auto" if spec == "ray:auto" else spec
+        return RayPool(config, RayPoolConfig(address=address, **options), store=store, evaluate_fn=evaluate_fn)
+    raise ConfigError(f"unknown workers spec {spec!r}: use local, ray:auto or ray://HOST:PORT")
