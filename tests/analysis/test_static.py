@@ -374,3 +374,53 @@ def test_docstrings_mentioning_cuda_are_not_cuda_sources():
     src = HEAD + doc + model("return x")
     report = analyze_source(src)
     assert report.kernels_defined == [] and not report.flags
+
+
+_SIDE = '''
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.side = torch.cuda.Stream()
+
+    def forward(self, x):
+        y = torch.empty_like(x)
+        with torch.cuda.stream(self.side):
+            y.copy_(x * 2)
+        {join}
+        return y
+'''
+
+
+@pytest.mark.parametrize(("join", "joined"), [
+    ("torch.cuda.current_stream().wait_stream(self.side)", True),
+    ("done = self.side.record_event()\n        torch.cuda.current_stream().wait_event(done)", True),
+    ("pass", False),  # never joined
+    ("if x.numel() > 4:\n            torch.cuda.current_stream().wait_stream(self.side)", False),  # one branch only
+    ("torch.cuda.default_stream().wait_stream(self.side)", False),  # another stream waits, not the current one
+    ("other = torch.cuda.Stream()\n        other.wait_stream(self.side)", False),
+])
+def test_a_side_stream_joined_before_return_is_legitimate(join, joined):
+    rules = rules_of(_SIDE.format(join=join))
+    if joined:
+        assert "joined_cuda_stream" in rules and "extra_cuda_stream" not in rules
+    else:
+        assert "extra_cuda_stream" in rules
+
+
+def test_a_join_after_an_early_return_does_not_count():
+    src = _SIDE.format(join="if x.sum() > 0:\n            return y\n        torch.cuda.current_stream().wait_stream(self.side)")
+    assert "extra_cuda_stream" in rules_of(src)
+
+
+@pytest.mark.parametrize("join", [
+    # an alias carries the stream past its join
+    "alias = self.side\n        torch.cuda.current_stream().wait_stream(self.side)\n"
+    "        with torch.cuda.stream(alias):\n            y.add_(1)",
+    # work entered on a stream the check does not know
+    "torch.cuda.current_stream().wait_stream(self.side)\n        with torch.cuda.stream(self.streams[0]):\n"
+    "            y.add_(1)",
+    # the stream handed to a helper
+    "torch.cuda.current_stream().wait_stream(self.side)\n        launch(y, self.side)",
+])
+def test_a_join_the_check_cannot_follow_stays_rejected(join):
+    assert "extra_cuda_stream" in rules_of(_SIDE.format(join=join))

@@ -381,3 +381,17 @@ def test_verbose_logs_each_evaluation_with_its_phases(task, caplog):
         r = run(task, "correct")
     (line,) = [rec.getMessage() for rec in caplog.records if rec.name == "cudal1.eval.pipeline"]
     assert r.status is Status.CORRECT and "correct" in line and "static" in line and "run" in line
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    ("return torch.add(x.float() * 2.0, 1.0).to(torch.float8_e4m3fn)", Status.CORRECT),
+    ("return (x.float() * 2.0).to(torch.float8_e4m3fn)", Status.INCORRECT),
+])
+def test_fp8_inputs_and_outputs_get_a_verdict(body, status):
+    """fp8 dtypes implement almost no ops: a check that called one (isfinite) crashed the evaluation, and the
+    candidate's fp8 was taken for a downcast although the reference computes in fp8 itself."""
+    fp8 = load_file(FIXTURES / "tasks" / "fp8_in_out.py")
+    source = f"import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        {body}\n"
+    r = evaluate_candidate(fp8, source, EvalConfig(**FAST))
+    assert r.status is status, r.message
+    assert not any(f.rule == "precision_downcast" for f in r.flags)

@@ -20,6 +20,9 @@ DEFAULT_SEVERITY: dict[str, Severity] = {
     # Rationale: work on a side stream is invisible to events recorded on the current stream (82 of 250
     # CUDA-L1 outputs did this: a fake 18x). An honest kernel has no reason to leave the current stream.
     "extra_cuda_stream": E,
+    # Rationale: a side stream that the current stream waits on before forward returns: its work is inside
+    # the measured span (SOL-ExecBench accepts and times it); descriptive only.
+    "joined_cuda_stream": Severity.INFO,
     # Rationale: a launch on a stream we cannot prove is the current one; suspicious, not proof.
     "unverified_launch_stream": W,
     # Rationale: a worker thread/process returns before the work is done, hiding it from the timer.

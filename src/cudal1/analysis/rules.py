@@ -68,7 +68,7 @@ RULES: dict[str, Rule] = {
         _rule("env_or_io", rt.check_env_or_io, "environment writes, file/network I/O, native code"),
     )
 }
-# Emitted by extra_cuda_stream's launch scan, by size_constants_redefined for redefinitions that cannot change
+# Emitted by extra_cuda_stream's launch scan and for joined side streams, by size_constants_redefined for redefinitions that cannot change
 # what ModelNew computes (KernelBench boilerplate, or a value only the run can tell), and by analyze_source
 # itself; listed so presets can name them.
-AUXILIARY_RULES = ("unverified_launch_stream", "size_constants_ignored", "syntax_error")
+AUXILIARY_RULES = ("unverified_launch_stream", "joined_cuda_stream", "size_constants_ignored", "syntax_error")

@@ -279,8 +279,101 @@ def _launch_stream_flags(ctx: AnalysisContext) -> list[Flag]:
     return out
 
 
+# What a joinable side stream may be made and used with; anything else among PY_STREAM_APIS is not provable.
+_JOINABLE_APIS = ("torch.cuda.Stream", "torch.cuda.stream")
+
+
+def _stream_names(ctx: AnalysisContext) -> set[str] | None:
+    """The targets (`s`, `self.side`) of every `torch.cuda.Stream()` the source makes, or None when a stream
+    API is used in a way a join cannot be proven for (an unassigned stream, another stream API, CUDA streams)."""
+    names: set[str] = set()
+    for node, name in _refs(ctx):
+        if not matches(name, PY_STREAM_APIS):
+            continue
+        if not matches(name, _JOINABLE_APIS):
+            return None
+        if name.endswith(".Stream"):
+            call = ctx.parents.get(node)
+            assign = ctx.parents.get(call) if isinstance(call, ast.Call) else None
+            if not (isinstance(assign, ast.Assign) and len(assign.targets) == 1):
+                return None
+            names.add(ast.unparse(assign.targets[0]))
+    return names if not any(cs.info.idents().keys() & set(CUDA_STREAM_IDENTS) for cs in ctx.cuda_strings) else None
+
+
+def _joins(call: ast.AST, ctx: AnalysisContext) -> tuple[str, str] | None:
+    """("stream"|"event", what) for `torch.cuda.current_stream().wait_stream(X)` / `.wait_event(X)`."""
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and len(call.args) == 1):
+        return None
+    waiter = call.func.value
+    if call.func.attr not in ("wait_stream", "wait_event") or not (
+            isinstance(waiter, ast.Call) and matches(ctx.qual(waiter.func), ("torch.cuda.current_stream",))):
+        return None
+    return ("stream" if call.func.attr == "wait_stream" else "event"), ast.unparse(call.args[0])
+
+
+def _joined_in(function: ast.FunctionDef, stream: str, ctx: AnalysisContext) -> bool:
+    """Whether every use of `stream` in `function` is followed, on every path to its end or to a return, by a
+    wait of the current stream on it (directly, or on an event recorded on it): a statement of the function's
+    own body, after the last use and before any return."""
+    in_joins = {id(n) for stmt in function.body if isinstance(stmt, ast.Expr) and _joins(stmt.value, ctx)
+                for n in ast.walk(stmt)}
+    uses = [n.end_lineno or n.lineno for n in ast.walk(function) if isinstance(n, ast.Attribute | ast.Name)
+            and id(n) not in in_joins and ast.unparse(n) == stream]
+    if not uses:
+        return True
+    events = {ast.unparse(c.func.value) for c in calls(function) if isinstance(c.func, ast.Attribute)
+              and c.func.attr == "record" and [ast.unparse(a) for a in c.args] == [stream]}
+    events |= {ast.unparse(a.targets[0]) for a in ast.walk(function) if isinstance(a, ast.Assign)
+               and len(a.targets) == 1 and isinstance(a.value, ast.Call) and isinstance(a.value.func, ast.Attribute)
+               and a.value.func.attr == "record_event" and ast.unparse(a.value.func.value) == stream}
+    for stmt in function.body:
+        join = _joins(stmt.value, ctx) if isinstance(stmt, ast.Expr) else None
+        if join and (join[1] == stream if join[0] == "stream" else join[1] in events) and stmt.lineno > max(uses):
+            returns = [r.lineno for r in ast.walk(function) if isinstance(r, ast.Return)]
+            return all(line > stmt.lineno for line in returns)
+    return False
+
+
+def _plain_uses(ctx: AnalysisContext, names: set[str]) -> bool:
+    """Whether every stream is used only in ways the join check follows: made (`s = torch.cuda.Stream()`),
+    entered (`with torch.cuda.stream(s)`), recorded (`s.record_event()`, `e.record(s)`) or waited on. An
+    alias, an argument to anything else, or `torch.cuda.stream(X)` of an unknown X could carry it past."""
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Call) and matches(ctx.qual(node.func), ("torch.cuda.stream",)):
+            if not (len(node.args) == 1 and ast.unparse(node.args[0]) in names):
+                return False
+        if not (isinstance(node, ast.Attribute | ast.Name) and ast.unparse(node) in names):
+            continue
+        parent = ctx.parents.get(node)
+        grand = ctx.parents.get(parent)
+        made = isinstance(parent, ast.Assign) and node in parent.targets
+        entered = isinstance(parent, ast.Call) and matches(ctx.qual(parent.func), ("torch.cuda.stream",))
+        recorded = (isinstance(parent, ast.Attribute) and parent.attr == "record_event" and isinstance(grand, ast.Call)) \
+            or (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.attr == "record")
+        waited = isinstance(parent, ast.Call) and _joins(parent, ctx) is not None
+        if not (made or entered or recorded or waited):
+            return False
+    return True
+
+
+def joined_side_streams(ctx: AnalysisContext) -> bool:
+    """Every side stream is joined back before the function using it returns: its work is inside the
+    measured span, so the stream is legitimate (SOL-ExecBench times it); unjoined or unprovable ones are not."""
+    names = _stream_names(ctx)
+    if not names or not _plain_uses(ctx, names):
+        return False
+    functions = [f for f in ast.walk(ctx.tree) if isinstance(f, ast.FunctionDef) and f.name != "__init__"]
+    return all(_joined_in(f, name, ctx) for name in names for f in functions)
+
+
 def check_extra_cuda_stream(ctx: AnalysisContext) -> list[Flag]:
-    """Side streams in Python (torch/cupy APIs, `stream=` launch arguments) and in CUDA sources."""
+    """Side streams in Python (torch/cupy APIs, `stream=` launch arguments) and in CUDA sources. Streams that
+    are provably joined back before return are only noted (`joined_cuda_stream`)."""
+    if joined_side_streams(ctx):
+        lines = sorted({node.lineno for node, name in _refs(ctx) if matches(name, PY_STREAM_APIS)})
+        note = "side streams unused, or joined back to the current stream before the function returns"
+        return [flag("joined_cuda_stream", note, lines[0] if lines else None)] + _launch_stream_flags(ctx)
     out = [
         flag("extra_cuda_stream", f"uses {name}", node.lineno)
         for node, name in _refs(ctx)

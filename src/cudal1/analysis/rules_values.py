@@ -122,7 +122,7 @@ SUBCLASS_APIS = (
 
 def _reference_uses_low_precision(ctx: AnalysisContext) -> bool:
     src = ctx.reference_source or ""
-    return any(w in src for w in ("float16", "bfloat16", ".half()", "torch.half", "autocast"))
+    return any(w in src for w in ("float16", "bfloat16", ".half()", "torch.half", "autocast", "float8"))
 
 
 def _ptx_flags(ctx: AnalysisContext) -> list[Flag]:
