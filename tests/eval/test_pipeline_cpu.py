@@ -395,3 +395,15 @@ def test_fp8_inputs_and_outputs_get_a_verdict(body, status):
     r = evaluate_candidate(fp8, source, EvalConfig(**FAST))
     assert r.status is status, r.message
     assert not any(f.rule == "precision_downcast" for f in r.flags)
+
+
+def test_the_result_says_which_sizes_really_ran(task):
+    """`sizes=small` (the CPU default) applies only to tasks with SMALL_SIZES; release and KernelBench tasks run
+    at full size, and the result now says so instead of only "small"."""
+    from cudal1.eval.pipeline import sizes_applied
+    from cudal1.tasks.sources import load_builtin
+
+    with_small = next(t for t in load_builtin() if "SMALL_SIZES" in t.source)
+    assert sizes_applied(with_small, "small") == "small" and sizes_applied(with_small, "full") == "full"
+    r = run(task, "correct", sizes="small")  # the tiny task has no SMALL_SIZES
+    assert r.protocol["sizes"] == "small" and r.protocol["sizes_applied"].startswith("full")

@@ -8,6 +8,7 @@ Batches go through `scheduler.evaluate_many`.
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 import time
@@ -100,6 +101,7 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
         if hit is not None:
             return hit
     result = _evaluate_uncached(task, source, cfg, workers, [str(store.path)] if store is not None else [])
+    protocol["sizes_applied"] = sizes_applied(task, cfg.sizes)
     result = result.replace(protocol={**protocol, **cfg.limits(), **result.protocol},
                             environment={**env, **result.environment},
                             duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
@@ -116,6 +118,19 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
 
             HackCaseDB(store.path).record_confirmed(result, source, reference_source=task.source)
     return result
+
+
+def sizes_applied(task: Task, sizes: str) -> str:
+    """The sizes the evaluation really used: `small` only when the task defines `SMALL_SIZES` (release and
+    KernelBench tasks do not, so they run at full size whatever was asked)."""
+    if sizes != "small":
+        return sizes
+    try:
+        names = {t.id for node in ast.parse(task.source).body if isinstance(node, ast.Assign)
+                 for t in node.targets if isinstance(t, ast.Name)}
+    except SyntaxError:
+        names = set()
+    return "small" if "SMALL_SIZES" in names else "full (the task defines no SMALL_SIZES)"
 
 
 def log_phases(result: EvalResult) -> None:
