@@ -1,6 +1,9 @@
-"""Fixtures shared by the compile-service tests."""
+"""Fixtures shared by the evaluator tests: fake torch builds, a loopback listener."""
 
 from __future__ import annotations
+
+import socket
+import threading
 
 import pytest
 
@@ -17,3 +20,30 @@ def fake_torch_build(monkeypatch, tmp_path):
     monkeypatch.setattr(ce, "load_inline", lambda *a, **k: calls.append(a) or "module")
     monkeypatch.setattr(ce, "load", lambda *a, **k: None)
     return ce, calls
+
+
+@pytest.fixture
+def listener():
+    """A loopback TCP server that records every connection."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            seen.append(conn.recv(100))
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], seen
+    stop.set()
+    thread.join()
+    server.close()

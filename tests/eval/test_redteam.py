@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import site
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -129,32 +127,26 @@ def test_a_detached_daemon_does_not_outlive_the_verdict(tmp_path, capsys):
     assert result["status"] == "hack_detected" or any(f["rule"] == "guard.processes" for f in result["flags"])
 
 
+def test_constants_too_costly_to_compute_do_not_stall_the_trusted_side():
+    """The static analysis reads module constants in the parent: a candidate that makes them cost minutes and
+    gigabytes (the analysis alone took over 60 s before they were bounded) must not stall the evaluation. Its
+    own runner does compute them on import, in the sandbox: that import times out at the step deadline."""
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "eval", "--ref", str(RELU), "--candidate",
+                           str(REDTEAM / "constant_bomb.py"), *FAST], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == "timeout", result
+    assert time.monotonic() - started < 120
+
+
 @needs_sandbox
-def test_the_loopback_is_out_of_reach(tmp_path, capsys):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    seen: list[bytes] = []
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-                seen.append(conn.recv(64))
-                conn.close()
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        evaluate(_marked(tmp_path, "phone_home.py", "x", server.getsockname()[1]), capsys)
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
+def test_the_loopback_is_out_of_reach(tmp_path, capsys, listener):
+    port, seen = listener
+    evaluate(_marked(tmp_path, "phone_home.py", "x", port), capsys)
     assert seen == []
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,33 +17,6 @@ from cudal1.eval.sandbox import SANDBOX_UID, SandboxSpec, detect_sandbox
 
 PROBE = "tests.helpers.sandbox_probe"
 needs_sandbox = pytest.mark.skipif(detect_sandbox().level == "none", reason="no sandbox on this host")
-
-
-@pytest.fixture
-def listener():
-    """A loopback TCP server that records every connection."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    seen: list[bytes] = []
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            seen.append(conn.recv(100))
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], seen
-    stop.set()
-    thread.join()
-    server.close()
 
 
 def test_this_host_has_a_full_sandbox():

@@ -19,6 +19,7 @@ from typing import Any
 
 from cudal1.analysis._base import flag, is_self_attr
 from cudal1.analysis.classify import launch_info, unbuildable
+from cudal1.analysis.constants import UNKNOWN, constant_value
 from cudal1.analysis.context import AnalysisContext
 from cudal1.core.types import Flag, Severity
 
@@ -249,43 +250,13 @@ def check_exception_fallback(ctx: AnalysisContext) -> list[Flag]:
     return out
 
 
-_UNKNOWN = object()
-_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
-           ast.Pow: lambda a, b: a ** b if abs(b) <= 64 else _UNKNOWN}
-
-
-def _value(node: ast.AST, env: dict[str, Any]) -> Any:
-    """The value of a constant expression (literals, names of earlier constants, arithmetic, tuples), or
-    `_UNKNOWN`."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, float, str)):
-        return node.value
-    if isinstance(node, ast.Name):
-        return env.get(node.id, _UNKNOWN)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _value(node.operand, env)
-        return _UNKNOWN if v is _UNKNOWN or isinstance(v, str) else (-v if isinstance(node.op, ast.USub) else v)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        a, b = _value(node.left, env), _value(node.right, env)
-        if a is _UNKNOWN or b is _UNKNOWN:
-            return _UNKNOWN
-        try:
-            return _BINOPS[type(node.op)](a, b)
-        except (ArithmeticError, TypeError, ValueError):
-            return _UNKNOWN
-    if isinstance(node, (ast.Tuple, ast.List)):
-        items = [_value(e, env) for e in node.elts]
-        return _UNKNOWN if any(i is _UNKNOWN for i in items) else tuple(items)
-    return _UNKNOWN
-
-
 def _constants(tree: ast.Module) -> dict[str, tuple[Any, str, int]]:
-    """Module-level `NAME = <expression>`: name -> (value or `_UNKNOWN`, source, line)."""
+    """Module-level `NAME = <expression>`: name -> (value or `UNKNOWN`, source, line)."""
     out: dict[str, tuple[Any, str, int]] = {}
     env: dict[str, Any] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name, value = node.targets[0].id, _value(node.value, env)
+            name, value = node.targets[0].id, constant_value(node.value, env)
             env[name] = value
             out[name] = (value, ast.unparse(node.value), node.lineno)
     return out
@@ -330,7 +301,7 @@ def check_size_constants_redefined(ctx: AnalysisContext) -> list[Flag]:
             if name not in theirs:
                 continue
             ref_value, ref_text = theirs[name][0], theirs[name][1]
-            if value is not _UNKNOWN and ref_value is not _UNKNOWN:
+            if value is not UNKNOWN and ref_value is not UNKNOWN:
                 if value == ref_value:
                     continue
                 if name in used:
