@@ -21,13 +21,7 @@ from cudal1.service.pool import (
 )
 from cudal1.store import ResultsStore
 
-
-@pytest.fixture(autouse=True)
-def _reset():
-    fakes.reset_counters()
-    fakes.GATE.clear()
-    yield
-    fakes.GATE.set()
+pytestmark = pytest.mark.usefixtures("fresh_fakes")
 
 
 def test_map_keeps_order_and_fills_results():

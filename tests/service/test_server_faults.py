@@ -20,12 +20,7 @@ from cudal1.service.server import ServerConfig
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    fakes.reset_counters()
-    fakes.GATE.clear()
-    yield
-    fakes.GATE.set()
+pytestmark = pytest.mark.usefixtures("fresh_fakes")
 
 
 @pytest.fixture

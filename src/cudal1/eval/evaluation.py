@@ -327,8 +327,11 @@ def _measure(session: Session, bandwidth: float | None) -> Any:
     threshold = session.cfg.noisy_stability
     if not threshold or first.stability <= threshold:
         return first
+    first_clock = session.facts.get("clock")
     second = Measurement(session, bandwidth).run()
     kept = second if second.stability < first.stability else first
+    if kept is first and first_clock is not None:
+        session.facts["clock"] = first_clock  # the recorded clock figures are those of the kept timing
     session.flags.append(Flag(F.NOISY, Severity.INFO,
                               f"stability {first.stability:.0%} above {threshold:.0%}: measured again; "
                               f"{first.speedup:.2f}x (stability {first.stability:.0%}) then {second.speedup:.2f}x "

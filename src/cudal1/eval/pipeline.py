@@ -78,6 +78,16 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
     return prepared
 
 
+def not_a_source_file(task: Task, source: str) -> EvalResult | None:
+    """The `unparseable` verdict for a text that cannot be a Python file (a lone surrogate, a NUL), else None;
+    given before anything runs or is stored, by `evaluate_candidate` and by the pools."""
+    problem = text_problem(source)
+    if problem is None:
+        return None
+    return EvalResult(status=Status.UNPARSEABLE, message=f"the candidate is not a source file: {problem}",
+                      task_id=task.id, candidate_hash=source_hash(source))
+
+
 def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None, *, store: Any = None,
                        force: bool = False, label: str = "", run_id: str | None = None,
                        workers: RunnerSupply | None = None) -> EvalResult:
@@ -86,10 +96,9 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
     `workers` supplies pre-started runners (see `scheduler.evaluate_many`); without it two are started for
     this candidate. Raises `ConfigError` when the profile needs an OS sandbox this host lacks.
     """
-    problem = text_problem(source)
-    if problem is not None:  # not a source file at all; nothing to run or store (SQLite cannot hold it either)
-        return EvalResult(status=Status.UNPARSEABLE, message=f"the candidate is not a source file: {problem}",
-                          task_id=task.id, candidate_hash=source_hash(source))
+    refused = not_a_source_file(task, source)
+    if refused is not None:  # nothing to run or store (SQLite cannot hold it either)
+        return refused
     started = time.monotonic()
     cfg = (config or EvalConfig()).resolved(resolve_device((config or EvalConfig()).device))
     protocol = evaluation_protocol(cfg)  # what it is measured under: the key's protocol and the sandbox level
@@ -183,4 +192,4 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, workers: Runner
     return with_phases(result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class))
 
 
-__all__ = ["builds_cuda", "evaluate_candidate", "prepare_build", "uses_load_inline"]
+__all__ = ["builds_cuda", "evaluate_candidate", "not_a_source_file", "prepare_build", "uses_load_inline"]

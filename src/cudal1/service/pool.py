@@ -36,8 +36,9 @@ from typing import Any, Protocol, runtime_checkable
 from cudal1.core.errors import ConfigError, Cudal1Error
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig
+from cudal1.eval.pipeline import not_a_source_file
 from cudal1.eval.processes import usable_cpu_count
-from cudal1.tasks.task import Task, source_hash, text_problem
+from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
 
@@ -157,12 +158,11 @@ def describe_error(exc: BaseException) -> str:
 def refused_at_submit(task: Task, source: str) -> PoolFuture | None:
     """A resolved future for what no pool queues: a candidate that is not a source file (it could be neither
     run nor stored). None for everything else."""
-    problem = text_problem(source)
-    if problem is None:
+    refused = not_a_source_file(task, source)
+    if refused is None:
         return None
     future = PoolFuture()
-    future.set_result(failure_result(task, source, f"the candidate is not a source file: {problem}",
-                                     Status.UNPARSEABLE))
+    future.set_result(refused)
     return future
 
 
