@@ -122,3 +122,27 @@ def test_channel_carries_messages_and_descriptors_and_times_out():
         os.close(fd)
     left.close()
     right.close()
+
+
+@pytest.mark.gpu
+def test_helper_compares_across_many_pinned_arenas():
+    """The device helper lives across evaluations and pins each new arena: a range left registered after an
+    arena closed made the next arena at that address fail to pin, and that failure surfaced as the error of
+    the helper's next comparison (seen on an H200 as `infra_error` for 9 of 30 candidates)."""
+    from cudal1.eval.runner import HelperRole
+
+    helper = HelperRole({"device": "cuda"})
+    for round_ in range(6):
+        size = 2**20 * (1 + round_ % 2)
+        arena = Arena.create(0, 2 * size)
+        x = torch.randn(size // 8)
+        ref = arena.pack(x, "out")
+        cand, _ = arena.copy_from(arena, ref, "out", size)
+        attached = Arena.attach(os.dup(arena.fd), 0)
+        assert helper.attach(attached)["pinned"], f"round {round_}: the arena could not be pinned"
+        reply = helper.handle("compare", {"ref": ref, "cand": cand, "profile": "strict", "trial": 0})
+        assert reply["ok"] and reply["match"], reply
+        arena.close()
+    helper.arena.close()
+    torch.ones(4, device="cuda").add_(1)
+    torch.cuda.synchronize()

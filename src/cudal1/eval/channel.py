@@ -145,6 +145,7 @@ class Arena:
         self.map = mmap.mmap(fd, self.size) if self.size else None
         self._host: Any = None  # torch uint8 view of the whole map, made on first use
         self.registered = False
+        self._pinned_ptr: int | None = None
 
     @classmethod
     def create(cls, in_bytes: int, out_bytes: int) -> Arena:
@@ -179,12 +180,31 @@ class Arena:
 
         if self.registered or not self.size or not torch.cuda.is_available():
             return self.registered
+        from cudal1.eval.cudart import clear_last_error
+
+        ptr = self.host().data_ptr()
         try:
-            rc = torch.cuda.cudart().cudaHostRegister(self.host().data_ptr(), self.size, 0)
-            self.registered = int(rc) == 0
+            self.registered = int(torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)) == 0
         except Exception:  # noqa: BLE001 - pageable copies still work, only slower
             self.registered = False
+        if self.registered:
+            self._pinned_ptr = ptr
+        else:
+            clear_last_error()
         return self.registered
+
+    def _unregister(self) -> None:
+        """Unpin before unmapping: a range left registered makes a later mapping at the same address fail
+        to register (and the failure surfaces in an unrelated kernel launch)."""
+        if self._pinned_ptr is None:
+            return
+        import torch
+
+        from cudal1.eval.cudart import clear_last_error
+
+        if int(torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)) != 0:
+            clear_last_error()
+        self._pinned_ptr, self.registered = None, False
 
     def region(self, name: str) -> tuple[int, int]:
         return (0, self.in_bytes) if name == "in" else (self.in_bytes, self.size)
@@ -324,6 +344,7 @@ class Arena:
             self.map[start: start + len(data)] = data
 
     def close(self) -> None:
+        self._unregister()
         self._host = None
         if self.map is not None:
             try:

@@ -98,6 +98,14 @@ def helper_for(device: str) -> tuple[RunnerProcess, float | None]:
         return _helpers[device]
 
 
+def discard_helper(device: str) -> None:
+    """End the helper of `device` (if any); the next `helper_for` starts a new one."""
+    with _helpers_lock:
+        known = _helpers.pop(device, None)
+    if known is not None:
+        known[0].close()
+
+
 def close_helpers() -> None:
     with _helpers_lock:
         for runner, _ in _helpers.values():
@@ -241,6 +249,7 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any
                 failure = f"a runner did not start: {exc.reason}{error_hint(exc.stderr_tail)}"
             except InfraFailure as exc:
                 failure = str(exc)
+                discard_helper(cfg.device)  # the retry starts from a fresh helper, whatever failed
             finally:
                 if workers is None:
                     supply.close()

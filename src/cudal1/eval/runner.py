@@ -56,12 +56,13 @@ class HelperRole:
         import torch
 
         from cudal1.eval.calls import use_device
+        from cudal1.eval.cudart import persisting_l2_reset
 
         self.device = use_device(message["device"])
         props = torch.cuda.get_device_properties(self.device)
         l2 = int(getattr(props, "L2_cache_size", 0) or 0)
         self.buffer = torch.empty(max(2 * l2, 256 * 2**20) // 4, dtype=torch.float32, device=self.device)
-        self.reset = _persisting_l2_reset()
+        self.reset = persisting_l2_reset()
         self.arena: Any = None
 
     def attach(self, arena: Any) -> dict[str, Any]:
@@ -80,13 +81,15 @@ class HelperRole:
     def _flush(self) -> dict[str, Any]:
         import torch
 
+        from cudal1.eval.cudart import clear_last_error
+
         torch.cuda.synchronize(self.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         self.buffer.fill_(1.0)
         end.record()
-        if self.reset is not None:
-            self.reset()
+        if self.reset is not None and self.reset() != 0:
+            clear_last_error()  # else torch's next launch check reports the failed reset as its own error
         end.synchronize()
         ms = start.elapsed_time(end)
         return {"ok": True, "ms": ms, "GBps": self.buffer.numel() * 4 / max(ms, 1e-6) / 1e6}
@@ -107,21 +110,6 @@ class HelperRole:
             return {"ok": True, "match": False, "hack": str(exc)}
         return {"ok": True, "match": result.ok, "message": result.message,
                 "mismatch": dataclasses.asdict(result.mismatch) if result.mismatch else None}
-
-
-def _persisting_l2_reset():
-    """cudaCtxResetPersistingL2Cache through the CUDA runtime torch loaded, or None where there is none."""
-    import ctypes
-
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        fn = getattr(lib, "cudaCtxResetPersistingL2Cache", None)
-        if fn is not None:
-            return fn
-    return None
 
 
 def _make_role(message: dict[str, Any], channel: Any) -> Any:
