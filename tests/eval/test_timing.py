@@ -39,6 +39,17 @@ def test_summary_is_the_median_of_bucket_ratios_with_an_iqr_stability():
     assert (ref_ms, cand_ms) == (2.5, 1.0)
 
 
+def test_one_outlier_call_does_not_move_a_bucket():
+    """Identical models, one call in nine of each bucket 20x slower on the candidate's side (as a context
+    switch inside the event window is): each bucket still reads 1.00x."""
+    series = PairedSeries()
+    for _ in range(3):
+        series.ref.append([Sample(0.08, 0.08, 2.0) for _ in range(9)])
+        series.cand.append([Sample(1.6 if i == 4 else 0.08, 0.08, 2.0) for i in range(9)])
+    _, _, speedup, stability, buckets = timing.summarize_series(series)
+    assert buckets == [1.0, 1.0, 1.0] and speedup == 1.0 and stability == 0.0
+
+
 @pytest.mark.parametrize(("raw", "rounded"), [(1.756, 1.75), (0.874, 0.88), (1.0, 1.0), (2.0, 2.0)])
 def test_round_toward_one(raw, rounded):
     assert timing.round_toward_one(raw) == rounded

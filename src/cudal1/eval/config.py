@@ -13,12 +13,13 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 
-PROTOCOL_VERSION = "4"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "5"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
 # another context, the parent's clock cross-checked, the small-output tolerance bounded by the reference's
-# own float32 error, extra trials beyond the reference's distribution (strict)
+# own float32 error, extra trials beyond the reference's distribution (strict); 5: a bucket's time is the
+# median of its calls, not their mean
 
 
 @dataclass(frozen=True)
