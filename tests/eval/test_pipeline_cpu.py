@@ -407,3 +407,11 @@ def test_the_result_says_which_sizes_really_ran(task):
     assert sizes_applied(with_small, "small") == "small" and sizes_applied(with_small, "full") == "full"
     r = run(task, "correct", sizes="small")  # the tiny task has no SMALL_SIZES
     assert r.protocol["sizes"] == "small" and r.protocol["sizes_applied"].startswith("full")
+
+
+def test_torch_compile_machinery_is_not_the_candidate_s_thread(task):
+    """Inductor's compile pool and tqdm's monitor were new Python threads in the candidate's runner, so any
+    candidate using torch.compile was `hack_detected` by the thread guard."""
+    r = run(task, "torch_compiled", timeout_s=300.0)
+    assert r.status is Status.CORRECT, r.message
+    assert not [f for f in r.flags if f.rule == "guard.threads"]

@@ -65,6 +65,12 @@ def python_thread_count() -> int:
     return len(sys._current_frames())
 
 
+def _thread_names() -> str:
+    """The names of the `threading` threads besides the main one, for the report (names prove nothing)."""
+    names = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    return f" (threads: {', '.join(names)[:120]})" if names else ""
+
+
 def native_thread_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -268,8 +274,8 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
         py_threads = python_thread_count()
     if py_threads > before.python_threads:
         flags.append(Flag(F.THREADS, Severity.ERROR,
-                          f"Python threads grew from {before.python_threads} to {py_threads} during {phase}",
-                          source="runtime"))
+                          f"Python threads grew from {before.python_threads} to {py_threads} during {phase}"
+                          f"{_thread_names()}", source="runtime"))
     elif native > before.native_threads:
         # Rationale: CUDA, cuBLAS and OpenMP start native helper threads lazily, so growth alone is only
         # a warning; std::thread in a candidate's source is rejected by the static rules.

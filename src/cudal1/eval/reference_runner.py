@@ -44,7 +44,18 @@ def configure(message: dict[str, Any]) -> torch.device:
         torch.set_num_threads(threads)
     if message.get("exact_fp32"):
         use_exact_fp32()
+    _no_progress_monitor()
     return device
+
+
+def _no_progress_monitor() -> None:
+    """tqdm (torch imports it) starts a monitor thread with its first progress bar, which torch.compile
+    draws; in a runner that thread would count as the candidate's."""
+    try:
+        from tqdm import std
+    except ImportError:
+        return
+    std.tqdm.monitor_interval = 0
 
 
 class ReferenceRole:

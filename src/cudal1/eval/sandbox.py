@@ -159,7 +159,10 @@ def sandbox_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
                # Rationale: glibc adapts its mmap threshold to what a process freed before, so two runners
                # with different histories pay different page-fault costs for the same allocations (seen
                # as a 1-2 ms per-call asymmetry on 8 MB inputs); a fixed threshold makes them alike.
-               MALLOC_MMAP_THRESHOLD_="131072")
+               MALLOC_MMAP_THRESHOLD_="131072",
+               # torch.compile compiles in the runner's own thread: its worker pool and progress-bar monitor
+               # would otherwise be new Python threads that the thread guard must count as the candidate's.
+               TORCHINDUCTOR_COMPILE_THREADS="1")
     env.update(extra or {})
     return env
 
