@@ -26,9 +26,6 @@ FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis", "exemplars"], [
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/
 
-#: Imports that still run up, to be removed (the evaluator attaches baselines and records hack cases itself
-#: when given a store); the test fails on any other, and on one of these once it is gone.
-DEBTS = {("eval", "baselines"), ("eval", "judge")}
 
 
 def _modules() -> dict[str, Path]:
@@ -91,9 +88,7 @@ def test_imports_run_down_the_floors():
                 continue
             if _floor(target) >= _floor(module):
                 upward.add((src[0], dst[0], module, target))
-    found = {(a, b) for a, b, _, _ in upward}
-    assert found <= DEBTS, sorted(u for u in upward if (u[0], u[1]) not in DEBTS)
-    assert found == DEBTS, f"paid off, remove from DEBTS: {sorted(DEBTS - found)}"
+    assert not upward, sorted(upward)
 
 
 def test_no_modules_import_each_other_in_a_circle():
@@ -125,6 +120,4 @@ def test_no_modules_import_each_other_in_a_circle():
     for module in list(graph):
         if module not in index:
             visit(module)
-    # The one circle left comes from the upward debts above (pipeline -> baselines -> runner -> pipeline).
-    assert circles in ([], [["cudal1.baselines", "cudal1.baselines.runner", "cudal1.eval.pipeline",
-                             "cudal1.eval.scheduler"]]), circles
+    assert circles == [], circles

@@ -135,3 +135,24 @@ def test_record_confirmed_grows_the_database_only_from_hack_verdicts(tmp_path):
     assert case.explanation.startswith("result_caching: outputs memoized")
     assert db.record_confirmed(_hack("result_caching: again", flag), CACHING) is None  # known already
     assert db.count() == 1
+
+
+def test_the_judge_takes_confirmed_cases_from_the_stored_verdicts(tmp_path):
+    """The evaluator only records verdicts: a HACK_DETECTED row, whoever stored it, becomes a case when the
+    database is next opened, once; other verdicts never do."""
+    from types import SimpleNamespace
+
+    path = tmp_path / "r.sqlite"
+    store = ResultsStore(path)
+    task = SimpleNamespace(id="t/relu", source="REF = 1\n", level=1, origin="test", hash="h-ref")
+    flag = Flag("result_caching", Severity.ERROR, "outputs memoized in self._cache", line=12)
+    store.record_evaluation(task, CACHING, _hack("result_caching: memoized", flag), key="k1")
+    store.record_evaluation(task, CACHING.replace("relu", "tanh"), EvalResult(status=Status.CORRECT, speedup=1.1,
+                                                                              task_id="t/relu"), key="k2")
+    db = HackCaseDB(path)
+    cases = db.list()
+    assert [(c.rule, c.origin, c.task_id) for c in cases] == [("result_caching", "confirmed:static", "t/relu")]
+    assert db.take_confirmed() == 0 and HackCaseDB(path).count() == 1  # each row is looked at once
+    other = CACHING.replace("_cache", "_memo")
+    store.record_evaluation(task, other, _hack("result_caching: again", flag), key="k3")
+    assert HackCaseDB(path).count() == 2

@@ -253,3 +253,20 @@ def test_store_file_is_plain_sqlite(store, sample_result):
     with sqlite3.connect(store.path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0] == 1
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_record_evaluation_stores_the_task_the_candidate_and_the_verdict_together(tmp_path):
+    from types import SimpleNamespace
+
+    store = ResultsStore(tmp_path / "r.sqlite")
+    task = SimpleNamespace(id="t/add", source="REF\n", level=2, origin="builtin", hash=source_hash("REF\n"))
+    result = EvalResult(status=Status.CORRECT, speedup=1.5, task_id="someone-else", cached=True)
+    row_id = store.record_evaluation(task, "CAND\n", result, key="k", label="run")
+    (rec,) = store.query_evaluations(label="run")
+    assert rec["id"] == row_id and rec["task_id"] == "t/add" and rec["candidate_hash"] == source_hash("CAND\n")
+    assert store.get_candidate(rec["candidate_hash"])["source"] == "CAND\n"
+    assert store.get_task("t/add", source_hash=rec["task_hash"])["level"] == 2
+    assert store.get_evaluation("k").speedup == 1.5
+    store.record_evaluation(task, "CAND\n", result, key="k")  # same task and candidate: one row of each
+    assert store.task_versions("t/add") == [task.hash] and len(store.query_evaluations(key="k")) == 2
+    assert [r["id"] for r in store.query_evaluations(key="k", after_id=row_id)] == [row_id + 1]

@@ -116,16 +116,8 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
                             duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
     log_phases(result)
     if store is not None and result.status.is_verdict:
-        from cudal1.baselines import attach_baselines
-
-        result = attach_baselines(result, task, store)
-        store.put_task(task.id, task.source, level=task.level, origin=task.origin)
-        store.put_candidate(source, task_id=task.id)
-        store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)
-        if result.status is Status.HACK_DETECTED:
-            from cudal1.judge.cases import HackCaseDB
-
-            HackCaseDB(store.path).record_confirmed(result, source, reference_source=task.source)
+        # The verdict only: baselines are attached where rows are read, hack cases taken by the judge.
+        store.record_evaluation(task, source, result, key=key, label=label, run_id=run_id)
     return result
 
 

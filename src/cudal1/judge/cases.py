@@ -5,7 +5,8 @@ candidate source that cheats, the rule it breaks (a static rule name such as `re
 guard such as `guard.stream_escape`, or a judge's rule), a short explanation, and its origin: "seed"
 (the exploit corpus), "confirmed:static" / "confirmed:runtime" (an evaluation ended HACK_DETECTED), or
 "confirmed:judge" (the LLM judge said it cheats). The database grows from confirmed detections
-(`record_confirmed`) and serves as context for the judge (`cudal1.judge.retrieval`).
+(`take_confirmed`: every HACK_DETECTED evaluation the results store gained since the last look, whoever
+stored it) and serves as context for the judge (`cudal1.judge.retrieval`).
 
 Cases are deduplicated by the hash of the normalised source (comments, docstrings and formatting removed;
 `cudal1.exemplars.db.normalized_hash`): a second copy of a known case is not added. The static rules
@@ -32,6 +33,7 @@ from typing import Any
 
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.exemplars.db import normalized_hash
+from cudal1.store import ResultsStore
 from cudal1.store.connection import open_connection, resolve_store_path, write_transaction
 
 __all__ = ["HackCase", "HackCaseDB", "confirmed_rule", "fixture_explanation", "static_rules_of"]
@@ -51,6 +53,8 @@ _SCHEMA = (
         created_at REAL NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS hack_cases_rule ON hack_cases(rule)",
+    # The last `evaluations` row id `take_confirmed` has looked at.
+    "CREATE TABLE IF NOT EXISTS hack_cases_seen(one INTEGER PRIMARY KEY CHECK (one = 1), evaluation_id INTEGER)",
 )
 
 _COLUMNS = "id, source, source_hash, rule, explanation, origin, static_rules, task_id, created_at"
@@ -135,6 +139,30 @@ class HackCaseDB:
         with self._connect() as conn, write_transaction(conn):
             for statement in _SCHEMA:
                 conn.execute(statement)
+        self.take_confirmed()
+
+    def take_confirmed(self) -> int:
+        """Add the candidates of the HACK_DETECTED evaluations stored since the last call as confirmed cases
+        (the evaluator records verdicts only; this is where they become cases); how many were new."""
+        store = ResultsStore(self.path)
+        try:
+            with self._connect() as conn:
+                row = conn.execute("SELECT evaluation_id FROM hack_cases_seen").fetchone()
+            rows = store.query_evaluations(status=Status.HACK_DETECTED, after_id=row[0] if row else None)
+            added = 0
+            for rec in rows:
+                candidate = store.get_candidate(rec["candidate_hash"])
+                task = store.get_task(rec["task_id"], source_hash=rec["task_hash"])
+                if candidate is not None and candidate["source"].strip():
+                    added += self.record_confirmed(EvalResult.from_dict(rec["result"]), candidate["source"],
+                                                   reference_source=task["source"] if task else None) is not None
+            if rows:
+                with self._connect() as conn, write_transaction(conn):
+                    conn.execute("INSERT OR REPLACE INTO hack_cases_seen(one, evaluation_id) VALUES (1, ?)",
+                                 (max(rec["id"] for rec in rows),))
+        finally:
+            store.close()
+        return added
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

@@ -125,14 +125,6 @@ def store_lookup(store: Any, task: Task, source: str, config: EvalConfig, device
                         limits=config.limits())
 
 
-def store_record(store: Any, task: Task, source: str, result: EvalResult, key: str, *, label: str = "",
-                 run_id: str | None = None) -> None:
-    """Write one result (with its task and candidate) to the store; the driver side's only write path."""
-    store.put_task(task.id, task.source, level=task.level, origin=task.origin)
-    store.put_candidate(source, task_id=task.id)
-    store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)
-
-
 def complete_result(result: EvalResult, task: Task, source: str, config: EvalConfig, device: str,
                     environment: dict[str, Any]) -> EvalResult:
     """Fill task id, candidate hash, protocol and environment the way `evaluate_candidate` does."""
@@ -470,7 +462,7 @@ class LocalPool:
         cfg = job.config.resolved(device)
         result = complete_result(self._evaluate(job.task, job.source, cfg), job.task, job.source, cfg, device, env)
         if self.store is not None and key is not None:
-            store_record(self.store, job.task, job.source, result, key, label=job.label, run_id=job.run_id)
+            self.store.record_evaluation(job.task, job.source, result, key=key, label=job.label, run_id=job.run_id)
         return result
 
     def close(self) -> None:

@@ -51,7 +51,6 @@ from cudal1.service.pool import (
     failure_result,
     refused_at_submit,
     store_lookup,
-    store_record,
 )
 from cudal1.tasks.task import Task
 
@@ -469,7 +468,8 @@ class RayPool:
         device = info.get("device", self.pool_config.device)
         result = complete_result(result, job.task, job.source, job.config, device, info.get("environment", {}))
         if self.store is not None and entry.key is not None:
-            store_record(self.store, job.task, job.source, result, entry.key, label=job.label, run_id=job.run_id)
+            self.store.record_evaluation(job.task, job.source, result, key=entry.key, label=job.label,
+                                              run_id=job.run_id)
         job.future.set_result(result)
 
     def _on_actor_death(self, slot: _Slot, entry: _InFlight, exc: BaseException) -> None:

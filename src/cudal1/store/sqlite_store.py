@@ -50,12 +50,29 @@ EVALUATION_COLUMNS: tuple[str, ...] = (
 )
 
 
+_INSERT_TASK = ("INSERT OR IGNORE INTO tasks (task_id, source_hash, source, level, origin, meta_json, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)")
+_INSERT_CANDIDATE = ("INSERT OR IGNORE INTO candidates (candidate_hash, source, task_id, origin, meta_json, "
+                     "created_at) VALUES (?, ?, ?, ?, ?, ?)")
+_INSERT_EVALUATION = ("INSERT INTO evaluations (key, task_id, task_hash, candidate_hash, status, speedup, speedup_warm, "
+                      "ref_ms, candidate_ms, stability, kernel_class, gpu_name, protocol_version, label, run_id, "
+                      "created_at, result_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
 def _protocol_version(result: EvalResult) -> str | None:
     for name in ("protocol_version", "version"):
         value = result.protocol.get(name)
         if value is not None:
             return str(value)
     return None
+
+
+def _evaluation_row(result: EvalResult, data: dict[str, Any], *, task_hash: str, key: str, label: str,
+                    run_id: str | None, version: Any, created_at: str) -> tuple[Any, ...]:
+    """The values of one `evaluations` row, in the column order of the INSERTs above."""
+    return (key, result.task_id, task_hash, result.candidate_hash, result.status.value, result.speedup,
+            data["speedup_warm"], result.ref_ms, result.candidate_ms, result.stability, data["kernel_class"],
+            _gpu_name(result), version, label, run_id, created_at, keys.to_json(data))
 
 
 def _gpu_name(result: EvalResult) -> str | None:
@@ -164,10 +181,7 @@ class ResultsStore:
         source for the same task_id is stored as a new version next to the old one.
         """
         digest = keys.source_hash(source)
-        self._write(
-            "INSERT OR IGNORE INTO tasks (task_id, source_hash, source, level, origin, meta_json, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (task_id, digest, source, level, origin, keys.to_json(meta or {}), utc_now_iso()))
+        self._write(_INSERT_TASK, (task_id, digest, source, level, origin, keys.to_json(meta or {}), utc_now_iso()))
         return digest
 
     def get_task(self, task_id: str, source_hash: str | None = None) -> dict[str, Any] | None:
@@ -194,10 +208,7 @@ class ResultsStore:
                       meta: dict[str, Any] | None = None) -> str:
         """Store a candidate source; return its sha256. Idempotent: the first write's fields are kept."""
         digest = keys.source_hash(source)
-        self._write(
-            "INSERT OR IGNORE INTO candidates (candidate_hash, source, task_id, origin, meta_json, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (digest, source, task_id, origin, keys.to_json(meta or {}), utc_now_iso()))
+        self._write(_INSERT_CANDIDATE, (digest, source, task_id, origin, keys.to_json(meta or {}), utc_now_iso()))
         return digest
 
     def get_candidate(self, candidate_hash: str) -> dict[str, Any] | None:
@@ -221,16 +232,30 @@ class ResultsStore:
         `protocol["protocol_version"]`, else `protocol["version"]`).
         """
         stored = result.replace(cached=False) if result.cached else result
-        data = stored.to_dict()
         version = protocol_version if protocol_version is not None else _protocol_version(result)
-        row = (key, result.task_id, task_hash, result.candidate_hash, result.status.value, result.speedup,
-               data["speedup_warm"], result.ref_ms, result.candidate_ms, result.stability,
-               data["kernel_class"], _gpu_name(result), version, label, run_id, utc_now_iso(),
-               keys.to_json(data))
-        cursor = self._write(
-            "INSERT INTO evaluations (key, task_id, task_hash, candidate_hash, status, speedup, speedup_warm, "
-            "ref_ms, candidate_ms, stability, kernel_class, gpu_name, protocol_version, label, run_id, "
-            "created_at, result_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        row = _evaluation_row(result, stored.to_dict(), task_hash=task_hash, key=key, label=label, run_id=run_id,
+                              version=version, created_at=utc_now_iso())
+        cursor = self._write(_INSERT_EVALUATION, row)
+        return int(cursor.lastrowid)
+
+    def record_evaluation(self, task: Any, source: str, result: EvalResult, *, key: str, label: str = "",
+                          run_id: str | None = None, candidate_origin: str = "") -> int:
+        """Store a verdict with the task and candidate it is about, in one transaction (never a row whose
+        candidate or reference is missing); returns the evaluation's row id. `task` is anything with `id`,
+        `source`, `hash`, `level` and `origin` (a `cudal1.tasks.Task`); the row names them whatever the
+        result says."""
+        result = result.replace(cached=False, task_id=task.id, candidate_hash=keys.source_hash(source))
+        data = result.to_dict()
+        now = utc_now_iso()
+        conn = self._conn()
+        with write_transaction(conn):
+            conn.execute(_INSERT_TASK, (task.id, keys.source_hash(task.source), task.source, task.level,
+                                        task.origin, "{}", now))
+            conn.execute(_INSERT_CANDIDATE, (keys.source_hash(source), source, task.id, candidate_origin, "{}", now))
+            cursor = conn.execute(
+                _INSERT_EVALUATION,
+                _evaluation_row(result, data, task_hash=task.hash, key=key, label=label, run_id=run_id,
+                                version=_protocol_version(result), created_at=now))
         return int(cursor.lastrowid)
 
     def get_evaluation(self, key: str) -> EvalResult | None:
@@ -260,12 +285,13 @@ class ResultsStore:
     def query_evaluations(self, *, task_id: str | None = None, status: Status | str | None = None,
                           label: str | None = None, run_id: str | None = None, gpu_name: str | None = None,
                           candidate_hash: str | None = None, key: str | None = None,
-                          latest_per_task_candidate: bool = False) -> list[dict[str, Any]]:
+                          latest_per_task_candidate: bool = False, after_id: int | None = None) -> list[dict[str, Any]]:
         """Return matching evaluations, oldest first, as dicts of the indexed columns plus `result`.
 
         `result` is the decoded `EvalResult.to_dict()`. With `latest_per_task_candidate`, only the newest
         row per (task_id, candidate_hash) among the rows matching the other filters is kept, and *then*
-        `status` is applied: a forced re-evaluation that failed hides an older success.
+        `status` is applied: a forced re-evaluation that failed hides an older success. `after_id` keeps rows
+        stored after the one with that id (a reader catching up).
         """
         where: list[str] = []
         params: list[Any] = []
@@ -281,6 +307,9 @@ class ResultsStore:
         if status is not None:
             cond += " AND status = ?"
             params.append(Status(status).value)
+        if after_id is not None:
+            cond += " AND id > ?"
+            params.append(int(after_id))
         columns = ", ".join(EVALUATION_COLUMNS)
         rows = self._read(f"SELECT {columns}, result_json FROM evaluations WHERE {cond} ORDER BY id",
                           tuple(params))
