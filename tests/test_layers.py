@@ -5,7 +5,7 @@ Floors, lowest first (a package may import only packages on lower floors):
 
     core                                              the verdict's vocabulary, errors, the machine
     raw_cuda store metrics analysis exemplars         leaf services over core
-    tasks llm report                                  the task model, LLM access, rendering
+    tasks llm report policy                           the task model, LLM access, rendering, verdict policies
     eval                                              the evaluator
     baselines judge service                           built on the evaluator
     audit loops integrations                          whole jobs
@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis", "exemplars"], ["tasks", "llm", "report"],
+FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis", "exemplars"], ["tasks", "llm", "report", "policy"],
           ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["cli"]]
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/

@@ -32,6 +32,9 @@ def eval_command(
     sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
     force: bool = common.ForceOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     sandbox: str = common.SandboxOpt,
+    policy: str = typer.Option("cuda-l1", "--policy", help="Verdict policy on top of the evaluator's verdict: "
+                               "cuda-l1, kernelbench, kernelgym, cuda-agent, kernelbench-hard, sol-execbench, "
+                               "or a YAML/JSON file."),
     round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
@@ -41,8 +44,7 @@ def eval_command(
 ) -> None:
     """Evaluate candidates: verdict, speedup vs eager (cold and warm L2), stability, flags."""
     cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
-                             sandbox=sandbox,
-                             timeout_s=timeout_s)
+                             sandbox=sandbox, timeout_s=timeout_s, policy=policy)
     pairs = _collect(candidate, ref, task, source, release, candidates_dir)
     if level:
         pairs = [(t, s) for t, s in pairs if t.level in level]

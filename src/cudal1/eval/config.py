@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core.errors import ConfigError
+from cudal1.policy import resolve_policy
 
 PROTOCOL_VERSION = "5"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
@@ -110,6 +111,9 @@ class EvalConfig:
                                           "through NVML where installed).")
     cpu_threads: int | None = _f(None, "CPU threads of both models (torch intra-op). None: half the usable "
                                        "cores, 1 to 4.")
+    policy: str = _f("cuda-l1", "Verdict policy, applied on top of the evaluator's verdict: cuda-l1 (adds "
+                                "nothing), kernelbench, kernelgym, cuda-agent, kernelbench-hard, sol-execbench, "
+                                "or a YAML/JSON file (cudal1.policy.presets).")
     sandbox: str = _f("auto", "auto: the best OS sandbox this host allows (strict refuses to run untrusted "
                               "candidates without one); required: refuse without one; none: run unsandboxed "
                               "(opt-out, recorded).")
@@ -155,6 +159,7 @@ class EvalConfig:
         for name in ("phase_floor_s", "phase_factor"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")
+        resolve_policy(self.policy)  # a clear error for an unknown name or a bad file
 
     @property
     def profile_obj(self) -> Profile:
@@ -185,6 +190,9 @@ class EvalConfig:
         out["exact_fp32"] = self.uses_exact_fp32
         out["extra_trials"] = self.extra_trial_count
         out["version"] = PROTOCOL_VERSION
+        policy = resolve_policy(self.policy)
+        if not policy.is_identity:  # a verdict under another harness's rules is another result
+            out["policy"] = {k: v for k, v in policy.to_dict().items() if k != "notes"}
         return out
 
     def limits(self) -> dict[str, float]:

@@ -21,6 +21,7 @@ from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candi
 from cudal1.eval.processes import RunnerSupply
 from cudal1.eval.profiling import reclassify
 from cudal1.eval.static_checks import static_rejection, static_report
+from cudal1.policy import apply_policy
 from cudal1.tasks.task import Task, source_hash, text_problem
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
         if hit is not None:
             return hit
     result = _evaluate_uncached(task, source, cfg, workers, [str(store.path)] if store is not None else [])
+    result = apply_policy(result, source, cfg.policy, task_source=task.source)
     protocol["sizes_applied"] = sizes_applied(task, cfg.sizes)
     result = result.replace(protocol={**protocol, **cfg.limits(), **result.protocol},
                             environment={**env, **result.environment},

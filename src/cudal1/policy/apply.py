@@ -1,0 +1,159 @@
+"""Deciding a policy (`presets.Policy`) from an evaluation's evidence.
+
+Only a `correct` verdict can be turned down; every other verdict stands. The evidence:
+- the kernel class and the static rules' flags the evaluator recorded (`exception_fallback`);
+- the profiled run's flags (GPU): `guard.decoy_kernel` and `guard.kernels_not_run` (the candidate's kernels
+  did not compute the output), `guard.low_custom_share` (they carried little of the forward's device time);
+- the candidate's forward path read from its syntax tree (`analysis.context`): torch calls and the ops the
+  compiled C++/CUDA strings call through `torch::`/`at::`, compile calls reachable from `forward`.
+Each violation is a `policy.*` flag; the verdict becomes `hack_detected` with the policy's name, and the
+result records the policy (and the reward it gives a violation) in its protocol.
+
+Limits: the static op check sees calls written as `torch.x(...)`, `F.x(...)` (aliases resolved) and, for
+forbidden ops, methods by name (`t.softmax(...)`); ops reached through computed names are not seen, which
+the profiled run's own-kernel share covers on a GPU (CUDA Agent's rule) and not on the CPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from cudal1.analysis.context import AnalysisContext, build_context, call_name
+from cudal1.core.types import EvalResult, Flag, KernelClass, Severity, Status
+from cudal1.policy.presets import Policy, resolve_policy
+
+#: torch calls that allocate or describe tensors, or manage devices and streams, not compute: CUDA Agent
+#: allows them around its own kernels.
+ALLOWED_TORCH_CALLS = frozenset({
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+    "tensor", "as_tensor", "from_numpy", "arange", "device", "dtype", "Size", "is_tensor", "no_grad",
+    "inference_mode", "manual_seed", "get_default_dtype", "finfo", "iinfo", "broadcast_shapes",
+    "set_grad_enabled",
+})
+ALLOWED_TORCH_PREFIXES = ("torch.cuda.", "torch.utils.", "torch.nn.Parameter", "torch.nn.Module",
+                          "torch.nn.init.", "torch.Tensor", "torch.jit.", "torch.library.")
+ALLOWED_CPP_OPS = frozenset({"empty", "empty_like", "zeros", "zeros_like", "ones", "full", "empty_strided",
+                             "TensorOptions", "kCUDA", "kFloat", "kHalf", "kBFloat16", "kInt", "kLong",
+                             "Tensor", "ScalarType", "Device", "IntArrayRef"})
+_CPP_OP = re.compile(r"\b(?:torch|at)::(?:native::)?([A-Za-z_]\w*)\s*\(")
+DECOY_RULES = ("guard.decoy_kernel", "guard.kernels_not_run")
+OWN_KERNEL_CLASSES = (KernelClass.CUSTOM_CUDA,)
+
+
+def apply_policy(result: EvalResult, source: str, policy: str | Policy | None = None, *,
+                 task_source: str | None = None) -> EvalResult:
+    """`result` judged under `policy` (a preset name, a file or a Policy): a correct verdict with violations
+    becomes `hack_detected`; the result records `policy` (and `policy_violation_reward`) in its protocol."""
+    rules = resolve_policy(policy)
+    protocol = {**result.protocol, "policy": rules.name}
+    if rules.violation_reward is not None:
+        protocol["policy_violation_reward"] = rules.violation_reward
+    if result.status is not Status.CORRECT or rules.is_identity:
+        return result.replace(protocol=protocol)
+    found = violations(result, source, rules, task_source=task_source)
+    if not found:
+        return result.replace(protocol=protocol)
+    message = f"policy {rules.name}: " + "; ".join(f.message for f in found[:3])
+    return result.replace(status=Status.HACK_DETECTED, message=message, flags=[*result.flags, *found],
+                          speedup=None, timing=None, protocol=protocol)
+
+
+def violations(result: EvalResult, source: str, rules: Policy, *, task_source: str | None = None) -> list[Flag]:
+    """Every rule of `rules` the evaluation's evidence breaks, as `policy.*` flags (ERROR)."""
+    out: list[Flag] = []
+    rule_names = {f.rule for f in result.flags}
+
+    def add(rule: str, message: str, line: int | None = None) -> None:
+        out.append(Flag(f"policy.{rule}", Severity.ERROR, message, line=line, source="policy"))
+
+    if rules.own_kernel and result.kernel_class not in OWN_KERNEL_CLASSES:
+        kind = result.kernel_class.value if result.kernel_class else "unknown"
+        add("own_kernel", f"the output is not computed by the candidate's own CUDA kernel (kernel class {kind})")
+    if rules.reject_decoys:
+        decoy = next((f for f in result.flags if f.rule in DECOY_RULES), None)
+        if decoy is not None:
+            add("decoy_kernel", f"a decoy kernel: {decoy.message}")
+    if rules.reject_fallbacks and "exception_fallback" in rule_names:
+        line = next(f.line for f in result.flags if f.rule == "exception_fallback")
+        add("fallback", "a try/except fallback to PyTorch on the forward path", line)
+    try:
+        ctx = build_context(source)
+    except SyntaxError:
+        return out
+    if rules.no_torch_ops:
+        for name, line in torch_compute_calls(ctx)[:1]:
+            add("torch_op", f"calls {name} on the forward path", line)
+        if "guard.low_custom_share" in rule_names:
+            add("torch_op", "its own kernels carried little of the forward's device time (profiled run)")
+    forbidden = task_forbidden_ops(task_source) or rules.forbidden_ops
+    for name, line in forbidden_calls(ctx, forbidden)[:1]:
+        add("forbidden_op", f"uses {name}, which this task forbids", line)
+    if rules.no_build_in_forward:
+        for ext in ctx.extensions:
+            if ext.node is not None and ctx.in_reachable(ext.node):
+                add("build_in_forward", f"compiles an extension ({ext.origin}) inside forward", ext.line)
+                break
+    return out
+
+
+def torch_compute_calls(ctx: AnalysisContext) -> list[tuple[str, int]]:
+    """(name, line) of torch compute calls on the forward path: Python calls and `torch::`/`at::` calls in
+    the compiled strings; allocation, shape and device helpers excepted."""
+    found = []
+    for node in _forward_calls(ctx):
+        name = call_name(node, ctx.imports) or ""
+        if name.startswith("torch.") and not _allowed_torch(name):
+            found.append((name, node.lineno))
+    for string in ctx.cuda_strings:
+        for i, text in enumerate(string.text.splitlines(), start=1):
+            for op in _CPP_OP.findall(text):
+                if op not in ALLOWED_CPP_OPS:
+                    found.append((f"torch::{op} (C++)", string.py_line_of(i)))
+    return found
+
+
+def forbidden_calls(ctx: AnalysisContext, ops: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(op, line) for each use of a forbidden op on the forward path: the qualified call, a method of that
+    name (`t.softmax(...)`), or a `torch::`/`at::` call of it in the compiled strings."""
+    if not ops:
+        return []
+    short = {op.rsplit(".", 1)[-1]: op for op in ops}
+    found = []
+    for node in _forward_calls(ctx):
+        name = call_name(node, ctx.imports) or ""
+        if name in ops:
+            found.append((name, node.lineno))
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in short and not name.startswith("torch."):
+            found.append((short[node.func.attr], node.lineno))
+    for string in ctx.cuda_strings:
+        for i, text in enumerate(string.text.splitlines(), start=1):
+            found += [(short[op], string.py_line_of(i)) for op in _CPP_OP.findall(text) if op in short]
+    return found
+
+
+def task_forbidden_ops(task_source: str | None) -> tuple[str, ...]:
+    """The task's own `FORBIDDEN_OPS = [...]` (a literal list of qualified names), if it has one."""
+    if not task_source:
+        return ()
+    try:
+        tree = ast.parse(task_source)
+    except SyntaxError:
+        return ()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "FORBIDDEN_OPS"
+                                                for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return ()
+            return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
+    return ()
+
+
+def _forward_calls(ctx: AnalysisContext) -> list[ast.Call]:
+    return [node for fn in ctx.reachable for node in ast.walk(fn) if isinstance(node, ast.Call)]
+
+
+def _allowed_torch(name: str) -> bool:
+    return name.removeprefix("torch.") in ALLOWED_TORCH_CALLS or name.startswith(ALLOWED_TORCH_PREFIXES)
