@@ -52,6 +52,12 @@ def test_failure_rewards_and_reference_column():
         reward([completion(1)], other=["x"])
 
 
+def test_a_non_finite_speedup_is_no_reward():
+    speedups = iter([float("inf"), float("nan"), 2.0])
+    reward = make_trl_reward(lambda task_id, source: EvalResult(status=Status.CORRECT, speedup=next(speedups)))
+    assert reward([completion(1)] * 3, task_id=["a", "b", "c"]) == [0.0, 0.0, 2.0]
+
+
 def test_unknown_task_id_raises_for_a_pool():
     with LocalPool(EvalConfig(device="cpu"), evaluate_fn=scripted) as pool:
         reward = make_trl_reward(pool)

@@ -38,6 +38,14 @@ def test_compute_score_batch_scores_in_one_request():
     assert bodies[0]["items"][1]["reference_source"] == "REF"
 
 
+def test_a_non_finite_speedup_scores_zero():
+    class Client:
+        def evaluate_many(self, items):
+            return [EvalResult(status=Status.CORRECT, speedup=s) for s in (float("inf"), float("nan"), 1.5)]
+
+    assert verl.compute_score_batch(["cudal1"] * 3, [GOOD] * 3, ["a", "b", "c"], client=Client()) == [0.0, 0.0, 1.5]
+
+
 def test_compute_score_uses_the_environment(monkeypatch):
     bodies: list = []
     monkeypatch.setattr(verl, "_client", _client({"builtin/level1/row_mean": Status.CORRECT}, bodies))

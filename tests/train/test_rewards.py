@@ -1,33 +1,14 @@
-"""The GRPO reward: raw reward per verdict, smoothing, exemplar DB, judge, and the real evaluator."""
+"""The GRPO reward: exemplar DB, judge, metrics and the real evaluator (verdict -> reward and smoothing:
+tests/core/test_rewards.py)."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
 from cudal1.core.types import EvalResult, Status
 from cudal1.exemplars import ExemplarDB
-from cudal1.train.rewards import KernelReward, RewardConfig, raw_reward, smooth_rewards
+from cudal1.train.rewards import KernelReward, RewardConfig
 from tests.train.helpers import correct_code, wrong_code
-
-
-def test_raw_reward_is_speedup_or_the_failure_value():
-    fail = {"incorrect": -0.5}
-    assert raw_reward(EvalResult(status=Status.CORRECT, speedup=2.5), fail) == 2.5
-    assert raw_reward(EvalResult(status=Status.INCORRECT), fail) == -0.5
-    assert raw_reward(EvalResult(status=Status.TIMEOUT), fail) == 0.0
-
-
-def test_smoothing_normalizes_then_clips():
-    out = smooth_rewards([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 100.0], clip_k=1.5)
-    assert out[-1] == 1.5 and all(math.isclose(v, out[0]) for v in out[:-1]) and out[0] < 0
-    assert smooth_rewards([2.0, 2.0, 2.0]) == [0.0, 0.0, 0.0]
-    z = smooth_rewards([1.0, 3.0], clip_k=10)
-    assert z == pytest.approx([-1.0, 1.0], abs=1e-5)
-    assert smooth_rewards([5.0, -5.0], normalize=False, clip_k=1.5) == [1.5, -1.5]
-    grouped = smooth_rewards([1.0, 3.0, 10.0, 10.0], group_size=2, clip_k=10)
-    assert grouped == pytest.approx([-1.0, 1.0, 0.0, 0.0], abs=1e-5)
 
 
 def _completion(code: str) -> list[dict]:

@@ -14,6 +14,7 @@ import math
 import torch
 
 from cudal1.exemplars import ExemplarDB
+from cudal1.llm.extract import Extraction
 from cudal1.train import rewards as rewards_module
 from cudal1.train.config import RLStageConfig, load_config
 from cudal1.train.models import load_policy
@@ -53,8 +54,8 @@ def test_grpo_with_real_generation_and_the_real_evaluator(tmp_path, tiny_tasks, 
     turn = itertools.count()
     # A random policy writes no code; map its completions to a known correct / wrong candidate in turn, so
     # that the real evaluator judges real candidates inside the GRPO loop.
-    monkeypatch.setattr(rewards_module, "extract_code",
-                        lambda text: correct_code(task) if next(turn) % 2 == 0 else wrong_code(task))
+    monkeypatch.setattr(rewards_module, "extract_completion",
+                        lambda text: Extraction(correct_code(task) if next(turn) % 2 == 0 else wrong_code(task)))
     db = ExemplarDB(tmp_path / "ex.sqlite")
     cfg = load_config(RLStageConfig, None, common_overrides(
         tmp_path, num_generations=2, per_device_train_batch_size=2, max_steps=2, max_completion_length=8,

@@ -1,8 +1,6 @@
-"""What the TRL and verl adapters share: completion text, code extraction, and verdict -> reward.
+"""What the TRL and verl adapters share: a completion's text and the verdict of one without code.
 
-Reward convention (CUDA-L1, design section 5): the speedup over eager for a CORRECT candidate, 0.0 for
-every failure. `failure_rewards` overrides it per status (e.g. -1.0 for HACK_DETECTED); a value of None
-tells TRL to ignore that sample for this reward function.
+Code extraction is `cudal1.llm.extract.extract_completion`; verdict -> reward is `cudal1.core.rewards.reward_of`.
 """
 
 from __future__ import annotations
@@ -11,8 +9,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from cudal1.core.types import EvalResult, Status
-
-DEFAULT_FAILURE_REWARD = 0.0
 
 
 def completion_text(completion: Any) -> str:
@@ -26,22 +22,6 @@ def completion_text(completion: Any) -> str:
         assistant = [m for m in turns if m.get("role") == "assistant"] or turns
         return "\n".join(str(m.get("content") or "") for m in assistant)
     return str(completion)
-
-
-def extract_code(text: str) -> tuple[str | None, str | None]:
-    """(candidate source, None) or (None, why) from a completion's text (`cudal1.llm.extract`)."""
-    from cudal1.llm.extract import extract_completion
-
-    extraction = extract_completion(text)
-    return extraction.code, extraction.error
-
-
-def reward_of(result: EvalResult, failure_rewards: Mapping[Status, float | None] | None = None) -> float | None:
-    """Speedup for CORRECT; the configured value (default 0.0) for a failure."""
-    if result.status is Status.CORRECT and result.speedup is not None:
-        return float(result.speedup)
-    table = failure_rewards or {}
-    return table.get(result.status, DEFAULT_FAILURE_REWARD)
 
 
 def unparseable(task_id: str, why: str | None) -> EvalResult:

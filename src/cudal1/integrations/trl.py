@@ -9,8 +9,10 @@
 TRL calls `reward(completions, **kwargs)` with the batch's completions (strings, or lists of chat messages
 for conversational datasets) and every dataset column as a list in `kwargs`. For each completion the code
 is extracted (`cudal1.llm.extract`), evaluated for the row's task (all rows of the batch in parallel),
-and scored: speedup for CORRECT, `failure_rewards[status]` otherwise (default 0.0, the paper's "0 for
-failures"; UNPARSEABLE completions are never evaluated). TRL logs the function by its `__name__`.
+and scored (`cudal1.core.rewards.reward_of`): speedup for CORRECT with a finite positive speedup,
+`failure_rewards[status]` otherwise (default 0.0, the paper's "0 for failures"; keys are `Status` or its
+string value; a None value makes TRL ignore the sample; UNPARSEABLE completions are never evaluated).
+TRL logs the function by its `__name__`.
 
 Tasks: a pool needs `Task` objects, resolved from the task id through `sources` (indexed once), or built
 from a `reference_column` holding the reference module; a `RewardClient` sends the ids (and references)
@@ -20,12 +22,14 @@ to the server, which resolves them itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudal1.core.errors import SourceError
-from cudal1.core.types import EvalResult, Status
-from cudal1.integrations.common import completion_text, extract_code, reward_of, unparseable
+from cudal1.core.rewards import FailureRewards, reward_of
+from cudal1.core.types import EvalResult
+from cudal1.integrations.common import completion_text, unparseable
+from cudal1.llm.extract import Extraction, extract_completion
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -74,7 +78,7 @@ def _evaluate_all(evaluator: Any, items: list[tuple[str, str, str | None]], reso
 
 
 def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", reference_column: str | None = None,
-                    failure_rewards: Mapping[Status, float | None] | None = None, extract: bool = True,
+                    failure_rewards: FailureRewards | None = None, extract: bool = True,
                     sources: Sequence[str] = ("builtin",), config: Any = None, name: str = "cudal1_speedup",
                     on_result: Callable[[str, str, EvalResult], None] | None = None) -> RewardFn:
     """A TRL reward function `(completions, **kwargs) -> list[float | None]` (see the module docstring).
@@ -94,11 +98,11 @@ def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", referenc
         todo: list[tuple[int, tuple[str, str, str | None]]] = []
         for i, completion in enumerate(completions):
             text = completion_text(completion)
-            code, why = extract_code(text) if extract else (text or None, "the completion is empty")
-            if code is None:
-                verdicts[i] = unparseable(str(task_ids[i]), why)
+            extraction = extract_completion(text) if extract or not text else Extraction(code=text)
+            if extraction.code is None:
+                verdicts[i] = unparseable(str(task_ids[i]), extraction.error)
             else:
-                todo.append((i, (str(task_ids[i]), code, references[i] if references else None)))
+                todo.append((i, (str(task_ids[i]), extraction.code, references[i] if references else None)))
         for (i, item), result in zip(todo, _evaluate_all(evaluator, [it for _, it in todo], resolver, config),
                                      strict=True):
             verdicts[i] = result

@@ -10,9 +10,10 @@ Reward (in verl's config):
 The functions read the server's address and token from `CUDAL1_REWARD_URL` and `CUDAL1_SERVER_TOKEN` in
 the environment of verl's reward workers. Convention: `ground_truth` is the cudal1 task id (the server
 resolves it through its task sources); `extra_info["reference_source"]`, when present, carries the
-reference module for tasks the server does not know. The score is the speedup for CORRECT and 0.0 for
-any failure (unparseable completions are not sent). If the server cannot be reached after the client's
-retries, the call raises instead of returning 0: silent zero rewards would train the policy on nothing.
+reference module for tasks the server does not know. The score (`cudal1.core.rewards.reward_of`) is the
+speedup for CORRECT with a finite positive speedup and 0.0 otherwise (unparseable completions are not
+sent). If the server cannot be reached after the client's retries, the call raises instead of returning 0:
+silent zero rewards would train the policy on nothing.
 
 Data: `export_verl_parquet(rows, path)` writes the columns verl's RL dataset expects: `data_source`,
 `prompt` (chat messages), `ability`, `reward_model` ({"style": "rule", "ground_truth": task id}) and
@@ -32,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import MissingDependencyError
+from cudal1.core.rewards import reward_of
 from cudal1.core.types import EvalResult
-from cudal1.integrations.common import completion_text, extract_code, reward_of, unparseable
+from cudal1.integrations.common import completion_text, unparseable
+from cudal1.llm.extract import extract_completion
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +81,11 @@ def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str
     items: list[tuple[int, dict[str, Any]]] = []
     for i, (solution, truth, info) in enumerate(zip(solution_strs, ground_truths, infos, strict=True)):
         task_id, reference = _task_and_reference(truth, info)
-        code, why = extract_code(completion_text(solution))
-        if code is None:
-            verdicts[i] = unparseable(task_id, why)
+        extraction = extract_completion(completion_text(solution))
+        if extraction.code is None:
+            verdicts[i] = unparseable(task_id, extraction.error)
             continue
-        item = {"task_id": task_id, "source": code, "label": "verl"}
+        item = {"task_id": task_id, "source": extraction.code, "label": "verl"}
         if reference:
             item["reference_source"] = reference
         items.append((i, item))

@@ -25,7 +25,7 @@ def __getattr__(name: str):  # lazy: the stage modules pull in heavier imports
     lazy = {"run_sft": "cudal1.train.sft", "run_self_supervised": "cudal1.train.self_supervised",
             "run_rl": "cudal1.train.rl", "evaluate_policy": "cudal1.train.policy_eval",
             "PolicyEvalConfig": "cudal1.train.policy_eval", "KernelReward": "cudal1.train.rewards",
-            "RewardConfig": "cudal1.train.rewards", "smooth_rewards": "cudal1.train.rewards",
+            "RewardConfig": "cudal1.train.rewards", "smooth_rewards": "cudal1.core.rewards",
             "StageResult": "cudal1.train.common"}
     if name in lazy:
         import importlib

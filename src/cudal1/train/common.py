@@ -20,7 +20,6 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
-from cudal1.integrations.common import extract_code as extract_code_or_why
 from cudal1.tasks.task import Task
 from cudal1.train.config import CommonTrainConfig, write_resolved_config
 from cudal1.train.splits import load_or_make_split, select_tasks
@@ -229,11 +228,6 @@ def first_failure(results: Sequence[EvalResult]) -> str:
         return ""
     message = " ".join((failed.message or "").split())
     return f"{failed.status.value}: {message[:160]}"
-
-
-def extract_code(text: str) -> str | None:
-    """The candidate module in an LLM completion, or None (shared with the TRL/verl adapters)."""
-    return extract_code_or_why(text)[0]
 
 
 def fenced(code: str) -> str:

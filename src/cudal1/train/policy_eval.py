@@ -25,8 +25,9 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
+from cudal1.llm.extract import extract_completion
 from cudal1.tasks.task import Task
-from cudal1.train.common import Evaluator, evaluate_batch, extract_code
+from cudal1.train.common import Evaluator, evaluate_batch
 from cudal1.train.splits import SPLIT_NAMES, load_or_make_split, select_tasks
 
 logger = logging.getLogger(__name__)
@@ -210,8 +211,8 @@ def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None 
             return evaluate_candidate(task, source, cfg, store=store, label=f"policy:{config.checkpoint or config.llm}")
     prompts = [build_plain_prompt(t.source, form=config.form) for t in chosen]
     groups = backend.generate(prompts, n=config.samples)
-    items = [(task, extract_code(c.text) if c.ok else None) for task, group in zip(chosen, groups, strict=True)
-             for c in group]
+    items = [(task, extract_completion(c.text).code if c.ok else None)
+             for task, group in zip(chosen, groups, strict=True) for c in group]
     results = evaluate_batch(evaluator, items, workers)
     per_task: dict[str, list[Any]] = {}
     for (task, _), result in zip(items, results, strict=True):

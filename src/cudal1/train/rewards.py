@@ -1,10 +1,10 @@
 """The GRPO reward: the hardened evaluator's verdict -> raw reward -> reward smoothing, with side effects.
 
 Per completion: extract the `ModelNew` code; evaluate it (a batch runs in parallel, each candidate in its own
-isolated process); the raw reward is the speedup for a CORRECT candidate and `failure_rewards[status]`
-(default 0.0, the paper's) for any failure. Then reward smoothing (design section 5): normalize over the
-batch (or within each group of `num_generations`) by mean and standard deviation, and clip to [-k, k]
-(k = 1.5 by default). GRPO then forms the group-normalized advantage from these values.
+isolated process); the raw reward (`cudal1.core.rewards.reward_of`) is the speedup for a CORRECT candidate
+and `failure_rewards[status]` (default 0.0, the paper's) for any failure. Then reward smoothing
+(`cudal1.core.rewards.smooth_rewards`, design section 5): normalize over the batch (or within each group of
+`num_generations`) by mean and standard deviation, and clip to [-k, k] (k = 1.5 by default). GRPO then forms the group-normalized advantage from these values.
 
 Side effects, by design:
 - every CORRECT candidate enters the exemplar database with its speedup as score (the contrastive prompts
@@ -16,7 +16,7 @@ Side effects, by design:
   success rate and judge vetoes go through TRL's `log_metric` hook when present, and into `self.history`.
 
 This module is the trainer-side reward used by `cudal1 train rl`. `cudal1.integrations.trl` (the public TRL
-adapter) may wrap the same `KernelReward`; keep one implementation of the smoothing here.
+adapter) shares the verdict -> reward rule with it through `cudal1.core.rewards`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from cudal1.core.rewards import failure_reward, reward_of, smooth_rewards
 from cudal1.core.types import EvalResult, Status
+from cudal1.llm.extract import extract_completion
 from cudal1.tasks.task import Task
-from cudal1.train.common import Evaluator, completion_text, evaluate_batch, extract_code, first_failure
+from cudal1.train.common import Evaluator, completion_text, evaluate_batch, first_failure
 
 logger = logging.getLogger(__name__)
 
@@ -65,37 +67,6 @@ class RewardConfig:
             raise ValueError("scope must be batch or group")
 
 
-def raw_reward(result: EvalResult, failure_rewards: dict[str, float]) -> float:
-    """Speedup for a correct candidate, else the configured value of its failure status (default 0.0)."""
-    if result.status is Status.CORRECT and result.speedup is not None and math.isfinite(result.speedup):
-        return float(result.speedup)
-    if result.status is Status.CORRECT:
-        return float(failure_rewards.get("correct_unmeasured", 0.0))
-    return float(failure_rewards.get(result.status.value, 0.0))
-
-
-def smooth_rewards(values: Sequence[float], *, normalize: bool = True, clip_k: float = 1.5,
-                   group_size: int | None = None, eps: float = 1e-6) -> list[float]:
-    """Reward smoothing: (optionally) normalize by mean/std, then clip to [-clip_k, clip_k].
-
-    `group_size` normalizes within consecutive groups of that many values instead of the whole batch. A set
-    whose values are all equal normalizes to zeros (no preference among them).
-    """
-    vals = [float(v) for v in values]
-    if not vals:
-        return []
-    if normalize:
-        size = group_size if group_size and group_size > 1 else len(vals)
-        out: list[float] = []
-        for start in range(0, len(vals), size):
-            chunk = vals[start:start + size]
-            mean = sum(chunk) / len(chunk)
-            std = math.sqrt(sum((v - mean) ** 2 for v in chunk) / len(chunk))
-            out.extend((v - mean) / (std + eps) if std > eps else 0.0 for v in chunk)
-        vals = out
-    return [max(-clip_k, min(clip_k, v)) for v in vals]
-
-
 class KernelReward:
     """TRL reward function `(completions, task_id, **kwargs) -> list[float]` backed by the evaluator."""
 
@@ -119,9 +90,9 @@ class KernelReward:
         if missing:
             raise KeyError(f"reward asked for unknown task ids {missing[:3]}")
         tasks = [self.tasks[t] for t in task_id]
-        codes = [extract_code(completion_text(c)) for c in completions]
+        codes = [extract_completion(completion_text(c)).code for c in completions]
         results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_workers)
-        raws = [raw_reward(r, self.config.failure_rewards) for r in results]
+        raws = [float(reward_of(r, self.config.failure_rewards) or 0.0) for r in results]
         vetoed = self._judge_and_record(tasks, codes, results, raws)
         group = self.config.group_size if self.config.scope == "group" else None
         smoothed = smooth_rewards(raws, normalize=self.config.normalize, clip_k=self.config.clip_k, group_size=group)
@@ -132,10 +103,11 @@ class KernelReward:
                           raws: list[float]) -> int:
         """Ask the judge about suspicious jumps, add successes to the exemplar DB; returns the veto count."""
         vetoed = 0
-        hack_value = float(self.config.failure_rewards.get(Status.HACK_DETECTED.value, 0.0))
+        hack_value = float(failure_reward(Status.HACK_DETECTED, self.config.failure_rewards) or 0.0)
         for i, (task, code, result) in enumerate(zip(tasks, codes, results, strict=True)):
-            if result.status is not Status.CORRECT or code is None or result.speedup is None:
-                continue
+            speedup = result.speedup
+            if result.status is not Status.CORRECT or code is None or speedup is None or not math.isfinite(speedup):
+                continue  # an infinite speedup is a broken timing: neither an exemplar nor a best so far
             with self._lock:
                 best = self._best_so_far(task.id)
             if self.judge is not None and best > 0 and result.speedup > self.config.judge_jump_factor * best:

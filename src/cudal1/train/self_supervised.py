@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cudal1.core.types import EvalResult, Status
+from cudal1.llm.extract import extract_completion
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
     Evaluator,
@@ -39,7 +40,6 @@ from cudal1.train.common import (
     StageResult,
     default_evaluator,
     evaluate_batch,
-    extract_code,
     fenced,
     first_failure,
     open_store,
@@ -130,7 +130,7 @@ def sample_and_evaluate(tasks: Sequence[Task], sampler: CompletionSampler, evalu
     for task, prompt, group in zip(tasks, prompts, texts, strict=True):
         for text in group:
             flat_tasks.append(task)
-            codes.append(extract_code(text))
+            codes.append(extract_completion(text).code)
             flat_prompts.append(prompt)
     results = evaluate_batch(evaluator, list(zip(flat_tasks, codes, strict=True)), config.eval_workers)
     return flat_tasks, codes, results, flat_prompts

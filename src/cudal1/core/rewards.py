@@ -1,0 +1,75 @@
+"""Verdict -> reward, and reward smoothing: the one implementation the trainer and the TRL/verl adapters share.
+
+Reward convention (CUDA-L1, design section 5): the speedup over eager for a CORRECT candidate with a finite,
+positive speedup; a configured value for everything else, default 0.0 (the paper's "0 for failures"):
+
+- a failure status: `failure_rewards[status]`;
+- a CORRECT candidate whose speedup is missing, non-finite (inf, nan) or not positive:
+  `failure_rewards["correct_unmeasured"]` (an infinite speedup is a broken timing, never a reward);
+- a verdict turned down by a verdict policy that names a reward for violations (`cudal1.policy`, e.g.
+  KernelGYM's -1 for a decoy): that reward.
+
+A failure table may be keyed by `Status` or by the status's string value (`"hack_detected"`), so both the
+trainer's YAML configs and the adapters' Python tables work. A value of None (TRL: ignore this sample for
+this reward function) passes through as None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from cudal1.core.types import EvalResult, Status
+
+DEFAULT_FAILURE_REWARD = 0.0
+#: The failure-table key for a CORRECT candidate without a usable speedup.
+CORRECT_UNMEASURED = "correct_unmeasured"
+
+FailureRewards = Mapping[Status, float | None] | Mapping[str, float | None]
+
+
+def failure_reward(key: Status | str, failure_rewards: FailureRewards | None = None) -> float | None:
+    """The configured value for a status (or `CORRECT_UNMEASURED`), keyed by Status or by its string; default 0.0."""
+    table: Mapping = failure_rewards or {}
+    # Both spellings, explicitly: not relying on how a str-valued Enum hashes and compares.
+    names = (key, key.value) if isinstance(key, Status) else (key, *(s for s in Status if s.value == key))
+    for name in names:
+        if name in table:
+            value = table[name]
+            return None if value is None else float(value)
+    return DEFAULT_FAILURE_REWARD
+
+
+def reward_of(result: EvalResult, failure_rewards: FailureRewards | None = None) -> float | None:
+    """The raw reward of one verdict (see the module docstring)."""
+    if result.status is Status.CORRECT:
+        speedup = result.speedup
+        if speedup is not None and math.isfinite(speedup) and speedup > 0:
+            return float(speedup)
+        return failure_reward(CORRECT_UNMEASURED, failure_rewards)
+    policy_reward = result.protocol.get("policy_violation_reward")
+    if policy_reward is not None and any(f.source == "policy" for f in result.flags):
+        return float(policy_reward)  # the verdict policy says what breaking its rules earns
+    return failure_reward(result.status, failure_rewards)
+
+
+def smooth_rewards(values: Sequence[float], *, normalize: bool = True, clip_k: float = 1.5,
+                   group_size: int | None = None, eps: float = 1e-6) -> list[float]:
+    """Reward smoothing: (optionally) normalize by mean/std, then clip to [-clip_k, clip_k].
+
+    `group_size` normalizes within consecutive groups of that many values instead of the whole batch. A set
+    whose values are all equal normalizes to zeros (no preference among them).
+    """
+    vals = [float(v) for v in values]
+    if not vals:
+        return []
+    if normalize:
+        size = group_size if group_size and group_size > 1 else len(vals)
+        out: list[float] = []
+        for start in range(0, len(vals), size):
+            chunk = vals[start:start + size]
+            mean = sum(chunk) / len(chunk)
+            std = math.sqrt(sum((v - mean) ** 2 for v in chunk) / len(chunk))
+            out.extend((v - mean) / (std + eps) if std > eps else 0.0 for v in chunk)
+        vals = out
+    return [max(-clip_k, min(clip_k, v)) for v in vals]

@@ -1,0 +1,84 @@
+"""Verdict -> reward and reward smoothing (cudal1.core.rewards), shared by the trainer and the TRL/verl adapters."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cudal1.core.rewards import CORRECT_UNMEASURED, failure_reward, reward_of, smooth_rewards
+from cudal1.core.types import EvalResult, Flag, Severity, Status
+
+FAILURES = [s for s in Status if s is not Status.CORRECT]
+
+
+def correct(speedup: float | None) -> EvalResult:
+    return EvalResult(status=Status.CORRECT, speedup=speedup)
+
+
+def test_a_correct_result_earns_its_finite_positive_speedup():
+    assert reward_of(correct(2.5)) == 2.5
+    assert reward_of(correct(0.25), {Status.INCORRECT: -1.0}) == 0.25
+    assert isinstance(reward_of(correct(3)), float)
+
+
+@pytest.mark.parametrize("speedup", [math.inf, -math.inf, math.nan, None, 0.0, -1.0])
+def test_a_correct_result_without_a_usable_speedup_earns_the_unmeasured_value(speedup):
+    assert reward_of(correct(speedup)) == 0.0
+    assert reward_of(correct(speedup), {CORRECT_UNMEASURED: -0.25}) == -0.25
+    # The value of CORRECT itself is never consulted: the key is CORRECT_UNMEASURED.
+    assert reward_of(correct(speedup), {Status.CORRECT: 5.0, "correct": 5.0}) == 0.0
+
+
+@pytest.mark.parametrize("status", FAILURES, ids=lambda s: s.value)
+def test_each_failure_status_earns_its_configured_value_default_zero(status):
+    result = EvalResult(status=status, speedup=4.0)  # a failure's speedup is never a reward
+    assert reward_of(result) == 0.0
+    assert reward_of(result, {}) == 0.0
+    assert reward_of(result, {status: -1.5}) == -1.5
+    assert reward_of(result, {status.value: -2.0}) == -2.0
+    others = {s: 9.0 for s in FAILURES if s is not status}
+    assert reward_of(result, others) == 0.0
+
+
+def test_both_table_key_styles_and_none_values():
+    by_status = {Status.HACK_DETECTED: -1.0, Status.UNPARSEABLE: None}
+    by_string = {"hack_detected": -1.0, "unparseable": None, "incorrect": -0.5}
+    for table in (by_status, by_string):
+        assert reward_of(EvalResult(status=Status.HACK_DETECTED), table) == -1.0
+        assert reward_of(EvalResult(status=Status.UNPARSEABLE), table) is None  # TRL: ignore the sample
+        assert reward_of(EvalResult(status=Status.TIMEOUT), table) == 0.0
+        assert failure_reward(Status.HACK_DETECTED, table) == -1.0
+        assert failure_reward("hack_detected", table) == -1.0
+    assert reward_of(EvalResult(status=Status.INCORRECT), by_string) == -0.5
+    assert reward_of(EvalResult(status=Status.TIMEOUT), {Status.INCORRECT: -1.0, "timeout": -3.0}) == -3.0  # mixed
+    assert failure_reward("not_a_status", {"not_a_status": 7}) == 7.0
+
+
+def test_smoothing_over_the_batch_normalizes_then_clips():
+    out = smooth_rewards([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 100.0], clip_k=1.5)
+    assert out[-1] == 1.5 and all(math.isclose(v, out[0]) for v in out[:-1]) and out[0] < 0
+    assert smooth_rewards([2.0, 2.0, 2.0]) == [0.0, 0.0, 0.0]
+    assert smooth_rewards([1.0, 3.0], clip_k=10) == pytest.approx([-1.0, 1.0], abs=1e-5)
+    assert smooth_rewards([1.0, 3.0, 10.0, 10.0], clip_k=10) == pytest.approx(
+        [-1.2309, -0.7385, 0.9847, 0.9847], abs=1e-3)  # one mean and std over all four
+    assert smooth_rewards([5.0, -5.0], normalize=False, clip_k=1.5) == [1.5, -1.5]
+    assert smooth_rewards([]) == []
+
+
+def test_smoothing_by_group_normalizes_each_group_on_its_own():
+    grouped = smooth_rewards([1.0, 3.0, 10.0, 10.0], group_size=2, clip_k=10)
+    assert grouped == pytest.approx([-1.0, 1.0, 0.0, 0.0], abs=1e-5)
+    shifted = smooth_rewards([1.0, 3.0, 101.0, 103.0], group_size=2, clip_k=10)
+    assert shifted == pytest.approx([-1.0, 1.0, -1.0, 1.0], abs=1e-5)  # a group's offset does not matter
+    assert smooth_rewards([1.0, 3.0], group_size=1, clip_k=10) == pytest.approx([-1.0, 1.0], abs=1e-5)  # 1: batch
+    assert smooth_rewards([1.0, 3.0, 5.0], group_size=2, clip_k=10) == pytest.approx([-1.0, 1.0, 0.0], abs=1e-5)
+
+
+def test_a_policy_violation_earns_what_the_policy_says():
+    violation = EvalResult(status=Status.HACK_DETECTED, protocol={"policy": "kernelgym", "policy_violation_reward": -1.0},
+                           flags=[Flag("policy.decoy_kernel", Severity.ERROR, "decoy", source="policy")])
+    assert reward_of(violation) == -1.0
+    other_hack = EvalResult(status=Status.HACK_DETECTED, protocol={"policy_violation_reward": -1.0},
+                            flags=[Flag("guard.threads", Severity.ERROR, "threads", source="runtime")])
+    assert reward_of(other_hack, {"hack_detected": -0.25}) == -0.25
