@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import yaml
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.rewards import CORRECT_UNMEASURED
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
 
@@ -204,7 +205,9 @@ class SelfSupervisedConfig(CommonTrainConfig):
             raise ConfigError("patience must be >= 0 (0: never stop early)")
 
 
-DEFAULT_FAILURE_REWARDS = {s.value: 0.0 for s in Status if s.is_verdict and s is not Status.CORRECT}
+#: Raw reward of each failure status, and of a correct candidate without a usable (finite) speedup.
+DEFAULT_FAILURE_REWARDS = {**{s.value: 0.0 for s in Status if s.is_verdict and s is not Status.CORRECT},
+                           CORRECT_UNMEASURED: 0.0}
 
 
 @dataclass
