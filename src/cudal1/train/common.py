@@ -20,6 +20,8 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
+from cudal1.service.factory import Evaluator as ServiceEvaluator
+from cudal1.service.factory import make_evaluator
 from cudal1.tasks.task import Task
 from cudal1.train.config import CommonTrainConfig, write_resolved_config
 from cudal1.train.splits import load_or_make_split, select_tasks
@@ -178,23 +180,18 @@ def open_store(spec: str) -> Any:
 
 
 def default_evaluator(config: CommonTrainConfig, store: Any = None, run_id: str | None = None,
-                      label: str = "") -> Evaluator:
-    """`(task, source) -> EvalResult` through the hardened evaluator with the run's settings and store."""
-    from cudal1.eval import evaluate_candidate
-
-    eval_cfg = config.eval_config()
-
-    def evaluate(task: Task, source: str) -> EvalResult:
-        return evaluate_candidate(task, source, eval_cfg, store=store, label=label, run_id=run_id)
-
-    return evaluate
+                      label: str = "") -> ServiceEvaluator:
+    """`(task, source) -> EvalResult` through the hardened evaluator with the run's settings and store, where
+    `config.workers` says (this process, a pool or a reward server); the caller closes it."""
+    return make_evaluator(config.workers, config.eval_config(), store=store, label=label, run_id=run_id)
 
 
 def evaluate_batch(evaluator: Evaluator, items: Sequence[tuple[Task, str | None]], workers: int) -> list[EvalResult]:
     """Evaluate (task, source) pairs in parallel (each evaluation runs in its own isolated process).
 
     A None source (no code could be extracted) is UNPARSEABLE without evaluation. An evaluator that raises
-    yields a RUNTIME_ERROR verdict for that candidate, so one failure never loses the batch.
+    yields an INFRA_ERROR result for that candidate (the evaluator failed, not the candidate), so one failure
+    never loses the batch.
     """
     results: list[EvalResult | None] = [None] * len(items)
 
@@ -208,7 +205,8 @@ def evaluate_batch(evaluator: Evaluator, items: Sequence[tuple[Task, str | None]
             results[i] = evaluator(task, source)
         except Exception as exc:  # noqa: BLE001 - an evaluator failure costs that candidate only
             logger.warning("evaluation of a candidate for %s raised", task.id, exc_info=True)
-            results[i] = EvalResult(status=Status.RUNTIME_ERROR, message=f"evaluator raised {exc!r}"[:300],
+            # The evaluator's failure (a pool gone, a server unreachable), never the candidate's verdict.
+            results[i] = EvalResult(status=Status.INFRA_ERROR, message=f"evaluator raised {exc!r}"[:300],
                                     task_id=task.id)
 
     if workers <= 1 or len(items) <= 1:

@@ -87,6 +87,9 @@ class CommonTrainConfig:
     eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
     eval_workers: int = _f(4, "Candidates evaluated in parallel (each in its own isolated process).")
+    workers: str = _f("", "Where rewards are evaluated: empty (this process; one timed evaluation per device at "
+                          "a time), local (a pool: one slot per GPU), ray:auto or ray://HOST:PORT (a Ray pool), "
+                          "or http(s)://HOST:PORT (a reward server; token from $CUDAL1_SERVER_TOKEN).")
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -123,6 +126,10 @@ class CommonTrainConfig:
         if self.time_budget_s < 0:
             raise ConfigError("time_budget_s must be >= 0 (0: no limit)")
         self.eval_config()  # fail early on bad evaluator settings
+        if self.workers and not (self.workers in ("local", "inprocess") or self.workers.startswith(
+                ("ray:auto", "ray://", "http://", "https://"))):
+            raise ConfigError(f"workers must be empty, local, ray:auto, ray://HOST:PORT or http(s)://HOST:PORT, "
+                              f"not {self.workers!r}")
 
     def eval_config(self) -> EvalConfig:
         """The evaluator settings of this run as an `EvalConfig`."""

@@ -199,13 +199,15 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     _reference_path(model, config, tokenizer)
     db = exemplar_db or ExemplarDB(config.exemplar_db or Path(config.output_dir) / "exemplars.sqlite",
                                    max_per_task=config.max_exemplars_per_task)
-    reward = None
+    reward = made = None
     if reward_funcs is None:
         reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, normalize=config.reward_normalize,
                                   clip_k=config.reward_clip_k, scope=config.reward_scope,
                                   group_size=config.num_generations, judge_jump_factor=config.judge_jump_factor,
                                   eval_workers=config.eval_workers)
-        evaluator = evaluator or default_evaluator(config, store, recorder.run_id, label=f"grpo:{config.model}")
+        made = None if evaluator is not None else default_evaluator(config, store, recorder.run_id,
+                                                                     label=f"grpo:{config.model}")
+        evaluator = evaluator or made
         reward = KernelReward(tasks, evaluator, reward_cfg, exemplar_db=db,
                               judge=judge or load_judge(config.judge), model_name=config.model)
         reward_funcs = [reward]
@@ -220,7 +222,11 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
         model=model, args=grpo_args(config), train_dataset=build_rl_dataset(tasks), processing_class=tokenizer,
         reward_funcs=reward_funcs, peft_config=lora_config(config), callbacks=[budget, *(callbacks or [])],
         prompt_builder=builder, tasks=tasks)
-    trainer.train(resume_from_checkpoint=resolve_resume(config))
+    try:
+        trainer.train(resume_from_checkpoint=resolve_resume(config))
+    finally:
+        if made is not None:
+            made.close()  # the pool or server client this stage started
     final = save_policy(trainer.model, tokenizer, Path(config.output_dir) / "final")
     history = list(trainer.state.log_history)
     rewards = [e["reward"] for e in history if "reward" in e]

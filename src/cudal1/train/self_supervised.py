@@ -193,7 +193,9 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         model, tokenizer = load_policy(config.model, config.tokenizer, seed=config.seed)
     if getattr(model, "hf_device_map", None) is None:  # a dispatched (device_map) model stays where it is
         model = model.to(training_device(config))  # sample where training will run (a loaded policy is on cpu)
-    evaluator = evaluator or default_evaluator(config, store, recorder.run_id, label=f"self_supervised:{config.model}")
+    made = None if evaluator is not None else default_evaluator(config, store, recorder.run_id,
+                                                                 label=f"self_supervised:{config.model}")
+    evaluator = evaluator or made
     db = None
     if config.exemplar_db:
         from cudal1.exemplars import ExemplarDB
@@ -230,6 +232,8 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         history.append(stats)
         (Path(config.output_dir) / "rounds.json").write_text(json.dumps([asdict(r) for r in history], indent=1))
         reason = should_stop(history, config, deadline)
+    if made is not None:
+        made.close()
     final = save_policy(model, tokenizer, Path(config.output_dir) / "final")
     summary = {"rounds": [asdict(r) for r in history], "stopped_because": reason,
                "success_rate_last": history[-1].success_rate if history else None}

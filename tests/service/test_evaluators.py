@@ -1,0 +1,60 @@
+"""`make_evaluator`: one `(task, source) -> EvalResult` over this process, a local pool and a reward server,
+as the training stages use it (`train rl --set workers=...`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import _service_fakes as fakes
+import pytest
+from _server_utils import TOKEN, running_server
+from _service_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_source, tiny_task
+
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import Status
+from cudal1.service.factory import make_evaluator
+from cudal1.service.pool import LocalPool, LocalPoolConfig
+from cudal1.store import ResultsStore
+from cudal1.tasks import load_tasks
+from cudal1.train.common import evaluate_batch
+
+pytestmark = pytest.mark.usefixtures("fresh_fakes")
+
+
+@pytest.mark.parametrize("spec", ["", "local"])
+def test_this_process_and_a_local_pool_give_real_verdicts_and_store_them(spec, tmp_path):
+    store = ResultsStore(tmp_path / "s.sqlite")
+    evaluator = make_evaluator(spec, FAST_CONFIG, store=store, label="rl")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as threads:  # the reward's eval_workers
+            results = list(threads.map(lambda src: evaluator(tiny_task(), src), [TINY_CANDIDATE, "x = ("]))
+    finally:
+        evaluator.close()
+    assert [r.status for r in results] == [Status.CORRECT, Status.COMPILE_ERROR]
+    assert sorted(r["status"] for r in store.query_evaluations(label="rl")) == ["compile_error", "correct"]
+
+
+def test_a_reward_server_evaluates_the_task_ids_it_knows(monkeypatch):
+    monkeypatch.setenv("CUDAL1_SERVER_TOKEN", TOKEN)
+    task = load_tasks("builtin")[0]
+    pool = LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=2), evaluate_fn=fake_evaluate)
+    with running_server(pool) as (url, _):
+        evaluator = make_evaluator(url, FAST_CONFIG, label="rl")
+        results = evaluate_batch(evaluator, [(task, fake_source(speedup=s)) for s in (2, 3)] + [(task, None)], 2)
+        evaluator.close()
+    pool.close()
+    assert [r.speedup for r in results[:2]] == [2.0, 3.0] and results[2].status is Status.UNPARSEABLE
+    assert fakes.CALLS  # evaluated by the server's pool, not here
+
+
+def test_an_evaluator_failure_is_infrastructure_not_the_candidate_s_error():
+    def down(task, source):
+        raise ConnectionError("reward server unreachable")
+
+    (result,) = evaluate_batch(down, [(tiny_task(), TINY_CANDIDATE)], 1)
+    assert result.status is Status.INFRA_ERROR and "unreachable" in result.message
+
+
+def test_an_unknown_spec_is_a_clear_error():
+    with pytest.raises(ConfigError, match="unknown evaluator 'gpu-farm'"):
+        make_evaluator("gpu-farm", FAST_CONFIG)
