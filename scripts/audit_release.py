@@ -13,6 +13,10 @@ with the store carried over.
 
 Several GPUs: one process per GPU, each with its own `--chunk I/N` and `CUDA_VISIBLE_DEVICES`, all on one
 `--store` (SQLite, safe for concurrent writers); then `--report-only` writes the report of the whole store.
+
+Without the store (`--report-only` and no store file at `--store` or OUT_DIR/store.sqlite), the report is
+rewritten from a saved audit alone: `--from-audit` (an audit.json or its folder, e.g. a committed one), else
+OUT_DIR/report/audit.json; no release file is needed then. Bad input is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from pathlib import Path
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
-    p.add_argument("--release", required=True, help="JSONL release (CUDA-L1 schema).")
+    p.add_argument("--release", default=None, help="JSONL release (CUDA-L1 schema); required unless "
+                                                  "--report-only reports a saved audit.")
     p.add_argument("--time-budget-s", type=float, default=480.0, help="Stop starting work after this.")
     p.add_argument("--store", type=Path, default=None, help="Results store (default OUT_DIR/store.sqlite).")
     p.add_argument("--profile", default="strict", help="strict or cuda-l1.")
@@ -41,6 +46,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="Evaluate nothing; report what the store holds (no GPU needed: the results of the GPU "
                         "with the most results under this profile, or of --gpu).")
     p.add_argument("--gpu", default=None, help="With --report-only: report the results measured on this GPU name.")
+    p.add_argument("--from-audit", type=Path, default=None,
+                   help="With --report-only: rewrite the report from this saved audit.json (or its folder), no store.")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-plots", action="store_true")
@@ -65,13 +72,52 @@ def asked_baselines(args: argparse.Namespace, selected: list, kinds: tuple[str, 
     return asked
 
 
+def saved_audit_source(args: argparse.Namespace) -> Path | None:
+    """The saved audit.json that `--report-only` rewrites the report from, or None to report from the store."""
+    from cudal1.audit.saved import saved_audit_path
+    from cudal1.core.errors import SourceError
+
+    store = args.store or args.out_dir / "store.sqlite"
+    if args.from_audit is not None:
+        if args.store is not None:
+            raise SourceError("give --store or --from-audit, not both")
+        return saved_audit_path(args.from_audit)
+    if store.is_file():
+        return None
+    saved = args.out_dir / "report" / "audit.json"
+    if saved.is_file():
+        return saved
+    raise SourceError(f"no results store at {store} and no saved report at {saved}: give --store PATH, or "
+                      "--from-audit AUDIT.json (a saved audit report)")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the phases (or only the report); print bad input as one line and return 2."""
+    from cudal1.core.errors import Cudal1Error
+
     args = _parse(argv)
+    try:
+        return _main(args)
+    except Cudal1Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.gpu and not args.report_only:
         print("--gpu chooses whose results a report shows: use it with --report-only", file=sys.stderr)
         return 2
+    if args.from_audit is not None and not args.report_only:
+        print("--from-audit reports a saved audit: use it with --report-only", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from cudal1.audit import AuditConfig, profile_comparison, run_audit, survival_table
+    saved = saved_audit_source(args) if args.report_only else None
+    if saved is not None:
+        return report_saved(args, saved)
+    if args.release is None:
+        print("--release is required (unless --report-only reports a saved audit)", file=sys.stderr)
+        return 2
+    from cudal1.audit import AuditConfig, run_audit
     from cudal1.audit.run import collect_audit, measured_on, report_audit, report_only_config
     from cudal1.baselines import parse_kinds
     from cudal1.eval.config import EvalConfig
@@ -111,12 +157,34 @@ def main(argv: list[str] | None = None) -> int:
     outcome = collect_audit(base, store)  # every task of the release, whichever phases ran
     written = report_audit(outcome, base, store, args.out_dir / "report", plots=not args.no_plots,
                            asked=asked_baselines(args, outcome.selected, kinds, all_kinds))
-    comparison = profile_comparison(outcome.rows, base.survive_fraction)
+    finish(args, outcome.rows, base.survive_fraction, written, done, started, outcome.pending)
+    return 0
+
+
+def report_saved(args: argparse.Namespace, saved: Path) -> int:
+    """`--report-only` without a store: OUT_DIR/report and summary.json rewritten from a saved audit."""
+    from cudal1.audit.saved import load_saved_audit, report_saved_audit
+
+    started = time.monotonic()
+    audit = load_saved_audit(saved).check(release=args.release, profile=args.profile, gpu=args.gpu)
+    print(f"reporting results measured on {audit.machine}, saved in {saved}", flush=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    written = report_saved_audit(audit, args.out_dir / "report", plots=not args.no_plots)
+    finish(args, audit.own_rows, audit.fraction, written, {}, started, audit.pending)
+    return 0
+
+
+def finish(args: argparse.Namespace, rows: list, fraction: float, written: dict[str, Path], done: dict,
+           started: float, pending: int) -> None:
+    """Write summary.json and print the short table."""
+    from cudal1.audit import profile_comparison, survival_table
+
+    comparison = profile_comparison(rows, fraction)
     coverage = json.loads(written["audit.json"].read_text()).get("baseline_coverage", {})
     coverage.pop("per_task", None)  # in audit.json and audit_baselines.md
     summary = {"phases": done, "comparison": comparison, "elapsed_s": time.monotonic() - started,
                "baseline_coverage": coverage,
-               "by_kernel_class": survival_table(outcome.rows, "kernel_class", base.survive_fraction),
+               "by_kernel_class": survival_table(rows, "kernel_class", fraction),
                "report": {k: str(v) for k, v in written.items()}}
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     print(f"{'label':34} {'rows':>5} {'correct':>7} {'survive':>11} {'mean':>6} {'median':>6} {'geomean':>7}")
@@ -126,10 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{line['label']:34} {line['rows']:>5} {line['correct']:>7} "
               f"{line['survive']:>5}/{line['published']:<5} {x(line['mean']):>6} {x(line['median']):>6} "
               f"{x(line['geomean']):>7}")
-    print(f"pending (not yet evaluated): {outcome.pending}; phases: {done}")
+    print(f"pending (not yet evaluated): {pending}; phases: {done}")
     print("baselines measured/failed/not measured: " + ", ".join(
         f"{kind} {c['measured']}/{c['failed']}/{c['not_measured']}" for kind, c in coverage.get("kinds", {}).items()))
-    return 0
 
 
 if __name__ == "__main__":

@@ -59,3 +59,50 @@ def test_augment_from_a_release(tmp_path, shared_store_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["examples"] == 1 and summary["dataset_path"] is None
     assert len((tmp_path / "data" / "sft.jsonl").read_text().splitlines()) == 1
+
+
+def _free_loopback_port() -> int:
+    """A loopback port where nothing listens (bound once to get it, then closed)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_optimize_against_an_unreachable_server_fails_and_claims_no_stored_result(tmp_path):
+    # A store that already holds a correct, fast candidate for the task (an earlier evaluation): the loop
+    # seeds it as an exemplar, yet it is no result of a run whose every LLM request failed.
+    import os
+    import subprocess
+    import sys
+
+    from cudal1.eval import evaluate_candidate
+    from cudal1.store import ResultsStore
+    from tests.loops._scripted import CPU_EVAL, cpu_task
+
+    store_path, out = tmp_path / "results.sqlite", tmp_path / "best.py"
+    with ResultsStore(store_path) as store:
+        earlier = evaluate_candidate(cpu_task(), code("fast"), CPU_EVAL, store=store, label="earlier")
+        before = store.query_evaluations()
+    assert earlier.status.value == "correct" and len(before) == 1
+    url = f"http://127.0.0.1:{_free_loopback_port()}/v1"
+    argv = [sys.executable, "-m", "cudal1", "optimize", str(CPU_DIR / "relu_scale_task.py"), "--llm",
+            f"openai:m@{url}", "--rounds", "2", "--samples", "2", "--max-retries", "0", "--store", str(store_path),
+            "--out", str(out), "--baselines", "none", *FAST_EVAL]
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}  # loopback, never via a proxy
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+
+    assert done.returncode != 0, done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert errors[0].startswith(f"error: could not reach the LLM server at {url} (connection error")
+    assert errors[0].endswith("no candidate was generated")
+    # Nothing presents the stored candidate as this run's: no result table, no file; the progress line
+    # names its speedup only as stored earlier.
+    assert "best verified candidate" not in done.stdout and "written to" not in done.stdout
+    assert not out.exists() and not out.with_suffix(".py.json").exists()
+    stored = f"{earlier.speedup:.2f}x"
+    assert all("(stored earlier)" in line for line in (done.stdout + done.stderr).splitlines() if stored in line)
+    with ResultsStore(store_path) as store:
+        assert store.query_evaluations() == before

@@ -115,13 +115,16 @@ def test_stops_after_a_round_in_which_every_request_failed(tmp_path, store):
     assert len(result.history) == 1 and result.best_result is None
     assert result.stopped.startswith("the LLM backend failed every request of round 1: ")
     assert "401" in result.stopped
+    # The server answered (a refusal, not unreachable): the failure names it, and no candidate came back.
+    assert result.failure.startswith(f"the LLM server at {server.base_url} failed every request (HTTP 401")
+    assert result.failure.endswith("no candidate was generated") and result.out_path is None
 
     # The same run once the server answers (here on another port, so named): round 1's failures stay
     # journaled, round 2 is generated.
     with ScriptedOpenAIServer(lambda index, body: answer("fast")) as server:
         resumed = optimize(cpu_task(), _config(server, tmp_path, rounds=2, samples=3, run_name="r"), store=store)
         assert server.request_count == 3
-    assert resumed.resumed and not resumed.stopped and resumed.best_result is not None
+    assert resumed.resumed and not resumed.stopped and resumed.best_result is not None and not resumed.failure
 
 
 class _Stop(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -12,13 +13,18 @@ from rich.text import Text
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
 from cudal1.audit.compare import DEFAULT_TOLERANCE, AuditComparison, compare_audits, load_audit
 from cudal1.audit.run import asked_by_runs, collect_audit, measured_on, report_audit, report_only_config
+from cudal1.audit.saved import SavedAudit, load_saved_audit, report_saved_audit, saved_audit_path
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
+from cudal1.core.errors import SourceError
 from cudal1.core.types import EvalResult
+from cudal1.metrics.rows import ResultRow
 from cudal1.tasks import Task
 
-_RELEASE_OPT = typer.Argument(..., help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl).")
-_PROFILE_OPT = typer.Option("strict", "--profile", help="strict (ours) or cuda-l1 (their tolerance).")
+_RELEASE_OPT = typer.Argument(None, help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl); optional when "
+                                         "--report-only reports a saved audit.json.", show_default=False)
+_PROFILE_OPT = typer.Option(None, "--profile", help="strict (ours, the default) or cuda-l1 (their tolerance).",
+                            show_default=False)
 _LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")
 _SAMPLE_PER_LEVEL_OPT = typer.Option(None, "--sample-per-level", help="K items per level (seeded).")
 _SEED_OPT = typer.Option(0, "--seed", help="Seed of --sample-per-level.")
@@ -33,6 +39,10 @@ _REPORT_ONLY_OPT = typer.Option(False, "--report-only", help=(
     "Evaluate nothing; report the stored results of the GPU with the most of them (works without a GPU, e.g. "
     "on a store copied from the GPU machine)."))
 _GPU_OPT = typer.Option(None, "--gpu", help="With --report-only: the GPU name whose results to report.")
+_FROM_AUDIT_OPT = typer.Option(None, "--from-audit", help=(
+    "With --report-only: report this saved audit.json (or its report folder, e.g. a committed one) instead "
+    "of a store. Without --store, and with no store at the default place, the --out folder's audit.json is "
+    "used."))
 _COMPARE_TO_OPT = typer.Option(None, "--compare-to", help=(
     "An earlier audit.json (or its report folder): compare the shared tasks with it, write comparison.json, "
     "exit 1 when this run does not reproduce it."))
@@ -44,8 +54,8 @@ _JSON_OUT_OPT = typer.Option(None, "--json", help="Also write the comparison as 
 
 
 def audit_command(
-    release: Path = _RELEASE_OPT,
-    profile: str = _PROFILE_OPT,
+    release: Path | None = _RELEASE_OPT,
+    profile: str | None = _PROFILE_OPT,
     level: list[int] = _LEVEL_OPT,
     sample_per_level: int | None = _SAMPLE_PER_LEVEL_OPT,
     seed: int = _SEED_OPT,
@@ -59,24 +69,48 @@ def audit_command(
     buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
     plots: bool = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
+    from_audit: Path | None = _FROM_AUDIT_OPT,
     compare_to: Path | None = _COMPARE_TO_OPT, tolerance: float = _TOLERANCE_OPT,
 ) -> None:
     """Verdict, speedup, kernel class and flags next to each published score; which speedups survive."""
     earlier = load_audit(compare_to) if compare_to is not None else None  # a bad path fails before any work
-    cfg = AuditConfig(
-        release=str(release), profile=profile, levels=tuple(level), sample_per_level=sample_per_level, seed=seed,
-        limit=limit, chunk=chunk, baselines=tuple(parse_kinds(baselines)) if baselines else (),
-        batch_size=batch_size, time_budget_s=time_budget_s, force=force,
-        eval_config=common.make_config(device, profile, trials, sizes, buckets=buckets, timeout_s=timeout_s,
-                                       sandbox=sandbox))
     if gpu and not report_only:
         raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
-    store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)
-    folder = common.output_folder(out or Path(f"audit-{cfg.release_name}-{profile}"))
+    if from_audit is not None and not report_only:
+        raise typer.BadParameter("--from-audit reports a saved audit: use it with --report-only")
+    default_out = Path(f"audit-{release.stem}-{profile or 'strict'}") if release is not None else None
+    saved = _saved_source(from_audit, store_path, out or default_out) if report_only else None
+    if saved is not None:
+        audit = _check_saved(load_saved_audit(saved), release, profile, gpu, level, sample_per_level, limit)
+        folder = common.output_folder(out or Path(f"audit-{audit.release_name}-{audit.profile}"))
+        written = _report_saved(audit, folder, plots)
+    else:
+        if release is None:
+            raise SourceError("give the RELEASE file to audit (a JSONL release in CUDA-L1's schema)")
+        cfg = AuditConfig(
+            release=str(release), profile=profile or "strict", levels=tuple(level),
+            sample_per_level=sample_per_level, seed=seed, limit=limit, chunk=chunk,
+            baselines=tuple(parse_kinds(baselines)) if baselines else (), batch_size=batch_size,
+            time_budget_s=time_budget_s, force=force,
+            eval_config=common.make_config(device, profile or "strict", trials, sizes, buckets=buckets,
+                                           timeout_s=timeout_s, sandbox=sandbox))
+        store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)
+        folder = common.output_folder(out or default_out)
+        written = _audit_store(cfg, store, folder, report_only=report_only, gpu=gpu, plots=plots)
+    if earlier is not None:
+        comparison = compare_audits(earlier, load_audit(written["audit.json"]), tolerance)
+        (folder / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
+        print_comparison(comparison)
+        if not comparison.reproduced:
+            raise typer.Exit(1)
+
+
+def _audit_store(cfg: AuditConfig, store: Any, folder: Path, *, report_only: bool, gpu: str | None,
+                 plots: bool) -> dict[str, Path]:
+    """Run the audit (or, report-only, read its stored results) and write its report into `folder`."""
     if report_only:
         cfg = report_only_config(cfg, store, gpu)
         common.console.print(measured_on(cfg.environment))
-    if report_only:
         outcome = collect_audit(cfg, store)  # reads the store, writes nothing to it
     else:
         with common.progress_bar() as bar:
@@ -89,14 +123,50 @@ def audit_command(
     # Each baseline is counted over the tasks that this and earlier runs asked it for, not over every task.
     written = report_audit(outcome, cfg, store, folder, plots=plots, asked=asked_by_runs(store, cfg))
     common.console.print(summary_table(outcome, cfg))
+    _print_written(written)
+    return written
+
+
+def _saved_source(from_audit: Path | None, store_path: Path | None, folder: Path | None) -> Path | None:
+    """The saved audit.json a --report-only run reports from, or None to report from the results store:
+    --from-audit; else, without --store and without a store at the default place, the output folder's."""
+    from cudal1.store import default_store_path
+
+    if from_audit is not None:
+        if store_path is not None:
+            raise SourceError("give --store or --from-audit, not both")
+        return saved_audit_path(from_audit)
+    if store_path is not None or default_store_path().is_file():
+        return None
+    if folder is not None and (folder / "audit.json").is_file():
+        return folder / "audit.json"
+    where = f"in {folder}" if folder is not None else "to report (no --out folder)"
+    raise SourceError(f"no results store at {default_store_path()} and no audit.json {where}: give --store "
+                      "PATH, or --from-audit AUDIT.json (a saved audit report)")
+
+
+def _check_saved(audit: SavedAudit, release: Path | None, profile: str | None, gpu: str | None,
+                 level: list[int], sample_per_level: int | None, limit: int | None) -> SavedAudit:
+    """`audit`, unless the options ask for other results or for a selection, which only a store can make:
+    then a one-line SourceError."""
+    if level or sample_per_level is not None or limit is not None:
+        raise SourceError(f"--level, --sample-per-level and --limit select results from a store; {audit.path} "
+                          "is reported whole")
+    return audit.check(release=release, profile=profile, gpu=gpu)
+
+
+def _report_saved(audit: SavedAudit, folder: Path, plots: bool) -> dict[str, Path]:
+    """Write the report of a saved audit into `folder`, with the same summary lines as from a store."""
+    common.console.print(f"reporting results measured on {audit.machine}, saved in {audit.path}")
+    written = report_saved_audit(audit, folder, plots=plots)
+    common.console.print(_survival_summary(audit.label, audit.own_rows, audit.selected, audit.fraction))
+    _print_written(written)
+    return written
+
+
+def _print_written(written: dict[str, Path]) -> None:
     per_task = ", ".join(str(written[name]) for name in ("audit_tasks.md", "audit_baselines.md") if name in written)
     common.console.print(f"report: {written['report.html']}  (per task: {per_task})")
-    if earlier is not None:
-        comparison = compare_audits(earlier, load_audit(written["audit.json"]), tolerance)
-        (folder / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
-        print_comparison(comparison)
-        if not comparison.reproduced:
-            raise typer.Exit(1)
 
 
 def audit_compare_command(
@@ -122,16 +192,19 @@ def print_comparison(comparison: AuditComparison) -> None:
 
 def summary_table(outcome: AuditOutcome, cfg: AuditConfig) -> Table:
     """Survival per kernel class, with the run's counts in the title."""
-    line = profile_comparison(outcome.rows, cfg.survive_fraction)
-    head = line[0] if line else {"correct": 0, "survive": 0, "published": 0}
     counts = (f" ({outcome.evaluated} now, {outcome.reused} reused, {outcome.skipped_for_time} left for later)"
               if outcome.evaluated or outcome.reused or outcome.skipped_for_time else "")
-    table = Table(title=(f"{outcome.label}: {len(outcome.rows)}/{len(outcome.selected)} evaluated{counts}; "
-                         f"{head['correct']} correct; {head['survive']}/{head['published']} "
-                         "published speedups survive"))
+    return _survival_summary(outcome.label, outcome.rows, len(outcome.selected), cfg.survive_fraction, counts)
+
+
+def _survival_summary(label: str, rows: list[ResultRow], selected: int, fraction: float, counts: str = "") -> Table:
+    line = profile_comparison(rows, fraction)
+    head = line[0] if line else {"correct": 0, "survive": 0, "published": 0}
+    table = Table(title=(f"{label}: {len(rows)}/{selected} evaluated{counts}; {head['correct']} correct; "
+                         f"{head['survive']}/{head['published']} published speedups survive"))
     for col in ("kernel class", "rows", "correct", "published", "survive"):
         table.add_column(col, justify="left" if col == "kernel class" else "right")
-    for name, cell in survival_table(outcome.rows, "kernel_class", cfg.survive_fraction).items():
+    for name, cell in survival_table(rows, "kernel_class", fraction).items():
         table.add_row(name, *(str(cell[k]) for k in ("rows", "correct", "published", "survive")))
     return table
 

@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cudal1.core.errors import Cudal1Error
 
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = app(args=argv, standalone_mode=False)
     except Cudal1Error as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        # soft_wrap: one line in a log too; escape: a message may hold brackets that are not markup.
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     except typer.Exit as exc:
         return exc.exit_code

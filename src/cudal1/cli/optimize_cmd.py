@@ -106,7 +106,7 @@ def optimize_command(
 ) -> None:
     """Make one task faster: LLM samples, verified by the evaluator, fed back as scored exemplars."""
     from cudal1.llm import LLMConfig
-    from cudal1.loops.optimize import OptimizeConfig, optimize
+    from cudal1.loops.optimize import LLMUnavailableError, OptimizeConfig, optimize
 
     eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
                                     buckets=buckets, timeout_s=timeout_s), **parse_eval_sets(eval_set)})
@@ -125,17 +125,26 @@ def optimize_command(
             job = bar.add_task(f"optimizing {the_task.name}", total=rounds * samples, best="", visible=not as_json)
 
             def on_event(event: Any) -> None:
-                best = f"best {event.best_speedup:.2f}x" if event.best_speedup else "no correct candidate yet"
-                bar.update(job, advance=1 if event.kind == "sample" else 0, best=f"round {event.round}: {best}")
+                bar.update(job, advance=1 if event.kind == "sample" else 0,
+                           best=f"round {event.round}: {_best_so_far(event)}")
 
             result = optimize(the_task, config, store=store, pool=evaluator_pool, progress=on_event)
     finally:
         if evaluator_pool is not None:
             evaluator_pool.close()
         store.close()
+    if result.failure:  # e.g. the server is down: no table, since its only result would be the store's
+        raise LLMUnavailableError(result.failure)
     _report(result, as_json)
     if result.best_result is None:
         raise typer.Exit(1)
+
+
+def _best_so_far(event: Any) -> str:
+    """The progress line's best, saying when it is a candidate the store knew before this run."""
+    if not event.best_speedup:
+        return "no correct candidate yet"
+    return f"best {event.best_speedup:.2f}x" + (" (stored earlier)" if event.best_from_store else "")
 
 
 def _report(result: Any, as_json: bool) -> None:
@@ -159,6 +168,10 @@ def _report(result: Any, as_json: bool) -> None:
         common.console.print("[red]no correct candidate found[/red]")
         return
     common.console.print(common.result_table([(result.task_id, result.best_result)], "best verified candidate"))
+    if result.best_origin.get("origin") == "store":
+        run = result.best_origin.get("run")
+        common.console.print("(a candidate the store already knew" + (f", from run {run}" if run else "")
+                             + ": this run found none faster)")
     common.console.print(f"written to {result.out_path} (and {result.sidecar_path})")
 
 
