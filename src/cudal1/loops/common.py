@@ -27,8 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.eval.scheduler import evaluate_many, worker_supply
+from cudal1.llm import Completion, extract_completion
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -151,8 +154,6 @@ class RunJournal:
 def unparseable_result(task: Task, text: str, why: str | None, config: EvalConfig, *, store: Any = None,
                        label: str = "", run_id: str | None = None) -> EvalResult:
     """The UNPARSEABLE verdict for a completion without code; stored (completion as the candidate) too."""
-    from cudal1.core.machine import describe_machine
-
     device = resolve_device(config.device)
     protocol = config.resolved(device).protocol()
     environment = dict(describe_machine(device))
@@ -161,9 +162,8 @@ def unparseable_result(task: Task, text: str, why: str | None, config: EvalConfi
                         task_id=task.id, candidate_hash=digest, protocol=protocol, environment=environment)
     if store is not None:
         key = store.eval_key(task.hash, digest, protocol, environment)
-        store.put_task(task.id, task.source, level=task.level, origin=task.origin)
-        store.put_candidate(text, task_id=task.id, origin="unparseable completion")
-        store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)
+        store.record_evaluation(task, text, result, key=key, label=label, run_id=run_id,
+                                candidate_origin="unparseable completion")
     return result
 
 
@@ -205,8 +205,6 @@ class CandidateEvaluator:
 
     def _evaluate_local(self, items: Sequence[tuple[Task, str]], on_result: Callable[[int, EvalResult], None] | None,
                         should_stop: Callable[[], bool] | None) -> list[EvalResult | None]:
-        from cudal1.eval.scheduler import evaluate_many, worker_supply
-
         if self._supply is None:  # kept across rounds: the next round's first worker is already warm
             self._supply = worker_supply(resolve_device(self.config.device))
 
@@ -231,8 +229,6 @@ def generate_records(backend: Any, keys: Sequence[str], prompts: Sequence[list[d
 
     A failed request, or a backend that raises, gives records with `error` set; nothing is raised.
     """
-    from cudal1.llm import Completion
-
     try:
         completions = backend.generate(list(prompts), n=1)
     except Exception as exc:  # noqa: BLE001 - a broken backend costs these samples, not the run
@@ -267,8 +263,6 @@ def evaluate_records(records: Sequence[SampleRecord], tasks: Mapping[str, Task],
             record.status = GENERATION_ERROR
             on_verdict(record, None)
             continue
-        from cudal1.llm import extract_completion
-
         extraction = extract_completion(record.text)
         record.code = extraction.code
         if extraction.code is None:
