@@ -40,6 +40,7 @@ def test_required_inputs_are_named():
     ({"temperature": 0.0}, "temperature must be > 0"),
     ({"top_p": 1.5}, "top_p"),
     ({"workers": "gpu-farm"}, "workers must be empty, local"),
+    ({"eval_policy": "kernelbenhc"}, "unknown policy"),
 ])
 def test_impossible_rl_configs_raise_with_the_setting_to_change(bad, match):
     with pytest.raises(ConfigError, match=match):

@@ -86,6 +86,9 @@ class CommonTrainConfig:
     eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
     eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
+    eval_policy: str = _f("cuda-l1", "Verdict policy of the rewards: cuda-l1, kernelbench, kernelgym, cuda-agent, "
+                                     "kernelbench-hard, sol-execbench or a YAML/JSON file; a violation earns the "
+                                     "policy's violation_reward, else failure_rewards.hack_detected.")
     eval_workers: int = _f(4, "Candidates evaluated in parallel (each in its own isolated process).")
     workers: str = _f("", "Where rewards are evaluated: empty (this process; one timed evaluation per device at "
                           "a time), local (a pool: one slot per GPU), ray:auto or ray://HOST:PORT (a Ray pool), "
@@ -134,7 +137,8 @@ class CommonTrainConfig:
     def eval_config(self) -> EvalConfig:
         """The evaluator settings of this run as an `EvalConfig`."""
         return EvalConfig(device=self.eval_device, profile=self.eval_profile, correctness_trials=self.eval_trials,
-                          sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets)
+                          sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets,
+                          policy=self.eval_policy)
 
     @property
     def report_targets(self) -> list[str]:
