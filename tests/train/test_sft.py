@@ -90,3 +90,19 @@ def test_a_missing_model_folder_is_a_one_line_error(tmp_path):
     # An absolute path that does not exist is no hub id either: the hub's own check rejects it offline.
     with pytest.raises(ConfigError, match="no such local folder"):
         load_policy(str(tmp_path / "no_such_checkpoint"))
+
+
+def test_sft_trains_only_on_the_split_the_later_stages_read(tmp_path, tiny_tasks):
+    """`--split train` dropped nothing and wrote no split file: held-out tasks leaked into stage 1."""
+    from cudal1.train.common import resolve_tasks
+    from cudal1.train.sft import records_of_split
+
+    cfg = load_config(SFTStageConfig, None, common_overrides(
+        tmp_path, dataset=str(_dataset(tmp_path, tiny_tasks)), split="train", test_fraction=0.5))
+    records = load_sft_records(cfg.dataset, tiny_tasks)
+    kept = records_of_split(records, cfg, tiny_tasks)
+    split = json.loads((tmp_path / "run" / "splits.json").read_text())
+    test_ids = set(split["test"])
+    assert test_ids and not any(r["task_id"] in test_ids for r in kept)
+    assert sum(1 for r in kept if not r["task_id"]) == 2  # rows without a task id cannot be placed: kept
+    assert {t.id for t in resolve_tasks(cfg, tiny_tasks)} == set(split["train"])  # the same file, stage 3

@@ -24,7 +24,7 @@ from cudal1.service.factory import Evaluator as ServiceEvaluator
 from cudal1.service.factory import make_evaluator
 from cudal1.tasks.task import Task
 from cudal1.train.config import CommonTrainConfig, write_resolved_config
-from cudal1.train.splits import load_or_make_split, select_tasks
+from cudal1.train.splits import TaskSplit, load_or_make_split, select_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +38,20 @@ def resolve_tasks(config: CommonTrainConfig, tasks: Sequence[Task] | None = None
         from cudal1.tasks import load_tasks
 
         tasks = load_tasks(config.source)
-    split_path = config.splits_file or str(Path(config.output_dir) / "splits.json")
-    split = load_or_make_split(split_path, tasks, test_fraction=config.test_fraction, seed=config.split_seed)
+    split, split_path = run_split(config, tasks)
     chosen = select_tasks(tasks, config.split, split)
     if config.max_tasks > 0:
         chosen = chosen[:config.max_tasks]
     if not chosen:
         raise ConfigError(f"no tasks in split {config.split!r} of {config.source!r} (split file {split_path})")
     return chosen
+
+
+def run_split(config: CommonTrainConfig, tasks: Sequence[Task]) -> tuple[TaskSplit, str]:
+    """The run's train/test split and its file: `splits_file`, else `<output_dir>/splits.json` (made there
+    when missing). Every stage reads the same file, so held-out tasks stay held out."""
+    split_path = config.splits_file or str(Path(config.output_dir) / "splits.json")
+    return load_or_make_split(split_path, tasks, test_fraction=config.test_fraction, seed=config.split_seed), split_path
 
 
 def _arg_names(args_cls: type) -> set[str]:

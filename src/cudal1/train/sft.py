@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.tasks import load_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
     RunRecorder,
@@ -33,6 +34,7 @@ from cudal1.train.common import (
     make_training_args,
     open_store,
     resolve_resume,
+    run_split,
     time_budget_callback,
 )
 from cudal1.train.config import SFTStageConfig
@@ -170,12 +172,11 @@ def run_sft(config: SFTStageConfig, *, model: Any = None, tokenizer: Any = None,
     """Stage 1 end to end: load data and model, fine-tune, save `<output_dir>/final`, record the run."""
     store = open_store(config.store)
     recorder = RunRecorder("sft", config, store)
-    needs_tasks = _needs_tasks(config.dataset)
-    if needs_tasks and tasks is None:
-        from cudal1.tasks import load_tasks
-
+    if tasks is None and (config.split != "all" or _needs_tasks(config.dataset)):
         tasks = load_tasks(config.source)
     records = load_sft_records(config.dataset, tasks, config.form)
+    if config.split != "all":
+        records = records_of_split(records, config, tasks or [])
     train, held = split_records(records, config.eval_fraction)
     logger.info("SFT: %d training and %d evaluation examples", len(train), len(held))
     if model is None or tokenizer is None:
@@ -192,6 +193,21 @@ def run_sft(config: SFTStageConfig, *, model: Any = None, tokenizer: Any = None,
                "first_loss": curve[0][1] if curve else None, "last_loss": curve[-1][1] if curve else None,
                "eval_loss": evals[-1] if evals else None, "stopped_by_time_budget": budget.stopped_early}
     return recorder.finish(StageResult("sft", config.output_dir, str(final), history, summary))
+
+
+def records_of_split(records: Sequence[Record], config: SFTStageConfig, tasks: Sequence[Task]) -> list[Record]:
+    """The records of the run's split (`run_split`: the file later stages read too); a record without a task
+    id cannot be placed and is kept, with a warning."""
+    split, path = run_split(config, tasks)
+    wanted = split.ids(config.split)
+    kept = [r for r in records if not r.get("task_id") or r["task_id"] in wanted]
+    unplaced = sum(1 for r in records if not r.get("task_id"))
+    logger.info("SFT: %d of %d records in split %r (%s)", len(kept), len(records), config.split, path)
+    if unplaced:
+        logger.warning("SFT: %d records name no task_id; kept, though the split cannot be checked for them", unplaced)
+    if not kept:
+        raise ConfigError(f"no SFT records in split {config.split!r} (split file {path})")
+    return kept
 
 
 def _needs_tasks(path: str) -> bool:
