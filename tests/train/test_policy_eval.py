@@ -10,8 +10,8 @@ import pytest
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
 from cudal1.llm.backends import Completion
+from cudal1.tasks.splits import make_split
 from cudal1.train.policy_eval import PolicyEvalConfig, evaluate_policy, ks_for, pass_at_k
-from cudal1.train.splits import make_split
 from tests.train.helpers import FIXTURE_TASKS, correct_code, wrong_code
 
 

@@ -9,6 +9,7 @@ Tested with TRL 1.16, transformers 5.24, peft 0.21, datasets 5.2.
     result = run_sft(SFTStageConfig(model="scratch", output_dir="runs/sft", dataset="sft.jsonl"))
 """
 
+from cudal1.tasks.splits import TaskSplit, load_or_make_split, make_split, select_tasks
 from cudal1.train.config import (
     STAGES,
     CommonTrainConfig,
@@ -18,7 +19,6 @@ from cudal1.train.config import (
     load_config,
     reference_yaml,
 )
-from cudal1.train.splits import TaskSplit, load_or_make_split, make_split, select_tasks
 
 
 def __getattr__(name: str):  # lazy: the stage modules pull in heavier imports

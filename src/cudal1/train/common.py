@@ -22,9 +22,9 @@ from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
 from cudal1.service.factory import Evaluator as ServiceEvaluator
 from cudal1.service.factory import make_evaluator
+from cudal1.tasks.splits import TaskSplit, load_or_make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.config import CommonTrainConfig, write_resolved_config
-from cudal1.train.splits import TaskSplit, load_or_make_split, select_tasks
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
 from cudal1.llm.extract import extract_completion
+from cudal1.tasks.splits import SPLIT_NAMES, load_or_make_split, make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, evaluate_batch
-from cudal1.train.splits import SPLIT_NAMES, load_or_make_split, select_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +163,6 @@ def _tasks_of(config: PolicyEvalConfig, tasks: Sequence[Task] | None) -> list[Ta
                 raise ConfigError(f"split file {config.splits_file} does not exist")
             split = load_or_make_split(config.splits_file, tasks)
         else:
-            from cudal1.train.splits import make_split
-
             split = make_split(tasks, test_fraction=config.test_fraction, seed=config.split_seed)
     chosen = select_tasks(tasks, config.split, split)
     return chosen[:config.max_tasks] if config.max_tasks > 0 else chosen

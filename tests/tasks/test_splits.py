@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cudal1.core.errors import ConfigError
+from cudal1.tasks.splits import TaskSplit, load_or_make_split, make_split, select_tasks
 from cudal1.tasks.task import Task
-from cudal1.train.splits import TaskSplit, load_or_make_split, make_split, select_tasks
 
 
 def _tasks(n_per_level: dict[int, int]) -> list[Task]:
