@@ -123,3 +123,20 @@ def test_config_needs_a_model_or_a_release():
     with pytest.raises(ConfigError):
         AugmentConfig(llms=["openai:m@http://127.0.0.1:1/v1"], keep=0)
     assert AugmentConfig(from_release=["x.jsonl"]).keep == 2
+
+
+def test_a_split_file_keeps_held_out_tasks_out_of_stage_1(tmp_path):
+    """`augment` generated for every task, held-out ones included, whatever split training used."""
+    from cudal1.loops.augment import select_tasks
+    from cudal1.tasks import load_tasks
+    from cudal1.tasks.splits import make_split
+
+    tasks = load_tasks("builtin")
+    split = make_split(tasks, test_fraction=0.3, seed=1)
+    path = split.save(tmp_path / "splits.json")
+    config = AugmentConfig(llms=["openai:m@http://127.0.0.1:1/v1"], splits_file=str(path))
+    chosen = {t.id for t in select_tasks(config, tasks)}
+    assert chosen == split.ids("train") and not chosen & split.ids("test")
+    with pytest.raises(ConfigError):
+        select_tasks(AugmentConfig(llms=["openai:m@http://127.0.0.1:1/v1"], splits_file=str(tmp_path / "no.json")),
+                     tasks)

@@ -26,6 +26,8 @@ def augment_command(
     task: list[str] = TaskOpt,
     level: list[int] = LevelOpt,
     max_tasks: int = typer.Option(0, "--max-tasks", help="At most this many tasks (0: all)."),
+    splits_file: str = typer.Option("", "--splits-file", help="Split JSON written by training: only its train "
+                                    "tasks are used (held-out tasks stay out of the SFT data)."),
     samples: int = typer.Option(4, "--samples", help="Completions per task per model."),
     keep: int = typer.Option(2, "--keep", help="At most this many examples per task per model."),
     max_slowdown: float = typer.Option(1000.0, "--max-slowdown", help="Keep only candidates at most this many "
@@ -55,7 +57,7 @@ def augment_command(
     eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
                                     buckets=buckets, timeout_s=timeout_s), **parse_eval_sets(eval_set)})
     config = AugmentConfig(llms=list(llm), sources=list(source), task_ids=list(task), levels=list(level),
-                           max_tasks=max_tasks, samples=samples, keep=keep, max_slowdown=max_slowdown, form=form,
+                           max_tasks=max_tasks, splits_file=splits_file, samples=samples, keep=keep, max_slowdown=max_slowdown, form=form,
                            contrastive=contrastive, from_release=[str(p) for p in from_release], eval=eval_cfg,
                            out_dir=str(out_dir), hf_dataset=not no_hf_dataset, temperature=temperature,
                            max_tokens=max_tokens, concurrency=concurrency, max_retries=max_retries, seed=seed,

@@ -50,6 +50,8 @@ from cudal1.loops.common import (
     generate_records,
     stable_hash,
 )
+from cudal1.tasks import load_tasks
+from cudal1.tasks.splits import TaskSplit
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,8 @@ class AugmentConfig:
     task_ids: list[str] = field(default_factory=list, metadata={"help": "Only these task ids (default: all)."})
     levels: list[int] = field(default_factory=list, metadata={"help": "Only tasks of these levels."})
     max_tasks: int = _f(0, "At most this many tasks (0: no limit).")
+    splits_file: str = _f("", "Train/test split JSON as training writes it: only its train tasks are used, so "
+                              "held-out tasks never reach stage-1 data (default: every task).")
     samples: int = _f(4, "Completions generated per task per model.")
     keep: int = _f(DEFAULT_KEEP_PER_TASK_PER_MODEL, "At most this many examples kept per task per model.")
     max_slowdown: float = _f(DEFAULT_MAX_SLOWDOWN, "Executable rule: candidate time <= this x reference time.")
@@ -228,13 +232,13 @@ def export_examples(rows: Sequence[dict[str, Any]], out_dir: str | Path, *,
 
 
 def select_tasks(config: AugmentConfig, tasks: Sequence[Task] | None) -> list[Task]:
-    """The tasks to generate for: given, else loaded from `config.sources`, filtered by ids and levels."""
+    """The tasks to generate for: given, else loaded from `config.sources`, filtered by ids, levels and the
+    split file's train set."""
     if tasks is None:
-        from cudal1.tasks import load_tasks
-
         tasks = [t for spec in config.sources for t in load_tasks(spec)]
+    allowed = TaskSplit.load(config.splits_file).ids("train") if config.splits_file else None
     chosen = [t for t in tasks if (not config.task_ids or t.id in config.task_ids or t.name in config.task_ids)
-              and (not config.levels or t.level in config.levels)]
+              and (not config.levels or t.level in config.levels) and (allowed is None or t.id in allowed)]
     if config.max_tasks > 0:
         chosen = chosen[:config.max_tasks]
     return chosen
