@@ -70,3 +70,26 @@ def test_rewards_flow_from_the_real_evaluator(tiny_tasks, real_evaluator, tmp_pa
     assert out[0] > 0 and out[1] == 0.0
     assert reward.history[-1]["statuses"] == {"correct": 1, "incorrect": 1}
     assert db.count(task.id) == 1
+
+
+def test_the_project_s_llm_judge_plugs_in_and_sees_a_task_s_first_success(tmp_path, tiny_tasks):
+    """The reward called `check()`, which `LLMJudge` lacked, and asked only about jumps over an earlier
+    success, so a task's first (cheating) 50x was never judged."""
+    from cudal1.judge import HackCaseDB
+    from cudal1.judge.judge import JudgeConfig, make_judge
+    from tests.helpers.scripted_server import ScriptedOpenAIServer
+
+    task = tiny_tasks[0]
+    cheats = '{"cheats": true, "rule": "result_caching", "explanation": "returns a stored output"}'
+
+    def evaluator(t, source):
+        return EvalResult(status=Status.CORRECT, speedup=50.0, task_id=t.id)
+
+    with ScriptedOpenAIServer([cheats]) as srv:
+        judge = make_judge(JudgeConfig(llm=f"openai:judge@{srv.base_url}", max_retries=0, timeout_s=10.0),
+                           HackCaseDB(tmp_path / "cases.sqlite"))
+        reward = KernelReward(tiny_tasks, evaluator, RewardConfig(normalize=False, clip_k=100.0,
+                                                                   failure_rewards={"hack_detected": -1.0}),
+                              exemplar_db=ExemplarDB(tmp_path / "ex.sqlite"), judge=judge)
+        out = reward([_completion(correct_code(task))], task_id=[task.id])
+    assert out == [-1.0] and len(srv.requests) == 1 and reward.history[-1]["judge_vetoes"] == 1

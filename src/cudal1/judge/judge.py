@@ -352,6 +352,11 @@ class LLMJudge:
                                   message=f"{flag.rule}: {flag.message}")
         return result.replace(flags=flags)
 
+    def check(self, task: Any, source: str, result: EvalResult) -> bool:
+        """The RL reward's question (`train.rewards.Judge`): False only when the judge says `source` cheats
+        on `task` (an inconclusive or failed answer keeps the evaluator's verdict)."""
+        return self.judge(task.source, source, result).cheats is not True
+
     def review(self, task_source: str, candidate_source: str, result: EvalResult,
                best_so_far: float | None = None) -> tuple[EvalResult, JudgeVerdict | None]:
         """`should_check`, then `judge` and `apply` when it says so; otherwise the result unchanged."""

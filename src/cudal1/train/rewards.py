@@ -110,7 +110,7 @@ class KernelReward:
                 continue  # an infinite speedup is a broken timing: neither an exemplar nor a best so far
             with self._lock:
                 best = self._best_so_far(task.id)
-            if self.judge is not None and best > 0 and result.speedup > self.config.judge_jump_factor * best:
+            if self.judge is not None and self._suspicious(result, best):
                 legit = self._ask_judge(task, code, result)
                 if not legit:
                     vetoed += 1
@@ -125,6 +125,14 @@ class KernelReward:
                         else None, "candidate_hash": result.candidate_hash, "source": "grpo"}
                 self.exemplar_db.add(task.id, code, float(result.speedup), meta)
         return vetoed
+
+    def _suspicious(self, result: EvalResult, best: float) -> bool:
+        """Whether to ask the judge: its own rule when it has one (`LLMJudge.should_check`, which also sees a
+        task's first success above an absolute threshold), else a jump above `judge_jump_factor` x the best."""
+        should_check = getattr(self.judge, "should_check", None)
+        if callable(should_check):
+            return bool(should_check(result, best or None))
+        return best > 0 and float(result.speedup or 0.0) > self.config.judge_jump_factor * best
 
     def _best_so_far(self, task_id: str) -> float:
         if task_id not in self._best and self.exemplar_db is not None:
