@@ -72,3 +72,29 @@ def test_scripted_policy_report(tmp_path, tiny_tasks):
 def test_config_needs_a_policy():
     with pytest.raises(ConfigError, match="checkpoint"):
         PolicyEvalConfig()
+
+
+def test_a_contrastive_policy_is_evaluated_on_contrastive_prompts(tmp_path, tiny_tasks):
+    """evaluate-policy only prompted plainly: a contrastively trained policy was tested off its distribution."""
+    from cudal1.exemplars import ExemplarDB
+
+    db_path = tmp_path / "exemplars.sqlite"
+    db = ExemplarDB(db_path)
+    for task in tiny_tasks:
+        db.add(task.id, correct_code(task) + "\n# exemplar kernel\n", 1.7)
+    seen = []
+
+    class Recording(ScriptedBackend):
+        def generate(self, prompts, n=1, **kw):
+            seen.extend(p[-1]["content"] for p in prompts)
+            return super().generate(prompts, n, **kw)
+
+    def evaluator(task, source):
+        return EvalResult(status=Status.CORRECT, speedup=2.0, task_id=task.id)
+
+    cfg = PolicyEvalConfig(checkpoint="scripted", source=str(FIXTURE_TASKS), split="all", samples=1,
+                           exemplar_db=str(db_path))
+    evaluate_policy(cfg, backend=Recording(tiny_tasks), evaluator=evaluator)
+    assert len(seen) == len(tiny_tasks) and all("# exemplar kernel" in text and "1.7" in text for text in seen)
+    with pytest.raises(ConfigError, match="does not exist"):
+        PolicyEvalConfig(checkpoint="x", exemplar_db=str(tmp_path / "none.sqlite"))

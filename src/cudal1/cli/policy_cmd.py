@@ -22,6 +22,8 @@ def evaluate_policy_command(
     max_new_tokens: int = typer.Option(4096, "--max-new-tokens", help="Longest completion."),
     max_tasks: int = typer.Option(0, "--max-tasks", help="At most this many tasks (0: all)."),
     form: str = typer.Option("load_inline", "--form", help="load_inline or raw_cuda."),
+    exemplar_db: str = typer.Option("", "--exemplar-db", help="Exemplar database of stage 3: contrastive prompts "
+                                    "(as the policy was trained on) instead of plain ones."),
     workers: int = typer.Option(4, "--workers", help="Candidates evaluated in parallel."),
     output: str = typer.Option("", "--output", help="Write the JSON report here."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
@@ -33,7 +35,7 @@ def evaluate_policy_command(
 
     cfg = PolicyEvalConfig(checkpoint=checkpoint, llm=llm, source=source, split=split, splits_file=splits_file,
                            samples=samples, temperature=temperature, max_new_tokens=max_new_tokens,
-                           max_tasks=max_tasks, form=form,
+                           max_tasks=max_tasks, form=form, exemplar_db=exemplar_db,
                            output=str(common.output_file(Path(output))) if output else "")
     eval_cfg = common.make_config(device, profile, trials, sizes)
     report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store(store_path, no_store),

@@ -25,10 +25,13 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
+from cudal1.exemplars import ExemplarDB
 from cudal1.llm.extract import extract_completion
+from cudal1.llm.prompts import build_plain_prompt
 from cudal1.tasks.splits import SPLIT_NAMES, load_or_make_split, make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, evaluate_batch
+from cudal1.train.rl import ContrastivePromptBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ class PolicyEvalConfig:
     max_new_tokens: int = field(default=4096, metadata={"help": "Longest completion."})
     batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch."})
     form: str = field(default="load_inline", metadata={"help": "Candidate form asked for."})
+    exemplar_db: str = field(default="", metadata={"help": "Exemplar database (as stage 3 writes it): prompts are "
+                                                           "then CUDA-L1's contrastive prompt, the distribution a "
+                                                           "contrastively trained policy learnt on; empty: plain."})
     max_tasks: int = field(default=0, metadata={"help": "At most this many tasks (0: all)."})
     output: str = field(default="", metadata={"help": "Write the JSON report here (optional)."})
     seed: int = field(default=0, metadata={"help": "Sampling seed."})
@@ -70,6 +76,8 @@ class PolicyEvalConfig:
             raise ConfigError(f"split must be one of {', '.join(SPLIT_NAMES)}, not {self.split!r}")
         if self.samples < 1:
             raise ConfigError("samples must be >= 1")
+        if self.exemplar_db and not Path(self.exemplar_db).is_file():
+            raise ConfigError(f"exemplar database {self.exemplar_db} does not exist")
 
 
 @dataclass
@@ -186,6 +194,14 @@ def _backend(config: PolicyEvalConfig) -> Any:
     return make_backend(llm_cfg)
 
 
+def _prompts(config: PolicyEvalConfig, tasks: Sequence[Task]) -> list[list[dict[str, str]]]:
+    """Plain prompts, or with `exemplar_db` the contrastive prompts stage 3 builds (same sampler and seed)."""
+    if not config.exemplar_db:
+        return [build_plain_prompt(t.source, form=config.form) for t in tasks]
+    builder = ContrastivePromptBuilder(ExemplarDB(config.exemplar_db), form=config.form, seed=config.seed)
+    return [builder.build(t) for t in tasks]
+
+
 def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None = None, store: Any = None,
                     workers: int = 4, backend: Any = None, evaluator: Evaluator | None = None,
                     tasks: Sequence[Task] | None = None) -> PolicyEvalReport:
@@ -194,8 +210,6 @@ def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None 
     `evaluator` defaults to the hardened evaluator with `eval_config` (default `EvalConfig()`) and `store`;
     `backend` defaults to the checkpoint (or `config.llm`); `workers` candidates are evaluated at once.
     """
-    from cudal1.llm.prompts import build_plain_prompt
-
     chosen = _tasks_of(config, tasks)
     if not chosen:
         raise ConfigError(f"no tasks in split {config.split!r} of {config.source!r}")
@@ -207,7 +221,7 @@ def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None 
 
         def evaluator(task: Task, source: str) -> Any:
             return evaluate_candidate(task, source, cfg, store=store, label=f"policy:{config.checkpoint or config.llm}")
-    prompts = [build_plain_prompt(t.source, form=config.form) for t in chosen]
+    prompts = _prompts(config, chosen)
     groups = backend.generate(prompts, n=config.samples)
     items = [(task, extract_completion(c.text).code if c.ok else None)
              for task, group in zip(chosen, groups, strict=True) for c in group]
