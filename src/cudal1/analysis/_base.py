@@ -42,6 +42,8 @@ DEFAULT_SEVERITY: dict[str, Severity] = {
     # Rationale: a redefinition ModelNew does not read, or KernelBench's own get_inputs: the harness ignores
     # them (it takes inputs and sizes from the reference); descriptive only.
     "size_constants_ignored": Severity.INFO,
+    # Rationale: ModelNew that is the reference itself earns ~1.0x: not a cheat, but no optimization either.
+    "reference_reuse": W,
     # Rationale: a compiled kernel the forward never launches is a decoy (looks custom, runs torch).
     "unused_kernel": W,
     # Rationale: load_inline(functions=[...]) with empty cpp_sources can never build (main.cpp declares

@@ -56,6 +56,7 @@ RULES: dict[str, Rule] = {
         _rule("input_mutation", va.check_input_mutation, "in-place writes to the inputs"),
         _rule("size_constants_redefined", st.check_size_constants_redefined, "sizes or get_inputs redefined"),
         _rule("reads_reference", st.check_reads_reference, "uses the reference Model, inputs or module"),
+        _rule("reference_reuse", st.check_reference_reuse, "ModelNew is the reference (re-exported or inherited)"),
         _rule("precision_downcast", va.check_precision_downcast, "fp16/bf16/TF32 for an fp32 task"),
         _rule("exception_fallback", st.check_exception_fallback, "try/except fallbacks, swallowed errors"),
         _rule("unused_kernel", st.check_unused_kernel, "decoy kernels never launched from forward"),

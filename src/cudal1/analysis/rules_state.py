@@ -401,3 +401,28 @@ def check_reads_reference(ctx: AnalysisContext) -> list[Flag]:
             if bad:
                 out.append(flag("reads_reference", f"imports {bad[0]}", node.lineno))
     return out
+
+
+def check_reference_reuse(ctx: AnalysisContext) -> list[Flag]:
+    """`ModelNew` that is the reference under another name: `ModelNew = Model`, or a subclass of the (copied)
+    reference class that overrides nothing that computes (no `forward` of its own)."""
+    for node in ctx.tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ModelNew" for t in node.targets)
+                and isinstance(node.value, ast.Name)):
+            return [flag("reference_reuse", f"ModelNew is {node.value.id} re-exported", node.lineno)]
+    cls = ctx.model_new
+    if cls is None or any(isinstance(n, ast.FunctionDef) and n.name == "forward" for n in cls.body):
+        return []
+    for base in cls.bases:
+        name = base.id if isinstance(base, ast.Name) else None
+        if name is not None and (name == "Model" or _same_class_as_reference(ctx, name)):
+            return [flag("reference_reuse", f"ModelNew inherits {name} and has no forward of its own", cls.lineno)]
+    return []
+
+
+def _same_class_as_reference(ctx: AnalysisContext, name: str) -> bool:
+    """Whether the candidate's class `name` has the same body as the reference's `Model` (a renamed copy)."""
+    if ctx.reference is None or name not in ctx.classes:
+        return False
+    ref = next((n for n in ctx.reference.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+    return ref is not None and [ast.dump(n) for n in ref.body] == [ast.dump(n) for n in ctx.classes[name].body]
