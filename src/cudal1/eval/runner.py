@@ -19,27 +19,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import platform
 import resource
 import socket
 import sys
 import traceback
 from typing import Any
-
-
-def environment_info(device: Any) -> dict[str, Any]:
-    """GPU and software versions as seen from inside a runner."""
-    import torch
-
-    env = {"device_type": device.type, "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
-           "python": platform.python_version()}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env.update(gpu_name=props.name, capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
-                   l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0), total_memory=int(props.total_memory))
-    else:
-        env.update(gpu_name="cpu", cpu=platform.processor() or platform.machine())
-    return env
 
 
 class HelperRole:
