@@ -99,3 +99,16 @@ def test_stage2_may_decode_greedily_but_not_with_an_empty_nucleus(tmp_path):
     assert SelfSupervisedConfig(**{**BASE, "output_dir": str(tmp_path), "temperature": 0.0}).temperature == 0.0
     with pytest.raises(ConfigError, match="top_p"):
         SelfSupervisedConfig(**{**BASE, "output_dir": str(tmp_path), "top_p": 0.0})
+
+
+def test_island_settings_reach_the_sampler():
+    from cudal1.exemplars import make_sampler
+    from cudal1.train.rl import sampler_config
+
+    cfg = RLStageConfig(**BASE, exemplar_sampler="island", islands=7, island_migrate_every=3, island_reset_every=9,
+                        sampler_temperature=0.5)
+    sampler = make_sampler("island", sampler_config(cfg))
+    assert (sampler.config.num_islands, sampler.config.migrate_every, sampler.config.reset_every,
+            sampler.config.temperature) == (7, 3, 9, 0.5)
+    with pytest.raises(ConfigError, match="islands >= 1"):
+        RLStageConfig(**BASE, islands=0)

@@ -247,7 +247,13 @@ class RLStageConfig(CommonTrainConfig):
     exemplar_sampler: str = _f("bucket", "Exemplar selection for contrastive prompts: bucket, island or random.")
     exemplars_per_prompt: int = _f(2, "Exemplars shown per prompt (the paper: N = 2).")
     bucket_width: float = _f(0.1, "Score bucket width (speedup units) of the bucket sampler. Not published.")
-    sampler_temperature: float = _f(1.0, "Softmax temperature tau over bucket means. Not published.")
+    sampler_temperature: float = _f(1.0, "Softmax temperature tau over bucket means (bucket sampler) or over "
+                                         "scores within an island (island sampler). Not published.")
+    islands: int = _f(4, "Island sampler: number of islands K (a code's island is its hash modulo K).")
+    island_migrate_every: int = _f(16, "Island sampler: every M new codes the best of a random island is copied "
+                                       "into the worst one; 0: no migration.")
+    island_reset_every: int = _f(0, "Island sampler: every R new codes the worst half of the islands is reseeded "
+                                    "from the survivors (FunSearch's reset); 0: no resets.")
     max_exemplars_per_task: int = _f(256, "Exemplar database size per task; lowest scores evicted first.")
     prompt_token_budget: int = _f(16384, "Prompt token budget; exemplars are trimmed to fit.")
     judge: str = _f("", "LLM judge for suspicious reward jumps (an import path 'module:factory'); empty: none.")
@@ -284,6 +290,8 @@ class RLStageConfig(CommonTrainConfig):
             raise ConfigError(f"exemplar_sampler must be bucket, island or random, not {self.exemplar_sampler!r}")
         if self.exemplars_per_prompt < 1 or self.bucket_width <= 0 or self.sampler_temperature <= 0:
             raise ConfigError("need exemplars_per_prompt >= 1, bucket_width > 0 and sampler_temperature > 0")
+        if self.islands < 1 or self.island_migrate_every < 0 or self.island_reset_every < 0:
+            raise ConfigError("need islands >= 1, island_migrate_every >= 0 and island_reset_every >= 0")
         if self.judge_jump_factor <= 1.0:
             raise ConfigError(f"judge_jump_factor must be > 1, got {self.judge_jump_factor}")
         if self.max_steps < 1:

@@ -80,6 +80,18 @@ class ContrastivePromptBuilder:
                                         tokenizer=self.tokenizer)
 
 
+def sampler_config(config: RLStageConfig) -> dict[str, Any]:
+    """The exemplar sampler's settings from the stage config (`exemplar_sampler` names the sampler)."""
+    if config.exemplar_sampler == "bucket":
+        return {"n": config.exemplars_per_prompt, "bucket_width": config.bucket_width,
+                "temperature": config.sampler_temperature}
+    if config.exemplar_sampler == "island":
+        return {"n": config.exemplars_per_prompt, "num_islands": config.islands,
+                "temperature": config.sampler_temperature, "migrate_every": config.island_migrate_every,
+                "reset_every": config.island_reset_every}
+    return {"n": config.exemplars_per_prompt}
+
+
 def placeholder_prompt(task: Task) -> list[dict[str, str]]:
     """What the dataset holds before the trainer builds the real prompt (never sent to the model)."""
     return [{"role": "user", "content": f"[contrastive prompt for {task.id} is built at generation time]"}]
@@ -211,11 +223,8 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
         reward = KernelReward(tasks, evaluator, reward_cfg, exemplar_db=db,
                               judge=judge or load_judge(config.judge), model_name=config.model)
         reward_funcs = [reward]
-    sampler_cfg = ({"n": config.exemplars_per_prompt, "bucket_width": config.bucket_width,
-                    "temperature": config.sampler_temperature} if config.exemplar_sampler == "bucket"
-                   else {"n": config.exemplars_per_prompt})
     builder = prompt_builder or ContrastivePromptBuilder(
-        db, sampler=config.exemplar_sampler, sampler_config=sampler_cfg, form=config.form,
+        db, sampler=config.exemplar_sampler, sampler_config=sampler_config(config), form=config.form,
         token_budget=config.prompt_token_budget, tokenizer=tokenizer, seed=config.seed)
     budget = time_budget_callback(config.time_budget_s)
     trainer = contrastive_trainer_class()(
