@@ -112,3 +112,17 @@ def test_island_settings_reach_the_sampler():
             sampler.config.temperature) == (7, 3, 9, 0.5)
     with pytest.raises(ConfigError, match="islands >= 1"):
         RLStageConfig(**BASE, islands=0)
+
+
+def test_sft_data_and_rl_prompts_ask_for_the_same_form_by_default():
+    """augment asked for raw CUDA while training prompted for load_inline unless the user set the form."""
+    import dataclasses
+
+    from cudal1.loops.augment import AugmentConfig
+    from cudal1.loops.optimize import OptimizeConfig
+    from cudal1.train.policy_eval import PolicyEvalConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RLStageConfig)}
+    assert defaults["form"] == "raw_cuda"
+    assert {f.default for cls in (AugmentConfig, OptimizeConfig, PolicyEvalConfig)
+            for f in dataclasses.fields(cls) if f.name == "form"} == {"raw_cuda"}

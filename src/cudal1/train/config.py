@@ -54,7 +54,8 @@ class CommonTrainConfig:
     test_fraction: float = _f(0.2, "Fraction of each level's tasks held out for testing (new split files).")
     split_seed: int = _f(0, "Seed of the task split hash (new split files).")
     max_tasks: int = _f(0, "Use at most this many tasks of the split (0: all); for smoke runs.")
-    form: str = _f("load_inline", "Candidate form asked for in prompts: load_inline (KernelBench) or raw_cuda.")
+    form: str = _f("raw_cuda", "Candidate form asked for in prompts: raw_cuda (NVRTC, builds in < 1 s; what "
+                               "augment and optimize ask for too, so SFT data and RL prompts agree) or load_inline.")
     learning_rate: float = _f(1e-5, "Peak learning rate (AdamW).")
     lr_scheduler_type: str = _f("cosine", "Learning-rate schedule (transformers names: linear, cosine, constant).")
     warmup_ratio: float = _f(0.03, "Fraction of steps spent warming the learning rate up.")

@@ -61,7 +61,7 @@ class PolicyEvalConfig:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     max_new_tokens: int = field(default=4096, metadata={"help": "Longest completion."})
     batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch."})
-    form: str = field(default="load_inline", metadata={"help": "Candidate form asked for."})
+    form: str = field(default="raw_cuda", metadata={"help": "Candidate form asked for (the training stages' default)."})
     exemplar_db: str = field(default="", metadata={"help": "Exemplar database (as stage 3 writes it): prompts are "
                                                            "then CUDA-L1's contrastive prompt, the distribution a "
                                                            "contrastively trained policy learnt on; empty: plain."})
