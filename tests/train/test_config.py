@@ -126,3 +126,16 @@ def test_sft_data_and_rl_prompts_ask_for_the_same_form_by_default():
     assert defaults["form"] == "raw_cuda"
     assert {f.default for cls in (AugmentConfig, OptimizeConfig, PolicyEvalConfig)
             for f in dataclasses.fields(cls) if f.name == "form"} == {"raw_cuda"}
+
+
+def test_a_hub_policy_is_not_copied_for_the_reference_model(tmp_path):
+    """With beta > 0 a hub model was saved whole into the run folder (about 15 GB for a 7B model) although
+    TRL reloads the reference policy from the hub itself."""
+    from types import SimpleNamespace
+
+    from cudal1.train.rl import _reference_path
+
+    cfg = RLStageConfig(**{**BASE, "model": "some-org/some-model", "output_dir": str(tmp_path), "beta": 0.04})
+    hub = SimpleNamespace(config=SimpleNamespace(_name_or_path="some-org/some-model"))
+    _reference_path(hub, cfg, tokenizer=None)
+    assert hub.config._name_or_path == "some-org/some-model" and not (tmp_path / "reference_policy").exists()

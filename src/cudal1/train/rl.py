@@ -181,11 +181,13 @@ def grpo_args(config: RLStageConfig, **extra: Any) -> Any:
 
 
 def _reference_path(model: Any, config: RLStageConfig, tokenizer: Any) -> None:
-    """With beta > 0, TRL reloads the reference policy from `config._name_or_path`: make sure it exists."""
+    """With beta > 0, TRL reloads the reference policy from `config._name_or_path`: make sure it exists. A
+    local folder or the hub id the policy was loaded from is reloaded as it is (a 7B model is not copied)."""
     if config.beta <= 0 or config.use_lora:
         return
     name = getattr(model.config, "_name_or_path", "")
-    if name and Path(name).is_dir():
+    hub_id = name == config.model and not name.startswith("scratch") and not Path(name).exists()
+    if name and (Path(name).is_dir() or hub_id):
         return
     path = save_policy(model, tokenizer, Path(config.output_dir) / "reference_policy")
     model.config._name_or_path = str(path)
