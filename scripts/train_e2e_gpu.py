@@ -177,7 +177,7 @@ def print_table(summary: dict) -> None:
     rows = [("tasks / stage-1 kernels", f"{summary['tasks']} / {summary['kernels']}"),
             ("stage 1 loss first -> last", f"{sft.get('first_loss')} -> {sft.get('last_loss')}"),
             ("stage 2 success rate", f"{last_round.get('success_rate')}"),
-            ("stage 3 reward first -> last", f"{rl.get('reward_first')} -> {rl.get('reward_last')}"),
+            ("stage 3 raw reward first -> last", f"{rl.get('raw_reward_first')} -> {rl.get('raw_reward_last')}"),
             ("stage 3 raw reward per batch", _per_batch(rl, "raw_reward_mean")),
             ("stage 3 success rate per batch", _per_batch(rl, "success_rate")),
             ("stage 3 steps", f"{rl.get('steps')}"), ("wall s", f"{summary['wall_s']:.0f}")]

@@ -66,6 +66,7 @@ def test_grpo_with_real_generation_and_the_real_evaluator(tmp_path, tiny_tasks, 
                     prompt_builder=builder)
     batches = result.summary["reward_batches"]
     assert [b["statuses"] for b in batches] == [{"correct": 1, "incorrect": 1}] * 2
+    assert result.summary["raw_reward_last"] == batches[-1]["raw_reward_mean"] > 0  # the raw speedups, logged
     losses = [e["loss"] for e in result.log_history if "loss" in e]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
     rewards = [e["reward"] for e in result.log_history if "reward" in e]

@@ -242,11 +242,14 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     history = list(trainer.state.log_history)
     rewards = [e["reward"] for e in history if "reward" in e]
     summary: dict[str, Any] = {"steps": trainer.state.global_step, "tasks": len(tasks),
-                               "reward_first": rewards[0] if rewards else None,
-                               "reward_last": rewards[-1] if rewards else None,
+                               # TRL's `reward` is after smoothing (about 0 whatever the policy does):
+                               "smoothed_reward_first": rewards[0] if rewards else None,
+                               "smoothed_reward_last": rewards[-1] if rewards else None,
                                "prompts_built": builder.built, "stopped_by_time_budget": budget.stopped_early,
                                "exemplars": {t.id: db.count(t.id) for t in tasks}}
     if reward is not None:
+        raw = [b["raw_reward_mean"] for b in reward.history]
+        summary.update(raw_reward_first=raw[0] if raw else None, raw_reward_last=raw[-1] if raw else None)
         summary["reward_batches"] = reward.history
         (Path(config.output_dir) / "reward_history.json").write_text(_json(reward.history))
     return recorder.finish(StageResult("rl", config.output_dir, str(final), history, summary))
