@@ -20,6 +20,12 @@ from cudal1.tasks.task import Task
 EVALUATOR_SPECS = "'' (this process), local, ray:auto, ray://HOST:PORT or http(s)://HOST:PORT (a reward server)"
 
 
+def is_evaluator_spec(spec: str) -> bool:
+    """Whether `make_evaluator` takes `spec` (`EVALUATOR_SPECS`); configs check with it before anything starts."""
+    spec = (spec or "").strip()
+    return spec in ("", "inprocess", "local", "ray:auto") or spec.startswith(("ray://", "http://", "https://"))
+
+
 def make_pool(spec: str, config: EvalConfig | None = None, *, store: Any = None,
               evaluate_fn: EvaluateFn | None = None, **options: Any) -> EvaluatorPool:
     """A pool from its spec: `local`, `ray:auto` (join or start a cluster) or `ray://HOST:PORT` (client).
@@ -57,14 +63,14 @@ def make_evaluator(spec: str, config: EvalConfig, *, store: Any = None, label: s
     """The evaluator of `spec` (`EVALUATOR_SPECS`). A reward server evaluates task ids it knows (built-in and
     release tasks; its own store and settings) and takes no reference code from here."""
     spec = (spec or "").strip()
+    if not is_evaluator_spec(spec):
+        raise ConfigError(f"unknown evaluator {spec!r}: use {EVALUATOR_SPECS}")
     if spec in ("", "inprocess"):
         return Evaluator("inprocess", lambda task, source: evaluate_candidate(
             task, source, config, store=store, label=label, run_id=run_id))
     if spec.startswith(("http://", "https://")):
         client = RewardClient(spec, token=os.environ.get(ENV_TOKEN) or None)
         return Evaluator(spec, lambda task, source: client.evaluate(task.id, source, label=label), client.close)
-    if spec == "local" or spec.startswith("ray"):
-        pool = make_pool(spec, config, store=store)
-        return Evaluator(spec, lambda task, source: pool.submit(task, source, label=label, run_id=run_id).result(),
-                         pool.close)
-    raise ConfigError(f"unknown evaluator {spec!r}: use {EVALUATOR_SPECS}")
+    pool = make_pool(spec, config, store=store)  # local, ray:auto or ray://
+    return Evaluator(spec, lambda task, source: pool.submit(task, source, label=label, run_id=run_id).result(),
+                     pool.close)

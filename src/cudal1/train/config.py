@@ -25,6 +25,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.rewards import CORRECT_UNMEASURED
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
+from cudal1.service.factory import is_evaluator_spec
 
 C = TypeVar("C")
 
@@ -130,8 +131,7 @@ class CommonTrainConfig:
         if self.time_budget_s < 0:
             raise ConfigError("time_budget_s must be >= 0 (0: no limit)")
         self.eval_config()  # fail early on bad evaluator settings
-        if self.workers and not (self.workers in ("local", "inprocess") or self.workers.startswith(
-                ("ray:auto", "ray://", "http://", "https://"))):
+        if not is_evaluator_spec(self.workers):
             raise ConfigError(f"workers must be empty, local, ray:auto, ray://HOST:PORT or http(s)://HOST:PORT, "
                               f"not {self.workers!r}")
 

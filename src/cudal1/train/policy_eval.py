@@ -28,6 +28,7 @@ from cudal1.eval.config import EvalConfig
 from cudal1.exemplars import ExemplarDB
 from cudal1.llm.extract import extract_completion
 from cudal1.llm.prompts import build_plain_prompt
+from cudal1.service.factory import make_evaluator
 from cudal1.tasks.splits import SPLIT_NAMES, load_or_make_split, make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, evaluate_batch
@@ -215,12 +216,8 @@ def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None 
         raise ConfigError(f"no tasks in split {config.split!r} of {config.source!r}")
     backend = backend or _backend(config)
     if evaluator is None:
-        from cudal1.eval import evaluate_candidate
-
-        cfg = eval_config or EvalConfig()
-
-        def evaluator(task: Task, source: str) -> Any:
-            return evaluate_candidate(task, source, cfg, store=store, label=f"policy:{config.checkpoint or config.llm}")
+        evaluator = make_evaluator("", eval_config or EvalConfig(), store=store,
+                                   label=f"policy:{config.checkpoint or config.llm}")
     prompts = _prompts(config, chosen)
     groups = backend.generate(prompts, n=config.samples)
     items = [(task, extract_completion(c.text).code if c.ok else None)
