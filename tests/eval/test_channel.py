@@ -15,6 +15,7 @@ from cudal1.eval.channel import (
     ChannelTimeout,
     OpaqueValue,
     UnsupportedValue,
+    changed_inputs,
     describe_value,
     socket_pair,
     tree_nbytes,
@@ -59,6 +60,25 @@ def test_views_see_the_shared_memory_itself():
     arena.write_region("in", torch.full((8,), 3.0).numpy().tobytes())
     assert torch.equal(view, torch.full((8,), 3.0))
     arena.close()
+
+
+def test_changed_inputs_compares_bytes_across_arenas():
+    """The trial's input check: an input the candidate changed in place is named, and only counts when the
+    reference leaves it unchanged; a missing input counts as changed; NaN payloads compare bit for bit."""
+    given_x, given_y = torch.randn(4, 4), torch.tensor([float("nan"), 1.0])
+    ref, cand = Arena.create(4096, 4096), Arena.create(4096, 4096)
+    try:
+        given = ref.pack([given_x, given_y], "in")
+        ref_after = ref.pack([given_x.clone(), given_y.clone()], "out")
+        cand_after = cand.pack([given_x * 2, given_y.clone()], "out")
+        assert changed_inputs((ref, given), (ref, ref_after), (cand, cand_after)) == ([0], True)
+        cand_after = cand.pack([given_x.clone()], "out")
+        assert changed_inputs((ref, given), (ref, ref_after), (cand, cand_after)) == ([1], True)
+        ref_after = ref.pack([given_x + 1, given_y.clone()], "out")  # the reference itself changes x
+        assert changed_inputs((ref, given), (ref, ref_after), (cand, cand.pack([given_x, given_y], "out")))[1] is False
+    finally:
+        ref.close()
+        cand.close()
 
 
 def test_an_arena_cannot_be_resized_by_either_side():
@@ -145,4 +165,40 @@ def test_helper_compares_across_many_pinned_arenas():
         arena.close()
     helper.arena.close()
     torch.ones(4, device="cuda").add_(1)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_helper_device_arenas_copy_compare_and_check_inputs():
+    """A session's device arenas in the helper: trial inputs copied from the reference's arena into the
+    candidate's, outputs compared where they lie, input changes found, a malformed candidate tree refused as
+    the candidate's (not the helper's) failure, and the arenas attachable from their descriptors."""
+    from cudal1.eval.device_arena import DeviceArena
+    from cudal1.eval.runner import HelperRole
+
+    helper = HelperRole({"device": "cuda"})
+    assert helper.setup_reply()["device_arenas"]
+    reply = helper.handle("device_arenas", {"sid": "s1", "ref": [1 << 20, 4 << 20], "cand": [1 << 20, 4 << 20]})
+    fds = reply.pop("_fds")
+    ref_side, cand_side = (DeviceArena.attach(fd, reply[w]["in_bytes"], reply[w]["size"]) for fd, w in
+                           zip(fds, ("ref", "cand"), strict=True))
+    x = torch.randn(256, 256, device="cuda")
+    in_tree = ref_side.pack([x], "in")
+    moved = helper.handle("copy", {"sid": "s1", "tree": in_tree, "src": "ref", "dst": "cand", "region": "in"})["tree"]
+    got = cand_side.unpack(moved, device="cuda")[0]
+    assert torch.equal(got, x)
+    ref_out = ref_side.pack((x * 2, [x]), "out")
+    good = cand_side.pack((got * 2, [got]), "out")
+    assert helper.handle("compare", {"sid": "s1", "ref": ref_out, "cand": good, "profile": "strict", "trial": 0})["match"]
+    bad = cand_side.pack((got * 2 + 1, [got.mul_(3)]), "out")
+    assert not helper.handle("compare", {"sid": "s1", "ref": ref_out, "cand": bad, "profile": "strict", "trial": 0})["match"]
+    checked = helper.handle("inputs_changed", {"sid": "s1", "given": in_tree, "ref_after": ref_out["items"][1],
+                                               "cand_after": bad["items"][1]})
+    assert checked["changed"] == [0] and checked["ref_same"], checked
+    outside = {"t": "tensor", "offset": 1 << 40, "nbytes": 4, "dtype": "float32", "shape": [1], "cls": "Tensor"}
+    refused = helper.handle("compare", {"sid": "s1", "ref": ref_out, "cand": outside, "profile": "strict", "trial": 0})
+    assert refused["ok"] and refused["unreadable"], refused
+    assert helper.handle("drop_arenas", {"sid": "s1"})["ok"] and "s1" not in helper.sessions
+    for arena in (ref_side, cand_side):
+        arena.close()
     torch.cuda.synchronize()

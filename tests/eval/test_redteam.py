@@ -195,7 +195,8 @@ def test_gpu_honest_controls_and_the_null_test(capsys):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    for name in ("honest_out_param.py", "honest_boilerplate.py"):
+    for name in ("honest_out_param.py", "honest_boilerplate.py", "honest_joined_stream.py",
+                 "honest_torch_compile.py"):
         assert main(["eval", "--ref", str(RELU), "--candidate", str(REDTEAM / name), "--device", "cuda",
                      "--json", "--no-store"]) == 0
         result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

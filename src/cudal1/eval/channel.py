@@ -8,6 +8,9 @@
   a small descriptor tree; the parent reads them back as *copies* (`unpack(..., copy=True)`), so nothing the
   runner writes afterwards changes what the parent compares. Each runner has arenas of its own: the
   candidate's runner never maps the reference's.
+- On a GPU, where the driver allows, arenas are device memory instead (`device_arena.DeviceArena`, the same
+  layout): the helper creates them and alone maps both models', so outputs are committed and compared without
+  crossing to the host; the parent then only moves descriptors.
 
 Covered: any dtype (raw bytes, fp8 and complex included), nested tuple/list outputs, non-tensor values that
 JSON can carry. Not covered: sparse, quantized and nested tensors (reported as unsupported outputs).
@@ -136,75 +139,38 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-class Arena:
-    """A sealed shared-memory region: `in` and `out` halves, each packed front to back."""
+class TensorArena:
+    """`in` and `out` halves of one byte range that two processes share, each packed front to back; the
+    range is a torch uint8 tensor (`bytes_tensor()`): host memory (`Arena`) or device memory
+    (`device_arena.DeviceArena`). Packing, unpacking and copying work alike on either."""
 
-    def __init__(self, fd: int, in_bytes: int, out_bytes: int, owner: bool):
-        self.fd, self.in_bytes, self.out_bytes, self.owner = fd, in_bytes, out_bytes, owner
+    registered = False  # host memory pinned for the GPU: copies to and from it may be asynchronous
+
+    def __init__(self, in_bytes: int, out_bytes: int):
+        self.in_bytes, self.out_bytes = in_bytes, out_bytes
         self.size = in_bytes + out_bytes
-        self.map = mmap.mmap(fd, self.size) if self.size else None
-        self._host: Any = None  # torch uint8 view of the whole map, made on first use
-        self.registered = False
-        self._pinned_ptr: int | None = None
 
-    @classmethod
-    def create(cls, in_bytes: int, out_bytes: int) -> Arena:
-        """A new memfd of `in_bytes + out_bytes` (aligned), sealed against growing and shrinking."""
-        in_bytes, out_bytes = _align(max(in_bytes, 0)), _align(max(out_bytes, 0))
-        fd = os.memfd_create("cudal1-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        os.ftruncate(fd, in_bytes + out_bytes)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        return cls(fd, in_bytes, out_bytes, owner=True)
+    def bytes_tensor(self) -> Any:
+        raise NotImplementedError
 
-    @classmethod
-    def attach(cls, fd: int, in_bytes: int) -> Arena:
-        """The runner's side: map a received memfd (its size is read from the file, never trusted)."""
-        size = os.fstat(fd).st_size
-        in_bytes = min(max(int(in_bytes), 0), size)
-        return cls(fd, in_bytes, size - in_bytes, owner=False)
+    def host(self) -> Any:
+        return self.bytes_tensor()
+
+    def register_with_cuda(self) -> bool:
+        return self.registered
 
     def spec(self) -> dict[str, int]:
         return {"in_bytes": self.in_bytes, "out_bytes": self.out_bytes}
 
-    def host(self) -> Any:
-        """A torch uint8 tensor over the whole mapping (the runner's staging buffer)."""
-        import torch
-
-        if self._host is None:
-            self._host = torch.frombuffer(self.map, dtype=torch.uint8) if self.size else torch.empty(0, dtype=torch.uint8)
-        return self._host
-
-    def register_with_cuda(self) -> bool:
-        """Pin the mapping for the GPU (fast, asynchronous copies); False when CUDA refuses."""
-        import torch
-
-        if self.registered or not self.size or not torch.cuda.is_available():
-            return self.registered
-        from cudal1.eval.cudart import clear_last_error
-
-        ptr = self.host().data_ptr()
-        try:
-            self.registered = int(torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)) == 0
-        except Exception:  # noqa: BLE001 - pageable copies still work, only slower
-            self.registered = False
+    def _sync_after_copies(self) -> None:
+        """Wait for the copies into or out of this range (device memory, or pinned host memory)."""
         if self.registered:
-            self._pinned_ptr = ptr
-        else:
-            clear_last_error()
-        return self.registered
+            import torch
 
-    def _unregister(self) -> None:
-        """Unpin before unmapping: a range left registered makes a later mapping at the same address fail
-        to register (and the failure surfaces in an unrelated kernel launch)."""
-        if self._pinned_ptr is None:
-            return
-        import torch
+            torch.cuda.synchronize()
 
-        from cudal1.eval.cudart import clear_last_error
-
-        if int(torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)) != 0:
-            clear_last_error()
-        self._pinned_ptr, self.registered = None, False
+    def close(self) -> None:
+        pass
 
     def region(self, name: str) -> tuple[int, int]:
         return (0, self.in_bytes) if name == "in" else (self.in_bytes, self.size)
@@ -246,17 +212,19 @@ class Arena:
         tree = put(value)
         for dst, src in copies:
             dst.copy_(src, non_blocking=self.registered)
-        if self.registered and copies:
-            torch.cuda.synchronize()
+        if copies:
+            self._sync_after_copies()
         return tree
 
     def unpack(self, tree: dict[str, Any], *, device: Any = "cpu", copy: bool = True) -> Any:
         """The value of a descriptor tree, tensors read from this arena onto `device`: copies (the parent's
-        snapshots), or with `copy=False` on the CPU views of the shared memory itself (a runner's inputs that
-        the parent writes just before the call). Raises `UnsupportedValue` for a descriptor outside the arena."""
+        snapshots), or with `copy=False` views of the shared memory itself where it lies on `device` (a CPU
+        runner's inputs that the parent writes just before the call; the helper comparing outputs in device
+        arenas). Raises `UnsupportedValue` for a descriptor outside the arena."""
         import torch
 
         host = self.host()
+        views = not copy and host.device.type == torch.device(device).type
 
         def get(d: Any) -> Any:
             if not isinstance(d, dict):
@@ -272,9 +240,9 @@ class Arena:
                 itemsize = torch.empty(0, dtype=dtype).element_size()
                 if numel * itemsize != nbytes or offset < 0 or offset + nbytes > self.size or any(s < 0 for s in shape):
                     raise UnsupportedValue("a tensor descriptor that does not fit its arena")
-                if not copy and str(device) == "cpu":
+                if views:
                     return host[offset: offset + nbytes].view(dtype).reshape(shape) if nbytes else \
-                        torch.empty(shape, dtype=dtype)
+                        torch.empty(shape, dtype=dtype, device=host.device)
                 out = torch.empty(shape, dtype=dtype, device=device)
                 if nbytes:
                     out.reshape(-1).view(torch.uint8).copy_(host[offset: offset + nbytes],
@@ -288,11 +256,11 @@ class Arena:
             return OpaqueValue(str(d.get("type")), str(d.get("repr", "")))
 
         value = get(tree)
-        if self.registered and str(device).startswith("cuda"):
-            torch.cuda.synchronize()
+        if not views:
+            self._sync_after_copies()
         return value
 
-    def copy_from(self, source: Arena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
+    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
         """Copy the tensors of `tree` (laid out in `source`) into `region` of this arena from `offset` on, byte
         for byte; (the tree as it lies here, the next free offset in the region)."""
         start, end = self.region(region)
@@ -309,7 +277,7 @@ class Arena:
                 if dst + nbytes > end:
                     raise ArenaFull(nbytes)
                 if nbytes:
-                    self.map[dst: dst + nbytes] = source.map[src: src + nbytes]
+                    self.host()[dst: dst + nbytes].copy_(source.host()[src: src + nbytes])
                 cursor[0] = dst + _align(nbytes)
                 return {**d, "offset": dst}
             if d.get("t") == "seq":
@@ -317,18 +285,76 @@ class Arena:
             return dict(d)
 
         moved = move(tree)
+        self._sync_after_copies()
         return moved, cursor[0] - start
 
-    def tensor_bytes(self, tree: dict[str, Any]) -> list[Any]:
-        """The leaves of a descriptor tree: raw bytes for tensors (with dtype and shape), values as they are."""
-        if tree.get("t") == "tensor":
-            offset, nbytes = int(tree["offset"]), int(tree["nbytes"])
-            if offset < 0 or offset + nbytes > self.size:
-                raise UnsupportedValue("a tensor descriptor that does not fit its arena")
-            return [(str(tree.get("dtype")), tuple(tree.get("shape", [])), bytes(self.map[offset: offset + nbytes]))]
-        if tree.get("t") == "seq":
-            return [leaf for item in tree.get("items", []) for leaf in self.tensor_bytes(item)]
-        return [tree.get("v", tree.get("repr"))]
+
+class Arena(TensorArena):
+    """A sealed memfd mapped by the parent and one runner (sealed against resizing: a runner that could shrink
+    it would crash the parent with SIGBUS)."""
+
+    def __init__(self, fd: int, in_bytes: int, out_bytes: int, owner: bool):
+        super().__init__(in_bytes, out_bytes)
+        self.fd, self.owner = fd, owner
+        self.map = mmap.mmap(fd, self.size) if self.size else None
+        self._host: Any = None  # torch uint8 view of the whole map, made on first use
+        self._pinned_ptr: int | None = None
+
+    @classmethod
+    def create(cls, in_bytes: int, out_bytes: int) -> Arena:
+        """A new memfd of `in_bytes + out_bytes` (aligned), sealed against growing and shrinking."""
+        in_bytes, out_bytes = _align(max(in_bytes, 0)), _align(max(out_bytes, 0))
+        fd = os.memfd_create("cudal1-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, in_bytes + out_bytes)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        return cls(fd, in_bytes, out_bytes, owner=True)
+
+    @classmethod
+    def attach(cls, fd: int, in_bytes: int) -> Arena:
+        """The runner's side: map a received memfd (its size is read from the file, never trusted)."""
+        size = os.fstat(fd).st_size
+        in_bytes = min(max(int(in_bytes), 0), size)
+        return cls(fd, in_bytes, size - in_bytes, owner=False)
+
+    def bytes_tensor(self) -> Any:
+        """A torch uint8 tensor over the whole mapping (the runner's staging buffer)."""
+        import torch
+
+        if self._host is None:
+            self._host = torch.frombuffer(self.map, dtype=torch.uint8) if self.size else torch.empty(0, dtype=torch.uint8)
+        return self._host
+
+    def register_with_cuda(self) -> bool:
+        """Pin the mapping for the GPU (fast, asynchronous copies); False when CUDA refuses."""
+        import torch
+
+        if self.registered or not self.size or not torch.cuda.is_available():
+            return self.registered
+        from cudal1.eval.cudart import clear_last_error
+
+        ptr = self.host().data_ptr()
+        try:
+            self.registered = int(torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)) == 0
+        except Exception:  # noqa: BLE001 - pageable copies still work, only slower
+            self.registered = False
+        if self.registered:
+            self._pinned_ptr = ptr
+        else:
+            clear_last_error()
+        return self.registered
+
+    def _unregister(self) -> None:
+        """Unpin before unmapping: a range left registered makes a later mapping at the same address fail
+        to register (and the failure surfaces in an unrelated kernel launch)."""
+        if self._pinned_ptr is None:
+            return
+        import torch
+
+        from cudal1.eval.cudart import clear_last_error
+
+        if int(torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)) != 0:
+            clear_last_error()
+        self._pinned_ptr, self.registered = None, False
 
     def read_region(self, region: str) -> bytes:
         """A private copy of a whole region's bytes."""
@@ -396,6 +422,40 @@ def parse_dtype(name: str) -> Any:
     if not isinstance(dtype, torch.dtype):
         raise UnsupportedValue(f"unknown dtype {name!r}")
     return dtype
+
+
+def tree_leaves(arena: TensorArena, tree: Any) -> list[Any]:
+    """The leaves of a descriptor tree laid out in `arena`: tensors as (dtype, shape, uint8 view of their
+    bytes), other values as they are. Raises `UnsupportedValue` for a descriptor outside the arena."""
+    if not isinstance(tree, dict):
+        raise UnsupportedValue("malformed descriptor")
+    if tree.get("t") == "tensor":
+        offset, nbytes = int(tree.get("offset", -1)), int(tree.get("nbytes", -1))
+        if offset < 0 or nbytes < 0 or offset + nbytes > arena.size:
+            raise UnsupportedValue("a tensor descriptor that does not fit its arena")
+        return [(str(tree.get("dtype")), tuple(tree.get("shape", [])), arena.host()[offset: offset + nbytes])]
+    if tree.get("t") == "seq":
+        return [leaf for item in tree.get("items", []) for leaf in tree_leaves(arena, item)]
+    return [tree.get("v", tree.get("repr"))]
+
+
+def _same_leaf(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 3 and isinstance(a[2], torch.Tensor):
+        return a[:2] == b[:2] and isinstance(b[2], torch.Tensor) and torch.equal(a[2], b[2])
+    return a == b
+
+
+def changed_inputs(given: tuple[TensorArena, Any], ref_after: tuple[TensorArena, Any],
+                   cand_after: tuple[TensorArena, Any]) -> tuple[list[int], bool]:
+    """(indices of the inputs the candidate's call left different from `given`, byte for byte; whether the
+    reference's call left all of them unchanged). Each argument is an (arena, descriptor tree) pair."""
+    inputs, ref_leaves, cand_leaves = (tree_leaves(a, t) for a, t in (given, ref_after, cand_after))
+    changed = [i for i, (a, b) in enumerate(zip(inputs, cand_leaves, strict=False)) if not _same_leaf(a, b)]
+    changed += list(range(len(cand_leaves), len(inputs)))
+    ref_same = len(ref_leaves) == len(inputs) and all(_same_leaf(a, b) for a, b in zip(inputs, ref_leaves, strict=True))
+    return changed, ref_same
 
 
 def tree_nbytes(tree: dict[str, Any]) -> int:

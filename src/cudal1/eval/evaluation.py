@@ -89,7 +89,9 @@ def helper_for(device: str) -> tuple[RunnerProcess, float | None]:
             known[0].close()
         runner = RunnerProcess(device, warm=True)
         try:
-            runner.request({"op": "setup", "role": "helper", "device": device}, timeout_s=120.0)
+            reply = runner.request({"op": "setup", "role": "helper", "device": device}, timeout_s=120.0)
+            # Device arenas unless the driver lacks them or the user asks for host memory (a comparison).
+            runner.device_arenas = bool(reply.get("device_arenas")) and os.environ.get("CUDAL1_HOST_ARENAS") != "1"
             rates = [float(runner.request({"op": "flush"}, timeout_s=60.0).get("GBps", 0.0)) for _ in range(3)]
         except RunnerFailed as failure:
             runner.close()
@@ -324,8 +326,9 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
     return EvalResult(status=status, message=message, task_id=task.id, flags=session.flags,
                       speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
                       timing=timing if status is Status.CORRECT else None, mismatch=mismatch, compile_log=compile_log,
-                      protocol={"phase_s": session.phase_s, **({"clock": session.facts["clock"]}
-                                                               if "clock" in session.facts else {}),
+                      protocol={"phase_s": session.phase_s,
+                                **{k: session.facts[k] for k in ("clock", "tensors", "timing_spent_s")
+                                   if k in session.facts},
                                 **({"kernel_profile": profile} if profile else {})})
 
 

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from cudal1.core import flags as F
@@ -58,6 +62,15 @@ class Measurement:
         # CPU tasks get their inputs through the arenas (`one`): there a flush from another process would not
         # reach the core's own caches, and a runner that made its inputs could work on them before its call.
         self.shipped = session.device_type == "cpu"
+        self.spent_s: dict[str, float] = defaultdict(float)  # the parent's wall time per step, for the record
+
+    @contextmanager
+    def spending(self, step: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent_s[step] += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ one call
 
@@ -72,18 +85,21 @@ class Measurement:
         runner = self.s.ref if who == "ref" else self.s.cand
         prepare_ms = 0.0
         if shipped is None:
-            reply = self._ask(who, {"op": "prepare", "seed": seed}, "preparing a timed call", ref_call_s)
+            with self.spending("prepare"):
+                reply = self._ask(who, {"op": "prepare", "seed": seed}, "preparing a timed call", ref_call_s)
             prepare_ms = runner.last_request_ms  # the parent's clock, send to reply (no freezing in it)
             if not reply.get("ok"):
                 raise Verdict(Status.RUNTIME_ERROR, f"preparing a timed call: {reply.get('message', 'failed')}")
         flush_after = "cand" if who == "cand" else ("ref" if self.last in ("ref", "") else "")
-        flush_ms = self.s.flush(who) if flush else None
+        with self.spending("flush"):
+            flush_ms = self.s.flush(who) if flush else None
         message: dict[str, Any] = {"op": "call"}
         if shipped is not None:
             arena.write_region("in", shipped[1])
             message.update(inputs=shipped[0], views=True)
         cpu0 = runner.cpu_ns() if self.shipped else None
-        reply = self._ask(who, message, "a timed call", ref_call_s)
+        with self.spending("call"):
+            reply = self._ask(who, message, "a timed call", ref_call_s)
         outside_ms = runner.last_request_ms
         cpu1 = runner.cpu_ns() if cpu0 is not None else None
         if not reply.get("ok"):
@@ -108,13 +124,14 @@ class Measurement:
         order = ("ref", "cand") if self.rng.random() < 0.5 else ("cand", "ref")
         shipped = None
         if self.shipped:
-            reply, _ = self.s.ask_reference({"op": "inputs", "seed": seed}, "making the inputs of a timed call")
-            assert self.s.ref_arena is not None
-            shipped = (reply["in"], self.s.ref_arena.read_region("in")[: reply.get("in_bytes", 0) or None])
-            # The same work in the candidate's runner, on inputs of a seed of their own that the parent
-            # overwrites before the call: both processes then come to their calls from the same history.
-            self.s.ask_candidate({"op": "inputs", "seed": new_seed()}, "making throwaway inputs",
-                                 max(self.s.ref_times.get("call", 0.001), 1e-4))
+            with self.spending("inputs"):
+                reply, _ = self.s.ask_reference({"op": "inputs", "seed": seed}, "making the inputs of a timed call")
+                assert self.s.ref_arena is not None
+                shipped = (reply["in"], self.s.ref_arena.read_region("in")[: reply.get("in_bytes", 0) or None])
+                # The same work in the candidate's runner, on inputs of a seed of their own that the parent
+                # overwrites before the call: both processes then come to their calls from the same history.
+                self.s.ask_candidate({"op": "inputs", "seed": new_seed()}, "making throwaway inputs",
+                                     max(self.s.ref_times.get("call", 0.001), 1e-4))
         samples, outs, mutated = {}, {}, {}
         for who in order:
             samples[who], outs[who], mutated[who] = self.one(who, seed, flush, verify, shipped)
@@ -122,7 +139,8 @@ class Measurement:
             raise Verdict(Status.INCORRECT, "the candidate modified its inputs in place in a timed call; the "
                           "reference leaves them unchanged", flag=F.INPUT_MUTATION)
         if verify:
-            match, message, mismatch = self.s.compare(outs["ref"], outs["cand"], trial=-1)
+            with self.spending("verify"):
+                match, message, mismatch = self.s.compare(outs["ref"], outs["cand"], trial=-1)
             if not match:
                 raise Verdict(Status.INCORRECT, "wrong output in a timed run (correct in the trials): " + message,
                               mismatch=mismatch, flag=F.TIMED_OUTPUT)
@@ -157,6 +175,7 @@ class Measurement:
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
         device = self.s.device_type
         self.s.facts["clock"] = timing.clock_summary(cold, device)
+        self.s.facts["timing_spent_s"] = {k: round(v, 4) for k, v in sorted(self.spent_s.items())}
         for found in (timing.clock_check(cold, device), timing.interference_check(cold, device),
                       timing.flush_check(self.s.cpu_flush_ms["ref"], self.s.cpu_flush_ms["cand"])):
             if found is not None:

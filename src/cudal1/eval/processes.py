@@ -200,6 +200,7 @@ class RunnerProcess:
         self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
         self.group: RunnerGroup | None = None  # its control group, where the host allows one
         self.last_request_ms = 0.0
+        self.device_arenas = False  # a device helper that can share device memory (`device_arena`)
 
     # ------------------------------------------------------------------ identity and tree
 
@@ -301,9 +302,19 @@ class RunnerProcess:
         self._check_memory(force=False)
         return reply
 
-    def _receive(self, timeout_s: float) -> dict[str, Any]:
+    def request_descriptors(self, message: dict[str, Any], timeout_s: float, count: int) -> tuple[dict[str, Any], list[int]]:
+        """A request whose reply carries up to `count` file descriptors (the trusted helper's device arenas):
+        (reply, descriptors), which the caller closes. Only the helper is asked this way."""
+        self.wait_ready()
         try:
-            reply, fds = self.channel.recv(timeout_s, tick=self._tick)
+            self.channel.send(message)
+        except ChannelClosed:
+            raise self._failure("the runner exited") from None
+        return self._receive(timeout_s, keep_fds=count)
+
+    def _receive(self, timeout_s: float, keep_fds: int = 0) -> Any:
+        try:
+            reply, fds = self.channel.recv(timeout_s, tick=self._tick, max_fds=keep_fds)
         except ChannelTimeout:
             self.kill("timed out")
             raise self._failure(f"no answer within {timeout_s:.1f} s", timed_out=True) from None
@@ -312,11 +323,14 @@ class RunnerProcess:
         except ProtocolError as exc:
             self.kill("broke the protocol")
             raise self._failure(f"the runner broke the protocol ({exc})") from None
-        for fd in fds:
-            os.close(fd)  # runners never send descriptors back
+        if not keep_fds:
+            for fd in fds:
+                os.close(fd)  # runners never send descriptors back
         if self.killed_reason is not None:
+            for fd in fds if keep_fds else ():
+                os.close(fd)
             raise self._failure(self.killed_reason, memory="memory" in self.killed_reason)
-        return reply
+        return (reply, fds) if keep_fds else reply
 
     def _tick(self) -> None:
         self._check_memory(force=False)

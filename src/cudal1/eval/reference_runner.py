@@ -15,6 +15,7 @@ import torch
 
 from cudal1.eval.calls import CallFailed, ModelSide, first_line, use_device, use_exact_fp32
 from cudal1.eval.channel import Arena, describe_value, tree_nbytes
+from cudal1.eval.correctness import mostly_not_finite
 from cudal1.tasks.task import load_reference
 
 
@@ -132,6 +133,8 @@ class ReferenceRole:
         working = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         out = self.side.call(working)
         reply = {"ok": True, "in": in_tree, "out": self.side.commit((out, working))}
+        if message.get("distribution") == "heavy":
+            reply["not_finite"] = mostly_not_finite(out)
         if message.get("noise_atol") is not None:
             reply["noise"] = self._noise(inputs, out, float(message["noise_atol"]))
         return reply

@@ -6,7 +6,7 @@ requests one at a time until the parent closes the channel:
 
 - `setup {role, ...}` makes it the reference's runner, the candidate's runner or the device's trusted helper
   (`reference_runner.ReferenceRole`, `candidate_runner.CandidateRole`, `HelperRole` below);
-- `arena {in_bytes}` with a memfd attached maps shared memory for tensors;
+- `arena {in_bytes}` with a memfd attached maps shared memory for tensors (`device`: a device allocation);
 - `run_entry {entry, payload, env}` runs one trusted function (a build, a peak measurement) and returns its dict;
 - any other op goes to the role.
 
@@ -32,8 +32,12 @@ class HelperRole:
     - `flush`: evicts L2 from a context the candidate does not control, before each timed call of either
       model, and resets the persisting-L2 lines (which an ordinary flush does not evict); times itself, so
       that a device kept busy by another context shows;
-    - `compare`: compares two outputs the parent copied into its arena, on the GPU (for large outputs much
-      faster than the parent's CPU), by the same `compare_outputs` as the parent uses on the CPU.
+    - `device_arenas`: creates a session's two device arenas (`device_arena.DeviceArena`) and sends their
+      descriptors to the parent, which gives each runner its own; `drop_arenas` frees them;
+    - `copy`: copies a trial's inputs from the reference's device arena into the candidate's;
+    - `compare`: compares two outputs where they lie (the session's device arenas) or as the parent copied
+      them into its host arena, by the same `compare_outputs` as the parent uses on the CPU;
+    - `inputs_changed`: the byte-for-byte input check of a trial, on the device arenas.
     """
 
     def __init__(self, message: dict[str, Any]):
@@ -48,6 +52,12 @@ class HelperRole:
         self.buffer = torch.empty(max(2 * l2, 256 * 2**20) // 4, dtype=torch.float32, device=self.device)
         self.reset = persisting_l2_reset()
         self.arena: Any = None
+        self.sessions: dict[str, dict[str, Any]] = {}  # session id -> {"ref": DeviceArena, "cand": DeviceArena}
+
+    def setup_reply(self) -> dict[str, Any]:
+        from cudal1.eval import cuda_vmm
+
+        return {"ok": True, "device_arenas": cuda_vmm.available()}
 
     def attach(self, arena: Any) -> dict[str, Any]:
         if self.arena is not None:
@@ -60,6 +70,16 @@ class HelperRole:
             return self._flush()
         if op == "compare":
             return self._compare(message)
+        if op == "device_arenas":
+            return self._device_arenas(message)
+        if op == "drop_arenas":
+            for arena in self.sessions.pop(str(message.get("sid")), {}).values():
+                arena.close()
+            return {"ok": True}
+        if op == "copy":
+            return self._copy(message)
+        if op == "inputs_changed":
+            return self._inputs_changed(message)
         return {"ok": False, "error": "unknown_op", "message": op}
 
     def _flush(self) -> dict[str, Any]:
@@ -78,15 +98,57 @@ class HelperRole:
         ms = start.elapsed_time(end)
         return {"ok": True, "ms": ms, "GBps": self.buffer.numel() * 4 / max(ms, 1e-6) / 1e6}
 
+    def _device_arenas(self, message: dict[str, Any]) -> dict[str, Any]:
+        from cudal1.eval.device_arena import DeviceArena
+
+        sid = str(message["sid"])
+        for arena in self.sessions.pop(sid, {}).values():
+            arena.close()
+        made = {who: DeviceArena.create(int(message[who][0]), int(message[who][1])) for who in ("ref", "cand")}
+        self.sessions[sid] = made
+        return {"ok": True, "ref": made["ref"].share(), "cand": made["cand"].share(),
+                "_fds": [made["ref"].take_descriptor(), made["cand"].take_descriptor()]}
+
+    def _arenas(self, message: dict[str, Any]) -> dict[str, Any]:
+        arenas = self.sessions.get(str(message.get("sid")))
+        if arenas is None:
+            raise ValueError("no device arenas for this session")
+        return arenas
+
+    def _copy(self, message: dict[str, Any]) -> dict[str, Any]:
+        arenas = self._arenas(message)
+        tree, _ = arenas[message["dst"]].copy_from(arenas[message["src"]], message["tree"], str(message["region"]))
+        return {"ok": True, "tree": tree}
+
+    def _inputs_changed(self, message: dict[str, Any]) -> dict[str, Any]:
+        from cudal1.eval.channel import UnsupportedValue, changed_inputs
+
+        arenas = self._arenas(message)
+        try:
+            changed, ref_same = changed_inputs((arenas["ref"], message["given"]), (arenas["ref"], message["ref_after"]),
+                                               (arenas["cand"], message["cand_after"]))
+        except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
+            return {"ok": True, "unreadable": str(exc)[:300]}
+        return {"ok": True, "changed": changed, "ref_same": ref_same}
+
     def _compare(self, message: dict[str, Any]) -> dict[str, Any]:
         import dataclasses
 
+        from cudal1.eval.channel import ArenaFull, UnsupportedValue
         from cudal1.eval.config import PROFILES
         from cudal1.eval.correctness import OutputHackError, compare_outputs
 
-        assert self.arena is not None, "no arena attached"
-        ref = self.arena.unpack(message["ref"], device=self.device)
-        cand = self.arena.unpack(message["cand"], device=self.device)
+        if "sid" in message:  # outputs where the runners committed them: views, no copies
+            arenas = self._arenas(message)
+            ref = arenas["ref"].unpack(message["ref"], device=self.device, copy=False)
+            try:
+                cand = arenas["cand"].unpack(message["cand"], device=self.device, copy=False)
+            except (UnsupportedValue, ArenaFull, ValueError, TypeError, KeyError) as exc:
+                return {"ok": True, "match": False, "unreadable": str(exc)[:300]}
+        else:
+            assert self.arena is not None, "no arena attached"
+            ref = self.arena.unpack(message["ref"], device=self.device)
+            cand = self.arena.unpack(message["cand"], device=self.device)
         try:
             result = compare_outputs(ref, cand, PROFILES[message["profile"]], int(message.get("trial", -1)),
                                      noise=message.get("noise"))
@@ -120,7 +182,7 @@ def _call_entry(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def serve(sock: socket.socket, warm_device: str) -> None:
-    from cudal1.eval.channel import Arena, Channel, ChannelClosed
+    from cudal1.eval.channel import Channel, ChannelClosed
 
     channel = Channel(sock)
     import torch
@@ -150,8 +212,7 @@ def serve(sock: socket.socket, warm_device: str) -> None:
             elif op == "arena":
                 if not fds or role is None:
                     raise ValueError("an arena needs a role and a descriptor")
-                arena = Arena.attach(fds[0], int(message.get("in_bytes", 0)))
-                reply = role.attach(arena) if hasattr(role, "attach") else {"ok": True}
+                reply = role.attach(_attach_arena(message, fds[0])) if hasattr(role, "attach") else {"ok": True}
             elif op == "run_entry":
                 reply = _call_entry(message)
             elif op == "exit":
@@ -167,7 +228,23 @@ def serve(sock: socket.socket, warm_device: str) -> None:
                      "message": str(exc)[:500] if kind else f"{type(exc).__name__}: {str(exc)[:500]}",
                      "compile_log": str(getattr(exc, "compile_log", ""))[:4000],
                      "traceback": traceback.format_exc(limit=6)[-2000:]}
-        channel.send(reply)
+        out_fds = reply.pop("_fds", None) or []
+        try:
+            channel.send(reply, out_fds)
+        finally:
+            for fd in out_fds:
+                os.close(fd)
+
+
+def _attach_arena(message: dict[str, Any], fd: int) -> Any:
+    """The arena a request's descriptor maps: a host memfd, or a device allocation the helper created."""
+    if message.get("device"):
+        from cudal1.eval.device_arena import DeviceArena
+
+        return DeviceArena.attach(fd, int(message.get("in_bytes", 0)), int(message.get("size", 0)))
+    from cudal1.eval.channel import Arena
+
+    return Arena.attach(fd, int(message.get("in_bytes", 0)))
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ evaluation itself broke (a runner killed from outside, the helper gone) and says
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Any
 
 from cudal1.core import flags as F
 from cudal1.core.types import Flag, Mismatch, Severity, Status, TimingStats
-from cudal1.eval.channel import Arena, ArenaFull, UnsupportedValue, tree_classes, tree_nbytes
+from cudal1.eval.channel import Arena, ArenaFull, UnsupportedValue, changed_inputs, tree_classes, tree_nbytes
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.correctness import OutputHackError, compare_outputs
 from cudal1.eval.processes import RunnerFailed, RunnerProcess
@@ -122,6 +123,9 @@ class Session:
         self.cpu_flush_ms: dict[str, list[float]] = {"ref": [], "cand": []}  # the parent's clock (`flush_check`)
         self.device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
         self.candidate_ran = False
+        # Device arenas (`device_arena`): made by the helper, which alone maps both; the parent moves descriptors.
+        self.device_arenas = False
+        self.sid = secrets.token_hex(8)
 
     # ------------------------------------------------------------------ requests
 
@@ -219,11 +223,16 @@ class Session:
         self.phase_s["candidate_setup"] = time.perf_counter() - t1
 
     def size_arenas(self) -> None:
-        """Run the reference once to learn its input and output sizes, then give both runners their arenas."""
+        """Run the reference once to learn its input and output sizes, then give both runners their arenas:
+        in device memory where the helper can share it (`device_arena`), else in host memory."""
         reply, seconds = self.ask_reference({"op": "describe", "seed": new_seed()}, "its first forward")
         self.ref_times["call"] = seconds
         in_bytes, out_bytes = tree_nbytes(reply["inputs"]), tree_nbytes(reply["outputs"])
         self.facts.update(input_bytes=in_bytes, output_bytes=out_bytes)
+        if self._device_arenas(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES):
+            self.facts["tensors"] = "device"
+            return
+        self.facts["tensors"] = "host"
         self.ref_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
         self.cand_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
         if self.helper is not None:  # room for one output of each model
@@ -233,22 +242,68 @@ class Session:
             except RunnerFailed as failure:
                 raise InfraFailure(f"the device helper failed to map its arena: {failure.reason}") from None
         for runner, arena in ((self.ref, self.ref_arena), (self.cand, self.cand_arena)):
-            runner.thaw()
-            try:
-                reply = runner.request({"op": "arena", "in_bytes": arena.in_bytes}, timeout_s=60.0, fds=(arena.fd,))
-            except RunnerFailed as failure:
-                if runner is self.cand:
-                    raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process {failure.reason}") from None
-                raise InfraFailure(f"the reference's runner failed to map its arena: {failure.reason}") from None
-            finally:
-                runner.freeze()
-            if not reply.get("ok"):
-                raise InfraFailure(f"mapping an arena failed: {reply.get('message')}")
+            self._give_arena(runner, {"in_bytes": arena.in_bytes}, arena.fd)
+
+    def _device_arenas(self, in_bytes: int, out_bytes: int) -> bool:
+        """Ask the helper for the two runners' device arenas and hand each runner its own; False (host
+        arenas then) where the helper cannot make them."""
+        if self.helper is None or not self.helper.device_arenas:
+            return False
+        size = [in_bytes, out_bytes]
+        try:
+            reply, fds = self.helper.request_descriptors({"op": "device_arenas", "sid": self.sid, "ref": size,
+                                                          "cand": size}, timeout_s=60.0, count=2)
+        except RunnerFailed as failure:
+            raise InfraFailure(f"the device helper failed to make device arenas: {failure.reason}") from None
+        try:
+            if not reply.get("ok") or len(fds) != 2:
+                logger.warning("device arenas unavailable, host arenas instead: %s", reply.get("message"))
+                return False
+            self.device_arenas = True
+            for runner, fd, who in ((self.ref, fds[0], "ref"), (self.cand, fds[1], "cand")):
+                self._give_arena(runner, {**reply[who], "device": True}, fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def _give_arena(self, runner: RunnerProcess, spec: dict[str, Any], fd: int) -> None:
+        runner.thaw()
+        try:
+            reply = runner.request({"op": "arena", **spec}, timeout_s=60.0, fds=(fd,))
+        except RunnerFailed as failure:
+            if runner is self.cand:
+                raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process {failure.reason}") from None
+            raise InfraFailure(f"the reference's runner failed to map its arena: {failure.reason}") from None
+        finally:
+            runner.freeze()
+        if not reply.get("ok"):
+            if runner is self.cand:
+                raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process failed to map its arena: "
+                              f"{reply.get('message')}")
+            raise InfraFailure(f"mapping an arena failed: {reply.get('message')}")
+
+    def helper_request(self, message: dict[str, Any], what: str) -> dict[str, Any]:
+        """A request to the device's helper, about this session's device arenas; its failures are the
+        infrastructure's."""
+        assert self.helper is not None
+        try:
+            reply = self.helper.request({**message, "sid": self.sid}, timeout_s=self.deadlines.reference())
+        except RunnerFailed as failure:
+            raise InfraFailure(f"the device helper failed ({what}): {failure.reason}") from None
+        if not reply.get("ok"):
+            raise InfraFailure(f"the device helper failed ({what}): {reply.get('message')}")
+        return reply
 
     def close(self) -> None:
         for arena in (self.ref_arena, self.cand_arena, self.helper_arena):
             if arena is not None:
                 arena.close()
+        if self.device_arenas and self.helper is not None:
+            try:
+                self.helper.request({"op": "drop_arenas", "sid": self.sid}, timeout_s=30.0)
+            except RunnerFailed:
+                pass  # a helper that is gone took the arenas with it
 
     def trials(self) -> None:
         t0 = time.perf_counter()
@@ -265,7 +320,6 @@ class Session:
     def trial(self, index: int, distribution: str) -> bool:
         """One trial (module docstring, step 2); False when the reference itself cannot run on these inputs
         (extra trials only: then the trial is skipped)."""
-        assert self.ref_arena is not None and self.cand_arena is not None
         tol = self.cfg.profile_obj.tolerance("float32").atol
         message = {"op": "trial", "seed": new_seed(), "distribution": distribution, "noise_atol": tol}
         try:
@@ -276,12 +330,9 @@ class Session:
             raise
         self.ref_times["trial"] = max(self.ref_times.get("trial", 0.0), seconds)
         ref_out, ref_after = _halves(reply["out"])
-        if distribution == "heavy" and _mostly_not_finite(self.ref_arena.unpack(ref_out)):
+        if distribution == "heavy" and reply.get("not_finite"):
             return False
-        try:
-            in_tree, _ = self.cand_arena.copy_from(self.ref_arena, reply["in"], "in")
-        except Exception as exc:  # noqa: BLE001 - inputs the arena cannot carry are the task's problem
-            raise InfraFailure(f"the reference's inputs cannot cross to the candidate: {exc}") from None
+        in_tree = self._cross_inputs(reply["in"])
         cand = self.ask_candidate({"op": "trial", "inputs": in_tree}, f"correctness trial {index}", seconds)
         if not cand.get("ok"):
             raise call_verdict(cand, f"trial {index}")
@@ -293,16 +344,31 @@ class Session:
         self._check_inputs(reply["in"], ref_after, cand_after, "a correctness trial")
         return True
 
+    def _cross_inputs(self, tree: dict[str, Any]) -> dict[str, Any]:
+        """Copy a trial's inputs from the reference's arena into the candidate's; their tree there."""
+        if self.device_arenas:
+            return self.helper_request({"op": "copy", "tree": tree, "src": "ref", "dst": "cand", "region": "in"},
+                                       "copying a trial's inputs")["tree"]
+        assert self.ref_arena is not None and self.cand_arena is not None
+        try:
+            return self.cand_arena.copy_from(self.ref_arena, tree, "in")[0]
+        except Exception as exc:  # noqa: BLE001 - inputs the arena cannot carry are the task's problem
+            raise InfraFailure(f"the reference's inputs cannot cross to the candidate: {exc}") from None
+
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
                 noise: list[float | None] | None = None) -> tuple[bool, str, Mismatch | None]:
         """(match, message, mismatch) of the candidate's output against the reference's, as they lie in the two
         arenas (the candidate's runner is frozen: nothing changes them meanwhile). On a GPU the helper compares,
-        from copies of both in its own arena; on the CPU this process does. Raises a `Verdict` for outputs that
-        are not plain tensors or cannot be read."""
+        where they lie (device arenas) or from copies of both in its own arena; on the CPU this process does.
+        Raises a `Verdict` for outputs that are not plain tensors or cannot be read."""
         odd = output_classes(cand_tree)
         if odd:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
                           flag=F.OUTPUT_TYPE)
+        if self.device_arenas:
+            reply = self.helper_request({"op": "compare", "ref": ref_tree, "cand": cand_tree, "trial": trial,
+                                         "profile": self.cfg.profile, "noise": noise}, "comparing outputs")
+            return self._compared(reply)
         assert self.ref_arena is not None and self.cand_arena is not None
         try:
             if self.helper is None or self.helper_arena is None:
@@ -323,6 +389,12 @@ class Session:
             raise InfraFailure(f"the device helper failed to compare: {failure.reason}") from None
         if not reply.get("ok"):
             raise InfraFailure(f"the device helper failed to compare: {reply.get('message')}")
+        return self._compared(reply)
+
+    @staticmethod
+    def _compared(reply: dict[str, Any]) -> tuple[bool, str, Mismatch | None]:
+        if reply.get("unreadable"):
+            raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {reply['unreadable']}")
         if reply.get("hack"):
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {reply['hack']}", flag=F.OUTPUT_TYPE)
         mismatch = Mismatch.from_dict(reply["mismatch"]) if reply.get("mismatch") else None
@@ -341,15 +413,21 @@ class Session:
     def _check_inputs(self, inputs: dict[str, Any], ref_after: dict[str, Any], cand_after: dict[str, Any],
                       where: str) -> None:
         """Inputs changed in place by the candidate (byte for byte) where the reference leaves them unchanged."""
-        assert self.ref_arena is not None and self.cand_arena is not None
-        try:
-            given = self.ref_arena.tensor_bytes(inputs)
-            ref_after_b, cand_after_b = self.ref_arena.tensor_bytes(ref_after), self.cand_arena.tensor_bytes(cand_after)
-        except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
-            raise Verdict(Status.INCORRECT, f"the candidate's inputs after the call could not be read: {exc}") from None
-        changed = [i for i, (a, b) in enumerate(zip(given, cand_after_b, strict=False)) if a != b]
-        changed += list(range(len(cand_after_b), len(given)))
-        if changed and given == ref_after_b:
+        if self.device_arenas:
+            reply = self.helper_request({"op": "inputs_changed", "given": inputs, "ref_after": ref_after,
+                                         "cand_after": cand_after}, "checking a trial's inputs")
+            if reply.get("unreadable"):
+                raise Verdict(Status.INCORRECT, "the candidate's inputs after the call could not be read: "
+                              + str(reply["unreadable"]))
+            changed, ref_same = [int(i) for i in reply.get("changed", [])], bool(reply.get("ref_same"))
+        else:
+            assert self.ref_arena is not None and self.cand_arena is not None
+            try:
+                changed, ref_same = changed_inputs((self.ref_arena, inputs), (self.ref_arena, ref_after),
+                                                   (self.cand_arena, cand_after))
+            except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
+                raise Verdict(Status.INCORRECT, f"the candidate's inputs after the call could not be read: {exc}") from None
+        if changed and ref_same:
             raise Verdict(Status.INCORRECT, f"the candidate modified its input(s) {changed} in place in {where}; "
                           "the reference leaves them unchanged", flag=F.INPUT_MUTATION)
 
@@ -403,18 +481,6 @@ def output_classes(tree: Any) -> list[str]:
     if not isinstance(tree, dict):
         return ["malformed output"]
     return [c for c in tree_classes(tree) if c not in PLAIN_TENSOR_CLASSES and c not in PLAIN_SEQUENCES]
-
-
-def _mostly_not_finite(value: Any) -> bool:
-    import torch
-
-    from cudal1.eval.correctness import flatten
-
-    tensors = [t for t in flatten(value, strict=False) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    total = sum(t.numel() for t in tensors)
-    # Upcast first: fp8 dtypes implement almost no ops (isfinite included); every float fits in float32.
-    bad = sum(int((~torch.isfinite(t.float())).sum()) for t in tensors)
-    return total > 0 and bad * 2 > total
 
 
 def call_verdict(reply: dict[str, Any], where: str) -> Verdict:
