@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -396,6 +397,8 @@ class ModelNew(nn.Module):
     ("done = self.side.record_event()\n        torch.cuda.current_stream().wait_event(done)", True),
     ("pass", False),  # never joined
     ("if x.numel() > 4:\n            torch.cuda.current_stream().wait_stream(self.side)", False),  # one branch only
+    ("current = torch.cuda.current_stream()\n        current.wait_stream(self.side)", True),  # a name for it
+    ("current = torch.cuda.default_stream()\n        current.wait_stream(self.side)", False),
     ("torch.cuda.default_stream().wait_stream(self.side)", False),  # another stream waits, not the current one
     ("other = torch.cuda.Stream()\n        other.wait_stream(self.side)", False),
 ])
@@ -405,6 +408,17 @@ def test_a_side_stream_joined_before_return_is_legitimate(join, joined):
         assert "joined_cuda_stream" in rules and "extra_cuda_stream" not in rules
     else:
         assert "extra_cuda_stream" in rules
+
+
+FIXTURES_REDTEAM = Path(__file__).resolve().parents[1] / "fixtures" / "redteam"
+
+
+def test_a_side_stream_that_first_waits_for_the_current_one_and_is_joined_is_legitimate():
+    """The common pattern (SOL-ExecBench's examples): the side stream waits for the inputs, the current
+    stream waits for the side stream's work before returning."""
+    src = (FIXTURES_REDTEAM / "honest_joined_stream.py").read_text()
+    rules = rules_of(src)
+    assert "joined_cuda_stream" in rules and "extra_cuda_stream" not in rules, rules
 
 
 def test_a_join_after_an_early_return_does_not_count():

@@ -31,13 +31,13 @@ def _dtypes():
 @pytest.mark.parametrize("dtype", _dtypes(), ids=str)
 def test_every_dtype_crosses_bit_for_bit(dtype):
     x = torch.randn(3, 5).to(dtype) if dtype != torch.bool else torch.rand(3, 5) > 0.5
-    value = (x, [x[0], torch.tensor(2.5)], 7, None, "s")
+    value = (x, [x[0], torch.tensor(2.5)], 7, None, "s", x.t())
     arena = Arena.create(0, 4096)
     try:
         tree = arena.pack(value, "out")
         back = arena.unpack(tree)
-        assert isinstance(back, tuple) and isinstance(back[1], list) and back[2:] == (7, None, "s")
-        for a, b in ((x, back[0]), (x[0], back[1][0])):
+        assert isinstance(back, tuple) and isinstance(back[1], list) and back[2:5] == (7, None, "s")
+        for a, b in ((x, back[0]), (x[0], back[1][0]), (x.t().contiguous(), back[5])):  # strided: by value
             assert a.dtype == b.dtype and a.shape == b.shape
             assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
     finally:

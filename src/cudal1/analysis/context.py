@@ -16,6 +16,7 @@ import ast
 from dataclasses import dataclass, field
 
 from cudal1.analysis.cuda_source import CudaSourceInfo, scan_cuda_source
+from cudal1.core.syntax import parse as parse_python
 
 __all__ = ["AnalysisContext", "CudaString", "Extension", "build_context", "call_name", "qualname"]
 
@@ -361,7 +362,7 @@ def _parent_map(tree: ast.AST) -> dict[ast.AST, ast.AST]:
 
 def build_context(source: str, reference_source: str | None = None) -> AnalysisContext:
     """Parse `source` (raises SyntaxError) and compute the shared view; never executes anything."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     imports = _collect_imports(tree)
     parents = _parent_map(tree)
     assigns: dict[str, list[ast.AST]] = {}
@@ -397,7 +398,7 @@ def build_context(source: str, reference_source: str | None = None) -> AnalysisC
     reference = None
     if reference_source is not None:
         try:
-            reference = ast.parse(reference_source)
+            reference = parse_python(reference_source)
         except SyntaxError:
             reference = None
     ctx = AnalysisContext(

@@ -301,15 +301,38 @@ def _stream_names(ctx: AnalysisContext) -> set[str] | None:
     return names if not any(cs.info.idents().keys() & set(CUDA_STREAM_IDENTS) for cs in ctx.cuda_strings) else None
 
 
+def _is_current_stream(node: ast.AST, ctx: AnalysisContext) -> bool:
+    """`torch.cuda.current_stream()`, or a plain name that is only ever bound (`x = ...`) to that call."""
+    def current(value: ast.AST | None) -> bool:
+        return isinstance(value, ast.Call) and matches(ctx.qual(value.func), ("torch.cuda.current_stream",))
+
+    if current(node):
+        return True
+    if not isinstance(node, ast.Name):
+        return False
+    if any(isinstance(a, ast.arg) and a.arg == node.id for a in ast.walk(ctx.tree)):
+        return False
+    stores = [n for n in ast.walk(ctx.tree) if isinstance(n, ast.Name) and n.id == node.id and isinstance(n.ctx, ast.Store)]
+    binds = [ctx.parents.get(n) for n in stores]
+    return bool(stores) and all(isinstance(b, ast.Assign) and b.targets == [n] and current(b.value)
+                                for n, b in zip(stores, binds, strict=True))
+
+
 def _joins(call: ast.AST, ctx: AnalysisContext) -> tuple[str, str] | None:
-    """("stream"|"event", what) for `torch.cuda.current_stream().wait_stream(X)` / `.wait_event(X)`."""
+    """("stream"|"event", what) for `torch.cuda.current_stream().wait_stream(X)` / `.wait_event(X)` (or the
+    same on a name bound to the current stream)."""
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and len(call.args) == 1):
         return None
-    waiter = call.func.value
-    if call.func.attr not in ("wait_stream", "wait_event") or not (
-            isinstance(waiter, ast.Call) and matches(ctx.qual(waiter.func), ("torch.cuda.current_stream",))):
+    if call.func.attr not in ("wait_stream", "wait_event") or not _is_current_stream(call.func.value, ctx):
         return None
     return ("stream" if call.func.attr == "wait_stream" else "event"), ast.unparse(call.args[0])
+
+
+def _waits_for_current(node: ast.AST, ctx: AnalysisContext) -> bool:
+    """`S.wait_stream(<the current stream>)`: a side stream waiting for its inputs, which moves no work out."""
+    parent, grand = ctx.parents.get(node), ctx.parents.get(ctx.parents.get(node))
+    return (isinstance(parent, ast.Attribute) and parent.attr == "wait_stream" and isinstance(grand, ast.Call)
+            and grand.func is parent and len(grand.args) == 1 and _is_current_stream(grand.args[0], ctx))
 
 
 def _joined_in(function: ast.FunctionDef, stream: str, ctx: AnalysisContext) -> bool:
@@ -352,7 +375,7 @@ def _plain_uses(ctx: AnalysisContext, names: set[str]) -> bool:
         recorded = (isinstance(parent, ast.Attribute) and parent.attr == "record_event" and isinstance(grand, ast.Call)) \
             or (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.attr == "record")
         waited = isinstance(parent, ast.Call) and _joins(parent, ctx) is not None
-        if not (made or entered or recorded or waited):
+        if not (made or entered or recorded or waited or _waits_for_current(node, ctx)):
             return False
     return True
 

@@ -114,7 +114,7 @@ class PlainProgress:
         self.interval_s = interval_s
         self.stream = stream
         self._jobs: dict[int, dict[str, Any]] = {}
-        self._last = 0.0
+        self._last = -float("inf")  # the first update always prints (monotonic time may start near 0)
         self._started = time.monotonic()
 
     def __enter__(self) -> PlainProgress:

@@ -196,8 +196,11 @@ class TensorArena:
                     raise ArenaFull(nbytes)
                 cursor[0] = offset + _align(nbytes)
                 if nbytes:
-                    flat = x.contiguous().reshape(-1).view(torch.uint8)
-                    copies.append((self.host()[offset: offset + nbytes], flat))
+                    # One copy into the arena whatever the layout (`contiguous()` first would add a second one
+                    # for strided outputs, harness time outside the candidate's span that the reference's
+                    # output may not cost).
+                    dst = self.host()[offset: offset + nbytes].view(x.dtype).view(x.shape)
+                    copies.append((dst, x))
                 return {"t": "tensor", "offset": offset, "nbytes": nbytes, "dtype": str(x.dtype).removeprefix("torch."),
                         "shape": list(x.shape), "device": x.device.type, "cls": type(x).__name__}
             if isinstance(x, (tuple, list)):

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.syntax import parse as parse_python
 from cudal1.eval.build_hooks import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers
 from cudal1.eval.compile_log import trim_compiler_log
 from cudal1.eval.processes import SCRATCH_INSIDE, Limits, run_isolated, usable_cpu_count
@@ -346,7 +347,7 @@ def build_call_sites(source: str) -> int:
     `cpp_extension.load(...)`): more than the build child recorded means the candidate may still build
     something when it runs. Counts `json.load(...)` too; 0 for a source that does not parse."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError):
         return 0
     return sum(isinstance(node, ast.Call) and (

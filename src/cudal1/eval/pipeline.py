@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from cudal1.core.machine import describe_machine
+from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, KernelClass, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candidate
@@ -129,7 +130,7 @@ def sizes_applied(task: Task, sizes: str) -> str:
     if sizes != "small":
         return sizes
     try:
-        names = {t.id for node in ast.parse(task.source).body if isinstance(node, ast.Assign)
+        names = {t.id for node in parse_python(task.source).body if isinstance(node, ast.Assign)
                  for t in node.targets if isinstance(t, ast.Name)}
     except SyntaxError:
         names = set()

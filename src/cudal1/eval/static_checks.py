@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cudal1.analysis import analyze_source, names_used_by_modelnew, rejection_message
+from cudal1.core.syntax import parse as parse_python
 
 
 def static_report(source: str, reference: str | None, preset: str) -> Any:
@@ -25,10 +26,9 @@ def static_rejection(report: Any, preset: str) -> str:
 def changed_constants_used(source: str, candidate: dict[str, Any], reference: dict[str, Any]) -> list[str]:
     """Module constants whose values (as the candidate's runner read them after import) differ from the
     reference's and that ModelNew reads: the only redefinitions that can change what it computes."""
-    import ast
 
     try:
-        used = names_used_by_modelnew(ast.parse(source))
+        used = names_used_by_modelnew(parse_python(source))
     except SyntaxError:
         return []
     return sorted(n for n, v in candidate.items() if n in reference and reference[n] != v and n in used)

@@ -181,6 +181,11 @@ def clock_summary(series: PairedSeries, device_type: str) -> dict[str, float]:
         ref_cpu, cand_cpu, diff_cpu, se_cpu = clock_gaps(series, "cpu")
         out.update(ref_cpu_gap_ms=ref_cpu, cand_cpu_gap_ms=cand_cpu, cpu_paired_diff_ms=diff_cpu,
                    cpu_tolerance_ms=_tolerance(series, ref_cpu, se_cpu, device_type))
+    # Where each gap lies (for the record): the preparation request, and the call request beyond its span.
+    for who in ("ref", "cand"):
+        samples = series.all(who)
+        out[f"{who}_prepare_ms"] = statistics.median(s.prepare_ms for s in samples)
+        out[f"{who}_call_gap_ms"] = statistics.median(s.outside_ms - s.ms for s in samples)
     everyone = series.all("ref") + series.all("cand")
     for who in ("ref", "cand"):
         flushes = [s.flush_ms for s in everyone if s.flush_after == who and s.flush_ms is not None]
@@ -198,12 +203,17 @@ def clock_check(series: PairedSeries, device_type: str) -> Flag | None:
     """A flag when the candidate's time outside its reported span differs from the reference's by more than
     the stated tolerance (module docstring); None when the clocks agree.
 
-    Two exceptions, both for what a loaded CPU host does to honest runners: the CPU clock is not judged when
-    the reference itself got less CPU time than its own span (the host took cores away during the spans, and
-    it takes more from the slower model's longer spans, which makes a faster candidate look busier outside
-    them); and on the CPU a smaller wall gap is not judged (preemption moves milliseconds between the parts
-    of a request, and no harness step outside the span can be skipped there for a gain: the cache flush is a
-    request of its own, checked by `flush_check`)."""
+    Only a larger gap is judged. A smaller one gains nothing: a candidate that skips harness work outside its
+    span (S) and forges its reported time down (F) has a gap larger by F - S, so the forging room is S plus
+    the tolerance whether or not smaller gaps are judged, and judging them only rejected honest candidates
+    (on the H200 host a softmax rewrite 0.36 ms below the reference's gap; on a loaded CPU preemption moves
+    milliseconds between the parts of a request). On the CPU the one harness step worth skipping, the cache
+    flush, is a request of its own (`flush_check`); on a GPU the flush runs in the helper.
+
+    One exception, for what a loaded CPU host does to honest runners: the CPU clock is not judged when the
+    reference itself got less CPU time than its own span (the host took cores away during the spans, and it
+    takes more from the slower model's longer spans, which makes a faster candidate look busier outside
+    them)."""
     if not series.all("ref") or not series.all("cand"):
         return None
     summary = clock_summary(series, device_type)
@@ -216,13 +226,12 @@ def clock_check(series: PairedSeries, device_type: str) -> Flag | None:
                     f"(tolerance {summary['cpu_tolerance_ms'] * 1e3:.1f} us; its reported time {cand_ms * 1e3:.1f} us): "
                     "work done beside its timed calls", source="runtime")
     ref_gap, cand_gap, diff, tol = (summary[k] for k in ("ref_gap_ms", "cand_gap_ms", "paired_diff_ms", "tolerance_ms"))
-    if diff <= tol and (diff >= -tol or device_type == "cpu"):
+    if diff <= tol:
         return None
-    what = ("spent more time outside the span it reports than the reference (work hidden outside its timed "
-            "calls, or forged times)" if diff > 0 else
-            "spent less time outside its reported span than the reference (harness steps skipped)")
     return Flag(F.OUTSIDE_CLOCK, Severity.ERROR,
-                f"the candidate's process {what}: {cand_gap * 1e3:.1f} us against {ref_gap * 1e3:.1f} us per call "
+                "the candidate's process spent more time outside the span it reports than the reference (work "
+                f"hidden outside its timed calls, or forged times): {cand_gap * 1e3:.1f} us against "
+                f"{ref_gap * 1e3:.1f} us per call "
                 f"(tolerance {tol * 1e3:.1f} us; its reported time {cand_ms * 1e3:.1f} us)", source="runtime")
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudal1.core.syntax import parse as parse_python
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_PER_TASK = 256
@@ -110,7 +112,7 @@ def _strip_comments_text(code: str) -> str:
 def normalize_source(code: str) -> str:
     """A canonical form of `code` for deduplication: no comments, docstrings, blank lines or formatting."""
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except (SyntaxError, ValueError):
         return _strip_comments_text(code)
     _strip_docstrings(tree)

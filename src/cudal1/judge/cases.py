@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.exemplars.db import normalized_hash
 from cudal1.store import ResultsStore
@@ -104,7 +105,7 @@ def fixture_explanation(source: str) -> str:
     "Expected:" part (what the evaluator should say) is left out.
     """
     try:
-        doc = ast.get_docstring(ast.parse(source)) or ""
+        doc = ast.get_docstring(parse_python(source)) or ""
     except SyntaxError:
         return ""
     doc = re.split(r"\n\s*Expected:", doc, maxsplit=1)[0]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.judge.cases import HackCase, HackCaseDB
 from cudal1.judge.retrieval import similar_cases
@@ -204,7 +205,7 @@ def trim_middle(text: str, max_chars: int) -> str:
 def without_docstring(source: str) -> str:
     """The source without its module docstring (a known case's explanation is shown separately)."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return source
     first = tree.body[0] if tree.body else None

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from cudal1.core.syntax import parse as parse_python
 from cudal1.judge.cases import HackCase, HackCaseDB, static_rules_of
 
 __all__ = ["DEFAULT_RULE_WEIGHT", "code_tokens", "rank_cases", "similar_cases"]
@@ -103,7 +104,7 @@ def _node_tokens(node: ast.AST, docstrings: set[int]) -> list[str]:
 @functools.lru_cache(maxsize=4096)
 def _tokens_cached(source: str) -> tuple[tuple[str, int], ...]:
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError):
         return tuple(sorted(Counter(_code_string_tokens(source)).items()))
     docstrings = _docstring_ids(tree)

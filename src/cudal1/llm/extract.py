@@ -20,9 +20,10 @@ compile step reports the syntax error, which is more useful feedback than "unpar
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
+
+from cudal1.core.syntax import parse as parse_python
 
 SECTION_NAMES = ("Performance Analysis", "Algorithm Design", "Code")
 PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
@@ -95,7 +96,7 @@ def _pick_block(blocks: list[_Block]) -> _Block | None:
 
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code)
+        parse_python(code)
     except (SyntaxError, ValueError):
         return False
     return True

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
@@ -195,7 +196,7 @@ def release_answer(task: Task, code: str, result: EvalResult) -> str:
     analysis = (f"The reference `Model` runs in PyTorch eager mode. This {kind} implementation was measured at "
                 f"{(result.speedup or 0.0):.2f}x the reference's speed{timing} and matches its outputs.")
     try:
-        doc = ast.get_docstring(ast.parse(code)) or ""
+        doc = ast.get_docstring(parse_python(code)) or ""
     except SyntaxError:
         doc = ""
     kernels = sorted(set(_KERNEL_NAME.findall(code)))

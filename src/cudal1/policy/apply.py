@@ -20,6 +20,7 @@ import ast
 import re
 
 from cudal1.analysis.context import AnalysisContext, build_context, call_name
+from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Flag, KernelClass, Severity, Status
 from cudal1.policy.presets import Policy, resolve_policy
 
@@ -137,7 +138,7 @@ def task_forbidden_ops(task_source: str | None) -> tuple[str, ...]:
     if not task_source:
         return ()
     try:
-        tree = ast.parse(task_source)
+        tree = parse_python(task_source)
     except SyntaxError:
         return ()
     for node in tree.body:

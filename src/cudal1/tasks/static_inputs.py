@@ -12,6 +12,7 @@ import ast
 from typing import Any
 
 from cudal1.analysis.constants import UNKNOWN, constant_value
+from cudal1.core.syntax import parse as parse_python
 
 
 def static_init_inputs(source: str) -> list[Any] | None:
@@ -19,7 +20,7 @@ def static_init_inputs(source: str) -> list[Any] | None:
     the list it returns when its body is one `return` of literals and module-level constants; None when that
     cannot be told without running code (the build then happens in the candidate's own evaluation)."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return None
     if any(isinstance(n, (ast.Global, ast.Nonlocal)) for n in ast.walk(tree)):

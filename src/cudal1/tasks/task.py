@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core.errors import TaskError
+from cudal1.core.syntax import parse as parse_python
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 
@@ -63,7 +64,7 @@ class Task:
     def description(self) -> str:
         """First paragraph of the module docstring (or of the Model docstring), on one line."""
         try:
-            tree = ast.parse(self.source)
+            tree = parse_python(self.source)
         except SyntaxError:
             return ""
         doc = ast.get_docstring(tree)
@@ -108,7 +109,7 @@ class Reference:
 def check_syntax(source: str, task_id: str) -> ast.Module:
     """Parse a task source and check that the required names are defined at module level."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError as exc:
         raise TaskError(task_id, f"syntax error at line {exc.lineno}: {exc.msg}") from None
     defined: set[str] = set()
