@@ -12,7 +12,7 @@ from _service_fakes import FAST_CONFIG, TINY_CANDIDATE, fake_evaluate, fake_sour
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
-from cudal1.service.factory import make_evaluator
+from cudal1.service.evaluator import make_evaluator
 from cudal1.service.pool import LocalPool, LocalPoolConfig
 from cudal1.store import ResultsStore
 from cudal1.tasks import load_tasks
@@ -58,3 +58,41 @@ def test_an_evaluator_failure_is_infrastructure_not_the_candidate_s_error():
 def test_an_unknown_spec_is_a_clear_error():
     with pytest.raises(ConfigError, match="unknown evaluator 'gpu-farm'"):
         make_evaluator("gpu-farm", FAST_CONFIG)
+
+
+@pytest.mark.parametrize("spec", ["", "local"])
+def test_a_batch_comes_back_in_input_order_with_every_result_reported(spec, tmp_path):
+    store = ResultsStore(tmp_path / "s.sqlite")
+    seen = []
+    with make_evaluator(spec, FAST_CONFIG, store=store, label="batch") as evaluator:
+        results = evaluator.evaluate([(tiny_task(), "x = ("), (tiny_task(), TINY_CANDIDATE)],
+                                     on_result=lambda i, r: seen.append((i, r.status)))
+        assert evaluator.evaluated == 2
+    assert [r.status for r in results] == [Status.COMPILE_ERROR, Status.CORRECT]
+    assert sorted(seen) == [(0, Status.COMPILE_ERROR), (1, Status.CORRECT)]
+    assert len(store.query_evaluations(label="batch")) == 2
+
+
+def test_an_unreachable_server_costs_infra_errors_not_the_batch():
+    with make_evaluator("http://127.0.0.1:9", FAST_CONFIG) as evaluator:
+        evaluator.client.max_retries = 0
+        results = evaluator.evaluate([(tiny_task(), TINY_CANDIDATE)] * 3)
+    assert [r.status for r in results] == [Status.INFRA_ERROR] * 3
+
+
+def test_as_evaluator_takes_a_pool_or_a_function():
+    from cudal1.service.evaluator import PoolEvaluator, as_evaluator
+
+    pool = LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=2), evaluate_fn=fake_evaluate)
+    try:
+        over_pool = as_evaluator(pool)
+        assert isinstance(over_pool, PoolEvaluator)
+        results = over_pool.evaluate([(tiny_task(), fake_source(speedup=s)) for s in (2, 4)])
+        assert [r.speedup for r in results] == [2.0, 4.0]
+    finally:
+        pool.close()
+    calls = []
+    over_fn = as_evaluator(lambda task, source: calls.append(source) or fakes.fake_evaluate(task, source, FAST_CONFIG),
+                           concurrency=2)
+    assert [r.speedup for r in over_fn.evaluate([(tiny_task(), fake_source(speedup=3))] * 2)] == [3.0, 3.0]
+    assert len(calls) == 2

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from pathlib import Path
 
 import typer
@@ -12,8 +10,9 @@ import typer
 from cudal1.cli import common
 from cudal1.core.errors import SourceError
 from cudal1.core.types import EvalResult
-from cudal1.eval import evaluate_candidate, evaluate_many
+from cudal1.eval import evaluate_candidate
 from cudal1.eval.config import resolve_device
+from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks import Task, find_task, load_tasks
 from cudal1.tasks.sources import load_candidates, load_file
 
@@ -39,8 +38,9 @@ def eval_command(
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
     workers: str = typer.Option("", "--workers", help="Batch: evaluate through an evaluator pool: local (one slot "
-                                                      "per local GPU), ray:auto or ray://HOST:PORT (default: "
-                                                      "this process, builds first)."),
+                                                      "per local GPU), ray:auto or ray://HOST:PORT, or a reward "
+                                                      "server's http(s)://HOST:PORT (default: this process, "
+                                                      "builds first)."),
 ) -> None:
     """Evaluate candidates: verdict, speedup vs eager (cold and warm L2), stability, flags."""
     cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
@@ -70,46 +70,14 @@ def eval_command(
         if len(pairs) == 1 and not workers:  # one candidate: no build pool, no spare worker
             on_result(pairs[0][0], evaluate_candidate(pairs[0][0], pairs[0][1], cfg, store=store, force=force,
                                                       label=label, run_id=run_id))
-        elif workers:  # through a pool: one slot per GPU (or Ray actor), the pool writes the store
-            _evaluate_in_pool(workers, pairs, cfg, store, force=force, label=label, run_id=run_id,
-                              on_result=on_result)
-        else:  # a batch: builds in parallel first, then the evaluations with pre-started workers
-            evaluate_many(pairs, cfg, store=store, force=force, label=label, run_id=run_id,
-                          on_result=lambda i, result: on_result(pairs[i][0], result),
-                          on_build=on_build)
+        else:  # this process (builds in parallel first, then the evaluations) or a pool (one slot per GPU)
+            with make_evaluator(workers or "", cfg, store=store, label=label, run_id=run_id) as evaluator:
+                evaluator.evaluate(pairs, on_result=lambda i, result: on_result(pairs[i][0], result),
+                                   on_build=on_build, force=force)
     if store and run_id:
         store.finish_run(run_id, {"n": len(rows), "correct": sum(r.status.is_success for _, r in rows)})
     if not as_json:
         common.console.print(common.result_table(rows, f"{len(rows)} candidate(s) on {resolve_device(cfg.device)}"))
-
-
-def _evaluate_in_pool(spec: str, pairs: list[tuple[Task, str]], cfg, store, *, force: bool, label: str,
-                      run_id: str | None, on_result) -> None:
-    """Submit every pair to the pool `spec` (from a thread: submissions wait while its queue is full) and report
-    each result here, in the order they finish."""
-    from cudal1.service import make_pool
-
-    done: queue.Queue = queue.Queue()
-    pool = make_pool(spec, cfg, store=store)
-    try:
-        def submit_all() -> None:
-            try:
-                for i, (t, src) in enumerate(pairs):
-                    future = pool.submit(t, src, cfg, force=force, label=label, run_id=run_id)
-                    future.add_done_callback(lambda f, i=i: done.put((i, f)))
-            except BaseException as exc:  # noqa: BLE001 - handed to the reading loop, which raises it
-                done.put((None, exc))
-
-        submitter = threading.Thread(target=submit_all, name="cudal1-submit", daemon=True)
-        submitter.start()
-        for _ in pairs:
-            i, item = done.get()
-            if i is None:
-                raise item
-            on_result(pairs[i][0], item.result())
-        submitter.join()
-    finally:
-        pool.close()
 
 
 def _collect(candidate: Path | None, ref: Path | None, task_id: str | None, sources: list[str],

@@ -198,6 +198,12 @@ class EvalResult:
         }
 
     @classmethod
+    def unparseable(cls, task_id: str, why: str | None = None, **evidence: Any) -> EvalResult:
+        """The verdict for a completion without extractable code (the one maker of it)."""
+        return cls(status=Status.UNPARSEABLE, message=why or "no code found in the completion", task_id=task_id,
+                   **evidence)
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalResult:
         return cls(
             status=Status(d["status"]),

@@ -1,14 +1,13 @@
-"""What the TRL and verl adapters share: a completion's text and the verdict of one without code.
+"""What the TRL and verl adapters share: a completion's text.
 
-Code extraction is `cudal1.llm.extract.extract_completion`; verdict -> reward is `cudal1.core.rewards.reward_of`.
+Code extraction is `cudal1.llm.extract.extract_completion`; verdict -> reward is `cudal1.core.rewards.reward_of`;
+the verdict of a completion without code is `EvalResult.unparseable`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-from cudal1.core.types import EvalResult, Status
 
 
 def completion_text(completion: Any) -> str:
@@ -23,7 +22,3 @@ def completion_text(completion: Any) -> str:
         return "\n".join(str(m.get("content") or "") for m in assistant)
     return str(completion)
 
-
-def unparseable(task_id: str, why: str | None) -> EvalResult:
-    """The verdict for a completion without extractable code."""
-    return EvalResult(status=Status.UNPARSEABLE, message=why or "no code found", task_id=task_id)

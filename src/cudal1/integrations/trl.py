@@ -1,9 +1,10 @@
-"""A TRL reward function over any cudal1 evaluator: a pool, a `RewardClient`, or a plain callable.
+"""A TRL reward function over any cudal1 evaluator: `make_evaluator(spec)`, a pool, a `RewardClient`, or a
+plain callable `(task_id, source) -> EvalResult`.
 
-    from cudal1.service import make_pool
+    from cudal1.service.evaluator import make_evaluator
     from cudal1.integrations.trl import make_trl_reward
 
-    reward = make_trl_reward(make_pool("local", EvalConfig()))        # dataset needs a "task_id" column
+    reward = make_trl_reward(make_evaluator("local", EvalConfig()))   # dataset needs a "task_id" column
     trainer = GRPOTrainer(model=..., reward_funcs=[reward], train_dataset=dataset, ...)
 
 TRL calls `reward(completions, **kwargs)` with the batch's completions (strings, or lists of chat messages
@@ -27,9 +28,10 @@ from typing import Any
 
 from cudal1.core.errors import SourceError
 from cudal1.core.rewards import FailureRewards, reward_of
-from cudal1.core.types import EvalResult
-from cudal1.integrations.common import completion_text, unparseable
+from cudal1.core.types import EvalResult, Status
+from cudal1.integrations.common import completion_text
 from cudal1.llm.extract import Extraction, extract_completion
+from cudal1.service.evaluator import Evaluator, ServerEvaluator, as_evaluator
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -62,19 +64,14 @@ class TaskResolver:
         return task
 
 
-def _evaluate_all(evaluator: Any, items: list[tuple[str, str, str | None]], resolver: TaskResolver,
-                  config: Any) -> list[EvalResult]:
-    """Evaluate (task_id, source, reference) items in parallel with whatever `evaluator` is."""
-    if hasattr(evaluator, "submit") and hasattr(evaluator, "n_devices"):
-        futures = [evaluator.submit(resolver(tid, ref), src, config) for tid, src, ref in items]
-        return [f.result() for f in futures]
-    if hasattr(evaluator, "evaluate_many"):
-        payload = [{"task_id": tid, "source": src, **({"reference_source": ref} if ref else {})}
-                   for tid, src, ref in items]
-        return evaluator.evaluate_many(payload)
-    if callable(evaluator):
-        return [evaluator(tid, src) for tid, src, _ in items]
-    raise TypeError("evaluator must be a pool (submit), a RewardClient (evaluate_many) or a callable")
+def _evaluator_over(evaluator: Any, config: Any) -> tuple[Evaluator, bool]:
+    """(the evaluator interface over what the caller passed, whether it needs `Task` objects resolved here).
+    A plain function is called as `fn(task_id, source)`; a reward server resolves ids itself."""
+    if callable(evaluator) and not isinstance(evaluator, Evaluator) and not hasattr(evaluator, "submit") \
+            and not hasattr(evaluator, "evaluate_batch"):
+        return as_evaluator(lambda task, source: evaluator(task.id, source), config), False
+    wrapped = as_evaluator(evaluator, config)
+    return wrapped, not isinstance(wrapped, ServerEvaluator)
 
 
 def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", reference_column: str | None = None,
@@ -88,6 +85,7 @@ def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", referenc
     pool uses (default: the pool's own).
     """
     resolver = TaskResolver(sources)
+    interface, resolve = _evaluator_over(evaluator, config)
 
     def reward(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         task_ids = kwargs.get(task_id_column)
@@ -100,11 +98,17 @@ def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", referenc
             text = completion_text(completion)
             extraction = extract_completion(text) if extract or not text else Extraction(code=text)
             if extraction.code is None:
-                verdicts[i] = unparseable(str(task_ids[i]), extraction.error)
+                verdicts[i] = EvalResult.unparseable(str(task_ids[i]), extraction.error)
             else:
                 todo.append((i, (str(task_ids[i]), extraction.code, references[i] if references else None)))
-        for (i, item), result in zip(todo, _evaluate_all(evaluator, [it for _, it in todo], resolver, config),
-                                     strict=True):
+        def task_of(task_id: str, reference: str | None) -> Task:
+            if resolve:
+                return resolver(task_id, reference)
+            return Task(id=task_id, source=reference or "", origin="dataset" if reference else "")
+
+        judged = interface.evaluate([(task_of(tid, ref), src) for _, (tid, src, ref) in todo])
+        for (i, item), result in zip(todo, judged, strict=True):
+            result = result or EvalResult(status=Status.INFRA_ERROR, message="not evaluated", task_id=item[0])
             verdicts[i] = result
             if on_result is not None:
                 on_result(item[0], item[1], result)

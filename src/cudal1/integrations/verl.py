@@ -35,7 +35,7 @@ from typing import Any
 from cudal1.core.errors import MissingDependencyError
 from cudal1.core.rewards import reward_of
 from cudal1.core.types import EvalResult
-from cudal1.integrations.common import completion_text, unparseable
+from cudal1.integrations.common import completion_text
 from cudal1.llm.extract import extract_completion
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str
         task_id, reference = _task_and_reference(truth, info)
         extraction = extract_completion(completion_text(solution))
         if extraction.code is None:
-            verdicts[i] = unparseable(task_id, extraction.error)
+            verdicts[i] = EvalResult.unparseable(task_id, extraction.error)
             continue
         item = {"task_id": task_id, "source": extraction.code, "label": "verl"}
         if reference:

@@ -6,9 +6,9 @@ loop on one task) and `augment` (stage-1 SFT data from several models and from p
 """
 
 from cudal1.loops.augment import AugmentConfig, AugmentResult, augment, export_examples, format_answer
-from cudal1.loops.common import CandidateEvaluator, RunJournal, SampleRecord, feedback_from
+from cudal1.loops.common import RunJournal, SampleRecord, feedback_from
 from cudal1.loops.optimize import OptimizeConfig, OptimizeResult, ProgressEvent, RoundSummary, optimize
 
-__all__ = ["AugmentConfig", "AugmentResult", "CandidateEvaluator", "OptimizeConfig", "OptimizeResult",
+__all__ = ["AugmentConfig", "AugmentResult", "OptimizeConfig", "OptimizeResult",
            "ProgressEvent", "RoundSummary", "RunJournal", "SampleRecord", "augment", "export_examples",
            "feedback_from", "format_answer", "optimize"]

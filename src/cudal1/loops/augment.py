@@ -43,7 +43,6 @@ from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
 from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt
 from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS, SECTION_HEADINGS
 from cudal1.loops.common import (
-    CandidateEvaluator,
     RunJournal,
     SampleRecord,
     detect_form,
@@ -51,6 +50,7 @@ from cudal1.loops.common import (
     generate_records,
     stable_hash,
 )
+from cudal1.service.evaluator import Evaluator, make_evaluator
 from cudal1.tasks import load_tasks
 from cudal1.tasks.splits import TaskSplit
 from cudal1.tasks.task import Task
@@ -259,7 +259,7 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
                                               if k not in ("out_dir", "hf_dataset", "resume", "run_name")}
                                              | {"tasks": [t.hash for t in chosen]})
     journal = RunJournal(store, "augment", run_key, config.to_dict(), resume=config.resume)
-    evaluator = CandidateEvaluator(config.eval, store=store, pool=pool, label=config.label, run_id=journal.run_id)
+    evaluator = make_evaluator("", config.eval, store=store, label=config.label, run_id=journal.run_id, pool=pool)
     rows: list[dict[str, Any]] = []
     stats: list[dict[str, Any]] = []
     generator = _Generator(config, chosen, journal, evaluator, store, progress) if config.llms else None
@@ -287,7 +287,7 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
 class _Generator:
     """Generation and selection for the models of one run (state shared by the models)."""
 
-    def __init__(self, config: AugmentConfig, tasks: list[Task], journal: RunJournal, evaluator: CandidateEvaluator,
+    def __init__(self, config: AugmentConfig, tasks: list[Task], journal: RunJournal, evaluator: Evaluator,
                  store: Any, progress: ProgressFn | None):
         self.config, self.tasks, self.journal, self.evaluator = config, tasks, journal, evaluator
         self.progress = progress
@@ -364,7 +364,7 @@ class _Generator:
         return rows, stats
 
 
-def import_release(path: str | Path, config: AugmentConfig, evaluator: CandidateEvaluator, *,
+def import_release(path: str | Path, config: AugmentConfig, evaluator: Evaluator, *,
                    progress: ProgressFn | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Evaluate a release's candidates; the correct, executable ones become examples (see the module doc)."""
     from cudal1.tasks import load_release

@@ -6,10 +6,8 @@
   `<run id>/<item key>`, plus `mark_done` once a sample is evaluated. A rerun of the same command skips
   done samples, evaluates generated-but-unevaluated ones without asking the LLM again, and generates the
   rest. Without a store the journal lives in memory (nothing resumes).
-- `CandidateEvaluator`: evaluates a batch through an evaluator pool (`cudal1.service`) when one is given,
-  else on this machine with `evaluate_candidate`, `load_inline` builds started in parallel first
-  (`prebuild`) and one warm-worker supply kept for the whole run (the next worker starts while the
-  current candidate runs, also across rounds).
+- `evaluate_records`: the verdicts of a batch of generated records, through the evaluator interface
+  (`service.evaluator`: this machine, a pool or a reward server).
 - `unparseable_result`: the verdict for a completion without code, stored like any evaluation.
 - `feedback_from`: the most useful failure of a batch, as a few lines for the next prompt.
 
@@ -30,8 +28,8 @@ from typing import Any
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
-from cudal1.eval.scheduler import evaluate_many, worker_supply
 from cudal1.llm import Completion, extract_completion
+from cudal1.service.evaluator import Evaluator
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -158,69 +156,12 @@ def unparseable_result(task: Task, text: str, why: str | None, config: EvalConfi
     protocol = config.resolved(device).protocol()
     environment = dict(describe_machine(device))
     digest = source_hash(text)
-    result = EvalResult(status=Status.UNPARSEABLE, message=why or "no code found in the completion",
-                        task_id=task.id, candidate_hash=digest, protocol=protocol, environment=environment)
+    result = EvalResult.unparseable(task.id, why, candidate_hash=digest, protocol=protocol, environment=environment)
     if store is not None:
         key = store.eval_key(task.hash, digest, protocol, environment)
         store.record_evaluation(task, text, result, key=key, label=label, run_id=run_id,
                                 candidate_origin="unparseable completion")
     return result
-
-
-class CandidateEvaluator:
-    """Evaluate batches of (task, source) through a pool, or locally with warm workers kept across batches."""
-
-    def __init__(self, config: EvalConfig, *, store: Any = None, pool: Any = None, label: str = "",
-                 run_id: str | None = None):
-        self.config = config
-        self.store = store
-        self.pool = pool
-        self.label = label
-        self.run_id = run_id
-        self._supply: Any = None
-        self.evaluated = 0  # candidates evaluated (cache hits included)
-
-    def evaluate(self, items: Sequence[tuple[Task, str]], *,
-                 on_result: Callable[[int, EvalResult], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> list[EvalResult | None]:
-        """Results in input order; None for items skipped because `should_stop` said so."""
-        if not items:
-            return []
-        if self.pool is not None:
-            return self._evaluate_pool(items, on_result)
-        return self._evaluate_local(items, on_result, should_stop)
-
-    def _evaluate_pool(self, items: Sequence[tuple[Task, str]],
-                       on_result: Callable[[int, EvalResult], None] | None) -> list[EvalResult | None]:
-        futures = [self.pool.submit(task, source, self.config, label=self.label, run_id=self.run_id)
-                   for task, source in items]
-        results: list[EvalResult | None] = []
-        for i, future in enumerate(futures):
-            result = future.result()
-            results.append(result)
-            self.evaluated += 1
-            if on_result is not None:
-                on_result(i, result)
-        return results
-
-    def _evaluate_local(self, items: Sequence[tuple[Task, str]], on_result: Callable[[int, EvalResult], None] | None,
-                        should_stop: Callable[[], bool] | None) -> list[EvalResult | None]:
-        if self._supply is None:  # kept across rounds: the next round's first worker is already warm
-            self._supply = worker_supply(resolve_device(self.config.device))
-
-        def record(i: int, result: EvalResult) -> None:
-            self.evaluated += 1
-            if on_result is not None:
-                on_result(i, result)
-
-        return evaluate_many(items, self.config, store=self.store, label=self.label, run_id=self.run_id,
-                             on_result=record, should_stop=should_stop, workers=self._supply)
-
-    def close(self) -> None:
-        """Discard the spare warm worker (if any)."""
-        if self._supply is not None:
-            self._supply.close()
-            self._supply = None
 
 
 def generate_records(backend: Any, keys: Sequence[str], prompts: Sequence[list[dict[str, str]]],
@@ -247,7 +188,7 @@ def generate_records(backend: Any, keys: Sequence[str], prompts: Sequence[list[d
     return records
 
 
-def evaluate_records(records: Sequence[SampleRecord], tasks: Mapping[str, Task], evaluator: CandidateEvaluator,
+def evaluate_records(records: Sequence[SampleRecord], tasks: Mapping[str, Task], evaluator: Evaluator,
                      on_verdict: Callable[[SampleRecord, EvalResult | None], None], *,
                      should_stop: Callable[[], bool] | None = None) -> None:
     """Give each record its verdict and call `on_verdict(record, result)` with it.
@@ -314,5 +255,5 @@ def feedback_from(results: Sequence[EvalResult], *, max_chars: int = FEEDBACK_MA
     return _trim("\n".join(lines), max(80, max_chars - len(closing) - 1)) + "\n" + closing
 
 
-__all__ = ["CandidateEvaluator", "GENERATION_ERROR", "RunJournal", "SampleRecord", "detect_form", "evaluate_records",
+__all__ = ["GENERATION_ERROR", "RunJournal", "SampleRecord", "detect_form", "evaluate_records",
            "feedback_from", "generate_records", "stable_hash", "unparseable_result"]

@@ -47,7 +47,6 @@ from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt
 from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS
 from cudal1.loops.common import (
     GENERATION_ERROR,
-    CandidateEvaluator,
     RunJournal,
     SampleRecord,
     detect_form,
@@ -56,6 +55,7 @@ from cudal1.loops.common import (
     generate_records,
     stable_hash,
 )
+from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -245,8 +245,8 @@ class _OptimizeLoop:
         self.exemplars = ExemplarDB(self._exemplar_path())
         self.sampler = make_sampler(config.sampler, dict(config.sampler_options), rng=config.seed)
         label = config.label or f"optimize:{getattr(self.backend, 'model', '') or config.llm.spec}"
-        self.evaluator = CandidateEvaluator(config.eval, store=store, pool=pool, label=label,
-                                            run_id=self.journal.run_id)
+        self.evaluator = make_evaluator("", config.eval, store=store, label=label, run_id=self.journal.run_id,
+                                        pool=pool)
         self.best: tuple[str, EvalResult, dict[str, Any]] | None = None
 
     def _exemplar_path(self) -> Path:

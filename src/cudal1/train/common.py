@@ -7,7 +7,6 @@ mapped in one place, `make_training_args`, which keeps only the names the instal
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -20,8 +19,8 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
-from cudal1.service.factory import Evaluator as ServiceEvaluator
-from cudal1.service.factory import make_evaluator
+from cudal1.service.evaluator import Evaluator as ServiceEvaluator
+from cudal1.service.evaluator import as_evaluator, make_evaluator
 from cudal1.tasks.splits import TaskSplit, load_or_make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.config import CommonTrainConfig, write_resolved_config
@@ -192,36 +191,20 @@ def default_evaluator(config: CommonTrainConfig, store: Any = None, run_id: str 
     return make_evaluator(config.workers, config.eval_config(), store=store, label=label, run_id=run_id)
 
 
-def evaluate_batch(evaluator: Evaluator, items: Sequence[tuple[Task, str | None]], workers: int) -> list[EvalResult]:
-    """Evaluate (task, source) pairs in parallel (each evaluation runs in its own isolated process).
-
-    A None source (no code could be extracted) is UNPARSEABLE without evaluation. An evaluator that raises
-    yields an INFRA_ERROR result for that candidate (the evaluator failed, not the candidate), so one failure
-    never loses the batch.
-    """
-    results: list[EvalResult | None] = [None] * len(items)
-
-    def one(i: int) -> None:
-        task, source = items[i]
-        if source is None:
-            results[i] = EvalResult(status=Status.UNPARSEABLE, message="no ModelNew code block found",
-                                    task_id=task.id)
-            return
-        try:
-            results[i] = evaluator(task, source)
-        except Exception as exc:  # noqa: BLE001 - an evaluator failure costs that candidate only
-            logger.warning("evaluation of a candidate for %s raised", task.id, exc_info=True)
-            # The evaluator's failure (a pool gone, a server unreachable), never the candidate's verdict.
-            results[i] = EvalResult(status=Status.INFRA_ERROR, message=f"evaluator raised {exc!r}"[:300],
-                                    task_id=task.id)
-
-    if workers <= 1 or len(items) <= 1:
-        for i in range(len(items)):
-            one(i)
-    else:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cudal1-eval") as pool:
-            list(pool.map(one, range(len(items))))
-    return [r for r in results if r is not None]
+def evaluate_batch(evaluator: Evaluator | ServiceEvaluator, items: Sequence[tuple[Task, str | None]],
+                   workers: int) -> list[EvalResult]:
+    """Evaluate a batch of (task, source) pairs through the evaluator interface (`service.evaluator`), in
+    order. A None source (no code could be extracted) is UNPARSEABLE without evaluation; a candidate the
+    evaluator failed on is INFRA_ERROR (the evaluator failed, not the candidate). `workers` is the number of
+    calls at once for a plain function or requests in flight to a reward server; in this process and in
+    pools the evaluator schedules the batch itself (builds in parallel, one timed candidate per GPU)."""
+    results = [EvalResult.unparseable(task.id, "no ModelNew code block found") for task, _ in items]
+    runnable = [i for i, (_, source) in enumerate(items) if source is not None]
+    judged = as_evaluator(evaluator, concurrency=workers).evaluate([(items[i][0], str(items[i][1])) for i in runnable])
+    for i, result in zip(runnable, judged, strict=True):
+        if result is not None:
+            results[i] = result
+    return results
 
 
 def first_failure(results: Sequence[EvalResult]) -> str:

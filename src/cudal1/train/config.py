@@ -25,7 +25,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.rewards import CORRECT_UNMEASURED
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
-from cudal1.service.factory import is_evaluator_spec
+from cudal1.service.evaluator import is_evaluator_spec
 
 C = TypeVar("C")
 

@@ -28,7 +28,7 @@ from cudal1.eval.config import EvalConfig
 from cudal1.exemplars import ExemplarDB
 from cudal1.llm.extract import extract_completion
 from cudal1.llm.prompts import build_plain_prompt
-from cudal1.service.factory import make_evaluator
+from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks.splits import SPLIT_NAMES, load_or_make_split, make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, evaluate_batch
