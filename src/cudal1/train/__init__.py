@@ -3,7 +3,7 @@ task splits and policy evaluation.
 
 Everything here imports TRL/transformers/datasets lazily, so `import cudal1.train` is cheap; a missing
 optional dependency raises `MissingDependencyError` naming the `train` extra when a stage starts.
-Tested with TRL 1.16, transformers 5.24, peft 0.21, datasets 5.2.
+Tested with TRL 1.16, transformers 5.24, peft 0.21, datasets 5.2 (the `train` extra requires peft 0.21 or later).
 
     from cudal1.train import SFTStageConfig, run_sft
     result = run_sft(SFTStageConfig(model="scratch", output_dir="runs/sft", dataset="sft.jsonl"))

@@ -128,9 +128,17 @@ def load_policy(spec: str, tokenizer_spec: str = "", *, seed: int = 0, dtype: st
 
 
 def save_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
-    """Save model (a LoRA model saves its adapters) and tokenizer to `path`; returns `path`."""
+    """Save model and tokenizer to `path`; returns `path`.
+
+    A LoRA model (peft) is saved merged into its base weights, a plain model that the next stage, sampling
+    and vLLM load like any other, so that no stage's adapters are dropped on the way (a bare adapter needs its
+    base to be found again, which a scratch or in-memory base cannot be); the adapter alone goes to
+    `path/adapter` too. Merging changes `model` in place: call this when the stage is done with it."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload") and hasattr(model, "peft_config"):
+        model.save_pretrained(path / "adapter")
+        model = model.merge_and_unload()
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "use_cache", None) is False:
         # Training with gradient checkpointing turns the KV cache off; a saved policy is for sampling.
