@@ -139,3 +139,43 @@ def test_a_hub_policy_is_not_copied_for_the_reference_model(tmp_path):
     hub = SimpleNamespace(config=SimpleNamespace(_name_or_path="some-org/some-model"))
     _reference_path(hub, cfg, tokenizer=None)
     assert hub.config._name_or_path == "some-org/some-model" and not (tmp_path / "reference_policy").exists()
+
+
+def test_vllm_generation_is_chosen_where_it_can_run():
+    from cudal1.train import rl as rl_module
+
+    cfg = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "use_cpu": True})
+    assert cfg.vllm == "auto" and rl_module.vllm_args(cfg) == {"use_vllm": False}  # no GPU: transformers path
+    plain = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "vllm": "transformers"})
+    assert rl_module.vllm_args(plain) == {"use_vllm": False}
+    with pytest.raises(ConfigError, match="vllm must be one of"):
+        load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "vllm": "gpu"})
+
+
+def test_an_explicit_vllm_mode_maps_to_trl_and_needs_vllm(monkeypatch):
+    from cudal1.train import rl as rl_module
+
+    server = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "vllm": "server",
+                                               "vllm_server_url": "http://10.0.0.5:8000"})
+    monkeypatch.setattr(rl_module, "vllm_available", lambda: False)
+    with pytest.raises(ConfigError, match="needs vLLM installed"):
+        rl_module.vllm_args(server)
+    monkeypatch.setattr(rl_module, "vllm_available", lambda: True)
+    assert rl_module.vllm_args(server) == {"use_vllm": True, "vllm_mode": "server",
+                                           "vllm_server_base_url": "http://10.0.0.5:8000"}
+    colocate = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "vllm": "colocate",
+                                                 "vllm_gpu_memory_utilization": 0.4})
+    assert rl_module.vllm_args(colocate) == {"use_vllm": True, "vllm_mode": "colocate",
+                                             "vllm_gpu_memory_utilization": 0.4}
+
+
+def test_each_rank_of_a_multi_process_run_times_on_its_own_gpu(monkeypatch):
+    from cudal1.train.config import rank_device
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert rank_device("cuda") == "cuda"
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert rank_device("cuda") == "cuda:3" and rank_device("cuda:1") == "cuda:1" and rank_device("cpu") == "cpu"
+    assert rank_device("auto") == "auto"  # no GPU here: auto stays the CPU
+    cfg = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "eval_device": "cuda"})
+    assert cfg.eval_config().device == "cuda:3"

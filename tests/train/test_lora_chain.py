@@ -10,7 +10,6 @@ import torch
 
 from cudal1.llm.extract import Extraction
 from cudal1.train import rewards as rewards_module
-
 from cudal1.train.config import RLStageConfig, SFTStageConfig, load_config
 from cudal1.train.models import load_policy
 from cudal1.train.rl import run_rl

@@ -14,6 +14,7 @@ Required inputs that vary per run (`model`, `output_dir`) have no usable default
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ import yaml
 from cudal1.core.errors import ConfigError
 from cudal1.core.rewards import CORRECT_UNMEASURED
 from cudal1.core.types import Status
-from cudal1.eval.config import EvalConfig
+from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.service.evaluator import is_evaluator_spec
 
 C = TypeVar("C")
@@ -136,8 +137,11 @@ class CommonTrainConfig:
                               f"not {self.workers!r}")
 
     def eval_config(self) -> EvalConfig:
-        """The evaluator settings of this run as an `EvalConfig`."""
-        return EvalConfig(device=self.eval_device, profile=self.eval_profile, correctness_trials=self.eval_trials,
+        """The evaluator settings of this run as an `EvalConfig`. In a multi-process run (accelerate, torchrun)
+        an unnumbered GPU device means the rank's own GPU (`LOCAL_RANK`), so that the ranks do not all time
+        their candidates on GPU 0."""
+        return EvalConfig(device=rank_device(self.eval_device), profile=self.eval_profile,
+                          correctness_trials=self.eval_trials,
                           sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets,
                           policy=self.eval_policy)
 
@@ -149,6 +153,17 @@ class CommonTrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field (the resolved config written into the run directory)."""
         return dataclasses.asdict(self)
+
+
+def rank_device(device: str) -> str:
+    """`device` for this process: `cuda` (or `auto` on a GPU machine) becomes `cuda:LOCAL_RANK` when a launcher
+    set LOCAL_RANK; a numbered device or the CPU stays as it is."""
+    rank = os.environ.get("LOCAL_RANK", "")
+    if not rank.isdigit() or device not in ("cuda", "auto"):
+        return device
+    if device == "auto" and resolve_device("auto") == "cpu":
+        return device
+    return f"cuda:{rank}"
 
 
 @dataclass
@@ -222,6 +237,10 @@ DEFAULT_FAILURE_REWARDS = {**{s.value: 0.0 for s in Status if s.is_verdict and s
                            CORRECT_UNMEASURED: 0.0}
 
 
+#: How stage 3 generates (`RLStageConfig.vllm`).
+VLLM_MODES = ("auto", "colocate", "server", "transformers")
+
+
 @dataclass
 class RLStageConfig(CommonTrainConfig):
     """Stage 3: contrastive GRPO (TRL `GRPOTrainer`) with rewards from the hardened evaluator."""
@@ -257,6 +276,12 @@ class RLStageConfig(CommonTrainConfig):
                                     "from the survivors (FunSearch's reset); 0: no resets.")
     max_exemplars_per_task: int = _f(256, "Exemplar database size per task; lowest scores evicted first.")
     prompt_token_budget: int = _f(16384, "Prompt token budget; exemplars are trimmed to fit.")
+    vllm: str = _f("auto", "Generation through vLLM (TRL's use_vllm): auto (colocate where vllm is installed and a "
+                           "GPU is used, else the transformers path), colocate, server (a `trl vllm-serve` at "
+                           "vllm_server_url) or transformers (no vLLM).")
+    vllm_server_url: str = _f("", "vllm=server: base URL of the `trl vllm-serve` server; empty: TRL's default "
+                                  "(http://127.0.0.1:8000).")
+    vllm_gpu_memory_utilization: float = _f(0.3, "vllm=colocate: share of the GPU's memory vLLM takes beside training.")
     judge: str = _f("", "LLM judge for suspicious reward jumps (an import path 'module:factory'); empty: none.")
     judge_jump_factor: float = _f(3.0, "Ask the judge when a speedup exceeds this factor x the task's best so far "
                                        "(the paper re-checks results above 3x).")
@@ -282,6 +307,10 @@ class RLStageConfig(CommonTrainConfig):
             raise ConfigError(f"loss_type must be grpo, dapo, dr_grpo or bnpo, not {self.loss_type!r}")
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ConfigError(f"scale_rewards must be group, batch or none, not {self.scale_rewards!r}")
+        if self.vllm not in VLLM_MODES:
+            raise ConfigError(f"vllm must be one of {', '.join(VLLM_MODES)}, not {self.vllm!r}")
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization}")
         unknown = set(self.failure_rewards) - set(DEFAULT_FAILURE_REWARDS)
         if unknown:
             raise ConfigError(f"failure_rewards has unknown statuses {sorted(unknown)}; "

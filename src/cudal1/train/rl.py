@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import logging
 import random
 from collections.abc import Sequence
@@ -176,8 +177,35 @@ def grpo_args(config: RLStageConfig, **extra: Any) -> Any:
               "log_completions": False}
     if config.generation_batch_size:
         values["generation_batch_size"] = config.generation_batch_size
+    values.update(vllm_args(config))
     values.update(extra)
     return make_training_args(GRPOConfig, config, **values)
+
+
+def vllm_available() -> bool:
+    """Whether vLLM is importable here (its own dependency, not one of cudal1's extras)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_args(config: RLStageConfig) -> dict[str, Any]:
+    """TRL's vLLM settings for `config.vllm`: `auto` takes colocate where vLLM is installed and training runs
+    on a GPU, else TRL's transformers generation; an explicit mode without vLLM is a clear error."""
+    mode = config.vllm
+    if mode == "auto":
+        import torch
+
+        mode = "colocate" if vllm_available() and not config.use_cpu and torch.cuda.is_available() else "transformers"
+    if mode == "transformers":
+        return {"use_vllm": False}
+    if not vllm_available():
+        raise ConfigError(f"vllm={mode} needs vLLM installed (pip install vllm, built for your torch); "
+                          "or set vllm=transformers (TRL's own generation)")
+    values: dict[str, Any] = {"use_vllm": True, "vllm_mode": mode}
+    if mode == "colocate":
+        values["vllm_gpu_memory_utilization"] = config.vllm_gpu_memory_utilization
+    elif config.vllm_server_url:
+        values["vllm_server_base_url"] = config.vllm_server_url
+    return values
 
 
 def _reference_path(model: Any, config: RLStageConfig, tokenizer: Any) -> None:
