@@ -251,17 +251,15 @@ def _fake_gpu(monkeypatch, prebuild):
     from types import SimpleNamespace
 
     from cudal1.audit import run as run_mod
-    from cudal1.core import machine
-    from cudal1.eval import scheduler
 
     events = []
     supply = SimpleNamespace(fill=lambda: events.append("fill"))
     monkeypatch.setattr(run_mod, "resolve_device", lambda device: "cuda:0")
-    monkeypatch.setattr(machine, "describe_machine", lambda device: {"device_type": "cuda", "gpu_name": "test"})
+    monkeypatch.setattr(run_mod, "describe_machine", lambda device: {"device_type": "cuda", "gpu_name": "test"})
     monkeypatch.setattr(run_mod, "_audit_workers", lambda cfg, n: contextlib.nullcontext(supply))
     monkeypatch.setattr(run_mod, "_default_evaluate", lambda items, *a, workers=None, **kw: events.append(
         (len(items), workers is supply)) or [None] * len(items))
-    monkeypatch.setattr(scheduler, "prebuild", lambda items, cfg, **kw: prebuild(events, items, kw))
+    monkeypatch.setattr(run_mod, "prebuild", lambda items, cfg, **kw: prebuild(events, items, kw))
     return events
 
 

@@ -125,14 +125,13 @@ def test_torch_compile_baseline_on_cpu_is_correct_and_raises_no_guard(store):
 def test_pending_compile_kinds_are_warmed_together_after_the_quick_kinds(store, monkeypatch):
     # Kinds without compilation are measured for every task first; torch.compile kinds not yet cached then
     # compile once in parallel workers before their serial timed runs.
-    from cudal1.baselines import warm
 
     tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(3)]
     cfg = runner.baseline_config(FAST, "torch_compile")
     env_key, version = runner._cache_coordinates(cfg)
     store.put_baseline(tasks[0].hash, "torch_compile", env_key, version, 1.0, extra={})  # cached: not warmed
     events = []
-    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: events.append(
+    monkeypatch.setattr(runner, "warm_compile_caches", lambda pairs, c, **kw: events.append(
         ("warm", [(t.id, k) for t, k in pairs], c.device, c.skip_static)))
     monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: events.append((task.id, kind))
                         or f"{task.id}:{kind}")
@@ -147,11 +146,10 @@ def test_pending_compile_kinds_are_warmed_together_after_the_quick_kinds(store, 
 
 
 def test_a_stop_during_the_quick_kinds_skips_the_compile_warm_up(store, monkeypatch):
-    from cudal1.baselines import warm
 
     tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(3)]
     events = []
-    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: events.append("warm"))
+    monkeypatch.setattr(runner, "warm_compile_caches", lambda pairs, c, **kw: events.append("warm"))
     monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: events.append((task.id, kind)))
     runner.ensure_baselines(tasks, ["eager", "torch_compile"], FAST, store=store,
                             should_stop=lambda: len(events) >= 2)
@@ -159,11 +157,10 @@ def test_a_stop_during_the_quick_kinds_skips_the_compile_warm_up(store, monkeypa
 
 
 def test_repeated_kinds_are_measured_once_and_a_stop_in_the_compile_half_keeps_order(store, monkeypatch):
-    from cudal1.baselines import warm
 
     tasks = [Task(id=f"t/tiny{i}", source=TINY + f"\n# {i}\n") for i in range(2)]
     events = []
-    monkeypatch.setattr(warm, "warm_compile_caches", lambda pairs, c, **kw: events.append("warm"))
+    monkeypatch.setattr(runner, "warm_compile_caches", lambda pairs, c, **kw: events.append("warm"))
     monkeypatch.setattr(runner, "measure_baseline", lambda task, kind, *a, **k: events.append((task.id, kind))
                         or f"{task.id}:{kind}")
     records = runner.ensure_baselines(tasks, ["torch_compile", "eager", "eager", "cuda_graph"], FAST, store=store,

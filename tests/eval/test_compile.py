@@ -566,7 +566,7 @@ def test_prepare_build_reuses_an_import_only_build_made_elsewhere(monkeypatch, t
     from cudal1.tasks.sources import load_file
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compile_mod, "local_arch", lambda arch=None: arch or "9.0")
+    monkeypatch.setattr(pipeline, "local_arch", lambda arch=None: arch or "9.0")
 
     def no_build(self, sources, **kwargs):
         raise AssertionError("built again")
@@ -588,12 +588,13 @@ def test_prepare_build_reuses_an_import_only_build_made_elsewhere(monkeypatch, t
 def test_prebuild_tells_each_item_when_its_build_is_done(tmp_path, monkeypatch):
     # evaluate_many starts an item's evaluation on this signal, so every item must get it exactly once:
     # at once without a build, after the build otherwise (identical sources share one build).
+    from cudal1.eval import scheduler
     from cudal1.eval.config import EvalConfig
     from cudal1.eval.scheduler import prebuild
     from cudal1.tasks.sources import load_file
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compile_mod, "local_arch", lambda arch=None: arch or "9.0")
+    monkeypatch.setattr(scheduler, "local_arch", lambda arch=None: arch or "9.0")
     task = load_file(Path(__file__).parent.parent / "fixtures" / "tasks" / "tiny_scale_add.py")
     ok = "# load_inline\n" + PURE_PYTORCH.replace("scale=2.0", "dim")
     bad = "# load_inline\n" + IMPORT_RAISES

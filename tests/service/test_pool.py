@@ -238,11 +238,10 @@ def test_cpu_prebuild_skips_a_build_the_node_already_holds(tmp_path, monkeypatch
 
 def test_gpu_pool_builds_load_inline_candidates_ahead_of_their_slot(monkeypatch):
     # The build of a queued load_inline candidate starts at submit, so the GPU slot finds it done.
-    from cudal1.eval import scheduler
     from cudal1.service import pool as pool_mod
 
     built = []
-    monkeypatch.setattr(scheduler, "prebuild", lambda items, cfg, **kw: built.extend(items))
+    monkeypatch.setattr(pool_mod, "prebuild", lambda items, cfg, **kw: built.extend(items))
     monkeypatch.setattr(pool_mod, "pool_environment", lambda device: {"gpu_name": "test"})
     from cudal1.core.types import EvalResult
 

@@ -28,11 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.audit.rows import PUBLISHED_META_PREFIX, row_from_result
+from cudal1.audit.rows import PUBLISHED_META_PREFIX, row_from_result, rows_from_store, stored_labels
 from cudal1.audit.select import Item, chunk_items, parse_chunk, select_items
+from cudal1.audit.summary import write_audit_outputs
+from cudal1.baselines import BASELINE_KINDS
+from cudal1.baselines.runner import ensure_baselines, load_baselines, null_test_summary
+from cudal1.baselines.sol import measure_peaks
 from cudal1.core.errors import ConfigError
+from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult
 from cudal1.eval.config import PROFILES, PROTOCOL_VERSION, EvalConfig, resolve_device
+from cudal1.eval.scheduler import evaluate_many, prebuild, worker_supply
 from cudal1.metrics.rows import ResultRow
 from cudal1.store.keys import canonical_json, key_environment
 from cudal1.tasks.sources import load_release
@@ -152,7 +158,6 @@ def _machine(cfg: EvalConfig, environment: dict[str, Any] | None) -> dict[str, A
     """`environment`, else this machine's for `cfg.device`: whose stored results an audit reads."""
     if environment is not None:
         return environment
-    from cudal1.core.machine import describe_machine
 
     return describe_machine(cfg.device)
 
@@ -209,8 +214,6 @@ def _ensure_labelled(store: Any, key: str, result: EvalResult, task: Task, label
 
 
 def _default_evaluate(*args: Any, **kwargs: Any) -> list[EvalResult]:
-    from cudal1.eval.scheduler import evaluate_many
-
     return evaluate_many(*args, **kwargs)
 
 
@@ -305,7 +308,6 @@ def _selection(config: AuditConfig) -> list[Item]:
 def _audit_workers(cfg: EvalConfig, n: int) -> Any:
     """One supply of warm workers for every batch of the audit (a supply per batch waited ~9 s for its
     first worker each time, once the builds were done ahead)."""
-    from cudal1.eval.scheduler import worker_supply
 
     return worker_supply(cfg.device, n)
 
@@ -315,7 +317,6 @@ def _build_all(pending: list[Item], cfg: EvalConfig, workers: Any, should_cancel
     a batch waited for its own slowest build, once per batch), with the first workers starting meanwhile;
     the GPU is idle during the pass, so builds made lazily in `forward` are triggered there too.
     A failure here costs only time: each candidate then builds in its own evaluation."""
-    from cudal1.eval.scheduler import prebuild
 
     workers.fill()
     try:
@@ -327,7 +328,6 @@ def _build_all(pending: list[Item], cfg: EvalConfig, workers: Any, should_cancel
 def _ensure_peaks(cfg: EvalConfig, store: Any) -> None:
     """The device's peaks in the store (measured once per GPU name); a failed probe only costs the report
     its speed-of-light fractions."""
-    from cudal1.baselines.sol import measure_peaks
 
     try:
         measure_peaks(cfg.device, store)
@@ -341,8 +341,6 @@ def _out_of_time(config: AuditConfig, started: float) -> bool:
 
 def _measure_baselines(config: AuditConfig, cfg: EvalConfig, store: Any, items: list[Item], started: float,
                        on_baseline: Callable[..., None] | None) -> None:
-    from cudal1.baselines.runner import ensure_baselines
-
     tasks = list({t.hash: t for t, _ in items}.values())
     ensure_baselines(tasks, config.baselines, cfg, store=store, on_result=on_baseline,
                      should_stop=lambda: _out_of_time(config, started))
@@ -367,8 +365,6 @@ def report_audit(outcome: AuditOutcome, config: AuditConfig, store: Any, out_dir
     release are added as extra labels, so strict and cuda-l1 verdicts appear side by side. `asked` (baseline
     kind -> the task ids it was asked for) makes the coverage section count each baseline over its own tasks
     (e.g. the CUDA graph for every task, torch.compile for a sample)."""
-    from cudal1.audit.rows import rows_from_store, stored_labels
-    from cudal1.audit.summary import write_audit_outputs
 
     rows = list(outcome.rows)
     others = []
@@ -400,8 +396,6 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
     counts only the tasks it was asked for, and says how many that is ("asked"). `null_test`: the measured
     speedups of the eager baseline (the reference timed against itself), the protocol's bias and noise.
     `per_task`: task id -> kind -> the stored baseline (eager included), what `cudal1 baseline` prints."""
-    from cudal1.baselines import BASELINE_KINDS
-    from cudal1.baselines.runner import load_baselines, null_test_summary
 
     environment = _machine(cfg, environment)
     unique = list({t.hash: t for t in tasks}.values())

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.audit.compare import load_audit
+from cudal1.audit.summary import write_audit_outputs
 from cudal1.core.errors import SourceError
 from cudal1.metrics.rows import ResultRow
 
@@ -131,7 +132,6 @@ def _row(entry: Mapping[str, Any], per_task: Mapping[str, Any] | None) -> Result
 def report_saved_audit(saved: SavedAudit | str | Path, out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
     """Write the report of a saved audit into `out_dir` (see `write_audit_outputs`); return name -> path.
     Nothing is evaluated or looked up: the rows, settings and baseline coverage all come from the file."""
-    from cudal1.audit.summary import write_audit_outputs
 
     if not isinstance(saved, SavedAudit):
         saved = load_saved_audit(saved)

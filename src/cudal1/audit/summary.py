@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cudal1.baselines import BASELINE_KINDS, BaselineRecord, baseline_cell
 from cudal1.metrics.aggregate import baselines_present, summarize_rows
 from cudal1.metrics.rows import PUBLISHED_KEY_BY_BASELINE, ResultRow
 from cudal1.report import write_report
@@ -188,7 +189,6 @@ def baselines_markdown(per_task: Mapping[str, Mapping[str, Mapping[str, Any]]], 
     """Every stored baseline per task (`baseline_coverage`'s `per_task`), in the cells `cudal1 baseline`
     prints: ms (speedup vs eager), failed with the start of its reason, or '-'. Tasks without any stored
     baseline have no row; the columns are the known kinds that some task has."""
-    from cudal1.baselines import BASELINE_KINDS, BaselineRecord, baseline_cell
 
     kinds = [k for k in BASELINE_KINDS if any(k in by_kind for by_kind in per_task.values())]
     lines = [f"# {title}", "",

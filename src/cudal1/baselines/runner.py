@@ -33,8 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudal1.baselines.variants import CUDA_ONLY_KINDS, baseline_source, eval_profile, parse_kinds
+from cudal1.baselines.warm import COMPILE_KINDS, warm_compile_caches
+from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import PROTOCOL_VERSION, EvalConfig, resolve_device
+from cudal1.eval.pipeline import evaluate_candidate
+from cudal1.eval.scheduler import worker_supply
 from cudal1.store.keys import environment_key
 from cudal1.tasks.task import Task
 
@@ -115,8 +119,6 @@ def baseline_config(config: EvalConfig, kind: str) -> EvalConfig:
 
 
 def _cache_coordinates(cfg: EvalConfig) -> tuple[str, str]:
-    from cudal1.core.machine import describe_machine
-
     return environment_key(describe_machine(cfg.device)), baseline_protocol_version(cfg.protocol())
 
 
@@ -170,7 +172,6 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
 def evaluate_baseline_source(task: Task, source: str, cfg: EvalConfig, *, store: Any, force: bool,
                              kind: str, workers: Any = None) -> EvalResult:
     """Evaluate a generated baseline through the standard pipeline (stored under label `baseline:<kind>`)."""
-    from cudal1.eval.pipeline import evaluate_candidate
 
     return evaluate_candidate(task, source, cfg, store=store, force=force, label=LABEL_PREFIX + kind,
                               workers=workers)
@@ -190,8 +191,6 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
     the slow half still leaves the quick baselines complete. Evaluation workers are started ahead of need,
     as in `evaluate_many`, one supply for both halves.
     """
-    from cudal1.baselines.warm import COMPILE_KINDS
-    from cudal1.eval.scheduler import worker_supply
 
     tasks, config, kinds = list(tasks), config or EvalConfig(), parse_kinds(list(kinds))
     position = {kind: j for j, kind in enumerate(kinds)}
@@ -223,7 +222,6 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
 def _warm_compile_kinds(tasks: list[Task], kinds: Sequence[str], config: EvalConfig, store: Any, force: bool,
                         should_stop: Callable[[], bool] | None) -> None:
     """Fill torch.compile's caches in parallel for the compile kinds about to be measured (two or more)."""
-    from cudal1.baselines.warm import warm_compile_caches
 
     pending = []
     for kind in kinds:

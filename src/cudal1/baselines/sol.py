@@ -27,6 +27,10 @@ from typing import Any
 
 import torch
 
+from cudal1.core.machine import describe_machine
+from cudal1.eval.calls import use_device
+from cudal1.eval.config import resolve_device
+from cudal1.eval.processes import Limits, run_isolated
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -185,7 +189,6 @@ def _time_best_s(fn: Any, device: torch.device, reps: int) -> float:
 
 def peaks_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
     """Isolated entry: measure copy bandwidth and matmul throughput on `payload["device"]`."""
-    from cudal1.eval.calls import use_device
 
     device = use_device(payload["device"])
     copy_bytes, n, reps = int(payload["copy_bytes"]), int(payload["matmul_n"]), int(payload["reps"])
@@ -217,9 +220,6 @@ def measure_peaks(device: str = "auto", store: Any = None, *, force: bool = Fals
     Returns `{"gpu_name", "copy_bytes_per_s", "matmul_flops_per_s": {dtype: flops/s}, "probe"}`.
     Raises `RuntimeError` when the probe worker fails (the message says how).
     """
-    from cudal1.core.machine import describe_machine
-    from cudal1.eval.config import resolve_device
-    from cudal1.eval.processes import Limits, run_isolated
 
     resolved = resolve_device(device)
     gpu_name = str(describe_machine(resolved).get("gpu_name"))

@@ -18,8 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cudal1.baselines.variants import baseline_source
+from cudal1.eval.calls import make_inputs, sync, use_device, use_exact_fp32
+from cudal1.eval.candidate_runner import import_candidate
 from cudal1.eval.config import EvalConfig
-from cudal1.tasks.task import Task
+from cudal1.eval.evaluation import compile_cache_env, sandbox_spec
+from cudal1.eval.processes import Limits, run_isolated, usable_cpu_count
+from cudal1.tasks.task import Task, load_reference
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +42,6 @@ def compile_in_worker(payload: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from cudal1.eval.calls import make_inputs, sync, use_device, use_exact_fp32
-    from cudal1.eval.candidate_runner import import_candidate
-    from cudal1.tasks.task import load_reference
 
     device = use_device(payload["device"])
     ref = load_reference(payload["ref_source"], payload["task_id"], sizes=payload["sizes"])
@@ -67,8 +68,6 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
     (task id, kind), the seconds the compiling call took, or the reason it failed or was skipped
     (`should_stop` is asked before each one starts).
     """
-    from cudal1.eval.evaluation import compile_cache_env, sandbox_spec
-    from cudal1.eval.processes import Limits, run_isolated, usable_cpu_count
 
     pairs = [(t, k) for t, k in pairs if k in COMPILE_KINDS]
     if not pairs:

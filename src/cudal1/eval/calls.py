@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from cudal1.eval.channel import Arena
+from cudal1.eval.channel import Arena, tree_nbytes
 
 #: Bytes written to flush a CPU's last-level cache before a timed call on the CPU (in the runner itself).
 CPU_FLUSH_BYTES = 32 * 2**20
@@ -139,6 +139,17 @@ class ModelSide:
 
     def make_inputs(self, seed: int, distribution: str = "reference") -> list[Any]:
         return make_inputs(self.ref, self.device, seed, distribution)
+
+    def attach(self, arena: Arena) -> dict[str, Any]:
+        """Take the arena the parent sent (pinned for the GPU where it is host memory)."""
+        self.arena = arena
+        return {"ok": True, "pinned": arena.register_with_cuda() if self.device.type == "cuda" else False}
+
+    def inputs_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Make a seed's inputs into the arena's `in` half (CPU timing: the parent ships them from there)."""
+        assert self.arena is not None, "no arena attached"
+        tree = self.arena.pack(self.make_inputs(int(message["seed"])), "in")
+        return {"ok": True, "in": tree, "in_bytes": tree_nbytes(tree)}
 
     def inputs_from(self, message: dict[str, Any]) -> list[Any]:
         """The inputs a request names: made from its seed, or read from the arena where the parent put them."""

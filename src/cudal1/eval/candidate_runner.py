@@ -21,7 +21,7 @@ import torch
 from cudal1.core import flags as F
 from cudal1.eval import guards
 from cudal1.eval.calls import CallFailed, ModelSide, first_line, seed_everything
-from cudal1.eval.channel import Arena, Channel, describe_value, tree_nbytes
+from cudal1.eval.channel import Arena, Channel, describe_value
 from cudal1.eval.reference_runner import ReferenceFailed, configure, jsonable
 from cudal1.tasks.task import load_reference, module_constants
 
@@ -154,9 +154,7 @@ class CandidateRole:
         return out
 
     def attach(self, arena: Arena) -> dict[str, Any]:
-        self.side.arena = arena
-        pinned = arena.register_with_cuda() if self.device.type == "cuda" else False
-        return {"ok": True, "pinned": pinned}
+        return self.side.attach(arena)
 
     def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -167,9 +165,7 @@ class CandidateRole:
             if op == "prepare":
                 return self.side.prepare(message)
             if op == "inputs":
-                assert self.side.arena is not None, "no arena attached"
-                tree = self.side.arena.pack(self.side.make_inputs(int(message["seed"])), "in")
-                return {"ok": True, "in_bytes": tree_nbytes(tree)}
+                return self.side.inputs_request(message)
             if op == "call":
                 return self.side.timed_request(message)
             if op == "flush":

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cudal1.eval.cudart import clear_last_error
+
 #: Largest message (bytes of JSON). Compiler logs and kernel lists are trimmed well below this.
 MAX_MESSAGE_BYTES = 4 * 2**20
 #: Byte alignment of tensors in an arena (any dtype can be viewed at such an offset).
@@ -333,7 +335,6 @@ class Arena(TensorArena):
 
         if self.registered or not self.size or not torch.cuda.is_available():
             return self.registered
-        from cudal1.eval.cudart import clear_last_error
 
         ptr = self.host().data_ptr()
         try:
@@ -353,7 +354,6 @@ class Arena(TensorArena):
             return
         import torch
 
-        from cudal1.eval.cudart import clear_last_error
 
         if int(torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)) != 0:
             clear_last_error()

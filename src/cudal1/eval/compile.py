@@ -58,6 +58,7 @@ from cudal1.eval.build_hooks import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers
 from cudal1.eval.compile_log import trim_compiler_log
 from cudal1.eval.processes import SCRATCH_INSIDE, Limits, run_isolated, usable_cpu_count
 from cudal1.eval.sandbox import detect_sandbox
+from cudal1.tasks.static_inputs import static_init_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -545,6 +546,5 @@ def json_init_inputs(task: Any) -> list[Any] | None:
     """The reference's init inputs when its syntax tree shows them as plain values (so lazy builds in
     `ModelNew.__init__` can happen in the compile pool); None otherwise. Runs no code at all: the reference
     may come from a client (`cudal1.tasks.static_inputs`)."""
-    from cudal1.tasks.static_inputs import static_init_inputs
 
     return static_init_inputs(task.source)

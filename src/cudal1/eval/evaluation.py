@@ -21,10 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core import flags as F
+from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Flag, Severity, Status
+from cudal1.eval.cgroups import reap_stale_groups
+from cudal1.eval.compile import cache_root
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.measure import Measurement
-from cudal1.eval.processes import SCRATCH_INSIDE, RunnerFailed, RunnerProcess, RunnerSupply, copy_into_scratch
+from cudal1.eval.processes import (
+    SCRATCH_INSIDE,
+    RunnerFailed,
+    RunnerProcess,
+    RunnerSupply,
+    copy_into_scratch,
+    reap_stale_folders,
+)
 from cudal1.eval.sandbox import SandboxSpec, detect_sandbox
 from cudal1.eval.session import InfraFailure, Session, Verdict, error_hint
 from cudal1.eval.static_checks import changed_constants_used
@@ -57,7 +67,6 @@ def device_timing_lock(device: str) -> Iterator[None]:
     """Hold `device` for one evaluation: evaluations timed at the same time on one device disturb each other's
     measurements (and, on the CPU, the clock check), so threads of this process and other processes of this
     machine (a file lock in the cache) take turns. Builds and static checks run outside it."""
-    from cudal1.eval.compile import cache_root
 
     name = device if device.startswith("cuda") else "cpu"
     with _device_locks_guard:
@@ -136,7 +145,6 @@ def candidate_memory_limit(cfg: EvalConfig, data_bytes: int | None) -> int:
 
 def compile_cache_folder() -> Path:
     """torch.compile's cache for cudal1's own baselines (shared by their warm-up and timed runs)."""
-    from cudal1.eval.compile import cache_root
 
     return cache_root() / "inductor"
 
@@ -150,7 +158,6 @@ def sandbox_spec(device: str, hidden_files: list[str] | None = None, *,
     """The sandbox of a model runner: the GPU's device nodes on CUDA; the results store and the caches hidden.
     `shared_compile_cache` (cudal1's own baselines only, never a candidate: it could poison it) binds
     torch.compile's cache read-write, so compiled baselines are warmed once for all their runs."""
-    from cudal1.eval.compile import cache_root
 
     hidden = [str(cache_root())]
     files = [f for f in (hidden_files or []) if f] + [os.environ.get("CUDAL1_STORE", "")]
@@ -175,8 +182,6 @@ def reap_once() -> None:
     if _reaped.is_set():
         return
     _reaped.set()
-    from cudal1.eval.cgroups import reap_stale_groups
-    from cudal1.eval.processes import reap_stale_folders
 
     removed = reap_stale_folders() + reap_stale_groups()
     if removed:
@@ -205,7 +210,6 @@ def runner_supply(device: str, at_most: int | None = None, *, hidden_files: list
 def check_sandbox_policy(cfg: EvalConfig) -> str:
     """The sandbox level this evaluation runs at; raises ConfigError when the config or profile needs a
     sandbox the host does not have."""
-    from cudal1.core.errors import ConfigError
 
     info = detect_sandbox()
     needed = cfg.sandbox == "required" or (cfg.sandbox == "auto" and cfg.profile_obj.require_sandbox)

@@ -17,6 +17,8 @@ from typing import Any
 from cudal1.core.machine import describe_machine
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, KernelClass, Status
+from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
+from cudal1.eval.compile_log import build_failure_message
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candidate
 from cudal1.eval.processes import RunnerSupply
@@ -57,8 +59,6 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
     """Build a `load_inline` candidate in the compile service (cached) and return how to import it."""
     if not (cfg.device.startswith("cuda") and uses_load_inline(source)):
         return PreparedBuild()
-    from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
-    from cudal1.eval.compile_log import build_failure_message
 
     service = CompileService(CompileConfig(arch=local_arch(), timeout_s=cfg.build_timeout_s, device=cfg.device))
     init = json_init_inputs(task)

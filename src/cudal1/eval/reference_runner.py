@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from cudal1.eval.calls import CallFailed, ModelSide, first_line, use_device, use_exact_fp32
-from cudal1.eval.channel import Arena, describe_value, tree_nbytes
+from cudal1.eval.channel import Arena, describe_value
 from cudal1.eval.correctness import mostly_not_finite
 from cudal1.tasks.task import load_reference
 
@@ -84,9 +84,7 @@ class ReferenceRole:
                 "setup_ms": self.setup_ms}
 
     def attach(self, arena: Arena) -> dict[str, Any]:
-        self.side.arena = arena
-        pinned = arena.register_with_cuda() if self.device.type == "cuda" else False
-        return {"ok": True, "pinned": pinned}
+        return self.side.attach(arena)
 
     def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -97,9 +95,7 @@ class ReferenceRole:
             if op == "prepare":
                 return self.side.prepare(message)
             if op == "inputs":
-                assert self.side.arena is not None, "no arena attached"
-                tree = self.side.arena.pack(self.side.make_inputs(int(message["seed"])), "in")
-                return {"ok": True, "in": tree, "in_bytes": tree_nbytes(tree)}
+                return self.side.inputs_request(message)
             if op == "call":
                 return self.side.timed_request(message)
             if op == "flush":

@@ -17,6 +17,7 @@ from typing import Any
 
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult
+from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.evaluation import runner_supply
 from cudal1.eval.pipeline import evaluate_candidate, uses_load_inline
@@ -210,12 +211,6 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
     for i in sorted(set(range(len(items))) - set(todo)):
         notify(i)
     if not todo:
-        return
-    try:
-        from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
-    except ImportError:  # no build service here: each candidate builds in its own evaluation
-        for i in todo:
-            notify(i)
         return
     service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers, timeout_s=cfg.build_timeout_s,
                                            device=cfg.device, cpus=tuple(sorted(cpus)) if cpus else None,

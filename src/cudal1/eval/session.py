@@ -29,12 +29,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.analysis import StaticReport
 from cudal1.core import flags as F
 from cudal1.core.types import Flag, Mismatch, Severity, Status, TimingStats
 from cudal1.eval.channel import Arena, ArenaFull, UnsupportedValue, changed_inputs, tree_classes, tree_nbytes
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.correctness import OutputHackError, compare_outputs
 from cudal1.eval.processes import RunnerFailed, RunnerProcess
+from cudal1.eval.profiling import KernelProfile, decoy_flags
 
 logger = logging.getLogger(__name__)
 
@@ -446,8 +448,6 @@ class Session:
     def profile(self) -> dict[str, Any] | None:
         if self.device_type != "cuda" or self.static_report is None or not self.cfg.profile_kernels:
             return None
-        from cudal1.analysis import StaticReport
-        from cudal1.eval.profiling import KernelProfile, decoy_flags
 
         reply = self.ask_candidate({"op": "profile", "seed": new_seed()}, "the profiled forward",
                                    self.ref_times.get("call", 1.0))

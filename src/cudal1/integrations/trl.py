@@ -32,6 +32,7 @@ from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text
 from cudal1.llm.extract import Extraction, extract_completion
 from cudal1.service.evaluator import Evaluator, ServerEvaluator, as_evaluator
+from cudal1.tasks.sources import load_tasks
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,6 @@ class TaskResolver:
         if reference:
             return Task(id=task_id, source=reference, origin="dataset")
         if self._index is None:
-            from cudal1.tasks.sources import load_tasks
-
             self._index = {}
             for spec in self.sources:
                 for task in load_tasks(spec):

@@ -1,7 +1,6 @@
 """verl integration: a custom reward function that calls the reward server, and the parquet data verl reads.
 
 Reward (in verl's config):
-
     custom_reward_function:
       path: <site-packages>/cudal1/integrations/verl.py    # or `python -c "import cudal1.integrations.verl as m; print(m.__file__)"`
       name: compute_score_batch                             # with reward_model.reward_manager=batch
@@ -37,6 +36,8 @@ from cudal1.core.rewards import reward_of
 from cudal1.core.types import EvalResult
 from cudal1.integrations.common import completion_text
 from cudal1.llm.extract import extract_completion
+from cudal1.llm.prompts import build_plain_prompt
+from cudal1.service.client import RewardClient
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,6 @@ def reward_client() -> Any:
     global _client
     with _client_lock:
         if _client is None:
-            from cudal1.service.client import RewardClient
-
             _client = RewardClient.from_env()
         return _client
 
@@ -101,8 +100,6 @@ def rows_from_tasks(tasks: Iterable[Any], prompt_fn: Callable[[Any], list[dict[s
                     include_reference: bool = False) -> list[dict[str, Any]]:
     """One verl row per task; `prompt_fn(task) -> messages` defaults to cudal1's plain prompt."""
     if prompt_fn is None:
-        from cudal1.llm.prompts import build_plain_prompt
-
         def prompt_fn(task: Any) -> list[dict[str, str]]:
             return build_plain_prompt(task.source)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudal1.analysis import analyze_source
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.exemplars.db import normalized_hash
@@ -86,10 +87,6 @@ class HackCase:
 
 def static_rules_of(source: str, reference_source: str | None = None) -> tuple[str, ...]:
     """Sorted names of the static rules that fire on `source` (empty when the analysis is unavailable)."""
-    try:
-        from cudal1.analysis import analyze_source
-    except ImportError:  # pragma: no cover - the analysis ships with cudal1
-        return ()
     try:
         report = analyze_source(source, reference_source=reference_source)
     except Exception:  # noqa: BLE001 - a case must be storable even if the analysis chokes on it

@@ -24,11 +24,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.analysis import analyze_source
 from cudal1.core.errors import ConfigError
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.judge.cases import HackCase, HackCaseDB
 from cudal1.judge.retrieval import similar_cases
+from cudal1.llm import LLMConfig, make_backend
+from cudal1.llm.prompts import RESTRICTIONS
 
 __all__ = ["JudgeConfig", "JudgeVerdict", "LLMJudge", "make_judge", "parse_verdict"]
 
@@ -218,8 +221,6 @@ def without_docstring(source: str) -> str:
 def describe_evidence(result: EvalResult | None, candidate_source: str, task_source: str) -> str:
     """The evaluator's evidence in a few lines: status, speedup, timing, kernel class, flags."""
     if result is None:
-        from cudal1.analysis import analyze_source
-
         report = analyze_source(candidate_source, reference_source=task_source)
         lines = ["status: not run (static analysis only)", f"kernel class: {report.kernel_class.value}"]
         flags = report.flags
@@ -252,7 +253,6 @@ def _case_block(i: int, case: HackCase, score: float, max_chars: int) -> str:
 def build_messages(task_source: str, candidate_source: str, evidence: str,
                    cases: list[tuple[HackCase, float]], config: JudgeConfig) -> list[dict[str, str]]:
     """The judge's chat: a system message (task, known tricks, rules, format) and one user message."""
-    from cudal1.llm.prompts import RESTRICTIONS
 
     system = ("You review GPU kernel candidates for reward hacking. A candidate module defines `ModelNew`, "
               "which must compute the same function as the reference `Model` for any valid input and be "
@@ -287,7 +287,6 @@ class LLMJudge:
             if not config.enabled:
                 raise ConfigError("the LLM judge needs JudgeConfig.llm "
                                   "(e.g. 'openai:MODEL@http://host:port/v1')")
-            from cudal1.llm import LLMConfig, make_backend
 
             backend = make_backend(LLMConfig(spec=config.llm, temperature=config.temperature,
                                              max_tokens=config.max_tokens, timeout_s=config.timeout_s,

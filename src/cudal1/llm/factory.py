@@ -7,6 +7,8 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 from cudal1.llm.backends import LLMBackend, LLMConfig, parse_spec
+from cudal1.llm.hf_backend import HFBackend
+from cudal1.llm.openai_backend import OpenAIBackend
 
 
 def make_backend(spec_or_config: str | LLMConfig, **kwargs: Any) -> LLMBackend:
@@ -20,9 +22,6 @@ def make_backend(spec_or_config: str | LLMConfig, **kwargs: Any) -> LLMBackend:
         raise ConfigError(f"make_backend expects a spec string or an LLMConfig, got {type(config).__name__}")
     parsed = parse_spec(config.spec)
     if parsed.kind == "openai":
-        from cudal1.llm.openai_backend import OpenAIBackend  # lazy: `openai` is an optional dependency
-
         return OpenAIBackend(config, **kwargs)
-    from cudal1.llm.hf_backend import HFBackend  # lazy: `transformers` is an optional dependency
 
     return HFBackend(config, **kwargs)

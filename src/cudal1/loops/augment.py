@@ -40,7 +40,7 @@ from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
-from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt
+from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
 from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS, SECTION_HEADINGS
 from cudal1.loops.common import (
     RunJournal,
@@ -51,7 +51,7 @@ from cudal1.loops.common import (
     stable_hash,
 )
 from cudal1.service.evaluator import Evaluator, make_evaluator
-from cudal1.tasks import load_tasks
+from cudal1.tasks import load_release, load_tasks
 from cudal1.tasks.splits import TaskSplit
 from cudal1.tasks.task import Task
 
@@ -319,8 +319,6 @@ class _Generator:
     def run_model(self, spec: str, backend: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Generate, evaluate and select for one model; returns (example rows, per-task stats)."""
         if backend is None:
-            from cudal1.llm import make_backend
-
             backend = make_backend(self.config.llm_config(spec))
         keys = [(task, f"{spec}|{task.id}|s{s}") for task in self.tasks for s in range(self.config.samples)]
         records = {key: self.journal.load(key) for _, key in keys}
@@ -367,7 +365,6 @@ class _Generator:
 def import_release(path: str | Path, config: AugmentConfig, evaluator: Evaluator, *,
                    progress: ProgressFn | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Evaluate a release's candidates; the correct, executable ones become examples (see the module doc)."""
-    from cudal1.tasks import load_release
 
     path = Path(path)
     pairs = [(task, cand) for task, cand in load_release(path) if cand is not None]

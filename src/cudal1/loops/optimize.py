@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudal1.baselines import LABEL_PREFIX, attach_baselines, ensure_baselines, parse_kinds
 from cudal1.core.errors import ConfigError, Cudal1Error
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import SAMPLERS, ExemplarDB, ScoredCode, make_sampler
-from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt
+from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
 from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS
 from cudal1.loops.common import (
     GENERATION_ERROR,
@@ -55,6 +56,7 @@ from cudal1.loops.common import (
     generate_records,
     stable_hash,
 )
+from cudal1.loops.output import write_candidate
 from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks.task import Task
 
@@ -141,7 +143,6 @@ def baseline_kinds(spec: str, device: str) -> list[str]:
         return []
     if spec == "auto":
         return list(CUDA_BASELINES) if device.startswith("cuda") else []
-    from cudal1.baselines import parse_kinds
 
     return [k for k in parse_kinds(spec) if k != "eager"]
 
@@ -232,8 +233,6 @@ class _OptimizeLoop:
 
     def __init__(self, task: Task, config: OptimizeConfig, *, backend: Any, store: Any, pool: Any,
                  progress: ProgressFn | None):
-        from cudal1.llm import make_backend
-
         assert isinstance(config.llm, LLMConfig)
         self.task, self.config, self.store, self.progress = task, config, store, progress
         self.backend = backend if backend is not None else make_backend(config.llm)
@@ -301,7 +300,6 @@ class _OptimizeLoop:
     # -------------------------------------------------------------------------------------- seeding
     def _seed_from_store(self) -> None:
         """Add the correct candidates the store knows for this task (same source, device type) as exemplars."""
-        from cudal1.baselines import LABEL_PREFIX
 
         rows = self.store.query_evaluations(task_id=self.task.id, status=Status.CORRECT,
                                             latest_per_task_candidate=True)
@@ -467,7 +465,6 @@ class _OptimizeLoop:
     def _with_baselines(self, best: EvalResult) -> EvalResult:
         if self.store is None:
             return best
-        from cudal1.baselines import attach_baselines, ensure_baselines
 
         kinds = baseline_kinds(self.config.baselines, self.device)
         if kinds:
@@ -476,8 +473,6 @@ class _OptimizeLoop:
 
     def _write(self, source: str, best: EvalResult, origin: dict[str, Any],
                history: list[RoundSummary]) -> tuple[Path, Path]:
-        from cudal1.loops.output import write_candidate
-
         path = Path(self.config.out) if self.config.out else Path(f"{self.task.name}_best.py")
         sidecar = {"run_id": self.journal.run_id, "history": [dataclasses.asdict(h) for h in history],
                    "config": self.config.to_dict()}

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cudal1.core.types import EvalResult
+from cudal1.analysis import analyze_source
+from cudal1.core.types import EvalResult, KernelClass
 from cudal1.tasks.task import Task
 
 
@@ -29,9 +30,6 @@ def kernel_class_of(source: str, result: EvalResult, reference: str | None = Non
     if result.kernel_class is not None:
         return result.kernel_class.value
     try:
-        from cudal1.analysis import analyze_source
-        from cudal1.core.types import KernelClass
-
         return KernelClass(analyze_source(source, reference_source=reference).kernel_class).value
     except Exception:  # noqa: BLE001 - the header must be written even if the analysis fails
         return "unknown"

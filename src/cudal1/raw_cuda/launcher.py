@@ -29,7 +29,7 @@ from typing import Any
 
 from cudal1.core.errors import Cudal1Error
 from cudal1.raw_cuda.arguments import TensorPointer, make_tensor_pointer, marshal_args
-from cudal1.raw_cuda.backend import DEFAULT_DYNAMIC_SHARED_LIMIT_BYTES
+from cudal1.raw_cuda.backend import DEFAULT_DYNAMIC_SHARED_LIMIT_BYTES, DriverBackend
 from cudal1.raw_cuda.compiler import DEFAULT_ARCH, compile_only, device_arch
 from cudal1.raw_cuda.errors import RawCudaLaunchError
 from cudal1.raw_cuda.signature import KernelSignature, parse_kernel_signatures
@@ -133,7 +133,6 @@ def torch_runtime() -> Runtime:
     if _runtime is None:
         import torch
 
-        from cudal1.raw_cuda.backend import DriverBackend
 
         with _runtime_lock:
             if _runtime is None:

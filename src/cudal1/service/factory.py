@@ -9,6 +9,7 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.eval.config import EvalConfig
 from cudal1.service.pool import EvaluateFn, EvaluatorPool, LocalPool, LocalPoolConfig
+from cudal1.service.ray_pool import RayPool, RayPoolConfig
 
 
 def make_pool(spec: str, config: EvalConfig | None = None, *, store: Any = None,
@@ -20,8 +21,6 @@ def make_pool(spec: str, config: EvalConfig | None = None, *, store: Any = None,
     if spec == "local":
         return LocalPool(config, LocalPoolConfig(**options), store=store, evaluate_fn=evaluate_fn)
     if spec == "ray:auto" or spec.startswith("ray://"):
-        from cudal1.service.ray_pool import RayPool, RayPoolConfig  # lazy: `ray` is an optional dependency
-
         address = "auto" if spec == "ray:auto" else spec
         return RayPool(config, RayPoolConfig(address=address, **options), store=store, evaluate_fn=evaluate_fn)
     raise ConfigError(f"unknown workers spec {spec!r}: use local, ray:auto or ray://HOST:PORT")

@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from cudal1.core.errors import ConfigError, Cudal1Error
+from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
-from cudal1.eval.config import EvalConfig
-from cudal1.eval.pipeline import not_a_source_file
+from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.eval.pipeline import evaluate_candidate, not_a_source_file, uses_load_inline
 from cudal1.eval.processes import usable_cpu_count
+from cudal1.eval.scheduler import prebuild, worker_supply
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -87,9 +89,6 @@ def default_evaluate(task: Task, source: str, config: EvalConfig) -> EvalResult:
 
     Each calling thread (a local slot, a Ray actor) keeps pre-started workers per device, so a worker's
     start (interpreter, imports, CUDA context: seconds) overlaps the evaluation before it."""
-    from cudal1.eval.config import resolve_device
-    from cudal1.eval.pipeline import evaluate_candidate
-    from cudal1.eval.scheduler import worker_supply
 
     supplies = _thread_state.__dict__.setdefault("supplies", {})
     device = resolve_device(config.device)
@@ -113,7 +112,6 @@ def key_protocol(config: EvalConfig, device: str) -> dict[str, Any]:
 
 def pool_environment(device: str) -> dict[str, Any]:
     """This machine's environment for `device` (GPU name, versions): the environment half of the key."""
-    from cudal1.core.machine import describe_machine
 
     return dict(describe_machine(device))
 
@@ -354,9 +352,6 @@ class LocalPool:
         cfg = config or self.config
         job = Job(task, source, cfg, force, label, run_id, avoid_slot, PoolFuture())
         if self._prebuilder is not None:
-            from cudal1.eval.pipeline import uses_load_inline
-            from cudal1.eval.scheduler import prebuild
-
             if uses_load_inline(source):
                 device = next(d for d in self.devices if d.startswith("cuda"))
                 job.prebuilt = self._prebuilder.submit(prebuild, [(task, source)], cfg.resolved(device))

@@ -36,6 +36,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.eval.config import EvalConfig
 from cudal1.service.pool import EvaluatorPool, PoolFuture, key_protocol
+from cudal1.store.keys import eval_key
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -189,7 +190,6 @@ class RecheckingPool:
             return
         cfg = config or getattr(self.pool, "config", None) or EvalConfig()
         device = str(result.protocol.get("device") or cfg.device)
-        from cudal1.store.keys import eval_key
 
         key = eval_key(task.hash, source_hash(source), key_protocol(cfg, device), result.environment)
         self.store.put_evaluation(result, task_hash=task.hash, key=key, label=label, run_id=run_id)

@@ -50,7 +50,12 @@ from typing import Any
 from cudal1.core.errors import ConfigError, Cudal1Error, MissingDependencyError, SourceError, TaskError
 from cudal1.core.types import EvalResult
 from cudal1.eval.config import EvalConfig
+from cudal1.eval.evaluation import reap_once
+from cudal1.service.factory import make_pool
 from cudal1.service.pool import PoolBusyError
+from cudal1.service.recheck import RecheckingPool
+from cudal1.store import ResultsStore
+from cudal1.tasks.sources import load_tasks
 from cudal1.tasks.task import Task, check_syntax, source_hash, text_problem
 
 try:
@@ -312,8 +317,6 @@ class ServerState:
         """Every task of the configured sources by id (built-in tasks also by bare name), loaded once."""
         with self._lock:
             if self._tasks is None:
-                from cudal1.tasks.sources import load_tasks
-
                 index: dict[str, Task] = {}
                 for spec in self.config.sources:
                     for task in load_tasks(spec):
@@ -521,10 +524,6 @@ def serve(config: ServerConfig, eval_config: EvalConfig, *, workers: str = "loca
         import uvicorn
     except ImportError:
         raise MissingDependencyError("uvicorn", "dist", "the reward server") from None
-    from cudal1.eval.evaluation import reap_once
-    from cudal1.service.factory import make_pool
-    from cudal1.service.recheck import RecheckingPool
-    from cudal1.store import ResultsStore
 
     config.resolve_token()  # fail before starting workers
     reap_once()  # what a killed earlier run left (runner folders, control groups), before serving again

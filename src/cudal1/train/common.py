@@ -21,6 +21,8 @@ from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
 from cudal1.service.evaluator import Evaluator as ServiceEvaluator
 from cudal1.service.evaluator import as_evaluator, make_evaluator
+from cudal1.store import ResultsStore
+from cudal1.tasks import load_tasks
 from cudal1.tasks.splits import TaskSplit, load_or_make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.config import CommonTrainConfig, write_resolved_config
@@ -34,8 +36,6 @@ Evaluator = Callable[[Task, str], EvalResult]
 def resolve_tasks(config: CommonTrainConfig, tasks: Sequence[Task] | None = None) -> list[Task]:
     """The tasks of `config.split` from `config.source` (or from `tasks`), at most `max_tasks` of them."""
     if tasks is None:
-        from cudal1.tasks import load_tasks
-
         tasks = load_tasks(config.source)
     split, split_path = run_split(config, tasks)
     chosen = select_tasks(tasks, config.split, split)
@@ -179,7 +179,6 @@ def open_store(spec: str) -> Any:
     """The results store of a run: '' default, 'none' disabled, else a path."""
     if spec == "none":
         return None
-    from cudal1.store import ResultsStore
 
     return ResultsStore(spec or None)
 

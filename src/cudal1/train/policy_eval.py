@@ -26,12 +26,16 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig
 from cudal1.exemplars import ExemplarDB
+from cudal1.llm import LLMConfig, make_backend
 from cudal1.llm.extract import extract_completion
 from cudal1.llm.prompts import build_plain_prompt
+from cudal1.metrics import summarize
 from cudal1.service.evaluator import make_evaluator
+from cudal1.tasks import load_tasks
 from cudal1.tasks.splits import SPLIT_NAMES, load_or_make_split, make_split, select_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, evaluate_batch
+from cudal1.train.models import load_policy
 from cudal1.train.rl import ContrastivePromptBuilder
 
 logger = logging.getLogger(__name__)
@@ -137,7 +141,6 @@ def ks_for(samples: int) -> list[int]:
 
 def build_report(split: str, tasks: Sequence[Task], per_task: dict[str, list[Any]], samples: int) -> PolicyEvalReport:
     """A report from each task's evaluation results."""
-    from cudal1.metrics import summarize
 
     outcomes = []
     for task in tasks:
@@ -162,8 +165,6 @@ def build_report(split: str, tasks: Sequence[Task], per_task: dict[str, list[Any
 
 def _tasks_of(config: PolicyEvalConfig, tasks: Sequence[Task] | None) -> list[Task]:
     if tasks is None:
-        from cudal1.tasks import load_tasks
-
         tasks = load_tasks(config.source)
     split = None
     if config.split != "all":
@@ -178,14 +179,10 @@ def _tasks_of(config: PolicyEvalConfig, tasks: Sequence[Task] | None) -> list[Ta
 
 
 def _backend(config: PolicyEvalConfig) -> Any:
-    from cudal1.llm import LLMConfig, make_backend
-
     spec = config.llm or f"hf:{config.checkpoint}"
     llm_cfg = LLMConfig(spec=spec, temperature=config.temperature, max_tokens=config.max_new_tokens,
                         concurrency=config.batch_size, seed=config.seed)
     if spec.startswith("hf:") and not config.llm:
-        from cudal1.train.models import load_policy
-
         model, tok = load_policy(config.checkpoint)
         import torch
 

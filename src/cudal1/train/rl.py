@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.exemplars import ExemplarDB, make_sampler
+from cudal1.llm.prompts import build_contrastive_prompt
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
     Evaluator,
@@ -57,8 +59,6 @@ class ContrastivePromptBuilder:
 
     def __init__(self, exemplar_db: Any, *, sampler: str = "bucket", sampler_config: dict[str, Any] | None = None,
                  form: str = "load_inline", token_budget: int | None = 16384, tokenizer: Any = None, seed: int = 0):
-        from cudal1.exemplars import make_sampler
-
         self.db = exemplar_db
         self.sampler = make_sampler(sampler, sampler_config)
         self.form = form
@@ -69,7 +69,6 @@ class ContrastivePromptBuilder:
 
     def build(self, task: Task, step: int = 0) -> list[dict[str, str]]:
         """The chat prompt for `task`, with exemplars drawn from the database's current contents."""
-        from cudal1.llm.prompts import build_contrastive_prompt
 
         digest = hashlib.sha256(f"{self.seed}:{task.id}:{step}".encode()).hexdigest()
         if hasattr(self.sampler, "rng"):
@@ -231,7 +230,6 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     one `KernelReward`) and `prompt_builder` (default: contrastive prompts from the exemplar database) can
     be replaced, e.g. by tests with a controlled reward or short prompts.
     """
-    from cudal1.exemplars import ExemplarDB
 
     store = open_store(config.store)
     recorder = RunRecorder("grpo", config, store)

@@ -32,7 +32,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cudal1.core.types import EvalResult, Status
+from cudal1.exemplars import ExemplarDB, normalized_hash
+from cudal1.llm import LLMConfig, make_backend
 from cudal1.llm.extract import extract_completion
+from cudal1.llm.prompts import build_plain_prompt
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
     Evaluator,
@@ -68,8 +71,6 @@ class PolicySampler:
     """Samples from the policy being trained through `HFBackend` (always the current weights)."""
 
     def __init__(self, model: Any, tokenizer: Any, config: SelfSupervisedConfig, batch_time_s: float | None = None):
-        from cudal1.llm import LLMConfig, make_backend
-
         llm_cfg = LLMConfig(spec="hf:policy", temperature=config.temperature, top_p=config.top_p,
                             max_tokens=config.max_new_tokens, concurrency=config.generation_batch_size,
                             seed=config.seed, batch_time_limit_s=batch_time_s)
@@ -101,7 +102,6 @@ class RoundStats:
 def keep_successes(tasks: Sequence[Task], codes: Sequence[str | None], results: Sequence[EvalResult],
                    max_per_task: int) -> list[tuple[Task, str, float]]:
     """Distinct correct (task, code, speedup) triples, at most `max_per_task` per task, fastest first."""
-    from cudal1.exemplars import normalized_hash
 
     by_task: dict[str, list[tuple[Task, str, float]]] = {}
     seen: set[tuple[str, str]] = set()
@@ -122,7 +122,6 @@ def keep_successes(tasks: Sequence[Task], codes: Sequence[str | None], results: 
 def sample_and_evaluate(tasks: Sequence[Task], sampler: CompletionSampler, evaluator: Evaluator,
                         config: SelfSupervisedConfig) -> tuple[list[Task], list[str | None], list[EvalResult], list]:
     """Sample `samples_per_task` completions per task and evaluate them all; returns the flat lists."""
-    from cudal1.llm.prompts import build_plain_prompt
 
     prompts = [build_plain_prompt(t.source, form=config.form) for t in tasks]
     texts = sampler.sample(prompts, config.samples_per_task)
@@ -198,8 +197,6 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
     evaluator = evaluator or made
     db = None
     if config.exemplar_db:
-        from cudal1.exemplars import ExemplarDB
-
         db = ExemplarDB(config.exemplar_db)
     all_kept: list[Record] = []
     log: list[dict[str, Any]] = []

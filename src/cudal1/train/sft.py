@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.llm.prompts import build_plain_prompt
 from cudal1.tasks import load_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
@@ -66,8 +67,6 @@ def record_from_row(row: dict[str, Any], tasks_by_id: dict[str, Task] | None = N
         return {"prompt": _as_messages(row["prompt"], "user"),
                 "completion": _as_messages(row["completion"], "assistant"), "task_id": task_id}
     if "code" in row and task_id:
-        from cudal1.llm.prompts import build_plain_prompt
-
         ref = row.get("ref_code") or row.get("task_source")
         if not ref:
             task = (tasks_by_id or {}).get(task_id)
