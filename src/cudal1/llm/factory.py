@@ -10,6 +10,9 @@ from cudal1.llm.backends import LLMBackend, LLMConfig, parse_spec
 from cudal1.llm.hf_backend import HFBackend
 from cudal1.llm.openai_backend import OpenAIBackend
 
+#: The backends by the kind of their spec (`backends.parse_spec`): a new backend is one entry here.
+BACKENDS: dict[str, type[LLMBackend]] = {"openai": OpenAIBackend, "hf": HFBackend}
+
 
 def make_backend(spec_or_config: str | LLMConfig, **kwargs: Any) -> LLMBackend:
     """Build a backend from a spec string or an `LLMConfig`.
@@ -20,8 +23,4 @@ def make_backend(spec_or_config: str | LLMConfig, **kwargs: Any) -> LLMBackend:
     config = LLMConfig(spec=spec_or_config) if isinstance(spec_or_config, str) else spec_or_config
     if not isinstance(config, LLMConfig):
         raise ConfigError(f"make_backend expects a spec string or an LLMConfig, got {type(config).__name__}")
-    parsed = parse_spec(config.spec)
-    if parsed.kind == "openai":
-        return OpenAIBackend(config, **kwargs)
-
-    return HFBackend(config, **kwargs)
+    return BACKENDS[parse_spec(config.spec).kind](config, **kwargs)
