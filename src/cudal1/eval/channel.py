@@ -153,10 +153,15 @@ class TensorArena:
         self.size = in_bytes + out_bytes
 
     def bytes_tensor(self) -> Any:
+        """The whole range as a torch uint8 tensor (no copy)."""
         raise NotImplementedError
 
-    def host(self) -> Any:
-        return self.bytes_tensor()
+    def bytes_of(self, d: dict[str, Any]) -> Any:
+        """The bytes of a tensor descriptor as a view of this range; `UnsupportedValue` for one outside it."""
+        offset, nbytes = int(d.get("offset", -1)), int(d.get("nbytes", -1))
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise UnsupportedValue("a tensor descriptor that does not fit its arena")
+        return self.bytes_tensor()[offset: offset + nbytes]
 
     def register_with_cuda(self) -> bool:
         return self.registered
@@ -201,7 +206,7 @@ class TensorArena:
                     # One copy into the arena whatever the layout (`contiguous()` first would add a second one
                     # for strided outputs, harness time outside the candidate's span that the reference's
                     # output may not cost).
-                    dst = self.host()[offset: offset + nbytes].view(x.dtype).view(x.shape)
+                    dst = self.bytes_tensor()[offset: offset + nbytes].view(x.dtype).view(x.shape)
                     copies.append((dst, x))
                 return {"t": "tensor", "offset": offset, "nbytes": nbytes, "dtype": str(x.dtype).removeprefix("torch."),
                         "shape": list(x.shape), "device": x.device.type, "cls": type(x).__name__}
@@ -228,7 +233,7 @@ class TensorArena:
         arenas). Raises `UnsupportedValue` for a descriptor outside the arena."""
         import torch
 
-        host = self.host()
+        host = self.bytes_tensor()
         views = not copy and host.device.type == torch.device(device).type
 
         def get(d: Any) -> Any:
@@ -238,20 +243,19 @@ class TensorArena:
             if kind == "tensor":
                 dtype = parse_dtype(str(d.get("dtype")))
                 shape = [int(s) for s in d.get("shape", [])]
-                offset, nbytes = int(d.get("offset", -1)), int(d.get("nbytes", -1))
+                data = self.bytes_of(d)
                 numel = 1
                 for s in shape:
                     numel *= s
                 itemsize = torch.empty(0, dtype=dtype).element_size()
-                if numel * itemsize != nbytes or offset < 0 or offset + nbytes > self.size or any(s < 0 for s in shape):
+                if numel * itemsize != data.numel() or any(s < 0 for s in shape):
                     raise UnsupportedValue("a tensor descriptor that does not fit its arena")
                 if views:
-                    return host[offset: offset + nbytes].view(dtype).reshape(shape) if nbytes else \
+                    return data.view(dtype).reshape(shape) if data.numel() else \
                         torch.empty(shape, dtype=dtype, device=host.device)
                 out = torch.empty(shape, dtype=dtype, device=device)
-                if nbytes:
-                    out.reshape(-1).view(torch.uint8).copy_(host[offset: offset + nbytes],
-                                                            non_blocking=self.registered)
+                if data.numel():
+                    out.reshape(-1).view(torch.uint8).copy_(data, non_blocking=self.registered)
                 return out
             if kind == "seq":
                 items = [get(i) for i in d.get("items", [])]
@@ -275,14 +279,12 @@ class TensorArena:
             if not isinstance(d, dict):
                 raise UnsupportedValue("malformed descriptor")
             if d.get("t") == "tensor":
-                src, nbytes = int(d.get("offset", -1)), int(d.get("nbytes", -1))
-                if src < 0 or nbytes < 0 or src + nbytes > source.size:
-                    raise UnsupportedValue("a tensor descriptor that does not fit its arena")
-                dst = cursor[0]
+                data = source.bytes_of(d)
+                dst, nbytes = cursor[0], data.numel()
                 if dst + nbytes > end:
                     raise ArenaFull(nbytes)
                 if nbytes:
-                    self.host()[dst: dst + nbytes].copy_(source.host()[src: src + nbytes])
+                    self.bytes_tensor()[dst: dst + nbytes].copy_(data)
                 cursor[0] = dst + _align(nbytes)
                 return {**d, "offset": dst}
             if d.get("t") == "seq":
@@ -336,7 +338,7 @@ class Arena(TensorArena):
         if self.registered or not self.size or not torch.cuda.is_available():
             return self.registered
 
-        ptr = self.host().data_ptr()
+        ptr = self.bytes_tensor().data_ptr()
         try:
             self.registered = int(torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)) == 0
         except Exception:  # noqa: BLE001 - pageable copies still work, only slower
@@ -433,10 +435,7 @@ def tree_leaves(arena: TensorArena, tree: Any) -> list[Any]:
     if not isinstance(tree, dict):
         raise UnsupportedValue("malformed descriptor")
     if tree.get("t") == "tensor":
-        offset, nbytes = int(tree.get("offset", -1)), int(tree.get("nbytes", -1))
-        if offset < 0 or nbytes < 0 or offset + nbytes > arena.size:
-            raise UnsupportedValue("a tensor descriptor that does not fit its arena")
-        return [(str(tree.get("dtype")), tuple(tree.get("shape", [])), arena.host()[offset: offset + nbytes])]
+        return [(str(tree.get("dtype")), tuple(tree.get("shape", [])), arena.bytes_of(tree))]
     if tree.get("t") == "seq":
         return [leaf for item in tree.get("items", []) for leaf in tree_leaves(arena, item)]
     return [tree.get("v", tree.get("repr"))]

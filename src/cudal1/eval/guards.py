@@ -34,8 +34,7 @@ from cudal1.core.types import Flag, Severity
 GUARDED_NAMESPACES = ("time", "torch", "torch.Tensor", "torch.nn.Module", "torch.nn.functional", "torch.cuda",
                       "torch.cuda.Event", "torch.cuda.Stream", "torch.testing", "cudal1.eval.calls",
                       "cudal1.eval.calls.ModelSide", "cudal1.eval.channel", "cudal1.eval.channel.TensorArena",
-                      "cudal1.eval.channel.Arena",
-                      "cudal1.eval.channel.Channel")
+                      "cudal1.eval.channel.Arena", "cudal1.eval.channel.Channel")
 
 
 def _namespace(name: str) -> Any:

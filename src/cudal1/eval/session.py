@@ -286,11 +286,13 @@ class Session:
             raise InfraFailure(f"mapping an arena failed: {reply.get('message')}")
 
     def helper_request(self, message: dict[str, Any], what: str) -> dict[str, Any]:
-        """A request to the device's helper, about this session's device arenas; its failures are the
-        infrastructure's."""
+        """A request to the device's helper (naming this session's device arenas where it has them); its
+        failures are the infrastructure's."""
         assert self.helper is not None
+        if self.device_arenas:
+            message = {**message, "sid": self.sid}
         try:
-            reply = self.helper.request({**message, "sid": self.sid}, timeout_s=self.deadlines.reference())
+            reply = self.helper.request(message, timeout_s=self.deadlines.reference())
         except RunnerFailed as failure:
             raise InfraFailure(f"the device helper failed ({what}): {failure.reason}") from None
         if not reply.get("ok"):
@@ -367,31 +369,22 @@ class Session:
         if odd:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
                           flag=F.OUTPUT_TYPE)
-        if self.device_arenas:
-            reply = self.helper_request({"op": "compare", "ref": ref_tree, "cand": cand_tree, "trial": trial,
-                                         "profile": self.cfg.profile, "noise": noise}, "comparing outputs")
-            return self._compared(reply)
-        assert self.ref_arena is not None and self.cand_arena is not None
-        try:
-            if self.helper is None or self.helper_arena is None:
-                result = compare_outputs(self.ref_arena.unpack(ref_tree), self.cand_arena.unpack(cand_tree),
-                                         self.cfg.profile_obj, trial, noise=noise)
-                return result.ok, result.message, result.mismatch
-            ref_here, offset = self.helper_arena.copy_from(self.ref_arena, ref_tree, "out")
-            cand_here, _ = self.helper_arena.copy_from(self.cand_arena, cand_tree, "out", offset)
-        except OutputHackError as exc:
-            raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {exc}", flag=F.OUTPUT_TYPE) from None
-        except (UnsupportedValue, ArenaFull, ValueError, TypeError, KeyError) as exc:
-            raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}") from None
-        try:
-            reply = self.helper.request({"op": "compare", "ref": ref_here, "cand": cand_here, "trial": trial,
-                                         "profile": self.cfg.profile, "noise": noise},
-                                        timeout_s=self.deadlines.reference())
-        except RunnerFailed as failure:
-            raise InfraFailure(f"the device helper failed to compare: {failure.reason}") from None
-        if not reply.get("ok"):
-            raise InfraFailure(f"the device helper failed to compare: {reply.get('message')}")
-        return self._compared(reply)
+        ref_at, cand_at = ref_tree, cand_tree  # where the helper reads them: device arenas as they lie
+        if not self.device_arenas:
+            assert self.ref_arena is not None and self.cand_arena is not None
+            try:
+                if self.helper is None or self.helper_arena is None:
+                    result = compare_outputs(self.ref_arena.unpack(ref_tree), self.cand_arena.unpack(cand_tree),
+                                             self.cfg.profile_obj, trial, noise=noise)
+                    return result.ok, result.message, result.mismatch
+                ref_at, offset = self.helper_arena.copy_from(self.ref_arena, ref_tree, "out")
+                cand_at, _ = self.helper_arena.copy_from(self.cand_arena, cand_tree, "out", offset)
+            except OutputHackError as exc:
+                raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {exc}", flag=F.OUTPUT_TYPE) from None
+            except (UnsupportedValue, ArenaFull, ValueError, TypeError, KeyError) as exc:
+                raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}") from None
+        return self._compared(self.helper_request({"op": "compare", "ref": ref_at, "cand": cand_at, "trial": trial,
+                                                   "profile": self.cfg.profile, "noise": noise}, "comparing outputs"))
 
     @staticmethod
     def _compared(reply: dict[str, Any]) -> tuple[bool, str, Mismatch | None]:

@@ -88,9 +88,7 @@ class Evaluator:
         results: list[EvalResult | None] = [None] * len(items)
 
         def record(i: int, result: EvalResult) -> None:
-            results[i] = result
-            with self._count_lock:
-                self.evaluated += 1
+            results[i] = self._counted(result)
             if on_result is not None:
                 try:
                     on_result(i, result)
@@ -109,6 +107,11 @@ class Evaluator:
                 if result is None:
                     record(i, infra_result(items[i][0], exc))
         return results
+
+    def _counted(self, result: EvalResult) -> EvalResult:
+        with self._count_lock:
+            self.evaluated += 1
+        return result
 
     def _evaluate(self, items: list[Item], record: OnResult, should_stop: Callable[[], bool] | None,
                   on_build: Callable[[int, int], None] | None, force: bool) -> None:
@@ -133,10 +136,8 @@ class InProcessEvaluator(Evaluator):
         self._supply: Any = None
 
     def __call__(self, task: Task, source: str) -> EvalResult:
-        result = evaluate_candidate(task, source, self.config, store=self.store, label=self.label, run_id=self.run_id)
-        with self._count_lock:
-            self.evaluated += 1
-        return result
+        return self._counted(evaluate_candidate(task, source, self.config, store=self.store, label=self.label,
+                                                run_id=self.run_id))
 
     def _evaluate(self, items, record, should_stop, on_build, force) -> None:  # type: ignore[no-untyped-def]
         if self._supply is None:
@@ -245,10 +246,7 @@ class FunctionEvaluator(Evaluator):
         self.fn, self.spec, self.concurrency = fn, "function", max(1, concurrency)
 
     def __call__(self, task: Task, source: str) -> EvalResult:
-        result = self.fn(task, source)
-        with self._count_lock:
-            self.evaluated += 1
-        return result
+        return self._counted(self.fn(task, source))
 
     def _evaluate(self, items, record, should_stop, on_build, force) -> None:  # type: ignore[no-untyped-def]
         def one(i: int) -> None:

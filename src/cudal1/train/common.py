@@ -197,12 +197,12 @@ def evaluate_batch(evaluator: Evaluator | ServiceEvaluator, items: Sequence[tupl
     evaluator failed on is INFRA_ERROR (the evaluator failed, not the candidate). `workers` is the number of
     calls at once for a plain function or requests in flight to a reward server; in this process and in
     pools the evaluator schedules the batch itself (builds in parallel, one timed candidate per GPU)."""
-    results = [EvalResult.unparseable(task.id, "no ModelNew code block found") for task, _ in items]
-    runnable = [i for i, (_, source) in enumerate(items) if source is not None]
-    judged = as_evaluator(evaluator, concurrency=workers).evaluate([(items[i][0], str(items[i][1])) for i in runnable])
-    for i, result in zip(runnable, judged, strict=True):
-        if result is not None:
-            results[i] = result
+    runnable = [(task, source) for task, source in items if source is not None]
+    judged = iter(as_evaluator(evaluator, concurrency=workers).evaluate(runnable))
+    results = []
+    for task, source in items:
+        result = next(judged) if source is not None else None
+        results.append(result or EvalResult.unparseable(task.id, "no ModelNew code block found"))
     return results
 
 
