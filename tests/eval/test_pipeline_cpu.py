@@ -190,7 +190,7 @@ def _fake_gpu_batch(monkeypatch, build_release):
 
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
     monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
-    monkeypatch.setattr(pipeline, "split_cores", lambda: (frozenset({0, 1}), frozenset({2, 3, 4})))
+    monkeypatch.setattr(pipeline, "timing_cores", lambda device: (frozenset({0, 1}), frozenset({2, 3, 4})))
     monkeypatch.setattr(pipeline, "worker_supply",
                         lambda device, *a, **kw: contextlib.nullcontext(SimpleNamespace(
                             fill=lambda: None, pin=lambda cpus, others=None: pins.append((cpus, others)))))
@@ -261,6 +261,63 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
     assert [r.message for r in results] == sources
     assert build_cpus == [None] and set(pins) == {(None, None)}  # builds first: every core for them
     assert warm == [True]  # and the idle GPU for the lazy builds of a forward
+
+
+def test_each_gpu_times_on_cores_of_its_own(monkeypatch):
+    # Runners starting (torch, a CUDA context) beside a timed pair slowed its launches; a GPU supply keeps
+    # two cores for the runners it hands out, per GPU, and starts its spares on the rest.
+    import os
+
+    from cudal1.eval.processes import RunnerSupply, timing_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert timing_cores("cuda") == timing_cores("cuda:0") == (frozenset({0, 1}), frozenset(range(2, 16)))
+    assert timing_cores("cuda:1") == (frozenset({2, 3}), frozenset({0, 1, *range(4, 16)}))
+    assert timing_cores("cpu") is None
+    assert timing_cores("cuda:7") == (frozenset({14, 15}), frozenset(range(14)))
+    assert timing_cores("cuda:8") is None  # past the host's cores: not pinned rather than shared
+    supply = RunnerSupply("cuda:1", spares=0)
+    assert supply.timed_cores == frozenset({2, 3})
+    supply.pin(frozenset({5}), others=frozenset({6}))
+    assert supply.timed_cores == frozenset({5})
+    supply.pin(None)  # back to the GPU's own split, not every core
+    assert supply.timed_cores == frozenset({2, 3})
+    assert RunnerSupply("cpu", spares=0).timed_cores is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert timing_cores("cuda:0") is None  # too few to keep any for the spares
+
+
+def test_a_clock_disagreement_is_confirmed_on_a_fresh_series(task, monkeypatch):
+    # One series off by the host's passing load: measured again, and the new series decides and is reported.
+    from cudal1.core import flags as F
+    from cudal1.core.types import Flag, Severity
+    from cudal1.eval import timing
+
+    real = timing.clock_check
+    calls = []
+
+    def first_series_off(series, device):
+        calls.append(device)
+        if len(calls) == 1:
+            return Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "first series off", source="runtime")
+        return real(series, device)
+
+    monkeypatch.setattr(timing, "clock_check", first_series_off)
+    r = run(task, "correct")
+    assert r.status is Status.CORRECT, r.message
+    assert len(calls) == 2 and r.protocol["clock_rejected_series"]["flag"] == "first series off"
+    assert r.protocol["clock"] != r.protocol["clock_rejected_series"]
+
+
+def test_a_clock_disagreement_in_both_series_is_a_hack(task, monkeypatch):
+    from cudal1.core import flags as F
+    from cudal1.core.types import Flag, Severity
+    from cudal1.eval import timing
+
+    monkeypatch.setattr(timing, "clock_check",
+                        lambda series, device: Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "always off", source="runtime"))
+    r = run(task, "correct")
+    assert r.status is Status.HACK_DETECTED and "always off" in r.message
 
 
 def test_split_cores_keeps_two_for_the_evaluation(monkeypatch):

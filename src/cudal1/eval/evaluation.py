@@ -331,7 +331,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
                       speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
                       timing=timing if status is Status.CORRECT else None, mismatch=mismatch, compile_log=compile_log,
                       protocol={"phase_s": session.phase_s,
-                                **{k: session.facts[k] for k in ("clock", "tensors", "timing_spent_s")
+                                **{k: session.facts[k] for k in ("clock", "clock_rejected_series", "precision", "tensors", "timing_spent_s")
                                    if k in session.facts},
                                 **({"kernel_profile": profile} if profile else {})})
 

@@ -556,9 +556,32 @@ def copy_into_scratch(runner: RunnerProcess, source: str | os.PathLike) -> None:
         runner._chown_for_sandbox(runner.scratch)
 
 
+#: Cores a GPU supply keeps for the runners it hands out (the timed ones: reference and candidate, which never
+#: run at once). Spares still starting (torch, a CUDA context: seconds of CPU each) and builds run on the
+#: others: on the H200 host, runners starting beside a timed pair doubled the launch-bound reference's time
+#: of some evaluations and pushed honest candidates past the outside clock's tolerance.
+TIMING_CORES = 2
+
+
+def timing_cores(device: str, keep: int = TIMING_CORES) -> tuple[frozenset[int], frozenset[int]] | None:
+    """(cores of `device`'s timed runners, the other cores) out of those this process may use: GPU N gets
+    cores [N x keep, (N + 1) x keep) of the list, so the supplies of several GPUs of one host do not share
+    theirs. None on a CPU device, without affinity, or with too few cores to spare any."""
+    if not device.startswith("cuda") or not hasattr(os, "sched_getaffinity"):
+        return None
+    index = int(device.partition(":")[2] or 0)
+    cores = sorted(os.sched_getaffinity(0))
+    own = cores[index * keep:(index + 1) * keep]
+    rest = [c for c in cores if c not in own]
+    if len(own) < keep or len(rest) < 2:
+        return None
+    return frozenset(own), frozenset(rest)
+
+
 class RunnerSupply:
     """Hands out started runners, starting a replacement each time one is taken (at most `total` in all when
-    given: a series of known length wastes no starts at its end). Each evaluation takes two."""
+    given: a series of known length wastes no starts at its end). Each evaluation takes two. On a GPU the
+    runners handed out run on cores of their own, the spares on the rest (`timing_cores`)."""
 
     def __init__(self, device: str, *, spares: int = 2, total: int | None = None, spec: SandboxSpec | None = None,
                  info: SandboxInfo | None = None):
@@ -567,14 +590,25 @@ class RunnerSupply:
         self.info = info
         self._started = 0
         self._ready: list[RunnerProcess] = []
-        self._cpus: tuple[frozenset[int] | None, frozenset[int] | None] | None = None
+        self._default = timing_cores(device)
+        self._cpus: tuple[frozenset[int] | None, frozenset[int] | None] | None = self._default
 
     def pin(self, cpus: frozenset[int] | None, others: frozenset[int] | None = None) -> None:
         """From now on a runner handed out runs on `cpus` only, the ones waiting on `others` (None: every
-        core); `pin(None)`: every core again."""
-        self._cpus = (cpus, others) if cpus is not None else None
+        core); `pin(None)`: back to the default (`timing_cores` on a GPU, every core on a CPU)."""
+        self._cpus = (cpus, others) if cpus is not None else self._default
+        if self._cpus is None:
+            for runner in self._ready:
+                runner.pin(None)
+            return
+        others = self._cpus[1]
         for runner in self._ready:
-            runner.pin(others if cpus is not None else None)
+            runner.pin(others)
+
+    @property
+    def timed_cores(self) -> frozenset[int] | None:
+        """The cores of the runners handed out (None: every core)."""
+        return self._cpus[0] if self._cpus is not None else None
 
     def take(self) -> RunnerProcess:
         """A started runner; spares that died while waiting are discarded, never handed out."""

@@ -21,7 +21,7 @@ from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs,
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.evaluation import runner_supply
 from cudal1.eval.pipeline import evaluate_candidate, uses_load_inline
-from cudal1.eval.processes import RunnerSupply, usable_cpu_count
+from cudal1.eval.processes import RunnerSupply, timing_cores, usable_cpu_count
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                                                                  supply, on_build, overlap_builds)
             while remaining:
                 if pinned and builds.idle():
-                    supply.pin(None)  # builds done: every core for the evaluations again
+                    supply.pin(None)  # builds done: the supply's own split of the cores again
                     pinned = False
                 i = builds.next_ready(remaining, should_stop)
                 if i is None:
@@ -80,7 +80,7 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                 if on_result is not None:
                     on_result(i, results[i])
         finally:
-            supply.pin(None)  # a caller's supply serves its next batch on every core
+            supply.pin(None)  # a caller's supply serves its next batch on its own split of the cores
         if remaining:
             builds.cancel()  # stopped early: builds not started yet are skipped
         builds.join()  # no build keeps running behind the batch (an exception does not wait)
@@ -103,7 +103,7 @@ def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg:
     supply.fill()  # the first workers start while the builds run
     # Beside the evaluations: the worker being timed gets two cores of its own; compilers and the workers
     # still starting share the rest (the compilers niced).
-    cores = split_cores() if overlap else None
+    cores = (timing_cores(cfg.device) or split_cores()) if overlap else None
     if cores is not None:
         supply.pin(cores[0], others=cores[1])
     n_cores = usable_cpu_count()
