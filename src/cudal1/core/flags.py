@@ -26,6 +26,7 @@ DECOY_KERNEL = "guard.decoy_kernel"
 KERNELS_NOT_RUN = "guard.kernels_not_run"
 LOW_CUSTOM_SHARE = "guard.low_custom_share"
 NO_GPU_WORK = "guard.no_gpu_work"
+REDUCED_PRECISION = "guard.reduced_precision"
 
 # -- evidence found by the trusted parent ------------------------------------------------------------------
 INPUT_MUTATION = "runtime.input_mutation"

@@ -14,13 +14,15 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.policy import resolve_policy
 
-PROTOCOL_VERSION = "5"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "6"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
 # another context, the parent's clock cross-checked, the small-output tolerance bounded by the reference's
 # own float32 error, extra trials beyond the reference's distribution (strict); 5: a bucket's time is the
-# median of its calls, not their mean
+# median of its calls, not their mean; 6: an outside-clock disagreement is confirmed on a fresh series before
+# it rejects (the new series' timing is the one reported), and the first trial of a float32 task carries
+# reduced-precision evidence against a float64 run of the reference (`guard.reduced_precision`)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ class EvalConfig:
                                        "lets cuDNN use TF32 by default). None: the profile's choice (strict: on).")
     skip_static: bool = _f(False, "Skip static analysis (not recommended; for debugging).")
     profile_kernels: bool = _f(True, "CUDA: one profiled forward after timing to detect decoy kernels.")
+    precision_evidence: bool = _f(True, "float32 tasks: run the reference once in float64 and flag a candidate "
+                                        "whose error is far above the float32 reference's (guard.reduced_precision; "
+                                        "rejects under strict and under policies with reject_reduced_precision).")
     decoy_min_share: float = _f(0.10, "Below this share of GPU time in its own kernels, a custom candidate "
                                       "is reported as mostly library work.")
 
@@ -185,7 +190,7 @@ class EvalConfig:
         """The fields that change what is measured, plus the protocol version (cache key, provenance)."""
         keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "target_bucket_ms",
                 "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "warm_buckets",
-                "round_toward_one", "device", "cpu_threads")
+                "round_toward_one", "device", "cpu_threads", "precision_evidence")
         out = {k: getattr(self, k) for k in keep}
         out["exact_fp32"] = self.uses_exact_fp32
         out["extra_trials"] = self.extra_trial_count

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from cudal1.core.types import Mismatch
+from cudal1.core import flags as F
+from cudal1.core.types import Flag, Mismatch, Severity
 from cudal1.eval.config import Profile
 
 
@@ -29,6 +30,25 @@ class Comparison:
     ok: bool
     message: str = ""
     mismatch: Mismatch | None = None
+    # Per output, the normwise relative difference ||new - ref|| / ||ref|| over the reference's finite entries
+    # (None: not a floating output, or a reference of norm zero): the evidence of reduced-precision compute
+    # (`precision_evidence`), filled when every output matched.
+    errors: tuple[float | None, ...] = ()
+
+
+def relative_error(ref: torch.Tensor, new: torch.Tensor) -> float | None:
+    """||new - ref|| / ||ref|| (2-norms, in float64) over the entries where `ref` is finite; None for
+    non-floating tensors, a shape mismatch, or a reference of norm zero."""
+    if not isinstance(ref, torch.Tensor) or not isinstance(new, torch.Tensor) or ref.shape != new.shape:
+        return None
+    if not (ref.is_floating_point() and new.is_floating_point()):
+        return None
+    r, n = ref.detach().to(torch.float64), new.detach().to(torch.float64)
+    finite = torch.isfinite(r) & torch.isfinite(n)
+    norm = float(torch.linalg.vector_norm(r[finite])) if bool(finite.any()) else 0.0
+    if norm == 0.0:
+        return None
+    return float(torch.linalg.vector_norm((r - n)[finite])) / norm
 
 
 def _plain_sequence(out: Any) -> bool:
@@ -55,9 +75,10 @@ def check_plain_tensor(x: Any, index: int) -> None:
 
 
 def compare_outputs(ref_out: Any, new_out: Any, profile: Profile, trial: int,
-                    noise: list[float | None] | None = None) -> Comparison:
+                    noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
     """Compare candidate outputs with the reference's. Raises `OutputHackError` for tensor subclasses.
-    `noise[i]` is the reference's own float32 error on output i (None: not measured)."""
+    `noise[i]` is the reference's own float32 error on output i (None: not measured); with `errors` a match
+    also carries each output's relative difference (`Comparison.errors`; float64 work, so asked for once)."""
     refs, news = flatten(ref_out, strict=False), flatten(new_out)
     for i, x in enumerate(news):
         check_plain_tensor(x, i)
@@ -77,7 +98,9 @@ def compare_outputs(ref_out: Any, new_out: Any, profile: Profile, trial: int,
         result = compare_tensor(r, n, profile, i, trial, noise[i] if noise and i < len(noise) else None)
         if not result.ok:
             return result
-    return Comparison(True)
+    if not errors:
+        return Comparison(True)
+    return Comparison(True, errors=tuple(relative_error(r, n) for r, n in zip(refs, news, strict=True)))
 
 
 #: The tolerance never goes below this multiple of the reference's own float32 error.
@@ -137,6 +160,31 @@ def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int,
                         first_bad_index=where, expected=float(r.flatten()[flat]), got=float(n.flatten()[flat]),
                         atol=atol, rtol=rtol, scale=scale, noise=noise)
     return Comparison(False, mismatch.describe(), mismatch)
+
+
+#: A float32 candidate is flagged for reduced precision when its relative error against the float32 reference
+#: is above PRECISION_FACTOR x the reference's own error against float64 and above PRECISION_FLOOR. Rationale:
+#: a float32 kernel that sums in another order stays within a few times the reference's error (1e-7 to 1e-6
+#: in practice), while rounding inputs or products to 10- or 7-bit mantissas (fp16, TF32, bf16) costs about
+#: 1e-4 to 1e-2 of the output's norm; the floor keeps outputs the reference computes exactly (relu, copies)
+#: from flagging an honest kernel's last-bit differences.
+PRECISION_FACTOR = 32.0
+PRECISION_FLOOR = 5e-5
+
+
+def precision_evidence(ref_errors: list[float | None], cand_errors: list[float | None]) -> Flag | None:
+    """`guard.reduced_precision` when some output's candidate error (relative, against the float32 reference)
+    is far above the float32 reference's own (relative, against its float64 run); None otherwise."""
+    for i, (ref_err, cand_err) in enumerate(zip(ref_errors, cand_errors, strict=False)):
+        if ref_err is None or cand_err is None:
+            continue
+        bound = max(PRECISION_FACTOR * ref_err, PRECISION_FLOOR)
+        if cand_err > bound:
+            return Flag(F.REDUCED_PRECISION, Severity.ERROR,
+                        f"output {i} is computed at reduced precision: relative error {cand_err:.2e} against the "
+                        f"float32 reference, whose own error against float64 is {ref_err:.2e} (bound {bound:.2e}; "
+                        "fp16, bf16 or TF32 arithmetic in a float32 task)", source="runtime")
+    return None
 
 
 def snapshot_inputs(inputs: list[Any]) -> list[Any]:

@@ -131,11 +131,42 @@ class ReferenceRole:
         reply = {"ok": True, "in": in_tree, "out": self.side.commit((out, working))}
         if message.get("distribution") == "heavy":
             reply["not_finite"] = mostly_not_finite(out)
+        outs64: list[Any] | None = None
+        if message.get("precision"):
+            outs64, why = self._float64_outputs(inputs)
+            reply.update(self._precision(out, outs64, why))
         if message.get("noise_atol") is not None:
-            reply["noise"] = self._noise(inputs, out, float(message["noise_atol"]))
+            reply["noise"] = self._noise(inputs, out, float(message["noise_atol"]), outs64)
         return reply
 
-    def _noise(self, inputs: list[Any], out: Any, atol: float) -> list[float | None]:
+    def _float64_outputs(self, inputs: list[Any]) -> tuple[list[Any] | None, str]:
+        """The flat outputs of a float64 copy of the model on float64 copies of `inputs`, or (None, why not)."""
+        from cudal1.eval.correctness import flatten
+
+        try:
+            if self._model64 is None:
+                self._model64 = copy.deepcopy(self.side.model).double()
+            inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            with torch.no_grad():
+                return flatten(self._model64(*inputs64), strict=False), ""
+        except Exception as exc:  # noqa: BLE001 - a model that cannot run in float64 (an fp8 op, a cuDNN gap)
+            return None, f"the reference cannot run in float64 ({type(exc).__name__}: {str(exc)[:120]})"
+
+    def _precision(self, out: Any, outs64: list[Any] | None, why: str) -> dict[str, Any]:
+        """`ref_errors`: per output, the float32 reference's relative error against its float64 run (None for
+        outputs that are not float32), for the parent's reduced-precision evidence; or `precision_skipped`."""
+        from cudal1.eval.correctness import flatten, relative_error
+
+        outs = flatten(out, strict=False)
+        fp32 = [isinstance(o, torch.Tensor) and o.dtype == torch.float32 for o in outs]
+        if not any(fp32):
+            return {"precision_skipped": "no float32 output"}
+        if outs64 is None:
+            return {"precision_skipped": why}
+        return {"ref_errors": [relative_error(o64, o) if is32 else None
+                               for o, o64, is32 in zip(outs, outs64, fp32, strict=False)]}
+
+    def _noise(self, inputs: list[Any], out: Any, atol: float, outs64: list[Any] | None = None) -> list[float | None]:
         """The reference's own rounding error per output, max |float32 run - float64 run|, for the outputs
         small enough that the comparison falls back to their own scale (None elsewhere or when the model
         cannot run in float64)."""
@@ -146,13 +177,9 @@ class ReferenceRole:
                  and float(o.detach().float().nan_to_num(0, 0, 0).abs().max()) < 10 * atol for o in outs]
         if not any(small):
             return [None] * len(outs)
-        try:
-            if self._model64 is None:
-                self._model64 = copy.deepcopy(self.side.model).double()
-            inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-            with torch.no_grad():
-                outs64 = flatten(self._model64(*inputs64), strict=False)
-        except Exception:  # noqa: BLE001 - a model that cannot run in float64 keeps the plain rule
+        if outs64 is None:
+            outs64, _ = self._float64_outputs(inputs)
+        if outs64 is None:  # a model that cannot run in float64 keeps the plain rule
             return [None] * len(outs)
         noise: list[float | None] = []
         for o, o64, is_small in zip(outs, outs64, small, strict=False):

@@ -151,10 +151,10 @@ class HelperRole:
             cand = self.arena.unpack(message["cand"], device=self.device)
         try:
             result = compare_outputs(ref, cand, PROFILES[message["profile"]], int(message.get("trial", -1)),
-                                     noise=message.get("noise"))
+                                     noise=message.get("noise"), errors=bool(message.get("errors")))
         except OutputHackError as exc:
             return {"ok": True, "match": False, "hack": str(exc)}
-        return {"ok": True, "match": result.ok, "message": result.message,
+        return {"ok": True, "match": result.ok, "message": result.message, "errors": list(result.errors),
                 "mismatch": dataclasses.asdict(result.mismatch) if result.mismatch else None}
 
 

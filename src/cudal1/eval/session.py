@@ -34,7 +34,7 @@ from cudal1.core import flags as F
 from cudal1.core.types import Flag, Mismatch, Severity, Status, TimingStats
 from cudal1.eval.channel import Arena, ArenaFull, UnsupportedValue, changed_inputs, tree_classes, tree_nbytes
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.correctness import OutputHackError, compare_outputs
+from cudal1.eval.correctness import OutputHackError, compare_outputs, precision_evidence
 from cudal1.eval.processes import RunnerFailed, RunnerProcess
 from cudal1.eval.profiling import KernelProfile, decoy_flags
 
@@ -128,6 +128,7 @@ class Session:
         # Device arenas (`device_arena`): made by the helper, which alone maps both; the parent moves descriptors.
         self.device_arenas = False
         self.sid = secrets.token_hex(8)
+        self.last_errors: tuple[float | None, ...] = ()  # of the last comparison that asked for them
 
     # ------------------------------------------------------------------ requests
 
@@ -325,7 +326,9 @@ class Session:
         """One trial (module docstring, step 2); False when the reference itself cannot run on these inputs
         (extra trials only: then the trial is skipped)."""
         tol = self.cfg.profile_obj.tolerance("float32").atol
-        message = {"op": "trial", "seed": new_seed(), "distribution": distribution, "noise_atol": tol}
+        precision = index == 0 and distribution == "reference" and self.cfg.precision_evidence
+        message = {"op": "trial", "seed": new_seed(), "distribution": distribution, "noise_atol": tol,
+                   "precision": precision}
         try:
             reply, seconds = self.ask_reference(message, "a correctness trial")
         except Verdict:
@@ -344,9 +347,24 @@ class Session:
             cand_out, cand_after = _halves(cand["out"])
         except (KeyError, TypeError, ValueError):
             raise Verdict(Status.INCORRECT, "the candidate's outputs could not be read") from None
-        self.check_output(ref_out, cand_out, index, beyond=distribution == "heavy", noise=reply.get("noise"))
+        errors = self.check_output(ref_out, cand_out, index, beyond=distribution == "heavy", noise=reply.get("noise"),
+                                   errors=precision)
         self._check_inputs(reply["in"], ref_after, cand_after, "a correctness trial")
+        if precision:
+            self._precision_evidence(reply, errors)
         return True
+
+    def _precision_evidence(self, reply: dict[str, Any], errors: tuple[float | None, ...]) -> None:
+        """Record the candidate's and the float32 reference's errors on the first trial and flag reduced
+        precision (`correctness.precision_evidence`); say why when it could not be measured."""
+        if reply.get("precision_skipped"):
+            self.facts["precision"] = {"skipped": reply["precision_skipped"]}
+            return
+        ref_errors = list(reply.get("ref_errors") or [])
+        self.facts["precision"] = {"ref_errors": ref_errors, "cand_errors": list(errors)}
+        found = precision_evidence(ref_errors, list(errors))
+        if found is not None:
+            self.flags.append(found)
 
     def _cross_inputs(self, tree: dict[str, Any]) -> dict[str, Any]:
         """Copy a trial's inputs from the reference's arena into the candidate's; their tree there."""
@@ -360,11 +378,13 @@ class Session:
             raise InfraFailure(f"the reference's inputs cannot cross to the candidate: {exc}") from None
 
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
-                noise: list[float | None] | None = None) -> tuple[bool, str, Mismatch | None]:
+                noise: list[float | None] | None = None, *, errors: bool = False) -> tuple[bool, str, Mismatch | None]:
         """(match, message, mismatch) of the candidate's output against the reference's, as they lie in the two
         arenas (the candidate's runner is frozen: nothing changes them meanwhile). On a GPU the helper compares,
         where they lie (device arenas) or from copies of both in its own arena; on the CPU this process does.
-        Raises a `Verdict` for outputs that are not plain tensors or cannot be read."""
+        With `errors`, a match leaves each output's relative difference in `last_errors`. Raises a `Verdict`
+        for outputs that are not plain tensors or cannot be read."""
+        self.last_errors: tuple[float | None, ...] = ()
         odd = output_classes(cand_tree)
         if odd:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
@@ -375,7 +395,8 @@ class Session:
             try:
                 if self.helper is None or self.helper_arena is None:
                     result = compare_outputs(self.ref_arena.unpack(ref_tree), self.cand_arena.unpack(cand_tree),
-                                             self.cfg.profile_obj, trial, noise=noise)
+                                             self.cfg.profile_obj, trial, noise=noise, errors=errors)
+                    self.last_errors = result.errors
                     return result.ok, result.message, result.mismatch
                 ref_at, offset = self.helper_arena.copy_from(self.ref_arena, ref_tree, "out")
                 cand_at, _ = self.helper_arena.copy_from(self.cand_arena, cand_tree, "out", offset)
@@ -384,10 +405,11 @@ class Session:
             except (UnsupportedValue, ArenaFull, ValueError, TypeError, KeyError) as exc:
                 raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}") from None
         return self._compared(self.helper_request({"op": "compare", "ref": ref_at, "cand": cand_at, "trial": trial,
-                                                   "profile": self.cfg.profile, "noise": noise}, "comparing outputs"))
+                                                   "profile": self.cfg.profile, "noise": noise, "errors": errors},
+                                                  "comparing outputs"))
 
-    @staticmethod
-    def _compared(reply: dict[str, Any]) -> tuple[bool, str, Mismatch | None]:
+    def _compared(self, reply: dict[str, Any]) -> tuple[bool, str, Mismatch | None]:
+        self.last_errors = tuple(reply.get("errors") or ())
         if reply.get("unreadable"):
             raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {reply['unreadable']}")
         if reply.get("hack"):
@@ -396,10 +418,11 @@ class Session:
         return bool(reply.get("match")), str(reply.get("message", "")), mismatch
 
     def check_output(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int, *, beyond: bool = False,
-                     noise: Any = None) -> None:
-        match, message, mismatch = self.compare(ref_tree, cand_tree, trial, noise)
+                     noise: Any = None, errors: bool = False) -> tuple[float | None, ...]:
+        """Raise a `Verdict` unless the outputs match; with `errors`, each output's relative difference."""
+        match, message, mismatch = self.compare(ref_tree, cand_tree, trial, noise, errors=errors)
         if match:
-            return
+            return self.last_errors
         if beyond:
             raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution (heavy-tailed, "
                           f"sign-varied): {message}", flag=F.BEYOND_DISTRIBUTION, mismatch=mismatch)

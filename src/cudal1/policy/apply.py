@@ -2,6 +2,8 @@
 
 Only a `correct` verdict can be turned down; every other verdict stands. The evidence:
 - the kernel class and the static rules' flags the evaluator recorded (`exception_fallback`);
+- the first trial's precision evidence (`guard.reduced_precision`: the candidate's error far above the float32
+  reference's own against a float64 run), for `reject_reduced_precision`;
 - the profiled run's flags (GPU): `guard.decoy_kernel` and `guard.kernels_not_run` (the candidate's kernels
   did not compute the output), `guard.low_custom_share` (they carried little of the forward's device time);
 - the candidate's forward path read from its syntax tree (`analysis.context`): torch calls and the ops the
@@ -20,6 +22,7 @@ import ast
 import re
 
 from cudal1.analysis.context import AnalysisContext, build_context, call_name
+from cudal1.core import flags as F
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Flag, KernelClass, Severity, Status
 from cudal1.policy.presets import Policy, resolve_policy
@@ -75,6 +78,10 @@ def violations(result: EvalResult, source: str, rules: Policy, *, task_source: s
         decoy = next((f for f in result.flags if f.rule in DECOY_RULES), None)
         if decoy is not None:
             add("decoy_kernel", f"a decoy kernel: {decoy.message}")
+    if rules.reject_reduced_precision:
+        reduced = next((f for f in result.flags if f.rule == F.REDUCED_PRECISION), None)
+        if reduced is not None:
+            add("reduced_precision", reduced.message)
     if rules.reject_fallbacks and "exception_fallback" in rule_names:
         line = next(f.line for f in result.flags if f.rule == "exception_fallback")
         add("fallback", "a try/except fallback to PyTorch on the forward path", line)

@@ -46,6 +46,7 @@ class Policy:
     no_torch_ops: bool = False  # no torch compute ops on the forward path, Python or C++
     forbidden_ops: tuple[str, ...] = ()  # ops that must not appear on the forward path (per task: FORBIDDEN_OPS)
     no_build_in_forward: bool = False  # no compile call on the forward path
+    reject_reduced_precision: bool = False  # no fp16/bf16/TF32 arithmetic in a float32 task (run-time evidence)
     violation_reward: float | None = None  # the RL reward of a violation (None: that of hack_detected)
     notes: str = field(default="", compare=False)
 
@@ -53,7 +54,7 @@ class Policy:
     def is_identity(self) -> bool:
         """Whether the policy adds nothing to the evaluator's verdict."""
         return not (self.own_kernel or self.reject_decoys or self.reject_fallbacks or self.no_torch_ops
-                    or self.forbidden_ops or self.no_build_in_forward)
+                    or self.forbidden_ops or self.no_build_in_forward or self.reject_reduced_precision)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
