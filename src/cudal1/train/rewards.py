@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -73,8 +73,12 @@ class KernelReward:
     __name__ = "kernel_reward"  # TRL names the logged metric after the function
 
     def __init__(self, tasks: Sequence[Task], evaluator: Evaluator, config: RewardConfig | None = None, *,
-                 exemplar_db: Any = None, judge: Judge | None = None, model_name: str = ""):
+                 exemplar_db: Any = None, judge: Judge | None = None, model_name: str = "",
+                 extract: Callable[[str], str | None] | None = None):
         self.tasks = {t.id: t for t in tasks}
+        # completion text -> the candidate handed to the evaluator (None: unparseable); default: the
+        # `ModelNew` code of the answer. Other candidate formats (a kernel recipe, a patch) plug in here.
+        self.extract = extract or (lambda text: extract_completion(text).code)
         self.evaluator = evaluator
         self.config = config or RewardConfig()
         self.exemplar_db = exemplar_db
@@ -90,7 +94,7 @@ class KernelReward:
         if missing:
             raise KeyError(f"reward asked for unknown task ids {missing[:3]}")
         tasks = [self.tasks[t] for t in task_id]
-        codes = [extract_completion(completion_text(c)).code for c in completions]
+        codes = [self.extract(completion_text(c)) for c in completions]
         results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_workers)
         raws = [float(reward_of(r, self.config.failure_rewards) or 0.0) for r in results]
         vetoed = self._judge_and_record(tasks, codes, results, raws)

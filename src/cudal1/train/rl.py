@@ -69,13 +69,20 @@ class ContrastivePromptBuilder:
 
     def build(self, task: Task, step: int = 0) -> list[dict[str, str]]:
         """The chat prompt for `task`, with exemplars drawn from the database's current contents."""
+        self.built += 1
+        return self.render(task, self.exemplars(task, step))
 
+    def exemplars(self, task: Task, step: int) -> list[Any]:
+        """The exemplars shown at `step`, drawn by the sampler from the database as it is now."""
         digest = hashlib.sha256(f"{self.seed}:{task.id}:{step}".encode()).hexdigest()
         if hasattr(self.sampler, "rng"):
             self.sampler.rng = random.Random(int(digest[:16], 16))
         pool = self.db.list(task.id) if self.db is not None else []
-        exemplars = self.sampler.sample(pool, task_id=task.id) if pool else []
-        self.built += 1
+        return self.sampler.sample(pool, task_id=task.id) if pool else []
+
+    def render(self, task: Task, exemplars: Sequence[Any]) -> list[dict[str, str]]:
+        """The messages for `task` and its exemplars: CUDA-L1's contrastive prompt (a subclass may show other
+        candidate formats, e.g. kernel recipes)."""
         return build_contrastive_prompt(task.source, exemplars, form=self.form, token_budget=self.token_budget,
                                         tokenizer=self.tokenizer)
 
