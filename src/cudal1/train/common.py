@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -153,8 +154,19 @@ class StageResult:
         return dataclasses.asdict(self)
 
 
+def world_size() -> int:
+    """Processes of this run (torchrun and accelerate set WORLD_SIZE; 1 alone)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def is_main_process() -> bool:
+    """Whether this process writes the run's files (rank 0 of a multi-process run, or the only process)."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
 class RunRecorder:
-    """Writes the resolved config into the run directory and the store's run record; finishes both."""
+    """Writes the resolved config into the run directory and the store's run record; finishes both. In a
+    multi-process run only the main process writes (the others would race it for the same files)."""
 
     def __init__(self, kind: str, config: CommonTrainConfig, store: Any = None):
         self.kind = kind
@@ -162,12 +174,18 @@ class RunRecorder:
         self.store = store
         self.dir = Path(config.output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        write_resolved_config(config, self.dir)
-        self.run_id = store.start_run(kind, {"stage": kind, **config.to_dict()}) if store is not None else None
+        self.writes = is_main_process()
+        if self.writes:
+            write_resolved_config(config, self.dir)
+        self.run_id = (store.start_run(kind, {"stage": kind, **config.to_dict(), "world_size": world_size()})
+                       if store is not None and self.writes else None)
 
     def finish(self, result: StageResult) -> StageResult:
         """Write `summary.json` and `log_history.json`, close the store's run record; return `result`."""
         result.run_id = self.run_id
+        result.summary.setdefault("world_size", world_size())
+        if not self.writes:
+            return result
         (self.dir / "log_history.json").write_text(json.dumps(result.log_history, indent=1, default=str))
         (self.dir / "summary.json").write_text(json.dumps(result.summary, indent=1, default=str))
         if self.store is not None and self.run_id is not None:

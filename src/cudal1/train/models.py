@@ -148,6 +148,32 @@ def save_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
     return path
 
 
+def save_trained(trainer: Any, tokenizer: Any, path: str | Path) -> Path:
+    """The policy a (TRL/transformers) trainer trained, saved once for the whole run; returns `path`.
+
+    Under DeepSpeed ZeRO-3 the weights are partitioned across the ranks: every rank calls the trainer's
+    `save_model`, which gathers them and writes on the main process (a LoRA policy then saves its adapter,
+    unmerged: merging needs the whole base model on one rank). Otherwise the main process saves with
+    `save_policy` (LoRA merged) while the others wait."""
+    path = Path(path)
+    accelerator = trainer.accelerator
+    if zero3(trainer):
+        trainer.save_model(str(path))
+        if accelerator.is_main_process:
+            tokenizer.save_pretrained(path)
+    elif accelerator.is_main_process:
+        save_policy(trainer.model, tokenizer, path)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def zero3(trainer: Any) -> bool:
+    """Whether `trainer` runs under DeepSpeed ZeRO stage 3."""
+    plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
+    return bool(getattr(trainer, "is_deepspeed_enabled", False) and plugin is not None
+                and getattr(plugin, "zero_stage", 0) == 3)
+
+
 def lora_config(config: Any) -> Any:
     """A peft `LoraConfig` for a stage config with `use_lora`, else None."""
     if not config.use_lora:

@@ -41,14 +41,16 @@ from cudal1.train.common import (
     RunRecorder,
     StageResult,
     default_evaluator,
+    is_main_process,
     make_training_args,
     open_store,
     resolve_resume,
     resolve_tasks,
     time_budget_callback,
+    world_size,
 )
 from cudal1.train.config import RLStageConfig
-from cudal1.train.models import load_policy, lora_config, save_policy
+from cudal1.train.models import load_policy, lora_config, save_policy, save_trained
 from cudal1.train.rewards import Judge, KernelReward, RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -223,8 +225,19 @@ def _reference_path(model: Any, config: RLStageConfig, tokenizer: Any) -> None:
     hub_id = name == config.model and not name.startswith("scratch") and not Path(name).exists()
     if name and (Path(name).is_dir() or hub_id):
         return
-    path = save_policy(model, tokenizer, Path(config.output_dir) / "reference_policy")
+    path = Path(config.output_dir) / "reference_policy"
+    if is_main_process():
+        save_policy(model, tokenizer, path)
+    _wait_for_everyone()
     model.config._name_or_path = str(path)
+
+
+def _wait_for_everyone() -> None:
+    """A barrier across the processes of a multi-process run (a no-op alone)."""
+    if world_size() > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
 
 
 def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, tasks: Sequence[Task] | None = None,
@@ -243,6 +256,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     tasks = resolve_tasks(config, tasks)
     if model is None or tokenizer is None:
         model, tokenizer = load_policy(config.model, config.tokenizer, seed=config.seed)
+    args = grpo_args(config)  # first: its state also starts a multi-process run's process group
     _reference_path(model, config, tokenizer)
     db = exemplar_db or ExemplarDB(config.exemplar_db or Path(config.output_dir) / "exemplars.sqlite",
                                    max_per_task=config.max_exemplars_per_task)
@@ -263,7 +277,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
         token_budget=config.prompt_token_budget, tokenizer=tokenizer, seed=config.seed)
     budget = time_budget_callback(config.time_budget_s)
     trainer = contrastive_trainer_class()(
-        model=model, args=grpo_args(config), train_dataset=build_rl_dataset(tasks), processing_class=tokenizer,
+        model=model, args=args, train_dataset=build_rl_dataset(tasks), processing_class=tokenizer,
         reward_funcs=reward_funcs, peft_config=lora_config(config), callbacks=[budget, *(callbacks or [])],
         prompt_builder=builder, tasks=tasks)
     try:
@@ -271,7 +285,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     finally:
         if made is not None:
             made.close()  # the pool or server client this stage started
-    final = save_policy(trainer.model, tokenizer, Path(config.output_dir) / "final")
+    final = save_trained(trainer, tokenizer, Path(config.output_dir) / "final")
     history = list(trainer.state.log_history)
     rewards = [e["reward"] for e in history if "reward" in e]
     summary: dict[str, Any] = {"steps": trainer.state.global_step, "tasks": len(tasks),

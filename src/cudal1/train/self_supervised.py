@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
 from cudal1.exemplars import ExemplarDB, normalized_hash
 from cudal1.llm import LLMConfig, make_backend
@@ -49,6 +50,7 @@ from cudal1.train.common import (
     resolve_tasks,
     time_budget_callback,
     training_device,
+    world_size,
 )
 from cudal1.train.config import SelfSupervisedConfig
 from cudal1.train.models import load_policy, save_policy
@@ -180,6 +182,9 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
                         tasks: Sequence[Task] | None = None, sampler: CompletionSampler | None = None,
                         evaluator: Evaluator | None = None) -> StageResult:
     """Stage 2 end to end (see the module docstring); the final policy is saved in `<output_dir>/final`."""
+    if world_size() > 1:
+        raise ConfigError("stage 2 (self-supervised) runs in one process: each round samples every task, then "
+                          "fine-tunes briefly; launch it without torchrun/accelerate")
     started = time.monotonic()
     deadline = started + config.time_budget_s if config.time_budget_s > 0 else None
     store = open_store(config.store)

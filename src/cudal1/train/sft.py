@@ -39,7 +39,7 @@ from cudal1.train.common import (
     time_budget_callback,
 )
 from cudal1.train.config import SFTStageConfig
-from cudal1.train.models import load_policy, lora_config, save_policy
+from cudal1.train.models import load_policy, lora_config, save_trained
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def run_sft(config: SFTStageConfig, *, model: Any = None, tokenizer: Any = None,
     trainer = fit_sft(model, tokenizer, train, held, config, output_dir=config.output_dir,
                       max_length=config.max_length, resume=resolve_resume(config),
                       callbacks=[budget, *(callbacks or [])])
-    final = save_policy(trainer.model, tokenizer, Path(config.output_dir) / "final")
+    final = save_trained(trainer, tokenizer, Path(config.output_dir) / "final")
     history = list(trainer.state.log_history)
     curve = loss_curve(history)
     evals = [e["eval_loss"] for e in history if "eval_loss" in e]
