@@ -182,8 +182,9 @@ def precision_evidence(ref_errors: list[float | None], cand_errors: list[float |
         if cand_err > bound:
             return Flag(F.REDUCED_PRECISION, Severity.ERROR,
                         f"output {i} is computed at reduced precision: relative error {cand_err:.2e} against the "
-                        f"float32 reference, whose own error against float64 is {ref_err:.2e} (bound {bound:.2e}; "
-                        "fp16, bf16 or TF32 arithmetic in a float32 task)", source="runtime")
+                        f"float32 reference, whose own error against float64 is {ref_err:.2e} (bound {bound:.2e}: "
+                        "what fp16, bf16 or TF32 arithmetic, or a less accurate algorithm, gives)",
+                        source="runtime")
     return None
 
 

@@ -331,9 +331,12 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
                       speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
                       timing=timing if status is Status.CORRECT else None, mismatch=mismatch, compile_log=compile_log,
                       protocol={"phase_s": session.phase_s,
-                                **{k: session.facts[k] for k in ("clock", "clock_rejected_series", "precision", "tensors", "timing_spent_s")
-                                   if k in session.facts},
+                                **{k: session.facts[k] for k in RECORDED_FACTS if k in session.facts},
                                 **({"kernel_profile": profile} if profile else {})})
+
+
+#: What a session found that each result records in its protocol.
+RECORDED_FACTS = ("clock", "clock_rejected_series", "precision", "tensors", "timing_spent_s")
 
 
 def _measure(session: Session, bandwidth: float | None) -> Any:

@@ -149,7 +149,10 @@ class ReferenceRole:
             inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
             with torch.no_grad():
                 return flatten(self._model64(*inputs64), strict=False), ""
-        except Exception as exc:  # noqa: BLE001 - a model that cannot run in float64 (an fp8 op, a cuDNN gap)
+        except Exception as exc:  # noqa: BLE001 - a model that cannot run in float64 (an fp8 op, a cuDNN gap, OOM)
+            self._model64 = None  # nor keep its memory from the float32 reference's calls
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
             return None, f"the reference cannot run in float64 ({type(exc).__name__}: {str(exc)[:120]})"
 
     def _precision(self, out: Any, outs64: list[Any] | None, why: str) -> dict[str, Any]:
