@@ -443,7 +443,7 @@ def run_grpo_arm(arm: str, table: Table, start: Path, out_dir: Path, train: list
 
 
 def run_sampling_arm(arm: str, table: Table, start: Path, train: list[Task], held: list[Task], budget: Budget,
-                     seed: int, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+                     seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """`random-search` (uniform recipes) or `sft-only` (the warm start sampled with the plain prompt)."""
     steps = []
     rng = random.Random(seed)
@@ -486,7 +486,7 @@ def train_arms(table_path: Path, out_dir: Path, args: argparse.Namespace) -> dic
             if arm in GRPO_ARMS:
                 run = run_grpo_arm(arm, table, start, arm_dir, train, held, budget, seed, args)
             else:
-                run = run_sampling_arm(arm, table, start, train, held, budget, seed, args, arm_dir)
+                run = run_sampling_arm(arm, table, start, train, held, budget, seed, args)
             run["seconds"] = round(time.monotonic() - t0, 1)
             runs[arm].append(run)
             last = run["steps"][-1] if run["steps"] else {}
