@@ -270,6 +270,7 @@ def test_each_gpu_times_on_cores_of_its_own(monkeypatch):
 
     from cudal1.eval.processes import RunnerSupply, timing_cores
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert timing_cores("cuda") == timing_cores("cuda:0") == (frozenset({0, 1}), frozenset(range(2, 16)))
     assert timing_cores("cuda:1") == (frozenset({2, 3}), frozenset({0, 1, *range(4, 16)}))
@@ -283,6 +284,12 @@ def test_each_gpu_times_on_cores_of_its_own(monkeypatch):
     supply.pin(None)  # back to the GPU's own split, not every core
     assert supply.timed_cores == frozenset({2, 3})
     assert RunnerSupply("cpu", spares=0).timed_cores is None
+    # One process per GPU (CUDA_VISIBLE_DEVICES=N): each still gets its GPU's own pair, not all cores 0-1.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert timing_cores("cuda") == (frozenset({6, 7}), frozenset({*range(6), *range(8, 16)}))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1b2c3e")  # named by UUID: the visible index
+    assert timing_cores("cuda")[0] == frozenset({0, 1})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert timing_cores("cuda:0") is None  # too few to keep any for the spares
 

@@ -565,17 +565,27 @@ TIMING_CORES = 2
 
 def timing_cores(device: str, keep: int = TIMING_CORES) -> tuple[frozenset[int], frozenset[int]] | None:
     """(cores of `device`'s timed runners, the other cores) out of those this process may use: GPU N gets
-    cores [N x keep, (N + 1) x keep) of the list, so the supplies of several GPUs of one host do not share
-    theirs. None on a CPU device, without affinity, or with too few cores to spare any."""
+    cores [N x keep, (N + 1) x keep) of the list, N its physical index (through CUDA_VISIBLE_DEVICES), so the
+    supplies of several GPUs of one host, in one process or in one process per GPU, do not share theirs.
+    None on a CPU device, without affinity, or with too few cores to spare any."""
     if not device.startswith("cuda") or not hasattr(os, "sched_getaffinity"):
         return None
-    index = int(device.partition(":")[2] or 0)
+    index = physical_gpu_index(int(device.partition(":")[2] or 0))
     cores = sorted(os.sched_getaffinity(0))
     own = cores[index * keep:(index + 1) * keep]
     rest = [c for c in cores if c not in own]
     if len(own) < keep or len(rest) < 2:
         return None
     return frozenset(own), frozenset(rest)
+
+
+def physical_gpu_index(visible: int) -> int:
+    """The host's index of this process's visible GPU `visible` (CUDA_VISIBLE_DEVICES=2,3 makes cuda:1 GPU 3);
+    `visible` itself when the variable is unset or names GPUs by UUID."""
+    names = [n.strip() for n in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if n.strip()]
+    if visible < len(names) and names[visible].isdigit():
+        return int(names[visible])
+    return visible
 
 
 class RunnerSupply:
