@@ -256,7 +256,7 @@ class Table:
 
     def __init__(self, data: dict[str, Any]):
         self.data = data
-        self.tasks = {tid: entry for tid, entry in data["tasks"].items()}
+        self.tasks = data["tasks"]
 
     @classmethod
     def load(cls, path: Path) -> Table:

@@ -140,10 +140,10 @@ class Measurement:
                           "reference leaves them unchanged", flag=F.INPUT_MUTATION)
         if verify:
             with self.spending("verify"):
-                match, message, mismatch = self.s.compare(outs["ref"], outs["cand"], trial=-1)
-            if not match:
-                raise Verdict(Status.INCORRECT, "wrong output in a timed run (correct in the trials): " + message,
-                              mismatch=mismatch, flag=F.TIMED_OUTPUT)
+                result = self.s.compare(outs["ref"], outs["cand"], trial=-1)
+            if not result.ok:
+                raise Verdict(Status.INCORRECT, "wrong output in a timed run (correct in the trials): " + result.message,
+                              mismatch=result.mismatch, flag=F.TIMED_OUTPUT)
             self.verified += 1
         return samples["ref"], samples["cand"]
 

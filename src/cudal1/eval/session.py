@@ -34,7 +34,7 @@ from cudal1.core import flags as F
 from cudal1.core.types import Flag, Mismatch, Severity, Status, TimingStats
 from cudal1.eval.channel import Arena, ArenaFull, UnsupportedValue, changed_inputs, tree_classes, tree_nbytes
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.correctness import OutputHackError, compare_outputs, precision_evidence
+from cudal1.eval.correctness import Comparison, OutputHackError, compare_outputs, precision_evidence
 from cudal1.eval.processes import RunnerFailed, RunnerProcess
 from cudal1.eval.profiling import KernelProfile, decoy_flags
 
@@ -128,7 +128,6 @@ class Session:
         # Device arenas (`device_arena`): made by the helper, which alone maps both; the parent moves descriptors.
         self.device_arenas = False
         self.sid = secrets.token_hex(8)
-        self.last_errors: tuple[float | None, ...] = ()  # of the last comparison that asked for them
 
     # ------------------------------------------------------------------ requests
 
@@ -378,13 +377,12 @@ class Session:
             raise InfraFailure(f"the reference's inputs cannot cross to the candidate: {exc}") from None
 
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
-                noise: list[float | None] | None = None, *, errors: bool = False) -> tuple[bool, str, Mismatch | None]:
-        """(match, message, mismatch) of the candidate's output against the reference's, as they lie in the two
+                noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
+        """The candidate's output against the reference's (`correctness.Comparison`), as they lie in the two
         arenas (the candidate's runner is frozen: nothing changes them meanwhile). On a GPU the helper compares,
         where they lie (device arenas) or from copies of both in its own arena; on the CPU this process does.
-        With `errors`, a match leaves each output's relative difference in `last_errors`. Raises a `Verdict`
-        for outputs that are not plain tensors or cannot be read."""
-        self.last_errors: tuple[float | None, ...] = ()
+        With `errors`, a match carries each output's relative difference. Raises a `Verdict` for outputs that
+        are not plain tensors or cannot be read."""
         odd = output_classes(cand_tree)
         if odd:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
@@ -394,10 +392,8 @@ class Session:
             assert self.ref_arena is not None and self.cand_arena is not None
             try:
                 if self.helper is None or self.helper_arena is None:
-                    result = compare_outputs(self.ref_arena.unpack(ref_tree), self.cand_arena.unpack(cand_tree),
-                                             self.cfg.profile_obj, trial, noise=noise, errors=errors)
-                    self.last_errors = result.errors
-                    return result.ok, result.message, result.mismatch
+                    return compare_outputs(self.ref_arena.unpack(ref_tree), self.cand_arena.unpack(cand_tree),
+                                           self.cfg.profile_obj, trial, noise=noise, errors=errors)
                 ref_at, offset = self.helper_arena.copy_from(self.ref_arena, ref_tree, "out")
                 cand_at, _ = self.helper_arena.copy_from(self.cand_arena, cand_tree, "out", offset)
             except OutputHackError as exc:
@@ -408,25 +404,26 @@ class Session:
                                                    "profile": self.cfg.profile, "noise": noise, "errors": errors},
                                                   "comparing outputs"))
 
-    def _compared(self, reply: dict[str, Any]) -> tuple[bool, str, Mismatch | None]:
-        self.last_errors = tuple(reply.get("errors") or ())
+    @staticmethod
+    def _compared(reply: dict[str, Any]) -> Comparison:
         if reply.get("unreadable"):
             raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {reply['unreadable']}")
         if reply.get("hack"):
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {reply['hack']}", flag=F.OUTPUT_TYPE)
         mismatch = Mismatch.from_dict(reply["mismatch"]) if reply.get("mismatch") else None
-        return bool(reply.get("match")), str(reply.get("message", "")), mismatch
+        return Comparison(bool(reply.get("match")), str(reply.get("message", "")), mismatch,
+                          tuple(reply.get("errors") or ()))
 
     def check_output(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int, *, beyond: bool = False,
                      noise: Any = None, errors: bool = False) -> tuple[float | None, ...]:
         """Raise a `Verdict` unless the outputs match; with `errors`, each output's relative difference."""
-        match, message, mismatch = self.compare(ref_tree, cand_tree, trial, noise, errors=errors)
-        if match:
-            return self.last_errors
+        result = self.compare(ref_tree, cand_tree, trial, noise, errors=errors)
+        if result.ok:
+            return result.errors
         if beyond:
             raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution (heavy-tailed, "
-                          f"sign-varied): {message}", flag=F.BEYOND_DISTRIBUTION, mismatch=mismatch)
-        raise Verdict(Status.INCORRECT, message, mismatch=mismatch)
+                          f"sign-varied): {result.message}", flag=F.BEYOND_DISTRIBUTION, mismatch=result.mismatch)
+        raise Verdict(Status.INCORRECT, result.message, mismatch=result.mismatch)
 
     def _check_inputs(self, inputs: dict[str, Any], ref_after: dict[str, Any], cand_after: dict[str, Any],
                       where: str) -> None:
