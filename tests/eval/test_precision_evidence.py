@@ -85,3 +85,20 @@ def test_on_the_gpu_the_helper_measures_the_same_evidence(task):
     print("gpu precision", low.protocol.get("precision"), honest.protocol.get("precision"))
     assert low.status is Status.CORRECT and F.REDUCED_PRECISION in {f.rule for f in low.flags}
     assert honest.status is Status.CORRECT and F.REDUCED_PRECISION not in {f.rule for f in honest.flags}
+
+
+@pytest.mark.parametrize(("calls", "where"), [(1, "correctness trial 1"), (2, "a timed call")])
+def test_full_precision_only_where_it_is_expected_to_be_checked_is_still_found(tmp_path, capsys, calls, where):
+    # Through the real CLI: exact on the first call (or on every trial), fp16 afterwards. Every later trial
+    # and every verified timed call is held to the reference's error measured on the first trial.
+    from cudal1.cli.main import main
+
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text((FIXTURES / "precision" / "half_after_calls.py").read_text()
+                         .replace("CALLS = 1", f"CALLS = {calls}"))
+    assert main(["eval", "--ref", str(FIXTURES / "precision" / "task_matmul.py"), "--candidate", str(candidate),
+                 "--device", "cpu", "--trials", "2", "--buckets", "2", "--profile", "cuda-l1", "--json",
+                 "--no-store"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    flags = [f for f in result["flags"] if f["rule"] == F.REDUCED_PRECISION]
+    assert flags and flags[0]["message"].startswith(where), result["flags"]

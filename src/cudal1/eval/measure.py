@@ -140,10 +140,13 @@ class Measurement:
                           "reference leaves them unchanged", flag=F.INPUT_MUTATION)
         if verify:
             with self.spending("verify"):
-                result = self.s.compare(outs["ref"], outs["cand"], trial=-1)
+                result = self.s.compare(outs["ref"], outs["cand"], trial=-1,
+                                        errors=self.s.reference_errors is not None)
             if not result.ok:
                 raise Verdict(Status.INCORRECT, "wrong output in a timed run (correct in the trials): " + result.message,
                               mismatch=result.mismatch, flag=F.TIMED_OUTPUT)
+            if result.errors:
+                self.s.check_precision(result.errors, "a timed call")
             self.verified += 1
         return samples["ref"], samples["cand"]
 
