@@ -3,6 +3,9 @@
     PYTHONPATH=src python scripts/learning_demo.py measure OUT_DIR               # GPU: every recipe, every task
     PYTHONPATH=src python scripts/learning_demo.py train OUT_DIR --table OUT_DIR/table.json   # the arms
     PYTHONPATH=src python scripts/learning_demo.py all OUT_DIR                    # both, in one run
+    PYTHONPATH=src python scripts/learning_demo.py recheck OUT_DIR --table T --recheck-n 16   # GPU: T still holds?
+    PYTHONPATH=src python scripts/learning_demo.py train OUT_DIR --table T --seeds 1 \
+        --against docs/results/learning_demo_runs.json      # one seed again, against the committed seeds' spread
 
 The policy writes a short kernel *recipe* (`T256 V4 U4 C`: threads per block, floats per load, vectors per
 thread, coalesced or blocked access) that a template turns into a raw-CUDA `ModelNew` for a fused
@@ -22,7 +25,11 @@ enough to be measured exhaustively, so the best possible speedup of every task i
    Every policy starts from the same warm start per seed: a tiny Llama trained from scratch on prompts of
    all styles with uniformly random recipes as answers (it learns the format, nothing about speed).
    Held-out tasks (never trained on) are scored before and after training.
-3. The summary (`learning_demo.json`) and the figure (`learning_demo.png`) land in OUT_DIR.
+3. The summary (`learning_demo.json`) and the figure (`learning_demo.png`) land in OUT_DIR; with `--against`
+   (the committed run's `learning_demo_runs.json`) each arm's fraction of the best over its last 15 steps is
+   compared with the range of the committed seeds (`against.json`).
+4. `recheck` evaluates a random sample of the table's (task, recipe) pairs again through the real evaluator
+   and writes `recheck.json`: each pair's speedup then and now, and the rank agreement of the sample.
 
 Per step and arm: the raw mean speedup of the batch (failures count 0), the fraction of the best possible
 (each candidate's speedup over its task's best, averaged), the correct rate. Needs: a GPU for `measure`
@@ -38,6 +45,7 @@ import argparse
 import itertools
 import json
 import logging
+import math
 import random
 import re
 import statistics
@@ -246,6 +254,83 @@ def measure(out_dir: Path, *, profile: str, device: str, time_budget_s: float) -
         evaluator.close()
     table["measure_s"] = round(spent + time.monotonic() - started, 1)
     out.write_text(json.dumps(table, indent=1))
+    return out
+
+
+def recheck(table_path: Path, out_dir: Path, *, n: int, seed: int, profile: str, device: str) -> dict[str, Any]:
+    """A random sample of the table's correct (task, recipe) pairs evaluated again: does the table still hold
+    on this machine? Writes recheck.json: the speedups then and now, their ratio, the sample's rank
+    agreement (Spearman's rho) and the median absolute log-ratio."""
+    from cudal1.eval.config import EvalConfig
+    from cudal1.service.evaluator import make_evaluator
+
+    table = Table.load(table_path)
+    tasks = {t.id: t for t in sum(all_tasks(), [])}
+    correct = [(tid, recipe) for tid in sorted(table.tasks) for recipe, row in sorted(table.tasks[tid]["recipes"].items())
+               if row["status"] == "correct" and row.get("speedup")]
+    sample = random.Random(seed).sample(correct, min(n, len(correct)))
+    pairs = [(tasks[tid], candidate_source(tasks[tid], recipe)) for tid, recipe in sample]
+    rows: list[dict[str, Any]] = [{} for _ in sample]
+
+    def on_result(i: int, result: EvalResult) -> None:
+        tid, recipe = sample[i]
+        then = table.speedup(tid, recipe)
+        now = result.speedup if result.status is Status.CORRECT else None
+        rows[i] = {"task": tid, "recipe": recipe, "then": round(then, 4), "now": round(now, 4) if now else None,
+                   "status": result.status.value, "ratio": round(now / then, 4) if now else None}
+        logger.info("%s %s: %.3fx then, %s now", tid, recipe, then, f"{now:.3f}x" if now else result.status.value)
+
+    started = time.monotonic()
+    evaluator = make_evaluator("", EvalConfig(profile=profile, device=device))
+    try:
+        evaluator.evaluate(pairs, on_result=on_result, force=True)
+    finally:
+        evaluator.close()
+    both = [r for r in rows if r.get("now")]
+    summary = {"n": len(sample), "correct_now": len(both), "seconds": round(time.monotonic() - started, 1),
+               "spearman": round(spearman([r["then"] for r in both], [r["now"] for r in both]), 4) if len(both) > 2 else None,
+               "median_abs_log_ratio": round(statistics.median(abs(math.log(r["ratio"])) for r in both), 4) if both else None,
+               "rows": rows}
+    (out_dir / "recheck.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(xs: list[float]) -> list[float]:
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        out = [0.0] * len(xs)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var else 0.0
+
+
+def against(runs: dict[str, list[dict[str, Any]]], committed: dict[str, list[dict[str, Any]]],
+            window: int = 15) -> dict[str, Any]:
+    """Each arm's fraction of the best over its last `window` steps, per seed of this run, against the range
+    of the committed run's seeds (inside when it lies within their minimum and maximum)."""
+    def tail(run: dict[str, Any]) -> float:
+        return statistics.fmean(s["fraction_of_best"] for s in run["steps"][-window:])
+
+    out: dict[str, Any] = {}
+    for arm, arm_runs in runs.items():
+        if arm not in committed:
+            continue
+        spread = [tail(r) for r in committed[arm]]
+        now = [tail(r) for r in arm_runs]
+        out[arm] = {"now": [round(v, 4) for v in now], "committed_min": round(min(spread), 4),
+                    "committed_max": round(max(spread), 4), "inside": all(min(spread) <= v <= max(spread) for v in now)}
     return out
 
 
@@ -498,6 +583,12 @@ def train_arms(table_path: Path, out_dir: Path, args: argparse.Namespace) -> dic
     (out_dir / "learning_demo.json").write_text(json.dumps(summary, indent=1))
     (out_dir / "learning_demo_runs.json").write_text(json.dumps(runs, indent=1))
     plot(summary, out_dir / "learning_demo.png")
+    if args.against:
+        summary["against"] = against(runs, json.loads(args.against.read_text()))
+        (out_dir / "against.json").write_text(json.dumps(summary["against"], indent=1))
+        for arm, entry in summary["against"].items():
+            print(f"{arm:20s} last-15 fraction of best {entry['now']} vs committed seeds "
+                  f"{entry['committed_min']}-{entry['committed_max']}: {'inside' if entry['inside'] else 'OUTSIDE'}")
     return summary
 
 
@@ -564,7 +655,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("measure", "train", "all"))
+    p.add_argument("command", choices=("measure", "train", "all", "recheck"))
     p.add_argument("out_dir", type=Path)
     p.add_argument("--table", type=Path, help="A measured table.json (train; default OUT_DIR/table.json).")
     p.add_argument("--profile", default="cuda-l1", help="Evaluation profile of the measurement.")
@@ -580,6 +671,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-epochs", type=int, default=4)
     p.add_argument("--held-out-samples", type=int, default=64)
     p.add_argument("--gpu-training", action="store_true", help="Train the policies on the GPU (default: CPU).")
+    p.add_argument("--against", type=Path, help="A committed learning_demo_runs.json: compare with its seeds.")
+    p.add_argument("--recheck-n", type=int, default=16, help="Pairs of the table that `recheck` evaluates again.")
     args = p.parse_args(argv)
     args.use_cpu = not args.gpu_training
     return args
@@ -594,6 +687,10 @@ def main(argv: list[str] | None = None) -> int:
     table = args.table or args.out_dir / "table.json"
     if args.command in ("measure", "all"):
         table = measure(args.out_dir, profile=args.profile, device=args.device, time_budget_s=args.measure_budget_s)
+    if args.command == "recheck":
+        found = recheck(table, args.out_dir, n=args.recheck_n, seed=0, profile=args.profile, device=args.device)
+        print(f"recheck: {found['correct_now']}/{found['n']} correct again, Spearman {found['spearman']}, "
+              f"median |log(now/then)| {found['median_abs_log_ratio']} ({found['seconds']} s)")
     if args.command in ("train", "all"):
         summary = train_arms(table, args.out_dir, args)
         for arm, entry in summary["arms"].items():

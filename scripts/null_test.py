@@ -2,13 +2,15 @@
 """The protocol's null test: each task's reference timed as a candidate against itself.
 
 Usage: python scripts/null_test.py OUT_DIR [--release PATH] [--per-level N] [--builtin] [--time-budget-s S]
-                                   [--profile strict]
+                                   [--profile strict] [--repeat N] [--only ID,...]
 
 Unbiased timing gives 1.00x with every figure of the clock cross-check inside its tolerance: the harness
 costs both models the same. Prints, per task, the speedup, the stability and the cross-check's figures (the
 reference's and the candidate's median time outside their reported spans, their paired difference and the
-tolerance it is held to, the flushes after each model); then the median and spread over tasks. Writes
-null_test.json under OUT_DIR.
+tolerance it is held to, the flushes after each model); then the median and spread over tasks. With
+`--repeat N` every task is evaluated N times (in turn, N rounds), and the summary adds the median relative
+difference between a task's rounds (the precision of a speedup of exactly 1.00x). Writes null_test.json
+under OUT_DIR.
 """
 
 from __future__ import annotations
@@ -45,7 +47,22 @@ def pick_tasks(args: argparse.Namespace) -> list:
             by_level.setdefault(task.level, []).append(task)
         for level in sorted(by_level):
             tasks += by_level[level][: args.per_level]
+    if args.only:
+        tasks = [t for t in tasks if t.id in args.only.split(",")]
     return tasks
+
+
+def round_precision(rows: list[dict]) -> dict:
+    """Median and largest relative difference between the speedups of one task's rounds (max over min - 1)."""
+    by_task: dict[str, list[float]] = {}
+    for r in rows:
+        if r["speedup"]:
+            by_task.setdefault(r["task"], []).append(r["speedup"])
+    diffs = sorted(max(v) / min(v) - 1 for v in by_task.values() if len(v) > 1)
+    if not diffs:
+        return {}
+    return {"rounds_compared": len(diffs), "round_rel_diff_median": statistics.median(diffs),
+            "round_rel_diff_max": diffs[-1]}
 
 
 def main() -> None:
@@ -56,9 +73,11 @@ def main() -> None:
     ap.add_argument("--builtin", action="store_true")
     ap.add_argument("--profile", default="strict")
     ap.add_argument("--time-budget-s", type=float, default=400.0)
+    ap.add_argument("--only", default="", help="Comma-separated task ids: only these of the selection.")
+    ap.add_argument("--repeat", type=int, default=1, help="Rounds over the tasks (precision of the null).")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    tasks = pick_tasks(args)
+    tasks = pick_tasks(args) * max(1, args.repeat)
     pairs = [(t, as_candidate(t.source)) for t in tasks]
     deadline = time.monotonic() + args.time_budget_s
     rows: list[dict] = []
@@ -66,7 +85,7 @@ def main() -> None:
     def report(i: int, result) -> None:
         task = tasks[i]
         clock = result.protocol.get("clock", {})
-        rows.append({"task": task.id, "status": result.status.value, "speedup": result.speedup,
+        rows.append({"task": task.id, "round": i // (len(tasks) // max(1, args.repeat)), "status": result.status.value, "speedup": result.speedup,
                      "stability": result.stability, "message": result.message[:200], **clock,
                      "ref_ms": result.ref_ms, "sandbox": result.protocol.get("sandbox_level")})
         print(f"{task.id:60s} {result.status.value:14s} {result.speedup or 0:7.3f}x  "
@@ -83,6 +102,7 @@ def main() -> None:
                "p5": speedups[max(0, int(0.05 * len(speedups)))] if speedups else None,
                "p95": speedups[min(len(speedups) - 1, int(0.95 * len(speedups)))] if speedups else None,
                "not_correct": [(r["task"], r["status"], r["message"]) for r in rows if r["status"] != "correct"]}
+    summary.update(round_precision(rows))
     (args.out_dir / "null_test.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     print("\n== null test ==")
     for k, v in summary.items():

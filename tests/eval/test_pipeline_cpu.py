@@ -476,6 +476,8 @@ def test_the_result_says_which_sizes_really_ran(task):
 def test_torch_compile_machinery_is_not_the_candidate_s_thread(task):
     """Inductor's compile pool and tqdm's monitor were new Python threads in the candidate's runner, so any
     candidate using torch.compile was `hack_detected` by the thread guard."""
-    r = run(task, "torch_compiled", timeout_s=300.0)
+    # Inductor compiles on the first call, cold in the sandbox's private folder: over 30 s on a loaded 2-core
+    # machine, so the step's floor is raised (this test is about threads, not time).
+    r = run(task, "torch_compiled", timeout_s=300.0, phase_floor_s=180.0)
     assert r.status is Status.CORRECT, r.message
     assert not [f for f in r.flags if f.rule == "guard.threads"]

@@ -109,3 +109,21 @@ def test_a_partial_table_is_refused(demo, tmp_path):
     args = demo.parse_args(["train", str(tmp_path)])
     with pytest.raises(SystemExit, match="not every recipe was measured"):
         demo.train_arms(tmp_path / "table.json", tmp_path, args)
+
+
+def test_a_rerun_is_placed_against_the_committed_seeds_spread(demo):
+    """`--against`: each arm's last-15-step fraction of the best lies inside or outside the committed
+    seeds' range; a committed seed is inside its own run's range, a worse-than-every-seed one is not."""
+    committed = json.loads((SCRIPT.parents[1] / "docs/results/learning_demo_runs.json").read_text())
+    one_seed = {arm: runs[1:2] for arm, runs in committed.items()}
+    assert all(e["inside"] for e in demo.against(one_seed, committed).values())
+    steps = [{"raw_reward_mean": 0.0, "fraction_of_best": 0.0, "correct_rate": 0.0}] * 20
+    found = demo.against({"grpo-plain": [{"steps": steps}]}, committed)
+    assert set(found) == {"grpo-plain"} and found["grpo-plain"]["inside"] is False
+    assert found["grpo-plain"]["now"] == [0.0] and found["grpo-plain"]["committed_min"] > 0.5
+
+
+def test_spearman_ranks_with_ties(demo):
+    assert demo.spearman([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
+    assert demo.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert demo.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254, rel=1e-6)

@@ -71,10 +71,7 @@ def import_candidate(source: str, workdir: Path) -> Any:
 class CandidateRole:
     def __init__(self, message: dict[str, Any], channel: Channel | None = None):
         os.environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
-        self.device = configure(message)
-        fraction = message.get("gpu_memory_fraction")
-        if fraction and self.device.type == "cuda":
-            torch.cuda.set_per_process_memory_fraction(float(fraction), self.device)
+        self.device = configure(message)  # the GPU memory cap included, as the reference's
         try:
             self.reference = load_reference(message["ref_source"], message["task_id"], sizes=message.get("sizes", "full"))
         except Exception as exc:  # noqa: BLE001 - the parent loaded it fine in the reference's runner

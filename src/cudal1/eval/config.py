@@ -14,7 +14,7 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.policy import resolve_policy
 
-PROTOCOL_VERSION = "6"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "7"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -22,7 +22,9 @@ PROTOCOL_VERSION = "6"  # 2: inputs refilled before every timed pair, salted see
 # own float32 error, extra trials beyond the reference's distribution (strict); 5: a bucket's time is the
 # median of its calls, not their mean; 6: an outside-clock disagreement is confirmed on a fresh series before
 # it rejects (the new series' timing is the one reported), and the first trial of a float32 task carries
-# reduced-precision evidence against a float64 run of the reference (`guard.reduced_precision`)
+# reduced-precision evidence against a float64 run of the reference (`guard.reduced_precision`); 7: the
+# reference's runner has the candidate's GPU memory cap and frees its float64 copy before timing (both models
+# timed with like memory: cuDNN picks its algorithms from the memory it may use)
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,9 @@ class EvalConfig:
     build_timeout_s: float = _f(900.0, "Wall-clock limit of a candidate's CUDA build.")
     memory_bytes: int | None = _f(None, "Host memory limit of the candidate's sandbox, its whole process tree. "
                                         "None: derived from the task's data and the machine's memory.")
-    gpu_memory_fraction: float = _f(0.45, "Share of the GPU's memory the candidate may use (watched from outside "
-                                          "through NVML where installed).")
+    gpu_memory_fraction: float = _f(0.45, "Share of the GPU's memory each model's runner may use, the reference's "
+                                          "too (both are timed under the same cap); the candidate's is also "
+                                          "watched from outside through NVML where installed.")
     cpu_threads: int | None = _f(None, "CPU threads of both models (torch intra-op). None: half the usable "
                                        "cores, 1 to 4.")
     policy: str = _f("cuda-l1", "Verdict policy, applied on top of the evaluator's verdict: cuda-l1 (adds "

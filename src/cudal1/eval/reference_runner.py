@@ -45,6 +45,11 @@ def configure(message: dict[str, Any]) -> torch.device:
         torch.set_num_threads(threads)
     if message.get("exact_fp32"):
         use_exact_fp32()
+    fraction = message.get("gpu_memory_fraction")
+    if fraction and device.type == "cuda":
+        # The same cap for both runners: cuDNN sizes its workspace (and so picks its algorithms) from what the
+        # allocator may still give, and an uncapped reference's cache beside a capped candidate filled an H200.
+        torch.cuda.set_per_process_memory_fraction(float(fraction), device)
     _no_progress_monitor()
     return device
 
@@ -93,10 +98,12 @@ class ReferenceRole:
             if op == "trial":
                 return self._trial(message)
             if op == "prepare":
+                self._drop_float64()
                 return self.side.prepare(message)
             if op == "inputs":
                 return self.side.inputs_request(message)
             if op == "call":
+                self._drop_float64()
                 return self.side.timed_request(message)
             if op == "flush":
                 self.side.flush_cpu_cache()
@@ -154,6 +161,15 @@ class ReferenceRole:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return None, f"the reference cannot run in float64 ({type(exc).__name__}: {str(exc)[:120]})"
+
+    def _drop_float64(self) -> None:
+        """Before timing: free the float64 copy and what its run left in the allocator's cache, so that the
+        reference is timed with the memory the candidate's runner has (its own model, its own trials)."""
+        if self._model64 is None:
+            return
+        self._model64 = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _precision(self, out: Any, outs64: list[Any] | None, why: str) -> dict[str, Any]:
         """`ref_errors`: per output, the float32 reference's relative error against its float64 run (None for

@@ -205,7 +205,7 @@ class Session:
     def setup(self) -> None:
         common = {"device": self.cfg.device, "task_id": self.task.id, "ref_source": self.task.source,
                   "sizes": self.cfg.sizes, "seed": self.cfg.seed, "threads": self.cfg.cpu_threads,
-                  "exact_fp32": self.cfg.uses_exact_fp32}
+                  "exact_fp32": self.cfg.uses_exact_fp32, "gpu_memory_fraction": self.cfg.gpu_memory_fraction}
         t0 = time.perf_counter()
         reply, seconds = self.ask_reference({"op": "setup", "role": "reference", **common}, "loading its module")
         self.ref_times["setup"] = seconds
@@ -213,7 +213,7 @@ class Session:
         self.phase_s["reference_setup"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         message = {"op": "setup", "role": "candidate", **common, "cand_source": self.source,
-                   "env": self.candidate_env, "gpu_memory_fraction": self.cfg.gpu_memory_fraction}
+                   "env": self.candidate_env}
         reply = self.ask_candidate(message, "importing and constructing the candidate", seconds)
         if not reply.get("ok"):
             status = SETUP_FAILURES.get(str(reply.get("error")), Status.RUNTIME_ERROR)
