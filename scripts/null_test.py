@@ -77,7 +77,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="Rounds over the tasks (precision of the null).")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    tasks = pick_tasks(args) * max(1, args.repeat)
+    per_round = pick_tasks(args)
+    tasks = per_round * max(1, args.repeat)
     pairs = [(t, as_candidate(t.source)) for t in tasks]
     deadline = time.monotonic() + args.time_budget_s
     rows: list[dict] = []
@@ -85,7 +86,8 @@ def main() -> None:
     def report(i: int, result) -> None:
         task = tasks[i]
         clock = result.protocol.get("clock", {})
-        rows.append({"task": task.id, "round": i // (len(tasks) // max(1, args.repeat)), "status": result.status.value, "speedup": result.speedup,
+        rows.append({"task": task.id, "round": i // len(per_round), "status": result.status.value,
+                     "speedup": result.speedup,
                      "stability": result.stability, "message": result.message[:200], **clock,
                      "ref_ms": result.ref_ms, "sandbox": result.protocol.get("sandbox_level")})
         print(f"{task.id:60s} {result.status.value:14s} {result.speedup or 0:7.3f}x  "
