@@ -93,3 +93,16 @@ def test_device_and_host_arenas_agree(tmp_path, monkeypatch):
     # The big task's honest speedup is measured alike either way (same calls; only the commit differs).
     speedups = [seen[h][5].speedup for h in (False, True)]
     assert all(s is not None and 0.5 < s < 2.0 for s in speedups), speedups
+
+
+def test_results_record_each_roles_gpu_memory(tmp_path, monkeypatch):
+    (tmp_path / "big.py").write_text(BIG_OUTPUT)
+    big = load_file(tmp_path / "big.py")
+    result = _run([(big, BIG_HONEST)], monkeypatch, host=False)[0]
+    assert result.status is Status.CORRECT, result.message
+    memory = result.protocol["gpu_memory_gib"]
+    print(memory)
+    assert set(memory) == {"reference", "candidate", "helper"}, memory
+    for who in ("reference", "candidate"):  # a 64 MiB input and output live in each runner at its peak
+        assert memory[who]["peak_allocated"] >= 0.0625, memory
+        assert memory[who]["reserved"] >= memory[who]["allocated"], memory

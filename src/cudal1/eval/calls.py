@@ -14,6 +14,7 @@ same for both models, which it is when both run this code on the same kinds of d
 from __future__ import annotations
 
 import random
+import re
 import time
 from typing import Any
 
@@ -38,6 +39,36 @@ class CallFailed(Exception):
 def first_line(exc: BaseException, limit: int = 300) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:limit]
+
+
+GIB = 2**30
+
+
+def gpu_memory(device: torch.device) -> dict[str, int] | None:
+    """This process's use of `device`'s memory through PyTorch's allocator, in bytes (None off the GPU):
+    what is allocated now, what the allocator holds, and the peaks of both since the process started."""
+    if device.type != "cuda":
+        return None
+    return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
+            "peak_allocated": torch.cuda.max_memory_allocated(device),
+            "peak_reserved": torch.cuda.max_memory_reserved(device)}
+
+
+def oom_message(exc: BaseException, device: torch.device) -> str:
+    """An out-of-memory error in one line with the numbers that say whose memory ran out: the request, this
+    process's allocated and reserved memory, and what the device had free (PyTorch's own message puts them
+    on lines a first-line summary cuts off)."""
+    found = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", str(exc))
+    parts = [f"tried to allocate {found.group(1)}" if found else first_line(exc, 120)]
+    if device.type == "cuda":
+        try:
+            free, total = torch.cuda.mem_get_info(device)
+            parts.append(f"this process {torch.cuda.memory_allocated(device) / GIB:.2f} GiB allocated, "
+                         f"{torch.cuda.memory_reserved(device) / GIB:.2f} GiB reserved")
+            parts.append(f"the device {free / GIB:.2f} of {total / GIB:.1f} GiB free")
+        except Exception:  # noqa: BLE001 - a broken context: the request alone
+            pass
+    return "out of GPU memory (" + "; ".join(parts) + ")"
 
 
 def use_device(name: str) -> torch.device:
@@ -170,7 +201,7 @@ class ModelSide:
                 out = self.model(*inputs)
             sync(self.device)
         except torch.cuda.OutOfMemoryError as exc:
-            raise CallFailed("oom", f"out of GPU memory: {first_line(exc, 200)}") from None
+            raise CallFailed("oom", oom_message(exc, self.device)) from None
         except MemoryError as exc:
             raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
         except Exception as exc:  # noqa: BLE001 - the model's failure, reported in one line
@@ -197,7 +228,7 @@ class ModelSide:
                 ms = (time.perf_counter() - t0) * 1e3
                 return out, ms, ms
         except torch.cuda.OutOfMemoryError as exc:
-            raise CallFailed("oom", f"out of GPU memory: {first_line(exc, 200)}") from None
+            raise CallFailed("oom", oom_message(exc, self.device)) from None
         except Exception as exc:  # noqa: BLE001
             raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
 
@@ -228,17 +259,8 @@ class ModelSide:
         mutated = before is not None and not same_bytes(before, inputs)
         self._kept.append(inputs)  # alive until later calls: the next inputs get new addresses
         del self._kept[:-KEEP_INPUTS]
-        return {"ok": True, "ms": total_ms, "stream_ms": stream_ms, "out": tree, "mutated": mutated}
-
-    def trial_request(self, message: dict[str, Any], *, share_inputs: bool) -> dict[str, Any]:
-        """A correctness trial: the call on a copy of the inputs, then outputs and the inputs as they are after
-        the call committed together; with `share_inputs` the inputs as given are committed first (`in`)."""
-        inputs = self.inputs_from(message)
-        in_tree = self.arena.pack(inputs, "in") if share_inputs and self.arena is not None else None
-        working = clone_inputs(inputs)
-        out = self.call(working)
-        tree = self.commit((out, working))
-        return {"ok": True, "in": in_tree, "out": tree}
+        return {"ok": True, "ms": total_ms, "stream_ms": stream_ms, "out": tree, "mutated": mutated,
+                "memory": gpu_memory(self.device)}
 
 
 def use_exact_fp32() -> None:

@@ -20,7 +20,7 @@ import torch
 
 from cudal1.core import flags as F
 from cudal1.eval import guards
-from cudal1.eval.calls import CallFailed, ModelSide, first_line, seed_everything
+from cudal1.eval.calls import CallFailed, ModelSide, first_line, gpu_memory, oom_message, seed_everything
 from cudal1.eval.channel import Arena, Channel, describe_value
 from cudal1.eval.reference_runner import ReferenceFailed, configure, jsonable
 from cudal1.tasks.task import load_reference, module_constants
@@ -101,7 +101,7 @@ class CandidateRole:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         except torch.cuda.OutOfMemoryError as exc:
-            raise CandidateFailed("oom", f"ModelNew(...) ran out of GPU memory: {first_line(exc, 200)}") from None
+            raise CandidateFailed("oom", f"ModelNew(...) ran {oom_message(exc, self.device)}") from None
         except Exception as exc:  # noqa: BLE001
             if _is_build_error(exc):
                 raise _build_failure(exc) from None
@@ -158,7 +158,7 @@ class CandidateRole:
             if op == "trial":
                 inputs = self.side.inputs_from(message)
                 out = self.side.call(inputs)
-                return {"ok": True, "out": self.side.commit((out, inputs))}
+                return {"ok": True, "out": self.side.commit((out, inputs)), "memory": gpu_memory(self.device)}
             if op == "prepare":
                 return self.side.prepare(message)
             if op == "inputs":

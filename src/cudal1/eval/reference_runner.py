@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from cudal1.eval.calls import CallFailed, ModelSide, first_line, use_device, use_exact_fp32
+from cudal1.eval.calls import CallFailed, ModelSide, first_line, gpu_memory, use_device, use_exact_fp32
 from cudal1.eval.channel import Arena, describe_value
 from cudal1.eval.correctness import mostly_not_finite
 from cudal1.tasks.task import load_reference
@@ -122,7 +122,8 @@ class ReferenceRole:
         t0 = time.perf_counter()
         out = self.side.call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
         call_ms = (time.perf_counter() - t0) * 1e3
-        return {"ok": True, "inputs": describe_value(inputs), "outputs": describe_value(out), "call_ms": call_ms}
+        return {"ok": True, "inputs": describe_value(inputs), "outputs": describe_value(out), "call_ms": call_ms,
+                "memory": gpu_memory(self.device)}
 
     def _trial(self, message: dict[str, Any]) -> dict[str, Any]:
         """A correctness trial: inputs (committed to `in`), outputs and inputs after the call (to `out`), and
@@ -144,6 +145,7 @@ class ReferenceRole:
             reply.update(self._precision(out, outs64, why))
         if message.get("noise_atol") is not None:
             reply["noise"] = self._noise(inputs, out, float(message["noise_atol"]), outs64)
+        reply["memory"] = gpu_memory(self.device)
         return reply
 
     def _float64_outputs(self, inputs: list[Any]) -> tuple[list[Any] | None, str]:

@@ -75,6 +75,7 @@ class HelperRole:
         if op == "drop_arenas":
             for arena in self.sessions.pop(str(message.get("sid")), {}).values():
                 arena.close()
+            self._release_cache()
             return {"ok": True}
         if op == "copy":
             return self._copy(message)
@@ -97,6 +98,15 @@ class HelperRole:
         end.synchronize()
         ms = start.elapsed_time(end)
         return {"ok": True, "ms": ms, "GBps": self.buffer.numel() * 4 / max(ms, 1e-6) / 1e6}
+
+    def _release_cache(self) -> None:
+        """Give the allocator's cached blocks back to the device between sessions: this process outlives
+        every evaluation, and what one session's comparisons cached (several times its outputs' size) would
+        otherwise stay taken beside the next session's two runners, which may each use their capped share."""
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
 
     def _device_arenas(self, message: dict[str, Any]) -> dict[str, Any]:
         from cudal1.eval.device_arena import DeviceArena
@@ -134,6 +144,7 @@ class HelperRole:
     def _compare(self, message: dict[str, Any]) -> dict[str, Any]:
         import dataclasses
 
+        from cudal1.eval.calls import gpu_memory
         from cudal1.eval.channel import ArenaFull, UnsupportedValue
         from cudal1.eval.config import PROFILES
         from cudal1.eval.correctness import OutputHackError, compare_outputs
@@ -155,7 +166,8 @@ class HelperRole:
         except OutputHackError as exc:
             return {"ok": True, "match": False, "hack": str(exc)}
         return {"ok": True, "match": result.ok, "message": result.message, "errors": list(result.errors),
-                "mismatch": dataclasses.asdict(result.mismatch) if result.mismatch else None}
+                "mismatch": dataclasses.asdict(result.mismatch) if result.mismatch else None,
+                "memory": gpu_memory(self.device)}
 
 
 def _make_role(message: dict[str, Any], channel: Any) -> Any:

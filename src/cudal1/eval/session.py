@@ -149,6 +149,7 @@ class Session:
         finally:
             self.ref.freeze()
         seconds = time.perf_counter() - t0
+        self.note_memory("reference", reply, message.get("op"))
         if not reply.get("ok"):
             text = str(reply.get("message", "failed"))
             if reply.get("error") == "reference":
@@ -182,7 +183,17 @@ class Session:
         reply = self.cand.request(message, timeout_s=timeout)
         while reply.get("op") == "progress":
             reply = self.cand.wait_reply(timeout_s=max(timeout, self.cfg.build_timeout_s))
+        self.note_memory("candidate", reply, message.get("op"))
         return reply
+
+    def note_memory(self, who: str, reply: dict[str, Any], op: Any = None) -> None:
+        """Keep the GPU memory a runner last reported (`calls.gpu_memory`), in GiB, as a fact of the result:
+        the peaks say what each model needed. The candidate's figures are its own word, for information."""
+        memory = reply.get("memory")
+        if isinstance(memory, dict):
+            noted = {str(k): round(float(v) / 2**30, 3) for k, v in memory.items() if isinstance(v, (int, float))}
+            self.facts.setdefault("gpu_memory_gib", {})[who] = noted
+            logger.debug("GPU memory of the %s after %s: %s", who, op or "a request", noted)
 
     def flush(self, who: str) -> float | None:
         """Evict caches before a cold timed call of `who`: from the helper's context on a GPU (the candidate
@@ -299,13 +310,14 @@ class Session:
             raise InfraFailure(f"the device helper failed ({what}): {failure.reason}") from None
         if not reply.get("ok"):
             raise InfraFailure(f"the device helper failed ({what}): {reply.get('message')}")
+        self.note_memory("helper", reply, message.get("op"))
         return reply
 
     def close(self) -> None:
         for arena in (self.ref_arena, self.cand_arena, self.helper_arena):
             if arena is not None:
                 arena.close()
-        if self.device_arenas and self.helper is not None:
+        if self.helper is not None:  # its device arenas, and what its comparisons cached
             try:
                 self.helper.request({"op": "drop_arenas", "sid": self.sid}, timeout_s=30.0)
             except RunnerFailed:

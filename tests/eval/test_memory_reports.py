@@ -1,0 +1,56 @@
+"""What runners say of their GPU memory: a result's record of it, and out-of-memory messages that keep the
+numbers (PyTorch puts them on lines that a one-line summary used to cut off)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from cudal1.eval.calls import CallFailed, ModelSide, gpu_memory, oom_message
+from cudal1.eval.session import Session
+
+TORCH_OOM = ("CUDA out of memory. Tried to allocate 1.79 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+             "4.04 GiB is free.\nIncluding non-PyTorch memory, this process has 62.58 GiB memory in use. Of the "
+             "allocated memory 55.10 GiB is allocated by PyTorch, and 6.45 GiB is reserved but unallocated.")
+
+
+def test_oom_message_keeps_the_request_size_in_one_line():
+    text = oom_message(torch.cuda.OutOfMemoryError(TORCH_OOM), torch.device("cpu"))
+    assert text == "out of GPU memory (tried to allocate 1.79 GiB)"
+
+
+def test_oom_message_without_a_size_keeps_the_first_line():
+    text = oom_message(RuntimeError("CUDA error: out of memory\nmore"), torch.device("cpu"))
+    assert text.startswith("out of GPU memory (RuntimeError: CUDA error: out of memory")
+    assert "more" not in text
+
+
+def test_a_model_out_of_gpu_memory_is_reported_as_oom_with_its_request():
+    class Hog(torch.nn.Module):
+        def forward(self, x):
+            raise torch.cuda.OutOfMemoryError(TORCH_OOM)
+
+    side = ModelSide(torch.device("cpu"), reference_module=None, model=Hog())
+    for call in (side.call, lambda inputs: side.timed_call(inputs)):
+        try:
+            call([torch.ones(2)])
+        except CallFailed as exc:
+            assert exc.kind == "oom" and "tried to allocate 1.79 GiB" in exc.message, exc.message
+        else:
+            raise AssertionError("the call did not fail")
+
+
+def test_cpu_has_no_gpu_memory_report():
+    assert gpu_memory(torch.device("cpu")) is None
+
+
+def test_session_records_each_roles_last_report_in_gib():
+    facts: dict = {}
+    holder = SimpleNamespace(facts=facts)
+    Session.note_memory(holder, "candidate", {"ok": True, "memory": {"allocated": 2**30, "peak_reserved": 3 * 2**29}})
+    Session.note_memory(holder, "reference", {"ok": True})  # nothing reported: nothing recorded
+    Session.note_memory(holder, "candidate", {"ok": True, "memory": {"allocated": 2**31, "bogus": "x"}})
+    assert facts == {"gpu_memory_gib": {"candidate": {"allocated": 2.0}}}
+    Session.note_memory(holder, "candidate", {"ok": True, "memory": {"allocated": 2**30, "peak_reserved": 3 * 2**29}})
+    assert facts["gpu_memory_gib"]["candidate"] == {"allocated": 1.0, "peak_reserved": 1.5}
