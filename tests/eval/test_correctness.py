@@ -71,3 +71,59 @@ def test_a_stored_mismatch_reads_back_across_versions():
     assert Mismatch.from_dict(old).atol is None  # written before tolerances were recorded
     newer = Mismatch.from_dict({**old, "atol": 1e-4, "rtol": 1e-4, "a_later_field": True})
     assert newer.describe().endswith("(allowed: 0.0001 + 0.0001 x |expected|)")
+
+
+def _cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(5, 37, generator=g)
+    far = ref.clone()
+    far[4, 30] += 0.5  # the largest error, in the last chunk
+    far[0, 1] += 0.01
+    nan = ref.clone()
+    nan[3, 3] = float("nan")
+    inf_ref = ref.clone()
+    inf_ref[1, 2] = float("inf")
+    tiny = torch.rand(70, generator=g) * 1e-8
+    ints = torch.arange(100, dtype=torch.int64)
+    ints_bad = ints.clone()
+    ints_bad[77] = -5
+    cplx = torch.randn(40, dtype=torch.complex64, generator=g)
+    half = ref.half()
+    return [(ref, ref + 1e-5), (ref, far), (ref, nan), (inf_ref, ref), (inf_ref, inf_ref.clone()), (tiny, 0 * tiny),
+            (ints, ints_bad), (ints, ints.clone()), (cplx, cplx * (1 + 1e-3)), (half, half + 0.1),
+            (torch.tensor(2.0), torch.tensor(2.5)), (torch.empty(0), torch.empty(0))]
+
+
+def test_a_comparison_in_chunks_finds_what_one_pass_finds(monkeypatch):
+    """Outputs are compared a bounded number of elements at a time; the verdict and every figure of a
+    mismatch (count, worst place, worst values, largest errors) do not depend on the chunk size."""
+    import cudal1.eval.correctness as correctness
+
+    def run() -> list:
+        out = []
+        for ref, new in _cases():
+            r = compare_outputs(ref, new, STRICT, trial=1)
+            out.append((r.ok, r.message, repr(r.mismatch)))  # repr: NaN figures compare equal
+        return out
+
+    whole = run()
+    assert [ok for ok, _, _ in whole] == [True, False, False, False, True, False, False, True, False, False, False,
+                                          True]
+    assert "at (4, 30)" in whole[1][1] and "2/185 elements off" in whole[1][1], whole[1][1]
+    for size in (1, 7, 64):
+        monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", size)
+        assert run() == whole, size
+
+
+def test_relative_error_in_chunks_matches_one_pass(monkeypatch):
+    import cudal1.eval.correctness as correctness
+
+    ref = torch.randn(1000, dtype=torch.float64)
+    new = (ref + 1e-4 * torch.randn(1000, dtype=torch.float64)).float()
+    new[10] = float("nan")  # left out of both norms
+    whole = correctness.relative_error(ref, new)
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 33)
+    assert correctness.relative_error(ref, new) == pytest.approx(whole, rel=1e-12)
+    finite = torch.isfinite(new)
+    expected = float(torch.linalg.vector_norm((ref - new.double())[finite]) / torch.linalg.vector_norm(ref[finite]))
+    assert whole == pytest.approx(expected, rel=1e-6)

@@ -12,6 +12,7 @@ mismatch reports say where and how big. Input mutation is judged on the bytes (e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -36,8 +37,22 @@ class Comparison:
     errors: tuple[float | None, ...] = ()
 
 
+#: Elements compared at a time: the comparison's temporaries (a few float32 copies and masks) are then bounded
+#: by ~0.4 GB whatever the output's size. Rationale: unchunked, a 1 GB output needed 10 GiB of temporaries in
+#: the device's helper, beside two runners each allowed nearly half the device.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _chunks(*tensors: torch.Tensor) -> Iterator[list[torch.Tensor]]:
+    """Aligned flat slices of same-shaped tensors, CHUNK_ELEMENTS at a time."""
+    flats = [t.detach().reshape(-1) for t in tensors]
+    total = flats[0].numel()
+    for start in range(0, total, CHUNK_ELEMENTS):
+        yield [f[start:start + CHUNK_ELEMENTS] for f in flats]
+
+
 def relative_error(ref: torch.Tensor, new: torch.Tensor) -> float | None:
-    """||new - ref|| / ||ref|| (2-norms, in float64) over the entries where `ref` is finite; None for
+    """||new - ref|| / ||ref|| (2-norms, in float64) over the entries where both are finite; None for
     non-floating tensors, a shape mismatch, or a reference of norm zero."""
     if not isinstance(ref, torch.Tensor) or not isinstance(new, torch.Tensor) or ref.shape != new.shape:
         return None
@@ -46,12 +61,18 @@ def relative_error(ref: torch.Tensor, new: torch.Tensor) -> float | None:
     # In float32 or the wider of the two dtypes, the norms accumulated in float64: no float64 copy of a large
     # output (timed outputs are checked too), and the difference of two close float32 numbers is exact.
     work = torch.float64 if torch.float64 in (ref.dtype, new.dtype) else torch.float32
-    r, n = ref.detach().to(work), new.detach().to(work)
-    finite = torch.isfinite(r) & torch.isfinite(n)
-    norm = float(torch.linalg.vector_norm(r[finite], dtype=torch.float64)) if bool(finite.any()) else 0.0
+    ref_sq = diff_sq = None
+    for r, n in _chunks(ref, new):
+        r, n = r.to(work), n.to(work)
+        finite = torch.isfinite(r) & torch.isfinite(n)
+        r_part = torch.linalg.vector_norm(torch.where(finite, r, 0), dtype=torch.float64) ** 2
+        d_part = torch.linalg.vector_norm(torch.where(finite, r - n, 0), dtype=torch.float64) ** 2
+        ref_sq = r_part if ref_sq is None else ref_sq + r_part
+        diff_sq = d_part if diff_sq is None else diff_sq + d_part
+    norm = float(ref_sq) ** 0.5 if ref_sq is not None else 0.0
     if norm == 0.0:
         return None
-    return float(torch.linalg.vector_norm((r - n)[finite], dtype=torch.float64)) / norm
+    return float(diff_sq) ** 0.5 / norm
 
 
 def _plain_sequence(out: Any) -> bool:
@@ -112,19 +133,19 @@ NOISE_FACTOR = 2.0
 
 def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index: int, trial: int,
                    noise: float | None = None) -> Comparison:
-    """Element-wise closeness with the profile's tolerance for this dtype."""
+    """Element-wise closeness with the profile's tolerance for this dtype, CHUNK_ELEMENTS at a time."""
     if ref.dtype == torch.bool or not (ref.is_floating_point() or ref.is_complex()):
-        bad = ref != new
-        return _report(ref, new, bad, index, trial, exact=True)
+        return _verdict(ref, new, lambda r, n: r != n, index, trial, exact=True)
     tol = profile.tolerance(str(ref.dtype).removeprefix("torch."))
     if ref.is_complex():  # compare real and imaginary parts, never a cast that drops one
         ref, new = torch.view_as_real(ref.resolve_conj()), torch.view_as_real(new.resolve_conj())
     # float32 math is exact enough for tolerances >= 1e-6 and halves the temporaries of float64.
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
-    r, n = ref.to(work), new.to(work)
-    ref_nan, new_nan = torch.isnan(r), torch.isnan(n)
-    finite = torch.isfinite(r)
-    scale = float(r[finite].abs().max()) if bool(finite.any()) else 0.0
+    largest = []
+    for (r,) in _chunks(ref):
+        r = r.to(work)  # first: fp8 dtypes implement almost no ops, isfinite included
+        largest.append(torch.where(torch.isfinite(r), r.abs(), 0).max())
+    scale = float(torch.stack(largest).max()) if largest else 0.0
     atol = tol.atol
     # Rationale: when the reference's largest magnitude is within 10x the absolute tolerance, an all-zero
     # or constant answer would pass on atol alone; compare relative to the reference's own scale instead.
@@ -134,34 +155,58 @@ def compare_tensor(ref: torch.Tensor, new: torch.Tensor, profile: Profile, index
         # CUDA-L1 release: every value below 2.3e-8); no kernel can match it closer than the reference
         # matches itself in float64, so the reference's measured error bounds the tolerance from below.
         atol = max(scale * tol.rtol, NOISE_FACTOR * noise if noise is not None else 0.0, 1e-30)
-    err = (r - n).abs()
-    allowed = atol + tol.rtol * r.abs()
-    bad = (err > allowed) & finite
-    bad |= ref_nan != new_nan
-    bad |= (~finite & ~ref_nan) & (r != n)  # +-inf must match exactly
-    return _report(r, n, bad, index, trial, exact=False, atol=atol, rtol=tol.rtol, scale=scale if scaled else None,
-                   noise=noise if scaled else None)
+
+    def bad_of(r: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        finite = torch.isfinite(r)
+        ref_nan = torch.isnan(r)
+        bad = ((r - n).abs() > atol + tol.rtol * r.abs()) & finite
+        bad |= ref_nan != torch.isnan(n)
+        bad |= (~finite & ~ref_nan) & (r != n)  # +-inf must match exactly
+        return bad
+
+    return _verdict(ref, new, bad_of, index, trial, exact=False, work=work, atol=atol, rtol=tol.rtol,
+                    scale=scale if scaled else None, noise=noise if scaled else None)
 
 
-def _report(ref: torch.Tensor, new: torch.Tensor, bad: torch.Tensor, index: int, trial: int,
-            exact: bool, atol: float | None = None, rtol: float | None = None,
-            scale: float | None = None, noise: float | None = None) -> Comparison:
-    n_bad = int(bad.sum())
+def _verdict(ref: torch.Tensor, new: torch.Tensor, bad_of: Any, index: int, trial: int, exact: bool,
+             work: torch.dtype | None = None, atol: float | None = None, rtol: float | None = None,
+             scale: float | None = None, noise: float | None = None) -> Comparison:
+    """Count the elements `bad_of(ref_chunk, new_chunk)` marks, chunk by chunk; for a mismatch, where the
+    largest error is and how large the errors are (the mismatch report)."""
+    counts = []
+    for r, n in _chunks(ref, new):
+        if work is not None:
+            r, n = r.to(work), n.to(work)
+        counts.append(bad_of(r, n).sum())
+    n_bad = int(torch.stack(counts).sum()) if counts else 0
     if n_bad == 0:
         return Comparison(True)
-    r, n = ref.to(torch.float64) if exact else ref, new.to(torch.float64) if exact else new
-    diff = torch.where(bad, (r - n).abs().nan_to_num(nan=float("inf")), torch.zeros_like(r))
-    flat = int(diff.flatten().argmax())
+    worst = (-1.0, 0, 0.0, 0.0)  # (largest error among the bad, its flat index, expected, got)
+    max_abs, max_rel, start = float("nan"), 0.0, 0
+    for r, n in _chunks(ref, new):
+        if work is not None:
+            r, n = r.to(work), n.to(work)
+        bad = bad_of(r, n)
+        if exact:  # the errors of integers and booleans, in float64
+            r, n = r.to(torch.float64), n.to(torch.float64)
+        if bool(bad.any()):
+            err = (r - n).abs()
+            diff = torch.where(bad, err.nan_to_num(nan=float("inf")), 0)
+            at = int(diff.argmax())
+            if float(diff[at]) > worst[0]:
+                worst = (float(diff[at]), start + at, float(r[at]), float(n[at]))
+            errors = err[bad]
+            finite_errors = errors[torch.isfinite(errors)]
+            if finite_errors.numel():  # NaN/Inf placed where the reference has a number: no finite error
+                max_abs = max(float(finite_errors.max()), 0.0 if max_abs != max_abs else max_abs)
+            rel = (err / r.abs().clamp_min(1e-12))[bad].nan_to_num(nan=float("inf"))
+            max_rel = max(max_rel, float(rel.max()))
+        start += r.numel()
+    flat = worst[1]
     where = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)] if ref.dim() else []
-    errors = (r - n).abs()[bad]
-    finite_errors = errors[torch.isfinite(errors)]
-    # Only NaN/Inf placed where the reference has a number (or the reverse): no finite error to report.
-    max_abs = float(finite_errors.max()) if finite_errors.numel() else float("nan")
-    rel = ((r - n).abs() / r.abs().clamp_min(1e-12))[bad].nan_to_num(nan=float("inf"))
-    mismatch = Mismatch(output_index=index, trial=trial, max_abs_error=max_abs,
-                        max_rel_error=float(rel.max()), bad_elements=n_bad, total_elements=ref.numel(),
-                        first_bad_index=where, expected=float(r.flatten()[flat]), got=float(n.flatten()[flat]),
-                        atol=atol, rtol=rtol, scale=scale, noise=noise)
+    mismatch = Mismatch(output_index=index, trial=trial, max_abs_error=max_abs, max_rel_error=max_rel,
+                        bad_elements=n_bad, total_elements=ref.numel(), first_bad_index=where,
+                        expected=worst[2], got=worst[3], atol=atol, rtol=rtol, scale=scale, noise=noise)
     return Comparison(False, mismatch.describe(), mismatch)
 
 
