@@ -18,6 +18,7 @@ from cudal1.service.pool import (
     LocalPoolConfig,
     PoolBusyError,
     key_protocol,
+    local_devices,
 )
 from cudal1.store import ResultsStore
 
@@ -34,6 +35,22 @@ def test_map_keeps_order_and_fills_results():
     assert all(r.status is Status.CORRECT and r.task_id == "test/add" for r in results)
     assert results[0].protocol["device"] == "cpu" and results[0].environment["device_type"] == "cpu"
     assert len({r.candidate_hash for r in results}) == 5
+
+
+def test_slots_follow_the_evaluations_device_on_any_host():
+    # A pool for `device="cpu"` once took every visible GPU as its slots: on a GPU host it evaluated on cuda.
+    assert local_devices(LocalPoolConfig(cpu_slots=3), "cpu") == ["cpu"] * 3
+    assert local_devices(LocalPoolConfig(devices=("cuda:1",), cpu_slots=3), "cpu") == ["cuda:1"]
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            local_devices(LocalPoolConfig(), "cuda:0")
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            local_devices(LocalPoolConfig(), "cuda")
+        assert local_devices(LocalPoolConfig(cpu_slots=2), "auto") == ["cpu", "cpu"]
+    else:
+        assert local_devices(LocalPoolConfig(), "cuda:0") == ["cuda:0"]
 
 
 def test_slots_run_concurrently():

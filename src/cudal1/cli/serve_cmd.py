@@ -31,7 +31,7 @@ def serve_command(
                                             help="A request's answer within this (504 beyond)."),
     shutdown_grace_s: float = typer.Option(30.0, "--shutdown-grace-s",
                                            help="On SIGTERM, how long running requests may finish."),
-    cpu_slots: int = typer.Option(1, "--cpu-slots", help="Local pool on a CPU-only machine: parallel slots."),
+    cpu_slots: int = typer.Option(1, "--cpu-slots", help="Local pool evaluating on cpu (--device cpu, or a machine without GPUs): parallel slots."),
     no_recheck: bool = typer.Option(False, "--no-recheck", help="Do not re-check outlier speedups on a 2nd GPU."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,

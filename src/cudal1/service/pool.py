@@ -271,7 +271,7 @@ class LocalPoolConfig:
 
     devices: tuple[str, ...] | None = field(default=None, metadata=_h(
         "Device of each slot (e.g. ('cuda:0', 'cuda:1')); default: every local GPU, else cpu_slots x cpu."))
-    cpu_slots: int = field(default=1, metadata=_h("Slots on a CPU-only machine."))
+    cpu_slots: int = field(default=1, metadata=_h("CPU slots (evaluation device cpu, or a machine without GPUs)."))
     max_queue: int = field(default=64, metadata=_h("Submissions waiting beyond the running ones (back-pressure)."))
     compile_workers: int = field(default=0, metadata=_h(
         "CPU threads building load_inline candidates ahead of the GPU slots (0: one per 2 cores, GPU only)."))
@@ -286,14 +286,20 @@ class LocalPoolConfig:
             raise ConfigError("stuck_after_s must be positive")
 
 
-def local_devices(cfg: LocalPoolConfig) -> list[str]:
-    """The slot devices of a local pool: configured, else one per visible GPU, else `cpu_slots` x cpu."""
+def local_devices(cfg: LocalPoolConfig, eval_device: str = "auto") -> list[str]:
+    """The slot devices of a local pool: configured; else the evaluation's own device (`cpu` gives `cpu_slots`
+    CPU slots even on a GPU host, `cuda:N` one slot on that GPU); else one per visible GPU, else CPU slots."""
     if cfg.devices:
         return list(cfg.devices)
+    if eval_device == "cpu":
+        return ["cpu"] * cfg.cpu_slots
+    if eval_device.startswith("cuda:"):
+        return [resolve_device(eval_device)]
     import torch
 
     if torch.cuda.is_available():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    resolve_device(eval_device)  # `cuda` asked on a machine without one: a clear error
     return ["cpu"] * cfg.cpu_slots
 
 
@@ -304,7 +310,7 @@ class LocalPool:
                  store: Any = None, evaluate_fn: EvaluateFn | None = None):
         self.config = config or EvalConfig()
         self.pool_config = pool_config or LocalPoolConfig()
-        self.devices = local_devices(self.pool_config)
+        self.devices = local_devices(self.pool_config, self.config.device)
         self.store = store
         self._evaluate = evaluate_fn or default_evaluate
         self._queue = JobQueue(len(self.devices), self.pool_config.max_queue)
