@@ -61,6 +61,15 @@ def test_a_baseline_keeps_the_callers_fp32_numerics_under_its_own_profile(kind):
             EvalConfig(device="cpu", profile=caller).resolved("cpu").protocol())
 
 
+def test_a_compiling_baseline_may_take_a_builds_time_in_its_first_call():
+    # A cold torch.compile compiles inside the first call; the 30 s step floor is meant for hung candidates.
+    caller = EvalConfig(device="cpu", phase_floor_s=30.0, build_timeout_s=700.0)
+    assert runner.baseline_config(caller, "torch_compile").phase_floor_s == 700.0
+    assert runner.baseline_config(caller, "torch_compile_reduce_overhead").phase_floor_s == 700.0
+    assert runner.baseline_config(caller, "eager").phase_floor_s == 30.0
+    assert runner.baseline_config(caller, "cuda_graph").phase_floor_s == 30.0
+
+
 def test_attach_baselines_is_a_ratio_of_paired_ratios(store):
     task = Task(id="t/tiny", source=TINY)
     protocol = FAST.resolved("cpu").protocol()
