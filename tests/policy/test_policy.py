@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cudal1.core.errors import ConfigError
@@ -85,6 +87,31 @@ def test_kernelgym_gives_a_decoy_a_negative_reward():
     out = apply_policy(correct(KernelClass.CUSTOM_CUDA, decoy), OWN_KERNEL, "kernelgym")
     assert out.status is Status.HACK_DETECTED and out.protocol["policy_violation_reward"] == -1.0
     assert apply_policy(correct(KernelClass.PYTORCH_ONLY), TORCH_ONLY, "kernelgym").status is Status.CORRECT
+
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "candidates"
+
+
+@pytest.mark.parametrize("name", ["exploits/decoy_kernel.py", "exploits/try_except_fallback.py"])
+def test_kernels_built_but_not_guaranteed_to_run_are_decoys_under_kernelgym(name):
+    # The profiler's decoy check covers custom-classified candidates only: a kernel never launched (or only
+    # inside a fallback) leaves a pytorch_only candidate, which KernelGYM's rule once passed as correct.
+    out = apply_policy(correct(KernelClass.PYTORCH_ONLY), (FIXTURES / name).read_text(), "kernelgym")
+    assert out.status is Status.HACK_DETECTED and rules(out) == ["policy.decoy_kernel"]
+    assert out.protocol["policy_violation_reward"] == -1.0
+
+
+HONEST_UNDER = [(name, preset) for name in ("honest/cuda_relu.py", "honest/raw_relu.py")
+                for preset in ("cuda-l1", "kernelbench", "kernelgym", "cuda-agent", "sol-execbench")]
+HONEST_UNDER += [("honest/triton_relu.py", preset) for preset in ("cuda-l1", "kernelgym", "sol-execbench")]
+
+
+@pytest.mark.parametrize(("name", "preset"), HONEST_UNDER)
+def test_honest_kernels_pass_every_preset_that_admits_their_kind(name, preset):
+    kernel_class = KernelClass.TRITON if "triton" in name else KernelClass.CUSTOM_CUDA
+    out = apply_policy(correct(kernel_class), (FIXTURES / name).read_text(), preset,
+                       task_source=(FIXTURES / "refs" / "relu.py").read_text())
+    assert out.status is Status.CORRECT, out.message
 
 
 def test_cuda_agent_forbids_torch_ops_in_python_and_in_the_extension():

@@ -44,8 +44,6 @@ def test_decoys_fail_kernelbench_and_kernelgym_and_honest_kernels_pass_every_pre
             assert judged.status is Status.HACK_DETECTED and judged.speedup is None, (name, preset)
             assert any(f.rule.startswith("policy.") for f in judged.flags), (name, preset, judged.flags)
         assert apply_policy(results[name], sources[name], "kernelgym").protocol["policy_violation_reward"] == -1.0
-    # the never-launched decoy is seen by the profiled run itself, not only by its kernel class
-    assert {"guard.decoy_kernel", "guard.kernels_not_run"} & {f.rule for f in results[DECOYS[0]].flags}
     for name in HONEST:
         assert results[name].kernel_class is KernelClass.CUSTOM_CUDA, name
         for preset in ("cuda-l1", "kernelbench", "kernelgym", "cuda-agent", "sol-execbench"):

@@ -6,6 +6,8 @@ Only a `correct` verdict can be turned down; every other verdict stands. The evi
   reference's own against a float64 run), for `reject_reduced_precision`;
 - the profiled run's flags (GPU): `guard.decoy_kernel` and `guard.kernels_not_run` (the candidate's kernels
   did not compute the output), `guard.low_custom_share` (they carried little of the forward's device time);
+- whether it builds kernels at all (extensions, CUDA strings, Triton kernels): built kernels with a kernel
+  class that is not custom are decoys (never launched, or launched only inside a fallback);
 - the candidate's forward path read from its syntax tree (`analysis.context`): torch calls and the ops the
   compiled C++/CUDA strings call through `torch::`/`at::`, compile calls reachable from `forward`.
 Each violation is a `policy.*` flag; the verdict becomes `hack_detected` with the policy's name, and the
@@ -89,6 +91,13 @@ def violations(result: EvalResult, source: str, rules: Policy, *, task_source: s
         ctx = build_context(source)
     except SyntaxError:
         return out
+    compiles_kernels = bool(ctx.extensions or ctx.cuda_strings or ctx.triton_kernels)
+    if (rules.reject_decoys and compiles_kernels and result.kernel_class not in (*OWN_KERNEL_CLASSES, KernelClass.TRITON)
+            and not any(f.rule == "policy.decoy_kernel" for f in out)):
+        # Kernels that are built but not guaranteed to run (never launched, or only inside a fallback): the
+        # profiler's decoy check covers custom-classified candidates only, so this case is decided here.
+        kind = result.kernel_class.value if result.kernel_class else "unknown"
+        add("decoy_kernel", f"builds kernels that its forward is not guaranteed to run (kernel class {kind})")
     if rules.no_torch_ops:
         for name, line in torch_compute_calls(ctx)[:1]:
             add("torch_op", f"calls {name} on the forward path", line)
