@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+INTERRUPT_GRACE_S = 30.0  # for pytest to report what ran when the budget ends it
 sys.path.insert(0, str(ROOT / "src"))
 
 
@@ -26,14 +28,23 @@ def run_tests(out: Path, budget_s: float, selection: str) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
     with open(out / "gpu_tests.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=budget_s, check=False).returncode
+            rc = proc.wait(timeout=budget_s)
         except subprocess.TimeoutExpired:
+            # Interrupt rather than kill: pytest then prints the failures so far and writes its XML report.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             rc = "timeout"
-    tail = (out / "gpu_tests.log").read_text().strip().splitlines()[-1:]
+    lines = (out / "gpu_tests.log").read_text().strip().splitlines()
+    tail = lines[-1:]
+    failed = [ln.split(" - ")[0] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
     return {"tests_rc": rc, "tests_s": round(time.monotonic() - t0, 1),
-            "tests_summary": tail[0] if tail else ""}
+            "tests_summary": tail[0] if tail else "", "tests_failed": failed}
 
 
 def main() -> None:
