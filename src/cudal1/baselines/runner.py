@@ -114,8 +114,8 @@ def baseline_config(config: EvalConfig, kind: str) -> EvalConfig:
     """The evaluation config of a baseline: static analysis off, the kind's profile, device resolved, and the
     caller's fp32 numerics kept (a looser profile must not also change how eager itself computes)."""
     resolved = config.resolved(resolve_device(config.device))
-    # A torch.compile baseline compiles inside its first call: on a cold cache that is a build (minutes for a
-    # conv on a GPU), not a hung candidate, so its steps get the build's limit as their floor.
+    # A torch.compile baseline compiles inside its first call: on a cold cache that is a build (it can take
+    # minutes), not a hung candidate, so its steps get the build's limit as their floor.
     floor = max(resolved.phase_floor_s, resolved.build_timeout_s) if kind in COMPILE_KINDS else resolved.phase_floor_s
     return dataclasses.replace(resolved, profile=eval_profile(kind, config.profile), skip_static=True,
                                exact_fp32=resolved.uses_exact_fp32, phase_floor_s=floor)

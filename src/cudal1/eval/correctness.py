@@ -11,8 +11,8 @@ mismatch reports say where and how big. Input mutation is judged on the bytes (e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch

@@ -270,7 +270,8 @@ class LocalPoolConfig:
     """Settings of the embedded pool."""
 
     devices: tuple[str, ...] | None = field(default=None, metadata=_h(
-        "Device of each slot (e.g. ('cuda:0', 'cuda:1')); default: every local GPU, else cpu_slots x cpu."))
+        "Device of each slot (e.g. ('cuda:0', 'cuda:1')); default: the evaluation's device (cpu: cpu_slots x "
+        "cpu; cuda:N: that GPU), else every local GPU, else cpu_slots x cpu."))
     cpu_slots: int = field(default=1, metadata=_h("CPU slots (evaluation device cpu, or a machine without GPUs)."))
     max_queue: int = field(default=64, metadata=_h("Submissions waiting beyond the running ones (back-pressure)."))
     compile_workers: int = field(default=0, metadata=_h(
