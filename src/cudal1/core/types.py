@@ -54,6 +54,10 @@ class KernelClass(str, enum.Enum):
     FLAGS_ONLY = "flags_only"
 
 
+#: The classes whose output comes from the candidate's own kernels (CUDA or Triton).
+CUSTOM_CLASSES = (KernelClass.CUSTOM_CUDA, KernelClass.TRITON)
+
+
 @dataclass(frozen=True)
 class Flag:
     """One finding of a static rule or a runtime guard."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core import flags as F
-from cudal1.core.types import Flag, KernelClass, Severity
+from cudal1.core.types import CUSTOM_CLASSES, Flag, KernelClass, Severity
 
 __all__ = [
     "DEFAULT_MIN_OWN_SHARE",
@@ -67,8 +67,6 @@ LIBRARY_NAMESPACES = frozenset({"at", "c10", "cub", "cuda", "cudnn", "cublas", "
 # Rationale: Triton up to 2.1 appended the argument specialization to the kernel name (`_0d1d2de`:
 # argument index, then d = divisible by 16, c = constant, e = equal to 1).
 TRITON_SUFFIX = re.compile(r"\d[0-9cde]*")
-
-CUSTOM_CLASSES = (KernelClass.CUSTOM_CUDA, KernelClass.TRITON)
 
 
 @dataclass(frozen=True)

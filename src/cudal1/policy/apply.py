@@ -26,7 +26,7 @@ import re
 from cudal1.analysis.context import AnalysisContext, build_context, call_name
 from cudal1.core import flags as F
 from cudal1.core.syntax import parse as parse_python
-from cudal1.core.types import EvalResult, Flag, KernelClass, Severity, Status
+from cudal1.core.types import CUSTOM_CLASSES, EvalResult, Flag, KernelClass, Severity, Status
 from cudal1.policy.presets import Policy, resolve_policy
 
 #: torch calls that allocate or describe tensors, or manage devices and streams, not compute: CUDA Agent
@@ -69,17 +69,16 @@ def violations(result: EvalResult, source: str, rules: Policy, *, task_source: s
     """Every rule of `rules` the evaluation's evidence breaks, as `policy.*` flags (ERROR)."""
     out: list[Flag] = []
     rule_names = {f.rule for f in result.flags}
+    kind = result.kernel_class.value if result.kernel_class else "unknown"
 
     def add(rule: str, message: str, line: int | None = None) -> None:
         out.append(Flag(f"policy.{rule}", Severity.ERROR, message, line=line, source="policy"))
 
     if rules.own_kernel and result.kernel_class not in OWN_KERNEL_CLASSES:
-        kind = result.kernel_class.value if result.kernel_class else "unknown"
         add("own_kernel", f"the output is not computed by the candidate's own CUDA kernel (kernel class {kind})")
-    if rules.reject_decoys:
-        decoy = next((f for f in result.flags if f.rule in DECOY_RULES), None)
-        if decoy is not None:
-            add("decoy_kernel", f"a decoy kernel: {decoy.message}")
+    runtime_decoy = next((f for f in result.flags if f.rule in DECOY_RULES), None)
+    if rules.reject_decoys and runtime_decoy is not None:
+        add("decoy_kernel", f"a decoy kernel: {runtime_decoy.message}")
     if rules.reject_reduced_precision:
         reduced = next((f for f in result.flags if f.rule == F.REDUCED_PRECISION), None)
         if reduced is not None:
@@ -91,12 +90,11 @@ def violations(result: EvalResult, source: str, rules: Policy, *, task_source: s
         ctx = build_context(source)
     except SyntaxError:
         return out
-    compiles_kernels = bool(ctx.extensions or ctx.cuda_strings or ctx.triton_kernels)
-    if (rules.reject_decoys and compiles_kernels and result.kernel_class not in (*OWN_KERNEL_CLASSES, KernelClass.TRITON)
-            and not any(f.rule == "policy.decoy_kernel" for f in out)):
+    builds_kernels = bool(ctx.extensions or ctx.cuda_strings or ctx.triton_kernels)
+    if (rules.reject_decoys and runtime_decoy is None and builds_kernels
+            and result.kernel_class not in CUSTOM_CLASSES):
         # Kernels that are built but not guaranteed to run (never launched, or only inside a fallback): the
         # profiler's decoy check covers custom-classified candidates only, so this case is decided here.
-        kind = result.kernel_class.value if result.kernel_class else "unknown"
         add("decoy_kernel", f"builds kernels that its forward is not guaranteed to run (kernel class {kind})")
     if rules.no_torch_ops:
         for name, line in torch_compute_calls(ctx)[:1]:
