@@ -465,7 +465,9 @@ def test_gpu_build_then_eval_import_reuses_it(tmp_path):
     key = service.key_for(CUDA_CANDIDATE, [])
     payload = {"source": CUDA_CANDIDATE, "init_inputs": [], "device": "cuda:0",
                "levers": service.config.levers.to_dict()}
-    outcome = run_isolated(BUILD_ENTRY, payload, env=service.environment(key))
+    # As the evaluation's runner: on the GPU, with the cache entry copied in when builds are sandboxed.
+    scratch = service.build_directory(key) if service.sandboxed else None
+    outcome = run_isolated(BUILD_ENTRY, payload, env=service.environment(key), device="cuda:0", scratch_from=scratch)
     assert outcome.value is not None and outcome.value["ok"], outcome.describe_failure()
     assert outcome.value["builds"][0]["variant"] == "light"
     assert outcome.value["builds"][0]["seconds"] < 5.0
