@@ -120,6 +120,33 @@ def test_a_private_root_on_the_import_path_stays_private(monkeypatch):
 
 
 @needs_sandbox
+def test_a_writable_folder_under_a_hidden_cache_in_tmp_is_reachable():
+    """A cache root under /tmp (`CUDAL1_CACHE_DIR` there, as under pytest) is hidden; torch.compile's cache
+    bound read-write beneath it must stay reachable by the sandbox's uid. Its parents were once made by
+    bubblewrap, mode 0700 root: every compiled baseline failed on its first cache write."""
+    import shutil
+    import tempfile
+
+    from cudal1.eval.sandbox import wrap_command
+
+    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="cudal1-test-"))
+    try:
+        cache, folder = root / "cache", root / "cache" / "inductor"
+        folder.mkdir(parents=True)
+        info = detect_sandbox()
+        if info.drop_to_uid is not None:
+            os.chown(folder, info.drop_to_uid, info.drop_to_uid)
+        spec = SandboxSpec(writable=[str(folder)], hidden_dirs=[str(cache)])
+        (cache / "secret").write_text("host")
+        done = subprocess.run(wrap_command(["sh", "-c", f"touch {folder}/x && ! cat {cache}/secret"], spec, info),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert (folder / "x").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@needs_sandbox
 def test_a_runner_starts_from_a_script_in_tmp(tmp_path):
     """End to end: a runner started by a script whose folder is /tmp itself starts, and still cannot read
     the host's /tmp."""

@@ -42,6 +42,8 @@ SANDBOX_UID = 65534
 NAMESPACE_FLAGS = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 #: Folders hidden behind an empty tmpfs: where secrets, other users' files and sockets usually live.
 HIDDEN_DIRS = ("/root", "/home", "/run", "/var/tmp", "/mnt", "/media", "/srv")
+#: Folders the sandbox replaces by its own private, empty ones (tmpfs).
+PRIVATE_TMP = ("/tmp", "/dev/shm")
 #: Variables passed into a sandbox (everything else is dropped).
 PASSTHROUGH_ENV = (
     "PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
@@ -140,7 +142,7 @@ def _is_under(path: str, folders: Sequence[str]) -> bool:
 def _private_roots() -> list[str]:
     """Folders the sandbox replaces by empty or private ones. One of them on the import path (a script run
     from /tmp or from home puts its folder there) is never bound back: that would undo the hiding."""
-    return [*HIDDEN_DIRS, os.path.expanduser("~"), "/tmp", "/dev/shm"]
+    return [*HIDDEN_DIRS, os.path.expanduser("~"), *PRIVATE_TMP]
 
 
 def python_paths() -> list[str]:
@@ -176,6 +178,9 @@ def wrap_command(argv: Sequence[str], spec: SandboxSpec, info: SandboxInfo | Non
         return list(argv)
     hidden = list(HIDDEN_DIRS) + [os.path.expanduser("~")] + spec.hidden_dirs
     hidden = [h for i, h in enumerate(hidden) if h and h not in hidden[:i] and h != "/" and os.path.isdir(h)]
+    # The private /tmp and /dev/shm hide everything under them already; a folder under them mounted first
+    # would vanish beneath them, and a folder bound under it would get parents no sandbox user can enter.
+    hidden = [h for h in hidden if not _is_under(h, PRIVATE_TMP)]
     cmd = [info.bwrap, *NAMESPACE_FLAGS, "--die-with-parent", "--new-session", "--clearenv",
            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     if spec.gpu:
@@ -189,7 +194,7 @@ def wrap_command(argv: Sequence[str], spec: SandboxSpec, info: SandboxInfo | Non
             "--tmpfs", "/dev/shm", "--perms", "0777", "--dir", "/tmp/home"]
     # What lies under a hidden folder (or the private /tmp: a virtual environment made there, a checkout under
     # /tmp in CI) but must stay readable (the interpreter, the packages) or writable.
-    covered = hidden + ["/tmp", "/dev/shm"]
+    covered = hidden + list(PRIVATE_TMP)
     roots = set(_private_roots())
     readable = [p for p in python_paths() if _is_under(p, covered) and p not in covered and p not in roots]
     writable = [p for p in spec.writable if p]
