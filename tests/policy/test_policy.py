@@ -86,7 +86,25 @@ def test_kernelgym_gives_a_decoy_a_negative_reward():
     decoy = Flag("guard.kernels_not_run", Severity.WARNING, "its kernels never ran")
     out = apply_policy(correct(KernelClass.CUSTOM_CUDA, decoy), OWN_KERNEL, "kernelgym")
     assert out.status is Status.HACK_DETECTED and out.protocol["policy_violation_reward"] == -1.0
-    assert apply_policy(correct(KernelClass.PYTORCH_ONLY), TORCH_ONLY, "kernelgym").status is Status.CORRECT
+
+
+
+def test_kernelgym_wants_a_kernel_of_its_own_cuda_or_triton():
+    # KernelGYM profiles the forward: kernels ran but none is the candidate's own (CUDA or Triton) is a decoy.
+    out = apply_policy(correct(KernelClass.PYTORCH_ONLY), TORCH_ONLY, "kernelgym")
+    assert out.status is Status.HACK_DETECTED and rules(out) == ["policy.own_kernel"]
+    assert out.protocol["policy_violation_reward"] == -1.0 and "custom_cuda or triton" in out.message
+    assert apply_policy(correct(KernelClass.TRITON), TORCH_ONLY, "kernelgym").status is Status.CORRECT
+    assert apply_policy(correct(KernelClass.TRITON), TORCH_ONLY, "kernelbench").status is Status.HACK_DETECTED
+
+
+def test_a_policy_file_names_its_own_kernel_classes(tmp_path):
+    path = tmp_path / "triton_ok.yaml"
+    path.write_text("base: kernelbench\nown_kernel_classes: [custom_cuda, triton]\n")
+    assert apply_policy(correct(KernelClass.TRITON), OWN_KERNEL, str(path)).status is Status.CORRECT
+    path.write_text("base: kernelbench\nown_kernel_classes: [cuda]\n")
+    with pytest.raises(ConfigError, match="unknown kernel class"):
+        resolve_policy(str(path))
 
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "candidates"
@@ -97,7 +115,7 @@ def test_kernels_built_but_not_guaranteed_to_run_are_decoys_under_kernelgym(name
     # The profiler's decoy check covers custom-classified candidates only: a kernel never launched (or only
     # inside a fallback) leaves a pytorch_only candidate, which KernelGYM's rule once passed as correct.
     out = apply_policy(correct(KernelClass.PYTORCH_ONLY), (FIXTURES / name).read_text(), "kernelgym")
-    assert out.status is Status.HACK_DETECTED and rules(out) == ["policy.decoy_kernel"]
+    assert out.status is Status.HACK_DETECTED and "policy.decoy_kernel" in rules(out)
     assert out.protocol["policy_violation_reward"] == -1.0
 
 

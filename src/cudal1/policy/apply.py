@@ -26,7 +26,7 @@ import re
 from cudal1.analysis.context import AnalysisContext, build_context, call_name
 from cudal1.core import flags as F
 from cudal1.core.syntax import parse as parse_python
-from cudal1.core.types import CUSTOM_CLASSES, EvalResult, Flag, KernelClass, Severity, Status
+from cudal1.core.types import CUSTOM_CLASSES, EvalResult, Flag, Severity, Status
 from cudal1.policy.presets import Policy, resolve_policy
 
 #: torch calls that allocate or describe tensors, or manage devices and streams, not compute: CUDA Agent
@@ -44,7 +44,6 @@ ALLOWED_CPP_OPS = frozenset({"empty", "empty_like", "zeros", "zeros_like", "ones
                              "Tensor", "ScalarType", "Device", "IntArrayRef"})
 _CPP_OP = re.compile(r"\b(?:torch|at)::(?:native::)?([A-Za-z_]\w*)\s*\(")
 DECOY_RULES = ("guard.decoy_kernel", "guard.kernels_not_run")
-OWN_KERNEL_CLASSES = (KernelClass.CUSTOM_CUDA,)
 
 
 def apply_policy(result: EvalResult, source: str, policy: str | Policy | None = None, *,
@@ -74,8 +73,9 @@ def violations(result: EvalResult, source: str, rules: Policy, *, task_source: s
     def add(rule: str, message: str, line: int | None = None) -> None:
         out.append(Flag(f"policy.{rule}", Severity.ERROR, message, line=line, source="policy"))
 
-    if rules.own_kernel and result.kernel_class not in OWN_KERNEL_CLASSES:
-        add("own_kernel", f"the output is not computed by the candidate's own CUDA kernel (kernel class {kind})")
+    if rules.own_kernel and kind not in rules.own_kernel_classes:
+        own = " or ".join(rules.own_kernel_classes)
+        add("own_kernel", f"the output is not computed by the candidate's own kernel ({own}; kernel class {kind})")
     runtime_decoy = next((f for f in result.flags if f.rule in DECOY_RULES), None)
     if rules.reject_decoys and runtime_decoy is not None:
         add("decoy_kernel", f"a decoy kernel: {runtime_decoy.message}")

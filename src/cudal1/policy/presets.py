@@ -3,7 +3,8 @@
 - `cuda-l1` (default): CUDA-L1's rules; any correct and faster module counts, so nothing is added.
 - `kernelbench`: KernelBench's backend rule: a CUDA entry must compute its output with its own kernel; a
   decoy kernel (compiled but not what computes the output) and try/except fallbacks to PyTorch fail.
-- `kernelgym`: KernelGYM's decoy rule: a decoy kernel earns a negative reward (-1).
+- `kernelgym`: KernelGYM's decoy rule: a decoy kernel, or a forward that runs no kernel of its own (CUDA
+  or Triton), earns a negative reward (-1).
 - `cuda-agent`: CUDA Agent's op rules: no `torch.nn.functional` or torch compute ops on the forward path,
   in Python or inside the C++ extension (allocation and shape helpers are allowed), and its own kernels
   must carry the forward's device time.
@@ -26,6 +27,7 @@ from typing import Any
 import yaml
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.types import KernelClass
 
 #: The default policy: the method this project reproduces.
 DEFAULT_POLICY = "cuda-l1"
@@ -40,7 +42,8 @@ class Policy:
     """One harness's acceptance rules, decided from the evidence of an evaluation (`apply.apply_policy`)."""
 
     name: str = DEFAULT_POLICY
-    own_kernel: bool = False  # the output must come from the candidate's own CUDA kernel (kernel class)
+    own_kernel: bool = False  # the output must come from the candidate's own kernel (kernel class)
+    own_kernel_classes: tuple[str, ...] = ("custom_cuda",)  # the kernel classes that count as its own
     reject_decoys: bool = False  # its kernels must run and carry the forward's time (profiled run)
     reject_fallbacks: bool = False  # no try/except fallback to PyTorch (static rule `exception_fallback`)
     no_torch_ops: bool = False  # no torch compute ops on the forward path, Python or C++
@@ -64,8 +67,10 @@ PRESETS: dict[str, Policy] = {
     "cuda-l1": Policy("cuda-l1", notes="CUDA-L1: a faster PyTorch rewrite counts; the evaluator's verdict only"),
     "kernelbench": Policy("kernelbench", own_kernel=True, reject_decoys=True, reject_fallbacks=True,
                           notes="KernelBench backend rule: the output comes from the candidate's own kernel"),
-    "kernelgym": Policy("kernelgym", reject_decoys=True, violation_reward=-1.0,
-                        notes="KernelGYM: a decoy kernel earns a negative reward"),
+    # KernelGYM profiles the forward: no custom (Triton or CUDA) kernel among the kernels it ran is a decoy.
+    "kernelgym": Policy("kernelgym", own_kernel=True, own_kernel_classes=("custom_cuda", "triton"),
+                        reject_decoys=True, violation_reward=-1.0,
+                        notes="KernelGYM: a decoy kernel, or no kernel of its own, earns a negative reward"),
     "cuda-agent": Policy("cuda-agent", own_kernel=True, reject_decoys=True, no_torch_ops=True,
                          notes="CUDA Agent: no torch.nn.functional or torch compute ops on the forward path"),
     "kernelbench-hard": Policy("kernelbench-hard", forbidden_ops=HARD_FORBIDDEN_OPS,
@@ -108,8 +113,13 @@ def _from_mapping(data: dict[str, Any], where: str) -> Policy:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"policy file {where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    if "forbidden_ops" in data:
-        data["forbidden_ops"] = tuple(str(op) for op in data["forbidden_ops"] or ())
+    for key in ("forbidden_ops", "own_kernel_classes"):
+        if key in data:
+            data[key] = tuple(str(v) for v in data[key] or ())
+    unknown_classes = set(data.get("own_kernel_classes", ())) - {k.value for k in KernelClass}
+    if unknown_classes:
+        raise ConfigError(f"policy file {where}: unknown kernel class(es) {', '.join(sorted(unknown_classes))} "
+                          f"(known: {', '.join(k.value for k in KernelClass)})")
     try:
         return dataclasses.replace(PRESETS[base], name=f"{base}+{Path(where).stem}", **data)
     except TypeError as exc:
