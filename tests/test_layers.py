@@ -4,7 +4,8 @@ modules import each other in a circle. Read from the source, so an import hidden
 Floors, lowest first (a package may import only packages on lower floors):
 
     core                                              the verdict's vocabulary, errors, the machine
-    raw_cuda store metrics analysis exemplars         leaf services over core
+    raw_cuda store metrics analysis                   leaf services over core
+    exemplars                                         scored codes, kept in the results store's file
     tasks llm report policy                           the task model, LLM access, rendering, verdict policies
     eval                                              the evaluator
     baselines judge service                           built on the evaluator
@@ -21,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis", "exemplars"], ["tasks", "llm", "report", "policy"],
+FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis"], ["exemplars"], ["tasks", "llm", "report", "policy"],
           ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["cli"]]
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -99,3 +101,24 @@ def test_concurrent_writers_from_threads_and_two_handles(tmp_path):
     assert len(rows) == 20  # 20 distinct normalised sources
     best = {r.code: r.score for r in rows}
     assert best["v = 4\n"] == 324.0  # writer 3, i = 24: the best score for that source won
+
+
+def _open_and_add(path: str, start: float, k: int) -> None:
+    while time.time() < start:  # every process opens the fresh file at the same moment
+        pass
+    ExemplarDB(path).add("t", f"v = {k}\n", float(k))
+
+
+def test_processes_opening_a_fresh_file_at_once(tmp_path):
+    """Training ranks open the database together: switching a new file to WAL must wait, not fail."""
+    ctx = multiprocessing.get_context("spawn")
+    for round_ in range(3):
+        path = str(tmp_path / f"fresh{round_}.sqlite")
+        start = time.time() + 1.5
+        procs = [ctx.Process(target=_open_and_add, args=(path, start, k)) for k in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0] * 6
+        assert len(ExemplarDB(path).list("t")) == 6

@@ -9,9 +9,10 @@ per task (default 256; design section 5 leaves the size open): the lowest scores
 the oldest first among equal scores.
 
 Limits: string contents (e.g. CUDA sources inside Python strings) are compared verbatim, so two kernels
-that differ only in CUDA comments are distinct. Each call opens its own short connection (WAL mode,
-`timeout=30`), which makes the database safe to share between threads and processes; an in-memory
-database (":memory:") therefore does not persist between calls and is refused.
+that differ only in CUDA comments are distinct. Each call opens its own short connection, configured as the
+results store's are (WAL, busy timeout, retries when a lock stays busy: two training ranks opening a fresh
+file at once is such a case), which makes the database safe to share between threads and processes; an
+in-memory database (":memory:") therefore does not persist between calls and is refused.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.syntax import parse as parse_python
+from cudal1.store.connection import open_connection, write_transaction
 
 logger = logging.getLogger(__name__)
 
@@ -140,14 +142,13 @@ class ExemplarDB:
         self.path = Path(path)
         self.max_per_task = max_per_task
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
+        with self._connect() as conn, write_transaction(conn):
             for statement in _SCHEMA:
                 conn.execute(statement)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        conn = open_connection(self.path)
         try:
             yield conn
         finally:
@@ -166,15 +167,9 @@ class ExemplarDB:
         now_s = time.time()
         row = (task_id, norm, source_hash(code), code, score, str(meta.get("model", "")),
                json.dumps(meta, sort_keys=True, default=str), now_s, now_s)
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")  # read-then-write must not interleave with another writer
-            try:
-                result = self._add_locked(conn, row)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        return result
+        # One write transaction: the read-then-write must not interleave with another writer.
+        with self._connect() as conn, write_transaction(conn):
+            return self._add_locked(conn, row)
 
     def _add_locked(self, conn: sqlite3.Connection, row: tuple[Any, ...]) -> AddResult:
         task_id, norm, _, _, score = row[:5]
