@@ -39,7 +39,8 @@ def verdict_ok(entry: dict, result) -> bool:
 def check_verdict(entry: dict, device_cfg: dict) -> None:
     task = load_file(CORPUS / "refs" / entry["ref"])
     result = evaluate_candidate(task, (CORPUS / entry["file"]).read_text(), EvalConfig(**device_cfg))
-    assert verdict_ok(entry, result), (entry["file"], result.status.value, result.message, result.kernel_class)
+    assert verdict_ok(entry, result), (entry["file"], result.status.value, result.message, result.kernel_class,
+                                       result.speedup, result.stability, result.ref_ms, result.candidate_ms)
 
 
 def _ids(entries):
