@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -29,7 +30,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _isolated_dirs(tmp_path_factory, monkeypatch):
-    """Keep the results store and caches of every test out of the user's home."""
+    """Keep the results store and caches of every test out of the user's home.
+
+    Parallel test workers (pytest-xdist) share one cache root, as the evaluations of one machine do: its
+    device lock then makes their timed measurements take turns instead of overlapping."""
     root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
     monkeypatch.setenv("CUDAL1_STORE", str(root / "store" / "results.sqlite"))
-    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(root / "cache"))
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(shared / "cache"))
