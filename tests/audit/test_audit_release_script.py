@@ -3,23 +3,17 @@ whole release (CPU; evaluations faked where the real pipeline would store them).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from cudal1.audit import run
 from cudal1.tasks import load_release
+from tests.helpers.scripts import load_script
 
 from .test_run import FakeEvaluate
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "audit_release.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("audit_release", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("audit_release")
 
 
 def test_the_report_after_all_phases_covers_the_whole_release(release, store, tmp_path, monkeypatch, capsys):

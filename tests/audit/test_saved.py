@@ -17,6 +17,7 @@ from cudal1.audit.run import AuditConfig, report_only_config
 from cudal1.cli.main import main
 from cudal1.store import ResultsStore, environment_key
 from cudal1.tasks import load_release
+from tests.helpers.scripts import load_script
 
 from .test_run import FAST, H200, _store_gpu_results
 
@@ -106,12 +107,7 @@ def test_audit_release_script_report_only_from_its_saved_report(saved, tmp_path)
 
 
 def _script_main(argv: list[str]) -> int:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("audit_release", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(argv)
+    return load_script("audit_release").main(argv)
 
 
 def test_bad_saved_audits_are_one_line_errors(saved, tmp_path, capsys):

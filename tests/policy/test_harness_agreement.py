@@ -5,25 +5,13 @@ compiling ones with `-m slow`, every case on a GPU with `-m gpu`."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "harness_agreement.py"
+from tests.helpers.scripts import load_script
 
-
-def _script():
-    spec = importlib.util.spec_from_file_location("harness_agreement", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-agreement = _script()
+agreement = load_script("harness_agreement")
 CASES = agreement.load_cases()
 
 

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from cudal1.exemplars import ExemplarDB
 from cudal1.tasks import load_tasks
 from cudal1.train.rl import ContrastivePromptBuilder
+from tests.helpers.scripts import load_script
 from tests.train.helpers import correct_code
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_e2e_gpu.py"
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_e2e_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_e2e_gpu")
 
 
 def test_stage1_rows_hold_the_plain_and_the_stage3_prompt(tmp_path):

@@ -6,27 +6,22 @@ it, and the kernels the recipes stand for are compiled (NVRTC, no GPU needed).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from cudal1.core.types import Status
 from cudal1.raw_cuda import compile_only
+from tests.helpers.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "learning_demo.py"
 
 
 @pytest.fixture(scope="module")
 def demo():
-    spec = importlib.util.spec_from_file_location("learning_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["learning_demo"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("learning_demo")
 
 
 def synthetic_table(demo, fail: str = "T64 V1 U1 B") -> dict:
