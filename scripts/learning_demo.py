@@ -27,7 +27,7 @@ enough to be measured exhaustively, so the best possible speedup of every task i
    Held-out tasks (never trained on) are scored before and after training.
 3. The summary (`learning_demo.json`) and the figure (`learning_demo.png`) land in OUT_DIR; with `--against`
    (the committed run's `learning_demo_runs.json`) each arm's fraction of the best over its last 15 steps is
-   compared with the range of the committed seeds (`against.json`).
+   compared with the 95 % prediction interval of the committed seeds (`against.json`).
 4. `recheck` evaluates a random sample of the table's (task, recipe) pairs again through the real evaluator
    and writes `recheck.json`: each pair's speedup then and now, and the rank agreement of the sample.
 
@@ -316,10 +316,29 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else 0.0
 
 
+#: Two-sided 95 % quantiles of Student's t by degrees of freedom (beyond the table: the normal's 1.96 plus
+#: a margin, conservative for df > 10).
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def prediction_interval(values: list[float]) -> tuple[float, float]:
+    """Where one more seed should land with 95 % probability, from the committed seeds' mean and spread
+    (mean +- t x s x sqrt(1 + 1/n)). The committed seeds' minimum and maximum would not do: a new draw from
+    the same distribution falls outside the range of 3 earlier ones half of the time."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return mean, mean
+    half = T_975.get(n - 1, 2.2) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
+    return mean - half, mean + half
+
+
 def against(runs: dict[str, list[dict[str, Any]]], committed: dict[str, list[dict[str, Any]]],
             window: int = 15) -> dict[str, Any]:
-    """Each arm's fraction of the best over its last `window` steps, per seed of this run, against the range
-    of the committed run's seeds (inside when it lies within their minimum and maximum)."""
+    """Each arm's fraction of the best over its last `window` steps, per seed of this run, against the 95 %
+    prediction interval of the committed run's seeds (`prediction_interval`; their range is recorded too).
+    A seed re-runs bit for bit only on the same machine with the same libraries; elsewhere (another CPU, a
+    GPU, another torch) its numerics differ and GRPO amplifies the difference, so it is a new draw."""
     def tail(run: dict[str, Any]) -> float:
         return statistics.fmean(s["fraction_of_best"] for s in run["steps"][-window:])
 
@@ -328,9 +347,11 @@ def against(runs: dict[str, list[dict[str, Any]]], committed: dict[str, list[dic
         if arm not in committed:
             continue
         spread = [tail(r) for r in committed[arm]]
+        lo, hi = prediction_interval(spread)
         now = [tail(r) for r in arm_runs]
-        out[arm] = {"now": [round(v, 4) for v in now], "committed_min": round(min(spread), 4),
-                    "committed_max": round(max(spread), 4), "inside": all(min(spread) <= v <= max(spread) for v in now)}
+        out[arm] = {"now": [round(v, 4) for v in now], "committed_seeds": len(spread),
+                    "committed_min": round(min(spread), 4), "committed_max": round(max(spread), 4),
+                    "interval": [round(lo, 4), round(hi, 4)], "inside": all(lo <= v <= hi for v in now)}
     return out
 
 
@@ -587,8 +608,9 @@ def train_arms(table_path: Path, out_dir: Path, args: argparse.Namespace) -> dic
         summary["against"] = against(runs, json.loads(args.against.read_text()))
         (out_dir / "against.json").write_text(json.dumps(summary["against"], indent=1))
         for arm, entry in summary["against"].items():
-            print(f"{arm:20s} last-15 fraction of best {entry['now']} vs committed seeds "
-                  f"{entry['committed_min']}-{entry['committed_max']}: {'inside' if entry['inside'] else 'OUTSIDE'}")
+            print(f"{arm:20s} last-15 fraction of best {entry['now']} vs the {entry['committed_seeds']} committed "
+                  f"seeds' 95 % interval {entry['interval'][0]}-{entry['interval'][1]} (their range "
+                  f"{entry['committed_min']}-{entry['committed_max']}): {'inside' if entry['inside'] else 'OUTSIDE'}")
     return summary
 
 

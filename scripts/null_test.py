@@ -89,7 +89,9 @@ def main() -> None:
         rows.append({"task": task.id, "round": i // len(per_round), "status": result.status.value,
                      "speedup": result.speedup,
                      "stability": result.stability, "message": result.message[:200], **clock,
-                     "ref_ms": result.ref_ms, "sandbox": result.protocol.get("sandbox_level"),
+                     "ref_ms": result.ref_ms, "candidate_ms": result.candidate_ms,
+                     "bucket_speedups": result.timing.bucket_speedups if result.timing else None,
+                     "sandbox": result.protocol.get("sandbox_level"),
                      "gpu_memory_gib": result.protocol.get("gpu_memory_gib")})
         print(f"{task.id:60s} {result.status.value:14s} {result.speedup or 0:7.3f}x  "
               f"gaps {clock.get('ref_gap_ms', 0) * 1e3:8.1f} / {clock.get('cand_gap_ms', 0) * 1e3:8.1f} us  "

@@ -108,7 +108,7 @@ def test_a_partial_table_is_refused(demo, tmp_path):
 
 def test_a_rerun_is_placed_against_the_committed_seeds_spread(demo):
     """`--against`: each arm's last-15-step fraction of the best lies inside or outside the committed
-    seeds' range; a committed seed is inside its own run's range, a worse-than-every-seed one is not."""
+    seeds' 95 % prediction interval; a committed seed is inside, a collapsed run is not."""
     committed = json.loads((SCRIPT.parents[1] / "docs/results/learning_demo_runs.json").read_text())
     one_seed = {arm: runs[1:2] for arm, runs in committed.items()}
     assert all(e["inside"] for e in demo.against(one_seed, committed).values())
@@ -116,6 +116,16 @@ def test_a_rerun_is_placed_against_the_committed_seeds_spread(demo):
     found = demo.against({"grpo-plain": [{"steps": steps}]}, committed)
     assert set(found) == {"grpo-plain"} and found["grpo-plain"]["inside"] is False
     assert found["grpo-plain"]["now"] == [0.0] and found["grpo-plain"]["committed_min"] > 0.5
+
+
+def test_the_interval_is_wider_than_the_seeds_range_and_shrinks_with_more_seeds(demo):
+    """A new seed falls outside the range of 3 earlier draws half of the time; the interval accounts for n."""
+    lo, hi = demo.prediction_interval([0.84, 0.86, 0.88])
+    # mean 0.86, s 0.02, t(2) 4.303, sqrt(1 + 1/3): half-width 0.0994
+    assert lo == pytest.approx(0.86 - 0.0994, abs=1e-4) and hi == pytest.approx(0.86 + 0.0994, abs=1e-4)
+    lo8, hi8 = demo.prediction_interval([0.84, 0.86, 0.88] * 2 + [0.85, 0.87])
+    assert lo < lo8 < 0.84 and 0.88 < hi8 < hi
+    assert demo.prediction_interval([0.5]) == (0.5, 0.5)
 
 
 def test_spearman_ranks_with_ties(demo):
