@@ -143,7 +143,9 @@ def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
             diff = _rel_diff(a.speedup, b.speedup)
             diffs.append(diff)
             rows.append({"task": task.id, "speedup_1": a.speedup, "speedup_2": b.speedup, "rel_diff": diff,
-                         "stability_1": a.stability, "stability_2": b.stability})
+                         "stability_1": a.stability, "stability_2": b.stability,
+                         **({"samples_1": a.protocol["samples"], "samples_2": b.protocol["samples"]}
+                            if "samples" in a.protocol and "samples" in b.protocol else {})})
     return _spread(diffs, rows)
 
 
@@ -212,6 +214,8 @@ def main() -> None:
     ap.add_argument("--per-level", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precision-n", type=int, default=20)
+    ap.add_argument("--record-samples", action="store_true",
+                    help="Keep every timed call's figures in the results (precision rows too).")
     ap.add_argument("--time-budget-s", type=float, default=500.0)
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
@@ -229,7 +233,7 @@ def main() -> None:
     # Each build's duration and outcome on stderr ("build KEY: ok=... in S s"): what the build phase waited for.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("cudal1.eval.compile").setLevel(logging.INFO)
-    cfg = EvalConfig(device="cuda", profile=args.profile)
+    cfg = EvalConfig(device="cuda", profile=args.profile, record_samples=args.record_samples)
     out: dict = {"config": cfg.to_dict()}
     pairs = sample_release(args.release, args.per_level, args.seed)
     store = None

@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--time-budget-s", type=float, default=400.0)
     ap.add_argument("--only", default="", help="Comma-separated task ids: only these of the selection.")
     ap.add_argument("--repeat", type=int, default=1, help="Rounds over the tasks (precision of the null).")
+    ap.add_argument("--record-samples", action="store_true", help="Keep every timed call's figures in the rows.")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     per_round = pick_tasks(args)
@@ -92,14 +93,15 @@ def main() -> None:
                      "ref_ms": result.ref_ms, "candidate_ms": result.candidate_ms,
                      "bucket_speedups": result.timing.bucket_speedups if result.timing else None,
                      "sandbox": result.protocol.get("sandbox_level"),
-                     "gpu_memory_gib": result.protocol.get("gpu_memory_gib")})
+                     "gpu_memory_gib": result.protocol.get("gpu_memory_gib"),
+                     "samples": result.protocol.get("samples")})
         print(f"{task.id:60s} {result.status.value:14s} {result.speedup or 0:7.3f}x  "
               f"gaps {clock.get('ref_gap_ms', 0) * 1e3:8.1f} / {clock.get('cand_gap_ms', 0) * 1e3:8.1f} us  "
               f"diff {clock.get('paired_diff_ms', 0) * 1e3:7.1f} us (tol {clock.get('tolerance_ms', 0) * 1e3:6.1f})  "
               f"flush {clock.get('flush_after_ref_ms', 0) * 1e3:6.1f} / {clock.get('flush_after_cand_ms', 0) * 1e3:6.1f} us"
               + (f"  {result.message[:80]}" if result.status is not Status.CORRECT else ""), flush=True)
 
-    evaluate_many(pairs, EvalConfig(profile=args.profile), should_stop=lambda: time.monotonic() > deadline,
+    evaluate_many(pairs, EvalConfig(profile=args.profile, record_samples=args.record_samples), should_stop=lambda: time.monotonic() > deadline,
                   on_result=report)
     speedups = sorted(r["speedup"] for r in rows if r["speedup"])
     summary = {"tasks": len(rows), "correct": len(speedups),

@@ -48,6 +48,19 @@ def test_wrong_values_report_where_and_how_much(task):
     assert "max abs err" in r.message and "trial 0" in r.message
 
 
+def test_record_samples_keeps_every_timed_call_in_the_protocol(task):
+    """`record_samples`: both models' calls per bucket, as many as the timing used, with the outside clock."""
+    r = run(task, "correct", record_samples=True)
+    assert r.status is Status.CORRECT, r.message
+    samples = r.protocol["samples"]
+    assert len(samples["ref"]) == len(samples["cand"]) == len(r.timing.bucket_speedups) == 2
+    calls = sum(len(b) for b in samples["cand"])
+    assert calls == r.timing.iterations and all(len(b) == len(samples["ref"][k]) for k, b in enumerate(samples["cand"]))
+    ms, stream_ms, outside_ms, prepare_ms, after = samples["cand"][0][0]
+    assert 0 < ms <= outside_ms and stream_ms == ms and after in ("ref", "cand", "")
+    assert "samples" not in run(task, "correct").protocol
+
+
 def test_wrong_shape(task):
     r = run(task, "wrong_shape")
     assert r.status is Status.INCORRECT

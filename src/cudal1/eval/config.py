@@ -131,6 +131,8 @@ class EvalConfig:
     precision_evidence: bool = _f(True, "float32 tasks: run the reference once in float64 and flag a candidate "
                                         "whose error is far above the float32 reference's (guard.reduced_precision; "
                                         "rejects under strict and under policies with reject_reduced_precision).")
+    record_samples: bool = _f(False, "Keep every timed call's figures (both models' reported and outside times, "
+                                     "per bucket) in the result's protocol, for studying the timing statistics.")
     decoy_min_share: float = _f(0.10, "Below this share of GPU time in its own kernels, a custom candidate "
                                       "is reported as mostly library work.")
 

@@ -336,7 +336,8 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
 
 
 #: What a session found that each result records in its protocol.
-RECORDED_FACTS = ("clock", "clock_rejected_series", "gpu_memory_gib", "precision", "tensors", "timing_spent_s")
+RECORDED_FACTS = ("clock", "clock_rejected_series", "gpu_memory_gib", "precision", "samples", "tensors",
+                  "timing_spent_s")
 
 
 def _measure(session: Session, bandwidth: float | None) -> Any:

@@ -187,6 +187,8 @@ class Measurement:
             clock = timing.clock_check(cold, device)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
         self.s.facts["clock"] = timing.clock_summary(cold, device)
+        if cfg.record_samples:
+            self.s.facts["samples"] = timing.samples_record(cold)
         self.s.facts["timing_spent_s"] = {k: round(v, 4) for k, v in sorted(self.spent_s.items())}
         for found in (clock, timing.interference_check(cold, device),
                       timing.flush_check(self.s.cpu_flush_ms["ref"], self.s.cpu_flush_ms["cand"])):

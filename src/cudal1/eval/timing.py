@@ -132,6 +132,14 @@ def summarize_series(series: PairedSeries, *, stream_only: bool = False) -> tupl
     return ref_ms, cand_ms, median, stability, bucket_speedups
 
 
+def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str]]]]:
+    """Every call of a series, per model and bucket: [ms, stream_ms, outside_ms, prepare_ms, after], in the
+    order the calls ran (`EvalConfig.record_samples`)."""
+    def row(s: Sample) -> list[float | str]:
+        return [round(s.ms, 6), round(s.stream_ms, 6), round(s.outside_ms, 6), round(s.prepare_ms, 6), s.after]
+    return {"ref": [[row(s) for s in b] for b in series.ref], "cand": [[row(s) for s in b] for b in series.cand]}
+
+
 def stream_escape_ms(series: PairedSeries) -> tuple[float, float]:
     """Median time each model's work ran past the end of the current stream: (ref, candidate)."""
     def gap(samples: list[Sample]) -> float:
