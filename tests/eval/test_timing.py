@@ -32,11 +32,24 @@ def test_summary_is_the_median_of_bucket_ratios_with_an_iqr_stability():
 
     series = PairedSeries(ref=[bucket(2.0), bucket(3.0), bucket(4.0), bucket(2.0)],
                           cand=[bucket(1.0), bucket(1.0), bucket(1.0), bucket(2.0)])
-    ref_ms, cand_ms, speedup, stability, buckets = timing.summarize_series(series)
+    ref_ms, cand_ms, speedup, stability, buckets = timing.summarize_series(series, estimator="buckets")
     assert buckets == [2.0, 3.0, 4.0, 1.0]
     assert speedup == pytest.approx(2.5)
     assert stability == pytest.approx((3.25 - 1.75) / 2.5)
     assert (ref_ms, cand_ms) == (2.5, 1.0)
+
+
+def test_the_pooled_speedup_is_the_ratio_of_the_medians_of_all_calls():
+    """Three buckets of noisy calls: the pooled estimate uses all of them at once, the bucket estimate the
+    median of three small-sample ratios; both report the same bucket speedups and stability."""
+    series = PairedSeries(ref=[[Sample(ms, ms, ms) for ms in b] for b in ([1.0, 1.0, 3.0], [1.0, 3.0, 3.0], [2.0, 2.0, 2.0])],
+                          cand=[[Sample(ms, ms, ms) for ms in b] for b in ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [1.0, 1.0, 4.0])])
+    ref_ms, cand_ms, pooled, stability, buckets = timing.summarize_series(series)
+    assert buckets == [1.0, 1.5, 2.0] and (ref_ms, cand_ms) == (2.0, 1.0) and pooled == 2.0
+    _, _, by_buckets, same_stability, _ = timing.summarize_series(series, estimator="buckets")
+    assert by_buckets == 1.5 and same_stability == stability
+    with pytest.raises(ValueError, match="unknown estimator"):
+        timing.summarize_series(series, estimator="mean")
 
 
 def test_one_outlier_call_does_not_move_a_bucket():

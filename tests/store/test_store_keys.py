@@ -53,3 +53,15 @@ def test_canonical_json_converts_common_types():
     assert text == '{"a":"/x","b":"strict","s":[1,3]}'
     with pytest.raises(TypeError):
         canonical_json({"f": object()})
+
+
+def test_the_speedup_estimator_is_part_of_the_protocol_and_checked():
+    """A speedup pooled over all calls and one from bucket ratios are different results: different keys."""
+    from cudal1.core.errors import ConfigError
+    from cudal1.eval import EvalConfig
+
+    pooled, buckets = EvalConfig(device="cpu").protocol(), EvalConfig(device="cpu", estimator="buckets").protocol()
+    assert pooled["estimator"] == "pooled" and buckets["estimator"] == "buckets"
+    assert eval_key("t", "c", pooled, ENVIRONMENT) != eval_key("t", "c", buckets, ENVIRONMENT)
+    with pytest.raises(ConfigError, match="estimator"):
+        EvalConfig(device="cpu", estimator="mean")

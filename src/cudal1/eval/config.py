@@ -14,7 +14,7 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.policy import resolve_policy
 
-PROTOCOL_VERSION = "7"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "8"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -24,7 +24,8 @@ PROTOCOL_VERSION = "7"  # 2: inputs refilled before every timed pair, salted see
 # it rejects (the new series' timing is the one reported), and the first trial of a float32 task carries
 # reduced-precision evidence against a float64 run of the reference (`guard.reduced_precision`); 7: the
 # reference's runner has the candidate's GPU memory cap and frees its float64 copy before timing (both models
-# timed with like memory: cuDNN picks its algorithms from the memory it may use)
+# timed with like memory: cuDNN picks its algorithms from the memory it may use); 8: the speedup is the ratio
+# of the two models' medians over all their timed calls (`estimator`; the median of bucket ratios before)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,10 @@ class EvalConfig:
     seed: int = _f(42, "Seed of the models' parameters (both get the same). Input seeds are salted per "
                        "evaluation so a candidate cannot predict them.")
     sizes: str = _f("auto", "Problem sizes: full, small (the task's SMALL_SIZES) or auto (small on cpu).")
-    buckets: int = _f(7, "Timing buckets; the speedup is the median of bucket speedups (CUDA-L1: 7).")
+    buckets: int = _f(7, "Timing buckets (CUDA-L1: 7); their spread is the measurement's stability.")
+    estimator: str = _f("pooled", "How the timed calls become a speedup: pooled (median of all reference calls "
+                                  "over median of all candidate calls) or buckets (median of the buckets' "
+                                  "ratios, CUDA-L1's; about twice the run-to-run scatter on small kernels).")
     target_bucket_ms: float = _f(100.0, "Time each model should spend per bucket; sets iterations.")
     min_iters_per_bucket: int = _f(3, "Lower bound on timed calls per model per bucket.")
     max_iters_per_bucket: int = _f(100, "Upper bound on timed calls per model per bucket.")
@@ -154,6 +158,8 @@ class EvalConfig:
         for name in ("timeout_s", "build_timeout_s", "target_bucket_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")
+        if self.estimator not in ("pooled", "buckets"):
+            raise ConfigError(f"estimator must be pooled or buckets, not {self.estimator!r}")
         if self.warm_buckets < 0:
             raise ConfigError("warm_buckets must be >= 0")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
@@ -193,7 +199,7 @@ class EvalConfig:
 
     def protocol(self) -> dict[str, Any]:
         """The fields that change what is measured, plus the protocol version (cache key, provenance)."""
-        keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "target_bucket_ms",
+        keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "estimator", "target_bucket_ms",
                 "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "warm_buckets",
                 "round_toward_one", "device", "cpu_threads", "precision_evidence")
         out = {k: getattr(self, k) for k in keep}

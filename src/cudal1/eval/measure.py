@@ -197,7 +197,7 @@ class Measurement:
         floor_ms = self.floor_ms()
         stats = timing.build_stats(cold, warm, method="cuda_events+device_sync" if device == "cuda" else "host_timer",
                                    iters=iters, round_to_one=cfg.round_toward_one, floor_ms=floor_ms,
-                                   verified_calls=self.verified)
+                                   verified_calls=self.verified, estimator=cfg.estimator)
         below = timing.floor_check(stats.candidate_ms, floor_ms)
         if below is not None:
             self.s.flags.append(below)

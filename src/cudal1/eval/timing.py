@@ -5,8 +5,9 @@ The numbers come from `measure.py`: for each timed call of either model, the tim
 trusted parent saw from outside (request sent to reply received, for the call and for the preparation of
 its inputs). Here they become
 
-- the speedup: median over buckets of (mean reference time / mean candidate time), and the stability
-  (interquartile range of bucket speedups over their median);
+- the speedup: the median of every reference call's time over the median of every candidate call's (or, as
+  CUDA-L1 does, the median over buckets of the two medians' ratio), and the stability (interquartile range of
+  bucket speedups over their median);
 - `clock_check`: the time each runner spends outside its reported span is the same for both models when
   both report honestly (they run the same harness on the same kinds of data); a candidate that forges its
   times, or works outside the span it reports (while its inputs are prepared, before or after its call),
@@ -113,10 +114,21 @@ def round_toward_one(speedup: float) -> float:
     return (math.floor(scaled + 1e-9) if speedup >= 1 else math.ceil(scaled - 1e-9)) / 100
 
 
-def summarize_series(series: PairedSeries, *, stream_only: bool = False) -> tuple[float, float, float, float, list[float]]:
-    """(ref_ms, cand_ms, speedup, stability, bucket_speedups) of a paired series, from the reported times."""
+#: How a series becomes one speedup: "pooled", the median of every reference call over the median of every
+#: candidate call; "buckets", the median of per-bucket ratios (CUDA-L1's). On the H200 host, 24 null
+#: evaluations of 8 small tasks (calls of 0.1-0.5 ms whose times scatter by 20-33 % IQR) gave a median
+#: round-to-round difference of 1.5 % pooled against 3.2 % by buckets, from the same calls (docs/log.md).
+ESTIMATORS = ("pooled", "buckets")
+
+
+def summarize_series(series: PairedSeries, *, stream_only: bool = False,
+                     estimator: str = "pooled") -> tuple[float, float, float, float, list[float]]:
+    """(ref_ms, cand_ms, speedup, stability, bucket_speedups) of a paired series, from the reported times.
+    The speedup is `estimator`'s (`ESTIMATORS`); the stability is the spread of the bucket speedups either way."""
     def t(s: Sample) -> float:
         return s.stream_ms if stream_only else s.ms
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}: one of {', '.join(ESTIMATORS)}")
     # A bucket's time is the median of its calls: a mean let one outlier call (a context switch or a host
     # hiccup inside the event window, common when the two models run in separate processes) move a GPU
     # bucket by 30 %. Work cannot be hidden in a minority of calls: each call's inputs are new.
@@ -128,8 +140,11 @@ def summarize_series(series: PairedSeries, *, stream_only: bool = False) -> tupl
     ref_ms = statistics.median(t(s) for s in series.all("ref"))
     cand_ms = statistics.median(t(s) for s in series.all("cand"))
     median = statistics.median(bucket_speedups)
+    # The pooled median uses every call at once: a bucket of 20 noisy calls has a median of its own noise,
+    # and the median of 7 such ratios keeps more of it than one ratio of two 140-call medians.
+    speedup = ref_ms / max(cand_ms, 1e-9) if estimator == "pooled" else median
     stability = (quantile(bucket_speedups, 0.75) - quantile(bucket_speedups, 0.25)) / max(median, 1e-9)
-    return ref_ms, cand_ms, median, stability, bucket_speedups
+    return ref_ms, cand_ms, speedup, stability, bucket_speedups
 
 
 def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str]]]]:
@@ -288,11 +303,11 @@ def floor_check(cand_ms: float, floor_ms: float | None) -> Flag | None:
 
 
 def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, method: str, iters: int, round_to_one: bool,
-                floor_ms: float | None = None, verified_calls: int = 0) -> TimingStats:
-    ref_ms, cand_ms, speedup, stability, buckets = summarize_series(cold)
+                floor_ms: float | None = None, verified_calls: int = 0, estimator: str = "pooled") -> TimingStats:
+    ref_ms, cand_ms, speedup, stability, buckets = summarize_series(cold, estimator=estimator)
     warm_values: tuple[float | None, float | None, float | None] = (None, None, None)
     if warm is not None and warm.ref:
-        w_ref, w_cand, w_speedup, _, _ = summarize_series(warm)
+        w_ref, w_cand, w_speedup, _, _ = summarize_series(warm, estimator=estimator)
         warm_values = (w_speedup, w_ref, w_cand)
     if round_to_one:
         speedup = round_toward_one(speedup)
