@@ -101,8 +101,8 @@ def main() -> None:
               f"flush {clock.get('flush_after_ref_ms', 0) * 1e3:6.1f} / {clock.get('flush_after_cand_ms', 0) * 1e3:6.1f} us"
               + (f"  {result.message[:80]}" if result.status is not Status.CORRECT else ""), flush=True)
 
-    evaluate_many(pairs, EvalConfig(profile=args.profile, record_samples=args.record_samples), should_stop=lambda: time.monotonic() > deadline,
-                  on_result=report)
+    cfg = EvalConfig(profile=args.profile, record_samples=args.record_samples)
+    evaluate_many(pairs, cfg, should_stop=lambda: time.monotonic() > deadline, on_result=report)
     speedups = sorted(r["speedup"] for r in rows if r["speedup"])
     summary = {"tasks": len(rows), "correct": len(speedups),
                "median": statistics.median(speedups) if speedups else None,

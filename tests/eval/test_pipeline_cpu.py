@@ -55,7 +55,8 @@ def test_record_samples_keeps_every_timed_call_in_the_protocol(task):
     samples = r.protocol["samples"]
     assert len(samples["ref"]) == len(samples["cand"]) == len(r.timing.bucket_speedups) == 2
     calls = sum(len(b) for b in samples["cand"])
-    assert calls == r.timing.iterations and all(len(b) == len(samples["ref"][k]) for k, b in enumerate(samples["cand"]))
+    assert calls == r.timing.iterations
+    assert [len(b) for b in samples["cand"]] == [len(b) for b in samples["ref"]]
     ms, stream_ms, outside_ms, prepare_ms, after = samples["cand"][0][0]
     assert 0 < ms <= outside_ms and stream_ms == ms and after in ("ref", "cand", "")
     assert "samples" not in run(task, "correct").protocol

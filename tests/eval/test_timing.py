@@ -42,8 +42,11 @@ def test_summary_is_the_median_of_bucket_ratios_with_an_iqr_stability():
 def test_the_pooled_speedup_is_the_ratio_of_the_medians_of_all_calls():
     """Three buckets of noisy calls: the pooled estimate uses all of them at once, the bucket estimate the
     median of three small-sample ratios; both report the same bucket speedups and stability."""
-    series = PairedSeries(ref=[[Sample(ms, ms, ms) for ms in b] for b in ([1.0, 1.0, 3.0], [1.0, 3.0, 3.0], [2.0, 2.0, 2.0])],
-                          cand=[[Sample(ms, ms, ms) for ms in b] for b in ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [1.0, 1.0, 4.0])])
+    def buckets_of(*times):
+        return [[Sample(ms, ms, ms) for ms in b] for b in times]
+
+    series = PairedSeries(ref=buckets_of([1.0, 1.0, 3.0], [1.0, 3.0, 3.0], [2.0, 2.0, 2.0]),
+                          cand=buckets_of([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [1.0, 1.0, 4.0]))
     ref_ms, cand_ms, pooled, stability, buckets = timing.summarize_series(series)
     assert buckets == [1.0, 1.5, 2.0] and (ref_ms, cand_ms) == (2.0, 1.0) and pooled == 2.0
     _, _, by_buckets, same_stability, _ = timing.summarize_series(series, estimator="buckets")

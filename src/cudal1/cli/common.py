@@ -38,7 +38,8 @@ SizesOpt = typer.Option("auto", "--sizes", help="full, small (task's SMALL_SIZES
 StoreOpt = typer.Option(None, "--store", help="Results database (default: user data dir or $CUDAL1_STORE).")
 NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the results store.")
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
-BucketsOpt = typer.Option(7, "--buckets", help="Timing buckets (their spread is the stability; the speedup pools all calls unless estimator=buckets).")
+BucketsOpt = typer.Option(7, "--buckets", help="Timing buckets (their spread is the stability; the speedup "
+                                                "pools all calls unless --estimator buckets).")
 TimeoutOpt = typer.Option(600.0, "--timeout-s", help="Wall-clock limit per candidate (builds excluded).")
 SandboxOpt = typer.Option("auto", "--sandbox", help="auto (the best OS sandbox of this host; strict refuses to run "
                                                       "without one), required, or none (run unsandboxed: an opt-out "

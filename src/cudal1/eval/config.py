@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core.errors import ConfigError
+from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 
 PROTOCOL_VERSION = "8"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
@@ -158,8 +159,8 @@ class EvalConfig:
         for name in ("timeout_s", "build_timeout_s", "target_bucket_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")
-        if self.estimator not in ("pooled", "buckets"):
-            raise ConfigError(f"estimator must be pooled or buckets, not {self.estimator!r}")
+        if self.estimator not in ESTIMATORS:
+            raise ConfigError(f"estimator must be one of {', '.join(ESTIMATORS)}, not {self.estimator!r}")
         if self.warm_buckets < 0:
             raise ConfigError("warm_buckets must be >= 0")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
