@@ -60,6 +60,7 @@ def throughput(pairs, cfg: EvalConfig, deadline: float, store=None, overlap_buil
     """Candidates per GPU-hour, compile included (builds first, or beside the evaluations)."""
     t0 = time.monotonic()
     builds_done: list[float] = []
+    ended: dict[int, float] = {}  # index -> seconds since t0 when its result came back (the timeline)
 
     def on_build(done: int, total: int) -> None:
         if done == total:
@@ -67,6 +68,7 @@ def throughput(pairs, cfg: EvalConfig, deadline: float, store=None, overlap_buil
 
     # force: every candidate is really evaluated (and stored, when a store is given), never read back.
     evaluated = evaluate_many(pairs, cfg, store=store, force=True, label="bench_eval", on_build=on_build,
+                              on_result=lambda i, _: ended.__setitem__(i, time.monotonic() - t0),
                               should_stop=lambda: time.monotonic() > deadline, overlap_builds=overlap_builds)
     wall_s = time.monotonic() - t0
     done = [((t, s), r) for (t, s), r in zip(pairs, evaluated, strict=True) if r is not None]
@@ -82,7 +84,30 @@ def throughput(pairs, cfg: EvalConfig, deadline: float, store=None, overlap_buil
             "correct_timed_per_gpu_hour": 3600 * n_ok / wall_s,
             "median_eval_s": statistics.median(per_eval) if per_eval else None,
             "mean_eval_s": statistics.fmean(per_eval) if per_eval else None,
-            "results": [dict(task=t.id, **r.to_dict()) for (t, _), r in done]}
+            "phases": phase_medians(results), "idle_s": idle_between(evaluated, ended),
+            "results": [dict(task=t.id, ended_s=ended.get(i), **r.to_dict())
+                        for i, ((t, _), r) in enumerate(zip(pairs, evaluated, strict=True)) if r is not None]}
+
+
+def phase_medians(results: list) -> dict[str, float]:
+    """Median seconds of each evaluation phase over the results that ran it (where the time goes)."""
+    phases: dict[str, list[float]] = {}
+    for r in results:
+        for name, seconds in r.protocol.get("phase_s", {}).items():
+            if isinstance(seconds, float):
+                phases.setdefault(name, []).append(seconds)
+    return {name: round(statistics.median(v), 3) for name, v in phases.items()}
+
+
+def idle_between(evaluated: list, ended: dict[int, float]) -> float:
+    """Seconds between the first evaluation's start and the last's end that no evaluation covered (waiting
+    for builds or for the scheduler)."""
+    spans = sorted((end - (evaluated[i].duration_s or 0.0), end) for i, end in ended.items())
+    idle, last = 0.0, spans[0][0] if spans else 0.0
+    for start, end in spans:
+        idle += max(0.0, start - last)
+        last = max(last, end)
+    return idle
 
 
 def _rel_diff(a: float, b: float) -> float:
@@ -309,6 +334,8 @@ def print_throughput(mode: str, tp: dict) -> None:
     print(f"builds done after       {builds}; total wall {tp['wall_s']:.1f} s")
     print(f"candidates / GPU-hour   {tp['candidates_per_gpu_hour']:.0f}; correct-and-timed {tp['correct_timed_per_gpu_hour']:.0f}")
     print(f"per-candidate eval      median {tp['median_eval_s']} s, mean {tp['mean_eval_s']} s")
+    if "phases" in tp:
+        print(f"phases (median s)       {tp['phases']}; idle between evaluations {tp['idle_s']:.1f} s")
     kb_s = kernelbench_estimate_s(tp)
     print(f"KernelBench estimate    {kb_s:.0f} s for the same sample (its reference figures, not run here): "
           f"ours {kb_s / tp['wall_s']:.1f}x its candidates per GPU-hour", flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from cudal1.eval.calls import CallFailed, ModelSide, gpu_memory, oom_message
@@ -43,6 +44,17 @@ def test_a_model_out_of_gpu_memory_is_reported_as_oom_with_its_request():
 
 def test_cpu_has_no_gpu_memory_report():
     assert gpu_memory(torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+def test_gpu_memory_report_agrees_with_torch_s_own_figures():
+    device = torch.device("cuda", torch.cuda.current_device())
+    held = torch.empty(3 << 20, dtype=torch.float32, device=device)
+    assert gpu_memory(device) == {"allocated": torch.cuda.memory_allocated(device),
+                                  "reserved": torch.cuda.memory_reserved(device),
+                                  "peak_allocated": torch.cuda.max_memory_allocated(device),
+                                  "peak_reserved": torch.cuda.max_memory_reserved(device)}
+    assert gpu_memory(device)["allocated"] >= held.numel() * 4
 
 
 def test_session_records_each_roles_last_report_in_gib():

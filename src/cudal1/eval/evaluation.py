@@ -96,7 +96,7 @@ def helper_for(device: str) -> tuple[RunnerProcess, float | None]:
             return known
         if known is not None:
             known[0].close()
-        runner = RunnerProcess(device, warm=True)
+        runner = RunnerProcess(device, warm=True, model_imports=False)  # it never runs a model
         try:
             reply = runner.request({"op": "setup", "role": "helper", "device": device}, timeout_s=120.0)
             # Device arenas unless the driver lacks them or the user asks for host memory (a comparison).
@@ -107,6 +107,19 @@ def helper_for(device: str) -> tuple[RunnerProcess, float | None]:
             raise InfraFailure(f"the device helper could not start: {failure.reason}") from None
         _helpers[device] = (runner, max(rates) if rates else None)
         return _helpers[device]
+
+
+def prestart_helper(device: str) -> None:
+    """Start the helper of `device` in the background (its start, ~10 s on an H200 host, then overlaps the
+    builds and the runners' starts instead of delaying the first evaluation); a failure here is left to the
+    first evaluation's own `helper_for`, which reports it."""
+    def start() -> None:
+        try:
+            helper_for(device)
+        except Exception:  # noqa: BLE001 - reported by the evaluation that needs the helper
+            logger.debug("the device helper did not start ahead", exc_info=True)
+
+    threading.Thread(target=start, name=f"cudal1-helper-{device}", daemon=True).start()
 
 
 def discard_helper(device: str) -> None:
@@ -198,6 +211,8 @@ def runner_supply(device: str, at_most: int | None = None, *, hidden_files: list
     # uses two: eight spares are the next four evaluations. Each spare holds a CUDA context (~0.5 GB).
     default = 8 if device.startswith("cuda") else 2
     reap_once()
+    if device.startswith("cuda"):
+        prestart_helper(device)
     n = default if spares is None else spares
     total = None if at_most is None else max(2, 2 * at_most)
     return RunnerSupply(device, spares=max(1, min(n, total)) if total is not None else n, total=total,
@@ -241,16 +256,18 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any
             supply = workers or runner_supply(cfg.device, 1, hidden_files=hidden_files, spares=0,
                                               shared_compile_cache=cfg.profile == "trusted")
             try:
+                waited = time.perf_counter()
                 ref, cand = supply.take(), supply.take()
                 try:
                     for runner in (ref, cand):
                         runner.wait_ready()
+                    waited = time.perf_counter() - waited
                 except RunnerFailed:
                     ref.close()
                     cand.close()
                     raise
                 with device_timing_lock(cfg.device) if cuda else contextlib.nullcontext():
-                    return _attempt(task, source, cfg, static_report, build, ref, cand)
+                    return _attempt(task, source, cfg, static_report, build, ref, cand, waited)
             except RunnerFailed as exc:
                 failure = f"a runner did not start: {exc.reason}{error_hint(exc.stderr_tail)}"
             except InfraFailure as exc:
@@ -272,7 +289,8 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any
 
 
 def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build: PreparedBuild,
-             ref: RunnerProcess, cand: RunnerProcess) -> EvalResult:
+             ref: RunnerProcess, cand: RunnerProcess, runners_wait_s: float = 0.0) -> EvalResult:
+    started = time.perf_counter()
     env = dict(build.env)
     if build.directory is not None and cand.info.level != "none":
         copy_into_scratch(cand, build.directory)
@@ -282,6 +300,8 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
     cand.set_memory_limit(candidate_memory_limit(cfg, None))
     session = Session(task, source, cfg, ref=ref, cand=cand, helper=helper, static_report=static_report,
                       candidate_env=env)
+    session.phase_s["runners_wait"] = runners_wait_s  # runners not started yet when the evaluation began
+    session.phase_s["prepare"] = time.perf_counter() - started  # the build's copy, the device helper, limits
     timing = profile = None
     status, message, mismatch, compile_log = Status.CORRECT, "", None, ""
     t0 = time.perf_counter()

@@ -149,7 +149,7 @@ class RunnerProcess:
     """One sandboxed runner (see the module docstring)."""
 
     def __init__(self, device: str = "cpu", *, warm: bool = True, spec: SandboxSpec | None = None,
-                 info: SandboxInfo | None = None, cpus: frozenset[int] | None = None):
+                 info: SandboxInfo | None = None, cpus: frozenset[int] | None = None, model_imports: bool = True):
         self.info = info or detect_sandbox()
         self.device = device
         self.spec = spec or SandboxSpec(gpu=device.startswith("cuda"))
@@ -166,7 +166,8 @@ class RunnerProcess:
         self.tree_root: int | None = None
         parent_sock, child_sock = socket_pair()
         self.channel = Channel(parent_sock)
-        argv = [sys.executable, "-m", "cudal1.eval.runner", str(child_sock.fileno()), device if warm else "-"]
+        argv = [sys.executable, "-m", "cudal1.eval.runner", str(child_sock.fileno()), device if warm else "-",
+                *([] if model_imports else ["bare"])]
         self.err_path = self.folder / "stderr.txt"
         err = open(self.err_path, "wb")  # noqa: SIM115 - owned by the child from here on
         sandboxed = self.info.level != "none"

@@ -1,7 +1,8 @@
-"""Entry point of every runner process: `python -m cudal1.eval.runner FD WARM_DEVICE`.
+"""Entry point of every runner process: `python -m cudal1.eval.runner FD WARM_DEVICE [bare]`.
 
 Started by `processes.RunnerProcess` inside the sandbox. FD is the runner's end of its channel, WARM_DEVICE a
-device to create the CUDA context on before any request ("-": none). The runner says hello, then serves
+device to create the CUDA context on before any request ("-": none); a third argument `bare` skips the imports
+only model runners need (the helper's start). The runner says hello, then serves
 requests one at a time until the parent closes the channel:
 
 - `setup {role, ...}` makes it the reference's runner, the candidate's runner or the device's trusted helper
@@ -193,7 +194,7 @@ def _call_entry(message: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "value": value}
 
 
-def serve(sock: socket.socket, warm_device: str) -> None:
+def serve(sock: socket.socket, warm_device: str, model_imports: bool = True) -> None:
     from cudal1.eval.channel import Channel, ChannelClosed
 
     channel = Channel(sock)
@@ -201,11 +202,14 @@ def serve(sock: socket.socket, warm_device: str) -> None:
 
     hello: dict[str, Any] = {"op": "hello", "pid": os.getpid(), "torch": torch.__version__}
     if warm_device != "-" and warm_device.startswith("cuda") and torch.cuda.is_available():
-        # Rationale: torch.profiler (the decoy check) and torch.compile pull in torch._dynamo, seconds of
-        # imports on first use (the profiled forward took 5-7 s on the H200 host); a started runner pays them
-        # before its work, and a candidate that triggers them is not taken for one that patched torch.
-        import torch._dynamo  # noqa: F401
-        import torch.profiler  # noqa: F401
+        if model_imports:
+            # Rationale: torch.profiler (the decoy check) and torch.compile pull in torch._dynamo, seconds of
+            # imports on first use (the profiled forward took 5-7 s on the H200 host); the candidate's build
+            # hooks import torch.utils.cpp_extension (0.5 s there, setuptools included). A started runner pays
+            # them before its work, and a candidate that triggers them is not taken for one that patched torch.
+            import torch._dynamo  # noqa: F401
+            import torch.profiler  # noqa: F401
+            import torch.utils.cpp_extension  # noqa: F401
 
         torch.zeros(1, device=warm_device)  # the CUDA context, before any request
         hello["total_memory"] = int(torch.cuda.get_device_properties(torch.device(warm_device)).total_memory)
@@ -261,10 +265,11 @@ def _attach_arena(message: dict[str, Any], fd: int) -> Any:
 
 def main() -> None:
     fd, warm_device = int(sys.argv[1]), sys.argv[2]
+    model_imports = sys.argv[3:4] != ["bare"]
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     sock = socket.socket(fileno=fd)
     try:
-        serve(sock, warm_device)
+        serve(sock, warm_device, model_imports)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
