@@ -46,6 +46,14 @@ def test_a_runner_that_misses_its_deadline_is_killed_with_everything_it_started(
         assert all(not os.path.exists(f"/proc/{pid}") for pid in process_tree(runner.proc.pid)[1:])
 
 
+def test_a_bare_runner_starts_and_serves_like_any_other():
+    # The helper's runner skips the model runners' warm imports; its command line must still be understood.
+    with RunnerProcess("cpu", warm=True, model_imports=False) as runner:
+        assert runner.wait_ready()["op"] == "hello"
+        reply = runner.request({"op": "run_entry", "entry": f"{PROBE}:echo", "payload": {"x": 1}}, timeout_s=60.0)
+        assert reply["ok"] and reply["value"]["payload"] == {"x": 1}
+
+
 def test_freeze_stops_the_runner_and_thaw_resumes_it():
     with RunnerProcess("cpu", warm=False) as runner:
         runner.wait_ready()
