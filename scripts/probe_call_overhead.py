@@ -3,9 +3,10 @@
 
 Usage: python scripts/probe_call_overhead.py OUT_DIR [--release PATH] [--tasks ID,...] [--calls 200]
 
-The evaluator's clock cross-check reports, per timed call of a small kernel, ~1.4 ms to prepare its inputs
-and ~1.8 ms around the call beyond its device time, so that a bucket of 100 ms holds only ~25 calls. This
-probe splits that time three ways, for each task's reference run as a candidate (the null candidate):
+The evaluator's clock cross-check records, per timed call, the time to prepare its inputs and the gap
+around the call beyond its device time (`protocol.clock.*_prepare_ms`, `*_call_gap_ms`): for small kernels
+they decide how many calls a bucket of 100 ms holds, and the outside clock's tolerance. This probe splits
+that time three ways, for each task's reference run as a candidate (the null candidate):
 
 1. the candidate runner's setup (`CandidateRole`), profiled in this process;
 2. the runner-side work of `prepare` and `call` (`calls.ModelSide`), step by step, in this process, with
