@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
+from null_test import as_candidate  # noqa: E402
 
 from cudal1.eval import calls  # noqa: E402
 from cudal1.eval.candidate_runner import CandidateRole  # noqa: E402
 from cudal1.tasks import load_tasks  # noqa: E402
-from null_test import as_candidate  # noqa: E402
 
 
 def top(profile: cProfile.Profile, n: int = 18) -> str:

@@ -256,18 +256,18 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any
             supply = workers or runner_supply(cfg.device, 1, hidden_files=hidden_files, spares=0,
                                               shared_compile_cache=cfg.profile == "trusted")
             try:
-                waited = time.perf_counter()
+                asked = time.perf_counter()
                 ref, cand = supply.take(), supply.take()
                 try:
                     for runner in (ref, cand):
                         runner.wait_ready()
-                    waited = time.perf_counter() - waited
                 except RunnerFailed:
                     ref.close()
                     cand.close()
                     raise
                 with device_timing_lock(cfg.device) if cuda else contextlib.nullcontext():
-                    return _attempt(task, source, cfg, static_report, build, ref, cand, waited)
+                    return _attempt(task, source, cfg, static_report, build, ref, cand,
+                                    runners_wait_s=time.perf_counter() - asked)
             except RunnerFailed as exc:
                 failure = f"a runner did not start: {exc.reason}{error_hint(exc.stderr_tail)}"
             except InfraFailure as exc:
