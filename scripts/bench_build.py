@@ -42,12 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.eval.compile import BuildLevers, build_call_sites, build_environment, lazy_records, local_arch
-from cudal1.eval.processes import Limits, run_isolated, usable_cpu_count
+from cudal1.eval.isolated import Limits, run_isolated
+from cudal1.eval.supply import usable_cpu_count
 
 DEFAULT_JSONL = "/work/shared/data/cuda-l1/h100.jsonl"
-ENTRY_PREPARE = "cudal1.eval.build_child:prepare_candidate"
-ENTRY_WARM = "cudal1.eval.build_child:warm_lazy_builds"
-ENTRY_INIT = "cudal1.eval.build_child:reference_init_inputs"
+ENTRY_PREPARE = "cudal1.eval.inside.build_child:prepare_candidate"
+ENTRY_WARM = "cudal1.eval.inside.build_child:warm_lazy_builds"
+ENTRY_INIT = "cudal1.eval.inside.build_child:reference_init_inputs"
 # (a) uses the same child but with every lever off and no decision file: torch exactly as the candidate
 # calls it (the hooks only time the calls); verbose stays as the candidate wrote it.
 PLAIN_LEVERS = BuildLevers.none().to_dict()  # every lever off, new ones included

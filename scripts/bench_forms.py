@@ -9,7 +9,7 @@ saxpy). Goal of the fast form: a median build <= 1 s against ~60 s for `load_inl
   this process, --raw-reps times each (the kernel's time is the median of its reps); the very first
   compile of the process (which loads libnvrtc) is reported apart as `first_build_s`.
 - load_inline form: each candidate module is imported in an isolated child
-  (`cudal1.eval.build_child:prepare_candidate`, the compile service's build child) with a fresh
+  (`cudal1.eval.inside.build_child:prepare_candidate`, the compile service's build child) with a fresh
   TORCH_EXTENSIONS_DIR of its own, so every build is a cache miss; --workers children run in parallel (each
   runs ninja with MAX_JOBS=2). A build's time is the `load_inline` call's own seconds as recorded by the
   child's build hooks (`build_s`; the child's wall time with interpreter start and imports is `wall_s`).
@@ -48,11 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import SIMPLE_KERNELS  # noqa: E402 (the folder beside this script)
 
 from cudal1.eval.compile import BuildLevers  # noqa: E402
-from cudal1.eval.processes import usable_cpu_count  # noqa: E402
+from cudal1.eval.runner_process import usable_cpu_count  # noqa: E402
 from cudal1.raw_cuda import compile_only, normalize_arch  # noqa: E402
 from cudal1.tasks.builtin import BUILTIN_DIR  # noqa: E402
 
-ENTRY_PREPARE = "cudal1.eval.build_child:prepare_candidate"
+ENTRY_PREPARE = "cudal1.eval.inside.build_child:prepare_candidate"
 PLAIN_LEVERS = BuildLevers.none().to_dict()  # every lever off, new ones included
 
 
@@ -144,7 +144,7 @@ def bench_raw(pairs: list[KernelPair], arch: str, reps: int) -> dict[str, Any]:
 def run_inline_build(pair: KernelPair, scratch: Path, arch: str, levers: str, timeout_s: float) -> dict[str, Any]:
     """One cache-miss load_inline build of `pair`, in an isolated child with a fresh extension directory."""
     from cudal1.eval.compile import BuildLevers, build_environment
-    from cudal1.eval.processes import Limits, run_isolated
+    from cudal1.eval.isolated import Limits, run_isolated
 
     key = f"bench-forms-{pair.name}-{os.getpid()}-{time.time_ns()}"
     env = build_environment(key, arch, cache_dir=scratch)

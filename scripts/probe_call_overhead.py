@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 from null_test import as_candidate  # noqa: E402
 
-from cudal1.eval import calls  # noqa: E402
-from cudal1.eval.candidate_runner import CandidateRole  # noqa: E402
+from cudal1.eval.inside import harness as calls  # noqa: E402
+from cudal1.eval.inside.candidate import CandidateRole  # noqa: E402
 from cudal1.tasks import load_tasks  # noqa: E402
 
 
@@ -89,7 +89,7 @@ def steps(side: calls.ModelSide, seed: int) -> dict[str, float]:
 
 
 def probe_task(task, n_calls: int) -> dict:
-    from cudal1.eval.device_arena import DeviceArena
+    from cudal1.eval.shared.device_arena import DeviceArena
 
     message = {"device": "cuda", "task_id": task.id, "ref_source": task.source, "sizes": "full", "seed": 42,
                "threads": 4, "exact_fp32": False, "gpu_memory_fraction": 0.45, "cand_source": as_candidate(task.source),
@@ -127,7 +127,7 @@ def probe_task(task, n_calls: int) -> dict:
 
 
 def probe_round_trip(n: int) -> dict:
-    from cudal1.eval.processes import RunnerProcess
+    from cudal1.eval.runner_process import RunnerProcess
 
     runner = RunnerProcess("cuda", warm=True)
     try:

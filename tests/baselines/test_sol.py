@@ -100,6 +100,6 @@ def test_cpu_peaks_are_measured_in_a_worker_and_cached(tmp_path, monkeypatch):
         assert peaks["gpu_name"] == "cpu" and peaks["copy_bytes_per_s"] > 1e8
         assert set(peaks["matmul_flops_per_s"]) == {"float32", "bfloat16", "float16"}
         assert all(v > 0 for v in peaks["matmul_flops_per_s"].values())
-        import cudal1.eval.processes as processes
+        import cudal1.eval.isolated as processes
         monkeypatch.setattr(processes, "run_isolated", lambda *a, **k: pytest.fail("probed again"))
         assert measure_peaks("cpu", store) == peaks

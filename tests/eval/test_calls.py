@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from cudal1.eval.calls import make_inputs, seed_everything
+from cudal1.eval.inside.harness import make_inputs, seed_everything
 
 
 def _reference() -> SimpleNamespace:

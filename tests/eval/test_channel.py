@@ -1,4 +1,4 @@
-"""Messages and shared memory between the parent and its runners (cudal1.eval.channel)."""
+"""Messages and shared memory between the parent and its runners (cudal1.eval.shared.channel)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from cudal1.eval.channel import (
+from cudal1.eval.shared.channel import (
     Arena,
     ArenaFull,
     Channel,
@@ -149,7 +149,7 @@ def test_helper_compares_across_many_pinned_arenas():
     """The device helper lives across evaluations and pins each new arena: a range left registered after an
     arena closed made the next arena at that address fail to pin, and that failure surfaced as the error of
     the helper's next comparison (seen on an H200 as `infra_error` for 9 of 30 candidates)."""
-    from cudal1.eval.runner import HelperRole
+    from cudal1.eval.inside.runner import HelperRole
 
     helper = HelperRole({"device": "cuda"})
     for round_ in range(6):
@@ -173,8 +173,8 @@ def test_helper_device_arenas_copy_compare_and_check_inputs():
     """A session's device arenas in the helper: trial inputs copied from the reference's arena into the
     candidate's, outputs compared where they lie, input changes found, a malformed candidate tree refused as
     the candidate's (not the helper's) failure, and the arenas attachable from their descriptors."""
-    from cudal1.eval.device_arena import DeviceArena
-    from cudal1.eval.runner import HelperRole
+    from cudal1.eval.shared.device_arena import DeviceArena
+    from cudal1.eval.inside.runner import HelperRole
 
     helper = HelperRole({"device": "cuda"})
     assert helper.setup_reply()["device_arenas"]

@@ -1,4 +1,4 @@
-"""Tests of the compile service (cudal1.eval.compile) and its build hooks and child (cudal1.eval.build_hooks, build_child).
+"""Tests of the compile service (cudal1.eval.compile) and its build hooks and child (cudal1.eval.inside.build_hooks, build_child).
 
 CPU only, except one `gpu` test. The compiler-log fixtures are real g++/nvcc output captured by
 fixtures/compile_logs/generate_fixtures.py. The `slow` test (a real C++ build, ~30-60 s on 2 cores) is
@@ -15,7 +15,7 @@ import pytest
 
 from cudal1.core.errors import ConfigError
 from cudal1.eval import compile as compile_mod
-from cudal1.eval.build_hooks import (
+from cudal1.eval.inside.build_hooks import (
     duplicate_module_log,
     install_build_hooks,
     light_cuda_sources,
@@ -30,8 +30,8 @@ from cudal1.eval.compile import (
     build_environment,
     build_key,
 )
-from cudal1.eval.compile_log import build_failure_message, trim_compiler_log
-from cudal1.eval.processes import Limits, run_isolated
+from cudal1.eval.shared.compile_log import build_failure_message, trim_compiler_log
+from cudal1.eval.isolated import Limits, run_isolated
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compile_logs"
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cudal1.eval import compile as compile_mod
-from cudal1.eval.build_hooks import FAILURES_FILE, install_build_hooks
+from cudal1.eval.inside.build_hooks import FAILURES_FILE, install_build_hooks
 from cudal1.eval.compile import (
     BUILD_ENTRY,
     WARM_ENTRY,
@@ -26,7 +26,7 @@ from cudal1.eval.compile import (
     lazy_records,
     read_marker,
 )
-from cudal1.eval.processes import Limits, run_isolated
+from cudal1.eval.isolated import Limits, run_isolated
 
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
 
@@ -243,7 +243,7 @@ def test_a_remembered_load_failure_is_replayed_by_torch_as_the_real_one(monkeypa
 
 
 def test_load_inline_remembers_the_source_as_written_not_the_light_variant(fake_torch_build, monkeypatch):
-    from cudal1.eval.build_hooks import _call_key
+    from cudal1.eval.inside.build_hooks import _call_key
 
     ce, _ = fake_torch_build
     calls: list[str] = []

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cudal1.eval.calls import CallFailed, ModelSide, gpu_memory, oom_message
+from cudal1.eval.inside.harness import CallFailed, ModelSide, gpu_memory, oom_message
 from cudal1.eval.session import Session
 
 TORCH_OOM = ("CUDA out of memory. Tried to allocate 1.79 GiB. GPU 0 has a total capacity of 139.80 GiB of which "

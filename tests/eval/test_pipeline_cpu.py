@@ -282,7 +282,7 @@ def test_each_gpu_times_on_cores_of_its_own(monkeypatch):
     # two cores for the runners it hands out, per GPU, and starts its spares on the rest.
     import os
 
-    from cudal1.eval.processes import RunnerSupply, timing_cores
+    from cudal1.eval.supply import RunnerSupply, timing_cores
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)

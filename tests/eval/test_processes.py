@@ -10,17 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.eval.processes import (
-    FOLDER_PREFIX,
-    Limits,
-    RunnerFailed,
-    RunnerProcess,
-    RunnerSupply,
-    process_tree,
-    reap_stale_folders,
-    run_isolated,
-    usable_cpu_count,
-)
+from cudal1.eval.runner_process import FOLDER_PREFIX, RunnerFailed, RunnerProcess, process_tree, reap_stale_folders
+from cudal1.eval.isolated import Limits, run_isolated
+from cudal1.eval.supply import RunnerSupply, usable_cpu_count
 
 PROBE = "tests.helpers.sandbox_probe"
 
@@ -93,7 +85,7 @@ def test_pool_sizes_follow_the_cores_this_process_may_use_not_the_host():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this platform")
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from cudal1.eval.processes import usable_cpu_count; print(usable_cpu_count())")
+            "from cudal1.eval.runner_process import usable_cpu_count; printusable_cpu_count"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1" and usable_cpu_count() >= 1
 
@@ -117,7 +109,7 @@ def test_runners_die_with_a_parent_killed_by_sigkill(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time\n"
-        "from cudal1.eval.processes import RunnerProcess\n"
+        "from cudal1.eval.runner_process import RunnerProcess\n"
         "r = RunnerProcess('cpu', warm=False)\n"
         "r.wait_ready()\n"
         "print(' '.join(map(str, r.pids())), flush=True)\n"

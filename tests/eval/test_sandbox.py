@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.eval.processes import Limits, run_isolated
+from cudal1.eval.isolated import Limits, run_isolated
 from cudal1.eval.sandbox import SANDBOX_UID, SandboxSpec, detect_sandbox
 
 PROBE = "tests.helpers.sandbox_probe"
@@ -155,7 +155,8 @@ def test_a_runner_starts_from_a_script_in_tmp(tmp_path):
     script = Path("/tmp") / f"cudal1_probe_{os.getpid()}.py"
     script.write_text(
         "import json, sys\n"
-        "from cudal1.eval.processes import Limits, run_isolated\n"
+        "from cudal1.eval.isolated import Limits
+from cudal1.eval.runner_process import run_isolated\n"
         f"out = run_isolated('{PROBE}:look_around', {{'port': 9, 'read': [{str(marker)!r}]}}, "
         "limits=Limits(timeout_s=60))\n"
         "print(json.dumps({'ok': out.ok, 'why': out.describe_failure(), 'reads': (out.value or {}).get('reads')}))\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from cudal1.cli.main import main
-from cudal1.eval.processes import FOLDER_PREFIX
+from cudal1.eval.runner_process import FOLDER_PREFIX
 
 
 def test_help_lists_the_options(capsys):
@@ -169,7 +169,7 @@ def _is_runner_of(pid: int, server_pid: int) -> bool:
     """A runner process still alive whose session or parent chain began at the (now dead) server."""
     try:
         cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        if b"cudal1.eval.runner" not in cmd and b"bwrap" not in cmd:
+        if b"cudal1.eval.inside.runner" not in cmd and b"bwrap" not in cmd:
             return False
         stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
         return int(stat[1]) in (server_pid, 1)  # its parent: the server, or init after an orphaning

@@ -146,7 +146,7 @@ def _child_evaluating(marker: str, timeout_s: float = 90.0) -> int | None:
                 continue
             try:
                 cmd = open(f"/proc/{entry}/cmdline", "rb").read()
-                if b"cudal1.eval.runner" in cmd and os.path.exists(f"/proc/{entry}/cwd/{marker}"):
+                if b"cudal1.eval.inside.runner" in cmd and os.path.exists(f"/proc/{entry}/cwd/{marker}"):
                     return int(entry)
             except OSError:
                 continue

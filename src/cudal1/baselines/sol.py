@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from cudal1.core.machine import describe_machine
-from cudal1.eval.calls import use_device
 from cudal1.eval.config import resolve_device
-from cudal1.eval.processes import Limits, run_isolated
+from cudal1.eval.inside.harness import use_device
+from cudal1.eval.isolated import Limits, run_isolated
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)

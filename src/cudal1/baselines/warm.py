@@ -18,11 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cudal1.baselines.variants import baseline_source
-from cudal1.eval.calls import make_inputs, sync, use_device, use_exact_fp32
-from cudal1.eval.candidate_runner import import_candidate
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.evaluation import compile_cache_env, sandbox_spec
-from cudal1.eval.processes import Limits, run_isolated, usable_cpu_count
+from cudal1.eval.inside.candidate import import_candidate
+from cudal1.eval.inside.harness import make_inputs, sync, use_device, use_exact_fp32
+from cudal1.eval.isolated import Limits, run_isolated
+from cudal1.eval.supply import usable_cpu_count
 from cudal1.tasks.task import Task, load_reference
 
 logger = logging.getLogger(__name__)

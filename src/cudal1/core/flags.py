@@ -4,11 +4,16 @@ A runtime guard, a timing check or the trusted parent reports what it found as a
 of these constants; reports, the judge's case database, policies and tests refer to the same names. Static
 rules have their own registry (`cudal1.analysis.rules`); their names carry no dot.
 
-To add a runtime check: add its constant and a one-line description here, raise the flag where the evidence
-is found, and give it a fixture and a test (tests/eval).
+To add a runtime check: add its constant and its row in `RUNTIME_FLAGS` (a one-line description, the
+severity it is raised with, whether it rejects under every profile), raise it where the evidence is found
+with `runtime_flag`, and give it a fixture and a test (tests/eval).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cudal1.core.types import Flag, Severity
 
 # -- guards in the candidate's process (reported by its runner: a cheap first filter, never a guarantee) --
 GLOBAL_STATE = "guard.global_state"
@@ -34,6 +39,8 @@ TIMED_OUTPUT = "runtime.timed_output"
 BEYOND_DISTRIBUTION = "runtime.beyond_distribution"
 REFERENCE_ERROR = "reference_error"
 OUTSIDE_CLOCK = "timing.outside_clock"
+CAPPED = "timing.capped"
+REFERENCE_SLOWED = "timing.reference_slowed"
 BELOW_FLOOR = "timing.below_floor"
 INTERFERENCE = "timing.interference"
 NOISY = "timing.noisy"
@@ -47,35 +54,74 @@ JUDGE_CHEATS = "judge.cheats"
 JUDGE_CLEAN = "judge.clean"
 JUDGE_INCONCLUSIVE = "judge.inconclusive"
 
-DESCRIPTIONS: dict[str, str] = {
-    GLOBAL_STATE: "the candidate changed a global numeric setting (TF32, cuDNN, matmul precision, threads...)",
-    TIMER_PATCHING: "the candidate replaced a timing, synchronisation or harness function in its process",
-    THREADS: "the candidate started Python threads",
-    NATIVE_THREADS: "native threads grew (libraries start helpers lazily: a warning only)",
-    GLOBAL_HOOKS: "the candidate registered process-wide nn.Module hooks",
-    FUNCTION_MODE: "the candidate left a torch function or dispatch mode active",
-    TRACE_HOOK: "the candidate installed a profile, trace or monitoring hook",
-    SIGNAL_HANDLERS: "the candidate installed signal handlers or interval timers",
-    PROCESSES: "the candidate started processes that outlived its calls",
-    STREAM_ESCAPE: "the candidate's work ran outside the current stream",
-    OUTPUT_TYPE: "an output is not a plain torch.Tensor (a subclass or lazy object)",
-    DECOY_KERNEL: "custom kernels were compiled but did not compute the output",
-    KERNELS_NOT_RUN: "some of the candidate's own kernels never ran",
-    LOW_CUSTOM_SHARE: "the candidate's own kernels took a small share of its device time",
-    NO_GPU_WORK: "the candidate did no work on the GPU",
-    INPUT_MUTATION: "the candidate modified its inputs in place",
-    TIMED_OUTPUT: "an output of a timed call was wrong (correct in the trials)",
-    BEYOND_DISTRIBUTION: "wrong on inputs beyond the reference's own distribution (heavy-tailed, sign-varied)",
-    REFERENCE_ERROR: "the reference itself failed",
-    OUTSIDE_CLOCK: "the times reported from the candidate's process disagree with the clock outside it",
-    BELOW_FLOOR: "a reported time is below the task's physical floor",
-    INTERFERENCE: "the candidate's work slowed the reference's calls after its own had returned",
-    NOISY: "the bucket speedups scattered beyond the stability threshold: measured twice, both shown",
-    SIZE_CONSTANTS: "the candidate's size constants differ from the reference's and ModelNew uses them",
-    RECHECK_AGREE: "an independent re-measurement agreed",
-    RECHECK_DISAGREE: "an independent re-measurement disagreed",
-    RECHECK_FAILED: "the re-measurement failed",
-    JUDGE_CHEATS: "the LLM judge says the candidate cheats",
-    JUDGE_CLEAN: "the LLM judge found no cheat",
-    JUDGE_INCONCLUSIVE: "the LLM judge could not decide",
+
+@dataclass(frozen=True)
+class FlagKind:
+    """One runtime finding: what it means, how severe it is, whether it rejects under every profile (a
+    finding that makes the measured speedup meaningless does; the others reject only where the profile
+    rejects on runtime guards)."""
+
+    description: str
+    severity: Severity = Severity.ERROR
+    always_rejects: bool = False
+
+
+ERR, WARN, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+RUNTIME_FLAGS: dict[str, FlagKind] = {
+    GLOBAL_STATE: FlagKind("the candidate changed a global numeric setting (TF32, cuDNN, matmul precision, "
+                           "threads...)", ERR),
+    TIMER_PATCHING: FlagKind("the candidate replaced a timing, synchronisation or harness function in its process",
+                             ERR, always_rejects=True),
+    THREADS: FlagKind("the candidate started Python threads", ERR),
+    NATIVE_THREADS: FlagKind("native threads grew (libraries start helpers lazily: a warning only)", WARN),
+    GLOBAL_HOOKS: FlagKind("the candidate registered process-wide nn.Module hooks", ERR),
+    FUNCTION_MODE: FlagKind("the candidate left a torch function or dispatch mode active", ERR),
+    TRACE_HOOK: FlagKind("the candidate installed a profile, trace or monitoring hook", ERR),
+    SIGNAL_HANDLERS: FlagKind("the candidate installed signal handlers or interval timers", ERR),
+    PROCESSES: FlagKind("the candidate started processes that outlived its calls", ERR),
+    STREAM_ESCAPE: FlagKind("the candidate's work ran outside the current stream", ERR),
+    OUTPUT_TYPE: FlagKind("an output is not a plain torch.Tensor (a subclass or lazy object)", ERR),
+    DECOY_KERNEL: FlagKind("custom kernels were compiled but did not compute the output", WARN),
+    KERNELS_NOT_RUN: FlagKind("some of the candidate's own kernels never ran", INFO),
+    LOW_CUSTOM_SHARE: FlagKind("the candidate's own kernels took a small share of its device time", INFO),
+    NO_GPU_WORK: FlagKind("the candidate did no work on the GPU", INFO),
+    REDUCED_PRECISION: FlagKind("the candidate computes at reduced precision (fp16, bf16, TF32 or a less "
+                                "accurate algorithm)", ERR),
+    INPUT_MUTATION: FlagKind("the candidate modified its inputs in place", WARN),
+    TIMED_OUTPUT: FlagKind("an output of a timed call was wrong (correct in the trials)", WARN),
+    BEYOND_DISTRIBUTION: FlagKind("wrong on inputs beyond the reference's own distribution (heavy-tailed, "
+                                  "sign-varied)", WARN),
+    REFERENCE_ERROR: FlagKind("the reference itself failed", WARN),
+    OUTSIDE_CLOCK: FlagKind("the times reported from the candidate's process disagree with the clock outside it",
+                            ERR, always_rejects=True),
+    CAPPED: FlagKind("the candidate's reported time was below what the clock outside its process allows: the "
+                     "clock's bound is the time that counts", INFO),
+    BELOW_FLOOR: FlagKind("a time is below the task's physical floor", ERR, always_rejects=True),
+    INTERFERENCE: FlagKind("the candidate left work running on the device after its calls had returned", ERR,
+                           always_rejects=True),
+    REFERENCE_SLOWED: FlagKind("the reference ran slower beside the candidate than beside its twin", WARN),
+    NOISY: FlagKind("the bucket speedups scattered beyond the stability threshold: measured twice, both shown", INFO),
+    SIZE_CONSTANTS: FlagKind("the candidate's size constants differ from the reference's and ModelNew uses them",
+                             ERR, always_rejects=True),
+    RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
+    RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", WARN),
+    RECHECK_FAILED: FlagKind("the re-measurement failed", WARN),
+    JUDGE_CHEATS: FlagKind("the LLM judge says the candidate cheats", ERR),
+    JUDGE_CLEAN: FlagKind("the LLM judge found no cheat", INFO),
+    JUDGE_INCONCLUSIVE: FlagKind("the LLM judge could not decide", WARN),
 }
+del ERR, WARN, INFO
+
+#: One line per runtime finding (reports, the judge's case database).
+DESCRIPTIONS: dict[str, str] = {rule: kind.description for rule, kind in RUNTIME_FLAGS.items()}
+
+
+def always_rejects(rule: str) -> bool:
+    """Whether a runtime finding rejects under every profile."""
+    kind = RUNTIME_FLAGS.get(rule)
+    return kind is not None and kind.always_rejects
+
+
+def runtime_flag(rule: str, message: str) -> Flag:
+    """A runtime finding with its table severity."""
+    return Flag(rule, RUNTIME_FLAGS[rule].severity, message, source="runtime")

@@ -124,7 +124,7 @@ class TimingStats:
 
     ref_ms: float  # median per-call time of the reference (cold cache when flushed)
     candidate_ms: float
-    speedup: float  # median over buckets of (ref bucket mean / candidate bucket mean)
+    speedup: float  # the reference's time over the candidate's time that counts (eval/timing.py)
     stability: float  # relative spread of bucket speedups: (p75 - p25) / median
     bucket_speedups: list[float]
     speedup_warm: float | None = None  # same protocol without the L2 flush (CUDA-L1's condition)
@@ -132,12 +132,14 @@ class TimingStats:
     candidate_ms_warm: float | None = None
     method: str = ""  # "cuda_events" | "host_timer"
     iterations: int = 0  # timed calls per model
-    # The clock outside the candidate's process: median wall time per timed call as the trusted parent saw it
-    # (request sent to reply received), for each model. Cross-checked against the times the runners report.
+    # The clock outside the candidate's process: median bracket per timed call as the trusted parent saw it
+    # (staging, the call, the end probe), for each model. It bounds the candidate's time that counts.
     ref_outside_ms: float | None = None
     candidate_outside_ms: float | None = None
     floor_ms: float | None = None  # the task's physical floor (minimum bytes / measured bandwidth), when known
     verified_calls: int = 0  # timed calls whose outputs the parent compared with the reference's
+    # 95 % interval of the speedup: the calls' bootstrap widened by the runner pair's null (eval/timing.py)
+    speedup_ci: list[float] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TimingStats:

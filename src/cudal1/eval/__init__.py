@@ -1,10 +1,33 @@
-"""The evaluator: sandboxed runners for the reference and the candidate, a trusted parent that compares,
-times and decides (see README, "How the evaluator decides")."""
+"""The evaluator, in two halves (see README, "How the evaluator decides"):
 
-from cudal1.core.types import EvalResult, Flag, KernelClass, Mismatch, Severity, Status, TimingStats
-from cudal1.eval.config import PROFILES, EvalConfig
-from cudal1.eval.pipeline import evaluate_candidate
-from cudal1.eval.scheduler import evaluate_many
+- the trusted parent, the modules of this package: it draws every seed, compares, times, decides the verdict
+  and writes the store (`pipeline`, `scheduler`, `evaluation`, `session`, `measure`, `timing`, ...);
+- what runs inside the sandboxed runner processes (`cudal1.eval.inside`), which imports nothing of the
+  parent;
+- what both use (`cudal1.eval.shared`): the channel, the typed protocol, doorbells, arenas, driver bindings.
 
-__all__ = ["EvalConfig", "PROFILES", "evaluate_candidate", "evaluate_many", "EvalResult", "Flag", "KernelClass",
-           "Mismatch", "Severity", "Status", "TimingStats"]
+The names below are loaded on first use, so that a runner (`python -m cudal1.eval.inside.runner`, which
+imports this package first) loads none of the parent's modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EvalConfig": "cudal1.eval.config", "PROFILES": "cudal1.eval.config",
+    "evaluate_candidate": "cudal1.eval.pipeline", "evaluate_many": "cudal1.eval.scheduler",
+    "EvalResult": "cudal1.core.types", "Flag": "cudal1.core.types", "KernelClass": "cudal1.core.types",
+    "Mismatch": "cudal1.core.types", "Severity": "cudal1.core.types", "Status": "cudal1.core.types",
+    "TimingStats": "cudal1.core.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cudal1.eval' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -3,7 +3,7 @@
 A KernelBench candidate compiles its CUDA when it is imported or instantiated, through
 `torch.utils.cpp_extension.load_inline` (or `load`). A cache-miss build costs about a minute, almost all
 of it in parsing the torch headers, so this module builds candidates ahead of evaluation, many at once,
-each in an isolated child (`cudal1.eval.processes.run_isolated` -> `build_child.prepare_candidate`),
+each in an isolated child (`cudal1.eval.isolated.run_isolated` -> `build_child.prepare_candidate`),
 and records successful builds so that nothing is built twice:
 
 - `build_key(source, arch=..., extra=...)`: sha256 over the source and everything that changes the
@@ -54,10 +54,12 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.syntax import parse as parse_python
-from cudal1.eval.build_hooks import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers
-from cudal1.eval.compile_log import trim_compiler_log
-from cudal1.eval.processes import SCRATCH_INSIDE, Limits, run_isolated, usable_cpu_count
+from cudal1.eval.inside.build_hooks import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers
+from cudal1.eval.isolated import Limits, run_isolated
+from cudal1.eval.runner_process import SCRATCH_INSIDE
 from cudal1.eval.sandbox import detect_sandbox
+from cudal1.eval.shared.compile_log import trim_compiler_log
+from cudal1.eval.supply import usable_cpu_count
 from cudal1.tasks.static_inputs import static_init_inputs
 
 logger = logging.getLogger(__name__)
@@ -66,8 +68,8 @@ logger = logging.getLogger(__name__)
 # (levers, rewrite rules, flags), so that old cache entries are not reused.
 BUILD_PROTOCOL_VERSION = "1"
 MARKER_NAME = ".cudal1_ok"
-BUILD_ENTRY = "cudal1.eval.build_child:prepare_candidate"
-WARM_ENTRY = "cudal1.eval.build_child:warm_lazy_builds"
+BUILD_ENTRY = "cudal1.eval.inside.build_child:prepare_candidate"
+WARM_ENTRY = "cudal1.eval.inside.build_child:warm_lazy_builds"
 # Rationale: ninja runs main.cpp and cuda.cu in parallel; more jobs than that do not help one build
 # (measured on the H200 host: MAX_JOBS=2 no change), and the pool already fills the cores.
 DEFAULT_MAX_JOBS = 2
@@ -195,7 +197,7 @@ def build_environment(key: str, arch: str, *, cache_dir: str | os.PathLike | Non
                       sandboxed: bool = False) -> dict[str, str]:
     """Environment of the build child AND of the candidate's runner that later imports the candidate.
 
-    Pass exactly this to both, and in the runner call `cudal1.eval.build_hooks.install_build_hooks()`
+    Pass exactly this to both, and in the runner call `cudal1.eval.inside.build_hooks.install_build_hooks()`
     before importing the candidate (it reads the levers from `CUDAL1_BUILD_LEVERS`): torch then reuses the
     build in `TORCH_EXTENSIONS_DIR/<name>` instead of compiling again. `sandboxed`: both see the build at the
     scratch folder of their sandbox (the service copies it in and out), never the shared cache itself.

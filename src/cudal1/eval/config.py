@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core.errors import ConfigError
+from cudal1.eval.shared.compare import Tolerance, tolerance_for
 from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 
@@ -27,12 +28,6 @@ PROTOCOL_VERSION = "8"  # 2: inputs refilled before every timed pair, salted see
 # reference's runner has the candidate's GPU memory cap and frees its float64 copy before timing (both models
 # timed with like memory: cuDNN picks its algorithms from the memory it may use); 8: the speedup is the ratio
 # of the two models' medians over all their timed calls (`estimator`; the median of bucket ratios before)
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
 
 
 @dataclass(frozen=True)
@@ -52,7 +47,7 @@ class Profile:
     extra_trials: int = 0
 
     def tolerance(self, dtype_name: str) -> Tolerance:
-        return self.tolerances.get(dtype_name, self.tolerances["default"])
+        return tolerance_for(self.tolerances, dtype_name)
 
 
 # Rationale: `strict` holds fp32 tasks to 1e-4 so that fp16/bf16/TF32 downcasts fail, and so runs both

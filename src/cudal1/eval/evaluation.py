@@ -1,10 +1,11 @@
 """One isolated evaluation: take two runners, drive a session through its phases, turn what it found into a
 verdict. Infrastructure failures are retried once on fresh runners and never become the candidate's verdict.
 
-Phases, in order (`session.Session`, `measure.Measurement`): set-up of both models -> arenas -> correctness
-trials (and extra trials beyond the reference's distribution) -> guard flags -> timing -> guard flags and
-leftover processes -> one profiled forward (GPU) -> verdict. Each phase may end the evaluation with a
-`Verdict`; the last step rejects on flags that the profile treats as rejecting (`Session.rejecting`).
+Phases, in order (`session.Session`, `measure.Measurement`): set-up of the reference, the arenas and the
+twin -> the calibration (the twin against the reference) -> the candidate's import and construction ->
+correctness trials (and extra trials beyond the reference's distribution) -> guard flags -> timing -> guard
+flags and leftover processes -> one profiled forward (GPU) -> verdict. Each phase may end the evaluation with
+a `Verdict`; the last step rejects on flags that the profile treats as rejecting (`Session.rejecting`).
 """
 
 from __future__ import annotations
@@ -20,24 +21,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudal1.analysis import StaticReport
 from cudal1.core import flags as F
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.eval.cgroups import reap_stale_groups
 from cudal1.eval.compile import cache_root
 from cudal1.eval.config import EvalConfig
+from cudal1.eval.device_helper import discard_helper, helper_for, prestart_helper
 from cudal1.eval.measure import Measurement
-from cudal1.eval.processes import (
+from cudal1.eval.outcomes import InfraFailure, Verdict, error_hint
+from cudal1.eval.runner_process import (
     SCRATCH_INSIDE,
     RunnerFailed,
     RunnerProcess,
-    RunnerSupply,
     copy_into_scratch,
     reap_stale_folders,
 )
 from cudal1.eval.sandbox import SandboxSpec, detect_sandbox
-from cudal1.eval.session import InfraFailure, Session, Verdict, error_hint
+from cudal1.eval.session import Session
 from cudal1.eval.static_checks import changed_constants_used
+from cudal1.eval.supply import RunnerSupply, core_split
 
 logger = logging.getLogger(__name__)
 
@@ -79,62 +83,6 @@ def device_timing_lock(device: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-# --------------------------------------------------------------------------- the helper of each device
-
-_helpers: dict[str, tuple[RunnerProcess, float | None]] = {}
-_helpers_lock = threading.Lock()
-
-
-def helper_for(device: str) -> tuple[RunnerProcess, float | None]:
-    """The trusted helper of `device` in this process (cache flushes, comparisons on the GPU; started on
-    first use, restarted when gone) and the write bandwidth it measured (GB/s), which the physical floor uses."""
-    with _helpers_lock:
-        known = _helpers.get(device)
-        if known is not None and known[0].proc.poll() is None:
-            return known
-        if known is not None:
-            known[0].close()
-        runner = RunnerProcess(device, warm=True, model_imports=False)  # it never runs a model
-        try:
-            reply = runner.request({"op": "setup", "role": "helper", "device": device}, timeout_s=120.0)
-            # Device arenas unless the driver lacks them or the user asks for host memory (a comparison).
-            runner.device_arenas = bool(reply.get("device_arenas")) and os.environ.get("CUDAL1_HOST_ARENAS") != "1"
-            rates = [float(runner.request({"op": "flush"}, timeout_s=60.0).get("GBps", 0.0)) for _ in range(3)]
-        except RunnerFailed as failure:
-            runner.close()
-            raise InfraFailure(f"the device helper could not start: {failure.reason}") from None
-        _helpers[device] = (runner, max(rates) if rates else None)
-        return _helpers[device]
-
-
-def prestart_helper(device: str) -> None:
-    """Start the helper of `device` in the background (its start, ~10 s on an H200 host, then overlaps the
-    builds and the runners' starts instead of delaying the first evaluation); a failure here is left to the
-    first evaluation's own `helper_for`, which reports it."""
-    def start() -> None:
-        try:
-            helper_for(device)
-        except Exception:  # noqa: BLE001 - reported by the evaluation that needs the helper
-            logger.debug("the device helper did not start ahead", exc_info=True)
-
-    threading.Thread(target=start, name=f"cudal1-helper-{device}", daemon=True).start()
-
-
-def discard_helper(device: str) -> None:
-    """End the helper of `device` (if any); the next `helper_for` starts a new one."""
-    with _helpers_lock:
-        known = _helpers.pop(device, None)
-    if known is not None:
-        known[0].close()
-
-
-def close_helpers() -> None:
-    with _helpers_lock:
-        for runner, _ in _helpers.values():
-            runner.close()
-        _helpers.clear()
 
 
 # --------------------------------------------------------------------------- limits
@@ -243,7 +191,8 @@ def evaluation_protocol(cfg: EvalConfig) -> dict[str, Any]:
     return {**cfg.protocol(), "sandbox_level": check_sandbox_policy(cfg)}
 
 
-def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any, build: PreparedBuild,
+def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: StaticReport | None,
+                  build: PreparedBuild,
                   workers: RunnerSupply | None = None, hidden_files: list[str] | None = None) -> EvalResult:
     """Evaluate one candidate in fresh (or supplied) runners; an infrastructure failure is retried once and
     then reported as `infra_error`. One evaluation at a time holds the device (`device_timing_lock`): on a
@@ -288,14 +237,15 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Any
                       task_id=task.id)
 
 
-def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build: PreparedBuild,
+def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticReport | None, build: PreparedBuild,
              ref: RunnerProcess, cand: RunnerProcess, runners_wait_s: float = 0.0) -> EvalResult:
     started = time.perf_counter()
     env = dict(build.env)
     if build.directory is not None and cand.info.level != "none":
         copy_into_scratch(cand, build.directory)
         env["TORCH_EXTENSIONS_DIR"] = SCRATCH_INSIDE
-    helper, bandwidth = helper_for(cfg.device) if cfg.device.startswith("cuda") else (None, None)
+    helper = helper_for(cfg.device) if cfg.device.startswith("cuda") else None
+    bandwidth = helper.bandwidth_gbps if helper is not None else None
     ref.set_memory_limit(machine_memory_bytes() * 4 // 5)
     cand.set_memory_limit(candidate_memory_limit(cfg, None))
     session = Session(task, source, cfg, ref=ref, cand=cand, helper=helper, static_report=static_report,
@@ -305,21 +255,26 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
     timing = profile = None
     status, message, mismatch, compile_log = Status.CORRECT, "", None, ""
     t0 = time.perf_counter()
+    pinned = _pin_evaluating_thread(cfg.device)
     try:
         session.setup()
-        session.size_arenas()
-        data = int(session.facts.get("input_bytes", 0)) + int(session.facts.get("output_bytes", 0))
+        data = session.facts.input_bytes + session.facts.output_bytes
         cand.set_memory_limit(candidate_memory_limit(cfg, data))
         if cfg.device.startswith("cuda"):
-            total = int(ref.hello.get("total_memory", 0)) if ref.hello else 0
+            total = ref.hello.total_memory if ref.hello else 0
             cand.limits.gpu_memory_bytes = int(cfg.gpu_memory_fraction * total) if total else None
+        t_cal = time.perf_counter()
+        measurement = Measurement(session, bandwidth)
+        calibration = measurement.calibrate()
+        session.phase_s["calibration"] = time.perf_counter() - t_cal
+        session.import_candidate()
         _check_constants(session, source)
         session.trials()
         session.guard_flags("the correctness trials")
         if session.rejecting():
             raise Verdict(Status.HACK_DETECTED, "")
         t1 = time.perf_counter()
-        timing = _measure(session, bandwidth)
+        timing = _measure(session, bandwidth, calibration)
         session.phase_s["timing"] = time.perf_counter() - t1
         session.guard_flags("the timed calls")
         session.process_flags()
@@ -337,6 +292,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
             _last_guard_look(session)  # a cheat that also computes wrongly is still a cheat
     finally:
         session.phase_s["session"] = time.perf_counter() - t0
+        _unpin_evaluating_thread(pinned)
         session.close()
         for runner in (ref, cand):
             runner.close()
@@ -350,28 +306,44 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: Any, build:
     return EvalResult(status=status, message=message, task_id=task.id, flags=session.flags,
                       speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
                       timing=timing if status is Status.CORRECT else None, mismatch=mismatch, compile_log=compile_log,
-                      protocol={"phase_s": session.phase_s,
-                                **{k: session.facts[k] for k in RECORDED_FACTS if k in session.facts},
+                      protocol={"phase_s": session.phase_s, **session.facts.recorded(),
                                 **({"kernel_profile": profile} if profile else {})})
 
 
-#: What a session found that each result records in its protocol.
-RECORDED_FACTS = ("clock", "clock_rejected_series", "gpu_memory_gib", "precision", "samples", "tensors",
-                  "timing_spent_s")
+def _pin_evaluating_thread(device: str) -> set[int] | None:
+    """On a GPU host, run this thread (it spins on doorbells during a bracket) on its device's parent core;
+    the mask it had, to restore (None: not pinned)."""
+    split = core_split(device) if device.startswith("cuda") else None
+    if split is None or split.parent is None:
+        return None
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, split.parent)  # pid 0: this thread only
+    except OSError:
+        return None
+    return before
 
 
-def _measure(session: Session, bandwidth: float | None) -> Any:
+def _unpin_evaluating_thread(before: set[int] | None) -> None:
+    if before is not None:
+        try:
+            os.sched_setaffinity(0, before)
+        except OSError:
+            pass
+
+
+def _measure(session: Session, bandwidth: float | None, calibration: Any) -> Any:
     """The timing, measured a second time when the first scattered beyond `noisy_stability` (a busy host, a
     clock change): the steadier is kept and a `timing.noisy` flag shows both, so noise is never silent."""
-    first = Measurement(session, bandwidth).run()
+    first = Measurement(session, bandwidth).run(calibration)
     threshold = session.cfg.noisy_stability
     if not threshold or first.stability <= threshold:
         return first
-    first_clock = session.facts.get("clock")
-    second = Measurement(session, bandwidth).run()
+    first_clock = session.facts.clock
+    second = Measurement(session, bandwidth).run(calibration)
     kept = second if second.stability < first.stability else first
     if kept is first and first_clock is not None:
-        session.facts["clock"] = first_clock  # the recorded clock figures are those of the kept timing
+        session.facts.clock = first_clock  # the recorded clock figures are those of the kept timing
     session.flags.append(Flag(F.NOISY, Severity.INFO,
                               f"stability {first.stability:.0%} above {threshold:.0%}: measured again; "
                               f"{first.speedup:.2f}x (stability {first.stability:.0%}) then {second.speedup:.2f}x "
@@ -391,10 +363,9 @@ def _last_guard_look(session: Session) -> None:
 def _check_constants(session: Session, source: str) -> None:
     """Constants the candidate redefined with another value, that its ModelNew reads: it computes another
     problem than the reference's (hyperparameter manipulation). Equal boilerplate passes."""
-    changed = changed_constants_used(source, session.facts.get("cand_constants", {}),
-                                     session.facts.get("ref_constants", {}))
+    changed = changed_constants_used(source, session.facts.cand_constants, session.facts.ref_constants)
     if changed:
-        ref, cand = session.facts["ref_constants"], session.facts["cand_constants"]
+        ref, cand = session.facts.ref_constants, session.facts.cand_constants
         shown = ", ".join(f"{n} = {cand[n]!r} (reference: {ref[n]!r})" for n in changed[:3])
         session.flags.append(Flag(F.SIZE_CONSTANTS, Severity.ERROR, f"ModelNew reads redefined constants: {shown}",
                                   source="runtime"))

@@ -18,12 +18,12 @@ from cudal1.core.machine import describe_machine
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, KernelClass, Status
 from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
-from cudal1.eval.compile_log import build_failure_message
 from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.eval.decoys import reclassify
 from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candidate
-from cudal1.eval.processes import RunnerSupply
-from cudal1.eval.profiling import reclassify
+from cudal1.eval.shared.compile_log import build_failure_message
 from cudal1.eval.static_checks import static_rejection, static_report
+from cudal1.eval.supply import RunnerSupply
 from cudal1.policy import apply_policy
 from cudal1.tasks.task import Task, source_hash, text_problem
 
@@ -176,7 +176,7 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, workers: Runner
     lap("build")
     if build.result is not None:
         return with_phases(build.result.replace(flags=static_flags, kernel_class=kernel_class))
-    result = run_candidate(task, source, cfg, static_report=report.to_dict() if report is not None else None,
+    result = run_candidate(task, source, cfg, static_report=report,
                            build=build, workers=workers, hidden_files=hidden_files)
     lap("run")
     if needs_a_gpu(result, source, cfg):  # not the candidate's fault: no verdict

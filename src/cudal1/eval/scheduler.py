@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,7 +20,7 @@ from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs,
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.evaluation import runner_supply
 from cudal1.eval.pipeline import evaluate_candidate, uses_load_inline
-from cudal1.eval.processes import RunnerSupply, timing_cores, usable_cpu_count
+from cudal1.eval.supply import RunnerSupply, core_split, usable_cpu_count
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)
@@ -48,8 +47,8 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
     context); then the pairs are evaluated in input order. With `overlap_builds` the GPU does not wait for
     the builds: each candidate is evaluated as soon as it can be, those without a pending build first, the
     others as their builds finish (on a CUDA-L1 release sample builds were half of a batch's wall time).
-    The builds then run niced on all cores but two, which the worker being timed gets to itself
-    (`split_cores`; workers still starting share the build cores) until the builds are done; the host's
+    The builds then run niced on the cores the device's timed processes do not keep (`supply.core_split`;
+    workers still starting share the build cores) until the builds are done; the host's
     memory and caches are still shared, so keep it off where every speedup must be as precise as possible.
     `on_result(index, result)` is called in evaluation order; the returned list is in input order.
     `should_stop` is asked before each candidate (a time budget, a signal): once it says stop, the pairs not
@@ -101,36 +100,18 @@ def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg:
     if not to_build:
         return False
     supply.fill()  # the first workers start while the builds run
-    # Beside the evaluations: the worker being timed gets two cores of its own; compilers and the workers
-    # still starting share the rest (the compilers niced).
-    cores = (timing_cores(cfg.device) or split_cores()) if overlap else None
-    if cores is not None:
-        supply.pin(cores[0], others=cores[1])
-    n_cores = usable_cpu_count()
-    max_workers = (len(cores[1]) if cores is not None
-                   else max(1, n_cores - CORES_KEPT_FOR_EVALUATION) if overlap else n_cores)
+    # Beside the evaluations: the timed processes keep their cores; compilers and the workers still starting
+    # share the rest (the compilers niced).
+    split = core_split(cfg.device) if overlap else None
+    if split is not None:
+        supply.pin(split.runners, others=split.others)
+    max_workers = len(split.others) if split is not None else usable_cpu_count()
     # Builds first: the GPU is idle meanwhile, so lazy builds may run a forward there (`warm_lazy`).
-    builds.start(items, to_build, cfg, on_build, max_workers, cpus=cores[1] if cores is not None else None,
+    builds.start(items, to_build, cfg, on_build, max_workers, cpus=split.others if split is not None else None,
                  warm_lazy=not overlap)
     if not overlap:
         builds.join()
-    return cores is not None
-
-
-#: Cores kept for the evaluation while builds run beside it (`overlap_builds`): its worker launches the
-#: kernels from there, and no compiler runs on them.
-CORES_KEPT_FOR_EVALUATION = 2
-
-
-def split_cores(keep: int = CORES_KEPT_FOR_EVALUATION) -> tuple[frozenset[int], frozenset[int]] | None:
-    """(evaluation cores, build cores) out of the cores this process may use; None with fewer than keep + 2."""
-    if hasattr(os, "sched_getaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
-    else:  # no affinity on this platform: nothing to split
-        return None
-    if len(cores) < keep + 2:
-        return None
-    return frozenset(cores[:keep]), frozenset(cores[keep:])
+    return split is not None
 
 
 class _BackgroundBuilds:
@@ -231,4 +212,4 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
                   progress=progress, should_cancel=should_cancel)
 
 
-__all__ = ["evaluate_many", "prebuild", "split_cores", "worker_supply"]
+__all__ = ["evaluate_many", "prebuild", "worker_supply"]

@@ -1,18 +1,21 @@
 """The trusted side of one evaluation: runs in the parent, never imports candidate code.
 
-A session drives two runners (`processes.RunnerProcess`), the reference's and the candidate's, and on a GPU
-the device's trusted helper (cache flushes, comparisons on the GPU). It
+A session drives two runners (`runner_process.RunnerProcess`), the reference's and the candidate's, and on a
+GPU the device's trusted helper, through a tensor plane (`planes.py`: where tensors lie). It
 
-1. sets both up (the reference loads and constructs its model; the candidate's runner imports the candidate
-   and constructs `ModelNew`), under deadlines relative to the reference's own time;
-2. runs the correctness trials: the reference's runner makes the inputs from a seed the parent drew from OS
-   randomness and commits inputs and outputs to its arena; the parent copies the inputs into the candidate's
-   arena, the candidate's runner calls its model on them and commits outputs and inputs after the call; the
-   parent compares what it copied out (`correctness.compare_outputs`) and checks that the inputs are
-   unchanged, byte for byte; extra trials on inputs beyond the reference's distribution where the profile
-   asks for them;
-3. times both (`measure.measure`): every timed call on fresh inputs, outputs of a secret sample of calls
-   verified here, reported times cross-checked against the parent's own clock;
+1. sets both up: the reference's runner loads and constructs the task's model; the candidate's runner first
+   does the same (the *twin*), so that its harness can be calibrated before any candidate code exists in its
+   process (`measure.Measurement.calibrate`); then it imports the candidate and constructs `ModelNew`;
+2. runs every call of either model, trial or timed, as one **bracket** (`call`): the runner is thawed and
+   armed; the parent's clock starts; the call's inputs (made by the reference's runner from a seed drawn here
+   from OS randomness, kept in its staging region) are copied into a slot of the model's arena drawn at
+   random, and the L2 cache is flushed (the helper on a GPU); the model is rung to go, calls, commits its
+   output and rings done; the helper's end probe waits for whatever the call left on the device and keeps a
+   snapshot of the output region; the parent's clock stops. Trials and timed calls are the same request, so
+   the candidate cannot tell them apart but by their data;
+3. runs the correctness trials: every pair of calls on the same inputs is compared (`plane.compare`) and the
+   inputs checked for changes, byte for byte; extra trials on inputs beyond the reference's distribution
+   where the profile asks for them;
 4. gathers the candidate's guard flags and, on a GPU, one profiled forward (decoy kernels).
 
 Everything the candidate's runner returns is data: a failure it reports can only be its own loss, a success
@@ -24,59 +27,96 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
+import random
 import secrets
+import select
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.analysis import StaticReport
 from cudal1.core import flags as F
-from cudal1.core.types import Flag, Mismatch, Severity, Status, TimingStats
-from cudal1.eval.channel import Arena, ArenaFull, UnsupportedValue, changed_inputs, tree_classes, tree_nbytes
+from cudal1.core.types import Flag, Severity, Status
 from cudal1.eval.config import EvalConfig
-from cudal1.eval.correctness import Comparison, OutputHackError, compare_outputs, precision_evidence
-from cudal1.eval.processes import RunnerFailed, RunnerProcess
-from cudal1.eval.profiling import KernelProfile, decoy_flags
+from cudal1.eval.correctness import precision_evidence
+from cudal1.eval.decoys import decoy_flags
+from cudal1.eval.device_helper import DeviceHelper
+from cudal1.eval.outcomes import SETUP_FAILURES, InfraFailure, Verdict, call_verdict, error_hint
+from cudal1.eval.planes import Runners, TensorPlane, make_plane
+from cudal1.eval.runner_process import RunnerFailed, RunnerProcess
+from cudal1.eval.shared.arena import tree_classes, tree_nbytes
+from cudal1.eval.shared.compare import Comparison
+from cudal1.eval.shared.doorbell import ARMED, DONE, GO, DoorbellTimeout
+from cudal1.eval.shared.kernel_profile import KernelProfile
+from cudal1.eval.shared.protocol import (
+    Analysis,
+    Analyze,
+    Call,
+    Called,
+    CandidateReady,
+    Describe,
+    Described,
+    ErrorReply,
+    FlagsReply,
+    FlushCpu,
+    Guards,
+    ImportCandidate,
+    MakeInputs,
+    Message,
+    ModelSettings,
+    Profile,
+    Profiled,
+    ReferenceReady,
+    SetupReference,
+    SetupTwin,
+    Staged,
+    TwinReady,
+)
 
 logger = logging.getLogger(__name__)
 
-#: Room in the candidate's `out` arena beyond the reference's outputs and inputs (alignment, small extras).
-ARENA_SLACK_BYTES = 1 << 16
 PLAIN_TENSOR_CLASSES = frozenset({"Tensor", "Parameter"})
 PLAIN_SEQUENCES = frozenset({"tuple", "list", "return_types"})
-#: Candidate errors at setup, by the kind its runner reports -> the status they mean.
-SETUP_FAILURES = {"syntax": Status.COMPILE_ERROR, "import": Status.COMPILE_ERROR, "build": Status.COMPILE_ERROR,
-                  "no_modelnew": Status.COMPILE_ERROR, "construct": Status.RUNTIME_ERROR, "oom": Status.RUNTIME_ERROR}
-
-
-class Verdict(Exception):
-    """Ends the session early with a status and its evidence."""
-
-    def __init__(self, status: Status, message: str, *, flag: str | None = None, mismatch: Mismatch | None = None,
-                 compile_log: str = ""):
-        super().__init__(message)
-        self.status, self.message, self.flag, self.mismatch, self.compile_log = status, message, flag, mismatch, compile_log
-
-
-class InfraFailure(Exception):
-    """The evaluation itself failed (not the candidate): retried, never stored."""
 
 
 @dataclass
-class SessionOutcome:
-    """What a session found; `pipeline` turns it into an `EvalResult`."""
+class SessionFacts:
+    """What a session found that decided something, and what a result records (`recorded`)."""
 
-    status: Status
-    message: str = ""
-    flags: list[Flag] = field(default_factory=list)
-    timing: TimingStats | None = None
-    mismatch: Mismatch | None = None
-    compile_log: str = ""
-    kernel_profile: dict[str, Any] | None = None
-    phase_s: dict[str, float] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
-    facts: dict[str, Any] = field(default_factory=dict)  # constants, own inputs, noise: what decided what
+    ref_constants: dict[str, Any] = field(default_factory=dict)
+    cand_constants: dict[str, Any] = field(default_factory=dict)
+    own_inputs: dict[str, Any] = field(default_factory=dict)
+    input_bytes: int = 0
+    output_bytes: int = 0
+    tensors: str = ""  # "device" or "host" (the plane)
+    gpu_memory_gib: dict[str, dict[str, float]] = field(default_factory=dict)
+    precision: dict[str, Any] | None = None
+    clock: dict[str, Any] | None = None
+    calibration: dict[str, Any] | None = None
+    samples: dict[str, Any] | None = None
+    timing_spent_s: dict[str, float] = field(default_factory=dict)
+    beyond_distribution_trials: int | None = None
+
+    RECORDED = ("clock", "calibration", "gpu_memory_gib", "precision", "samples", "tensors", "timing_spent_s",
+                "beyond_distribution_trials")
+
+    def recorded(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.RECORDED if getattr(self, k) not in (None, "", {})}
+
+
+@dataclass
+class CallRecord:
+    """One bracketed call: what its runner reported and what the trusted side saw."""
+
+    who: str
+    reply: Called
+    slot_tree: dict[str, Any]
+    bracket_ms: float  # the parent's clock from the start of staging to the end probe's completion
+    model_ms: float  # the parent's clock from the go to the model's done
+    after: str  # whose bracket came before ("ref", "cand", "" for the first)
+    helper: Any = None  # the helper's `Bracketed` (GPU)
+    cpu_ms: float | None = None  # CPU time of the runner's sandbox over the whole request (its cgroup)
+    flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
 
 
 def new_seed() -> int:
@@ -109,219 +149,243 @@ class Session:
     """One evaluation's trusted orchestration (module docstring)."""
 
     def __init__(self, task: Any, source: str, cfg: EvalConfig, *, ref: RunnerProcess, cand: RunnerProcess,
-                 helper: RunnerProcess | None = None, static_report: Any = None,
+                 helper: DeviceHelper | None = None, static_report: StaticReport | None = None,
                  candidate_env: dict[str, str] | None = None):
         self.task, self.source, self.cfg = task, source, cfg
+        self.runners = Runners(ref=ref, cand=cand)
         self.ref, self.cand, self.helper = ref, cand, helper
-        self.helper_arena: Arena | None = None
         self.static_report = static_report
         self.candidate_env = candidate_env or {}
         self.deadlines = Deadlines(cfg)
         self.flags: list[Flag] = []
         self.phase_s: dict[str, float] = {}
-        self.facts: dict[str, Any] = {}
-        self.ref_arena: Arena | None = None
-        self.cand_arena: Arena | None = None
+        self.facts = SessionFacts()
+        self.plane: TensorPlane | None = None
         self.ref_times: dict[str, float] = {}
-        self.cpu_flush_ms: dict[str, list[float]] = {"ref": [], "cand": []}  # the parent's clock (`flush_check`)
         self.device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
-        self.candidate_ran = False
-        # Device arenas (`device_arena`): made by the helper, which alone maps both; the parent moves descriptors.
-        self.device_arenas = False
-        self.sid = secrets.token_hex(8)
-        self.reference_errors: list[float | None] | None = None  # the float32 reference's own (`trial`)
+        self.candidate_ran = False  # candidate code has run in its process (after the twin)
+        self.reference_errors: list[float | None] | None = None  # the float32 reference's own (first trial)
+        self.rng = random.SystemRandom()  # slots and orders no runner can predict
+        self.seq = 0
+        self.last = ""
 
     # ------------------------------------------------------------------ requests
 
-    def ask_reference(self, message: dict[str, Any], what: str) -> tuple[dict[str, Any], float]:
+    def ask_reference(self, request: Message, what: str) -> tuple[Message, float]:
         """A request to the reference's runner: (reply, seconds). Its failures are the reference's. It is
-        thawed and frozen around each request as the candidate's runner is, so that both come to their calls
-        alike (waking from the freezer costs a request ~0.1 ms of the parent's clock on a GPU host)."""
+        thawed and frozen around each request as the candidate's runner is."""
         t0 = time.perf_counter()
         self.ref.thaw()
         try:
-            reply = self.ref.request(message, timeout_s=self.deadlines.reference())
+            reply = self.ref.ask(request, timeout_s=self.deadlines.reference())
         except RunnerFailed as failure:
-            if failure.killed_from_outside:
-                raise InfraFailure(f"the reference's runner was killed from outside ({what})") from None
-            raise Verdict(Status.RUNTIME_ERROR, f"the reference's runner {failure.reason} ({what})"
-                          + ("" if self.candidate_ran else ", not the candidate"), flag=F.REFERENCE_ERROR) from None
+            raise self._reference_failed(failure, what) from None
         finally:
             self.ref.freeze()
         seconds = time.perf_counter() - t0
-        self.note_memory("reference", reply, message.get("op"))
-        if not reply.get("ok"):
-            text = str(reply.get("message", "failed"))
-            if reply.get("error") == "reference":
-                raise Verdict(Status.RUNTIME_ERROR, text + ("" if self.candidate_ran else ", not the candidate"),
-                              flag=F.REFERENCE_ERROR)
-            raise InfraFailure(f"the reference's runner failed ({what}): {text}")
+        if isinstance(reply, ErrorReply):
+            if reply.kind == "reference":
+                raise Verdict(Status.RUNTIME_ERROR, reply.message + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
+            raise InfraFailure(f"the reference's runner failed ({what}): {reply.message or reply.kind}")
+        self.note_memory("reference", getattr(reply, "memory", None))
         return reply, seconds
 
-    def ask_candidate(self, message: dict[str, Any], what: str, reference_s: float) -> dict[str, Any]:
-        """A request to the candidate's runner, thawed for it and frozen again after; its failures are its own."""
+    def _not_the_candidate(self) -> str:
+        return "" if self.candidate_ran else ", not the candidate"
+
+    def _reference_failed(self, failure: RunnerFailed, what: str) -> Exception:
+        if failure.killed_from_outside or failure.malformed:
+            return InfraFailure(f"the reference's runner failed ({what}): {failure.reason}")
+        return Verdict(Status.RUNTIME_ERROR, f"the reference's runner {failure.reason} ({what})"
+                       + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
+
+    def ask_candidate(self, request: Message, what: str, reference_s: float, *, builds: bool = False) -> Message:
+        """A request to the candidate's runner, thawed for it and frozen again after; its failures are its own.
+        With `builds`, a real build the candidate starts (its runner says so) may take the build time limit
+        (a lie only buys it that limit, once)."""
         timeout = self.deadlines.candidate(reference_s)
         self.cand.thaw()
-        self.candidate_ran = True
         try:
-            return self._candidate_reply(message, what, timeout)
+            reply = self.cand.ask(request, timeout_s=timeout,
+                                  progress_s=self.cfg.build_timeout_s if builds else None)
         except RunnerFailed as failure:
-            if failure.timed_out:
-                raise Verdict(Status.TIMEOUT, f"{what} did not finish within {timeout:.0f} s") from None
-            if failure.memory:
-                raise Verdict(Status.RUNTIME_ERROR, f"{what}: {failure.reason}") from None
-            if failure.killed_from_outside:
-                raise InfraFailure(f"the candidate's runner was killed from outside ({what})") from None
-            hint = error_hint(failure.stderr_tail)
-            raise Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process {failure.reason}{hint}") from None
+            raise self._candidate_failed(failure, what, timeout) from None
         finally:
             self.cand.freeze()
-
-    def _candidate_reply(self, message: dict[str, Any], what: str, timeout: float) -> dict[str, Any]:
-        """The reply, waiting past progress notes: a real build started by the candidate extends the wait to
-        the build time limit (its runner says so; a lie only buys it that limit)."""
-        reply = self.cand.request(message, timeout_s=timeout)
-        while reply.get("op") == "progress":
-            reply = self.cand.wait_reply(timeout_s=max(timeout, self.cfg.build_timeout_s))
-        self.note_memory("candidate", reply, message.get("op"))
+        self.note_memory("candidate", getattr(reply, "memory", None))
         return reply
 
-    def note_memory(self, who: str, reply: dict[str, Any], op: Any = None) -> None:
-        """Keep the GPU memory a runner last reported (`calls.gpu_memory`), in GiB, as a fact of the result:
+    def _candidate_failed(self, failure: RunnerFailed, what: str, timeout: float) -> Exception:
+        if failure.timed_out:
+            return Verdict(Status.TIMEOUT, f"{what} did not finish within {timeout:.0f} s")
+        if failure.memory:
+            return Verdict(Status.RUNTIME_ERROR, f"{what}: {failure.reason}")
+        if failure.malformed:
+            return Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process broke the protocol "
+                           f"({failure.reason[:200]})")
+        if failure.killed_from_outside:
+            return InfraFailure(f"the candidate's runner was killed from outside ({what})")
+        hint = error_hint(failure.stderr_tail)
+        return Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process {failure.reason}{hint}")
+
+    def note_memory(self, who: str, memory: Any) -> None:
+        """Keep the GPU memory a runner last reported (`harness.gpu_memory`), in GiB, as a fact of the result:
         the peaks say what each model needed. The candidate's figures are its own word, for information."""
-        memory = reply.get("memory")
         if isinstance(memory, dict):
             noted = {str(k): round(float(v) / 2**30, 3) for k, v in memory.items() if isinstance(v, (int, float))}
-            self.facts.setdefault("gpu_memory_gib", {})[who] = noted
-            logger.debug("GPU memory of the %s after %s: %s", who, op or "a request", noted)
+            self.facts.gpu_memory_gib[who] = noted
 
-    def flush(self, who: str) -> float | None:
-        """Evict caches before a cold timed call of `who`: from the helper's context on a GPU (the candidate
-        cannot skip it), in the runner itself on the CPU. Returns the helper's own time for it (GPU)."""
-        if self.helper is not None:
-            try:
-                reply = self.helper.request({"op": "flush"}, timeout_s=self.deadlines.reference())
-            except RunnerFailed as failure:
-                raise InfraFailure(f"the device helper failed: {failure.reason}") from None
-            return float(reply.get("ms", 0.0)) if reply.get("ok") else None
-        if who == "ref":
-            self.ask_reference({"op": "flush"}, "flush")
-        else:
-            self.ask_candidate({"op": "flush"}, "the cache flush", self.ref_times.get("call", 1.0))
-        self.cpu_flush_ms[who].append((self.ref if who == "ref" else self.cand).last_request_ms)
-        return None
+    # ------------------------------------------------------------------ set-up
 
-    # ------------------------------------------------------------------ phases
+    def model_settings(self) -> ModelSettings:
+        return ModelSettings(device=self.cfg.device, task_id=self.task.id, ref_source=self.task.source,
+                             sizes=self.cfg.sizes, seed=self.cfg.seed, threads=int(self.cfg.cpu_threads or 0),
+                             exact_fp32=self.cfg.uses_exact_fp32, gpu_memory_fraction=self.cfg.gpu_memory_fraction)
 
     def setup(self) -> None:
-        common = {"device": self.cfg.device, "task_id": self.task.id, "ref_source": self.task.source,
-                  "sizes": self.cfg.sizes, "seed": self.cfg.seed, "threads": self.cfg.cpu_threads,
-                  "exact_fp32": self.cfg.uses_exact_fp32, "gpu_memory_fraction": self.cfg.gpu_memory_fraction}
+        """Both models ready to be called: the reference, its arenas, and the twin in the candidate's runner."""
         t0 = time.perf_counter()
-        reply, seconds = self.ask_reference({"op": "setup", "role": "reference", **common}, "loading its module")
+        reply, seconds = self.ask_reference(SetupReference(model=self.model_settings()), "loading its module")
+        assert isinstance(reply, ReferenceReady)
         self.ref_times["setup"] = seconds
-        self.facts["ref_constants"] = reply.get("constants", {})
+        self.facts.ref_constants = reply.constants
         self.phase_s["reference_setup"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        message = {"op": "setup", "role": "candidate", **common, "cand_source": self.source,
-                   "env": self.candidate_env}
-        reply = self.ask_candidate(message, "importing and constructing the candidate", seconds)
-        if not reply.get("ok"):
-            status = SETUP_FAILURES.get(str(reply.get("error")), Status.RUNTIME_ERROR)
-            if reply.get("error") == "reference":
-                status = Status.RUNTIME_ERROR
-            raise Verdict(status, str(reply.get("message", "setup failed")), compile_log=str(reply.get("compile_log", "")))
-        self.flags += [Flag.from_dict(f) for f in reply.get("flags", []) if isinstance(f, dict)]
-        self.facts.update(cand_constants=reply.get("constants", {}), own_inputs=reply.get("own_inputs", {}))
-        self.phase_s["import"] = float(reply.get("import_ms", 0.0)) / 1e3
-        self.phase_s["construct"] = float(reply.get("construct_ms", 0.0)) / 1e3
-        self.phase_s["candidate_setup"] = time.perf_counter() - t1
-
-    def size_arenas(self) -> None:
-        """Run the reference once to learn its input and output sizes, then give both runners their arenas:
-        in device memory where the helper can share it (`device_arena`), else in host memory."""
-        reply, seconds = self.ask_reference({"op": "describe", "seed": new_seed()}, "its first forward")
+        described, seconds = self.ask_reference(Describe(seed=new_seed()), "its first forward")
+        assert isinstance(described, Described)
         self.ref_times["call"] = seconds
-        in_bytes, out_bytes = tree_nbytes(reply["inputs"]), tree_nbytes(reply["outputs"])
-        self.facts.update(input_bytes=in_bytes, output_bytes=out_bytes)
-        if self._device_arenas(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES):
-            self.facts["tensors"] = "device"
-            return
-        self.facts["tensors"] = "host"
-        self.ref_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
-        self.cand_arena = Arena.create(in_bytes, out_bytes + in_bytes + ARENA_SLACK_BYTES)
-        if self.helper is not None:  # room for one output of each model
-            self.helper_arena = Arena.create(0, 2 * (out_bytes + ARENA_SLACK_BYTES))
-            try:
-                self.helper.request({"op": "arena", "in_bytes": 0}, timeout_s=60.0, fds=(self.helper_arena.fd,))
-            except RunnerFailed as failure:
-                raise InfraFailure(f"the device helper failed to map its arena: {failure.reason}") from None
-        for runner, arena in ((self.ref, self.ref_arena), (self.cand, self.cand_arena)):
-            self._give_arena(runner, {"in_bytes": arena.in_bytes}, arena.fd)
+        in_bytes, out_bytes = tree_nbytes(described.inputs), tree_nbytes(described.outputs)
+        self.facts.input_bytes, self.facts.output_bytes = in_bytes, out_bytes
+        t1 = time.perf_counter()
+        twin = self._twin()
+        self.plane = make_plane(self.runners, self.helper, self.cfg.profile_obj.tolerances)
+        self.plane.give_arenas(in_bytes, out_bytes)
+        self.facts.tensors = self.plane.kind
+        self.phase_s["twin_setup"] = time.perf_counter() - t1
+        logger.debug("twin ready in %.1f ms", twin.setup_ms)
 
-    def _device_arenas(self, in_bytes: int, out_bytes: int) -> bool:
-        """Ask the helper for the two runners' device arenas and hand each runner its own; False (host
-        arenas then) where the helper cannot make them."""
-        if self.helper is None or not self.helper.device_arenas:
-            return False
-        size = [in_bytes, out_bytes]
-        try:
-            reply, fds = self.helper.request_descriptors({"op": "device_arenas", "sid": self.sid, "ref": size,
-                                                          "cand": size}, timeout_s=60.0, count=2)
-        except RunnerFailed as failure:
-            raise InfraFailure(f"the device helper failed to make device arenas: {failure.reason}") from None
-        try:
-            if not reply.get("ok") or len(fds) != 2:
-                logger.warning("device arenas unavailable, host arenas instead: %s", reply.get("message"))
-                return False
-            self.device_arenas = True
-            for runner, fd, who in ((self.ref, fds[0], "ref"), (self.cand, fds[1], "cand")):
-                self._give_arena(runner, {**reply[who], "device": True}, fd)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return True
-
-    def _give_arena(self, runner: RunnerProcess, spec: dict[str, Any], fd: int) -> None:
-        runner.thaw()
-        try:
-            reply = runner.request({"op": "arena", **spec}, timeout_s=60.0, fds=(fd,))
-        except RunnerFailed as failure:
-            if runner is self.cand:
-                raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process {failure.reason}") from None
-            raise InfraFailure(f"the reference's runner failed to map its arena: {failure.reason}") from None
-        finally:
-            runner.freeze()
-        if not reply.get("ok"):
-            if runner is self.cand:
-                raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process failed to map its arena: "
-                              f"{reply.get('message')}")
-            raise InfraFailure(f"mapping an arena failed: {reply.get('message')}")
-
-    def helper_request(self, message: dict[str, Any], what: str) -> dict[str, Any]:
-        """A request to the device's helper (naming this session's device arenas where it has them); its
-        failures are the infrastructure's."""
-        assert self.helper is not None
-        if self.device_arenas:
-            message = {**message, "sid": self.sid}
-        try:
-            reply = self.helper.request(message, timeout_s=self.deadlines.reference())
-        except RunnerFailed as failure:
-            raise InfraFailure(f"the device helper failed ({what}): {failure.reason}") from None
-        if not reply.get("ok"):
-            raise InfraFailure(f"the device helper failed ({what}): {reply.get('message')}")
-        self.note_memory("helper", reply, message.get("op"))
+    def _twin(self) -> TwinReady:
+        reply = self.ask_candidate(SetupTwin(model=self.model_settings(), env=self.candidate_env),
+                                   "loading the reference in the candidate's runner", self.ref_times["setup"])
+        if isinstance(reply, ErrorReply):
+            if reply.kind == "reference":  # the reference's own module failed in the second process
+                raise InfraFailure(f"the reference failed in the candidate's runner: {reply.message}")
+            raise InfraFailure(f"the candidate's runner failed to start: {reply.message or reply.kind}")
+        assert isinstance(reply, TwinReady)
         return reply
 
-    def close(self) -> None:
-        for arena in (self.ref_arena, self.cand_arena, self.helper_arena):
-            if arena is not None:
-                arena.close()
-        if self.helper is not None:  # its device arenas, and what its comparisons cached
-            try:
-                self.helper.request({"op": "drop_arenas", "sid": self.sid}, timeout_s=30.0)
-            except RunnerFailed:
-                pass  # a helper that is gone took the arenas with it
+    def import_candidate(self) -> None:
+        """The candidate's code in its runner (the twin dropped); its set-up failures are its verdicts."""
+        t0 = time.perf_counter()
+        self.candidate_ran = True
+        reply = self.ask_candidate(ImportCandidate(cand_source=self.source, seed=self.cfg.seed),
+                                   "importing and constructing the candidate", self.ref_times["setup"], builds=True)
+        if isinstance(reply, ErrorReply):
+            status = SETUP_FAILURES.get(reply.kind, Status.RUNTIME_ERROR)
+            raise Verdict(status, reply.message or "set-up failed", compile_log=reply.compile_log)
+        assert isinstance(reply, CandidateReady)
+        self.flags += [Flag.from_dict(f) for f in reply.flags if isinstance(f, dict)]
+        self.facts.cand_constants, self.facts.own_inputs = reply.constants, reply.own_inputs
+        self.phase_s["import"] = reply.import_ms / 1e3
+        self.phase_s["construct"] = reply.construct_ms / 1e3
+        self.phase_s["candidate_setup"] = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ calls
+
+    def make_inputs(self, distribution: str = "reference") -> dict[str, Any]:
+        """A fresh seed's inputs into the reference's staging region; their tree there."""
+        reply, _ = self.ask_reference(MakeInputs(seed=new_seed(), distribution=distribution), "making inputs")
+        assert isinstance(reply, Staged)
+        return reply.tree
+
+    def call(self, who: str, stage_tree: dict[str, Any], *, flush: bool, what: str) -> CallRecord:
+        """One bracketed call of `who` on the staged inputs (module docstring, step 2)."""
+        assert self.plane is not None
+        plane, runner, bell = self.plane, self.runners[who], self.plane.doorbells[who]
+        self.seq += 1
+        seq, slot = self.seq, self.rng.randrange(plane.layouts[who].slots)
+        slot_tree = plane.place(who, stage_tree, slot)
+        reference_s = max(self.ref_times.get("call", 0.001), 1e-4)
+        timeout = self.deadlines.reference() if who == "ref" else self.deadlines.candidate(reference_s)
+        request = Call(seq=seq, slot=slot, inputs=slot_tree)
+        plane.open_bracket(who, slot, stage_tree, flush, timeout)
+        bracket_done = False
+        cpu0 = runner.cpu_ns()
+        runner.thaw()
+        try:
+            flush_ms = self._cpu_flush(who, runner, timeout) if flush and self.helper is None else None
+            runner.send(request)
+            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request)
+            t0 = time.perf_counter()
+            plane.stage(who, slot, stage_tree, timeout)
+            t_go = time.perf_counter()
+            bell.ring(GO, seq)
+            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request)
+            plane.end(who, timeout)
+            t1 = time.perf_counter()
+            bracket_done = True
+            reply = runner.reply(request, timeout)
+        except RunnerFailed as failure:
+            if who == "ref":
+                raise self._reference_failed(failure, what) from None
+            raise self._candidate_failed(failure, what, timeout) from None
+        finally:
+            runner.freeze()
+            helper_figures = plane.close_bracket(timeout, completed=bracket_done)
+        cpu1 = runner.cpu_ns()
+        if isinstance(reply, ErrorReply):
+            if who == "ref":
+                raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}): {reply.message}"
+                              + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
+            raise call_verdict(reply, what)
+        assert isinstance(reply, Called)
+        self.note_memory("reference" if who == "ref" else "candidate", reply.memory)
+        record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
+                            model_ms=(t_done - t_go) * 1e3, after=self.last, helper=helper_figures,
+                            cpu_ms=(cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else None,
+                            flush_ms=flush_ms)
+        self.last = who
+        return record
+
+    def _cpu_flush(self, who: str, runner: RunnerProcess, timeout: float) -> float:
+        """On the CPU each runner evicts its caches itself before a cold call (a flush from another process
+        would not reach its core's own caches); the parent's clock around it (`timing.flush_check`)."""
+        t0 = time.perf_counter()
+        reply = runner.ask(FlushCpu(), timeout)
+        if isinstance(reply, ErrorReply):
+            raise Verdict(Status.RUNTIME_ERROR, f"the cache flush failed: {reply.message}") if who == "cand" else \
+                InfraFailure(f"the reference's cache flush failed: {reply.message}")
+        return (time.perf_counter() - t0) * 1e3
+
+    def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, timeout: float,
+                     request: Call) -> float:
+        """Spin until the runner rings `word` for `seq`; a runner that answers on its socket instead (it
+        failed before arming) or dies ends the wait with its failure."""
+        def tick() -> None:
+            runner.check_alive()
+            # A reply on the socket before the ring (the runner rings first, then replies: re-read the bell).
+            if select.select([runner.channel.sock], [], [], 0)[0] and bell.read(word) != seq:
+                raise _EarlyReply()
+        try:
+            return bell.wait(word, seq, timeout, tick=tick)
+        except DoorbellTimeout:
+            runner.kill("timed out")
+            raise RunnerFailed(f"no answer within {timeout:.1f} s", timed_out=True) from None
+        except _EarlyReply:
+            reply = runner.reply(request, timeout)
+            if isinstance(reply, ErrorReply):
+                if who == "ref":
+                    raise Verdict(Status.RUNTIME_ERROR, f"the reference failed: {reply.message}"
+                                  + self._not_the_candidate(), flag=F.REFERENCE_ERROR) from None
+                raise call_verdict(reply, "a call") from None
+            raise RunnerFailed("the runner answered before its call was rung", malformed=True) from None
+
+    # ------------------------------------------------------------------ correctness
+
+    def pair(self, stage_tree: dict[str, Any], *, flush: bool, what: str) -> tuple[CallRecord, CallRecord]:
+        """Both models called on the same staged inputs, in an order drawn here."""
+        order = ("ref", "cand") if self.rng.random() < 0.5 else ("cand", "ref")
+        records = {who: self.call(who, stage_tree, flush=flush, what=what) for who in order}
+        return records["ref"], records["cand"]
 
     def trials(self) -> None:
         t0 = time.perf_counter()
@@ -332,47 +396,40 @@ class Session:
         if extra:
             t1 = time.perf_counter()
             ran = sum(self.trial(self.cfg.correctness_trials + i, "heavy") for i in range(extra))
-            self.facts["beyond_distribution_trials"] = ran
+            self.facts.beyond_distribution_trials = ran
             self.phase_s["beyond_distribution"] = time.perf_counter() - t1
 
     def trial(self, index: int, distribution: str) -> bool:
-        """One trial (module docstring, step 2); False when the reference itself cannot run on these inputs
-        (extra trials only: then the trial is skipped)."""
+        """One trial: a pair of calls on fresh inputs, compared, inputs checked; False when the reference
+        itself cannot run on these inputs (extra trials only: then the trial is skipped)."""
         tol = self.cfg.profile_obj.tolerance("float32").atol
         # The reference's own float32 error is measured on the first trial; every later trial of its
         # distribution and every verified timed call is held to it (`check_precision`), so a candidate that
         # computes in full precision only on its first call, or only when not timed, is still caught.
         measure_precision = index == 0 and distribution == "reference" and self.cfg.precision_evidence
         errors = measure_precision or (distribution == "reference" and self.reference_errors is not None)
-        message = {"op": "trial", "seed": new_seed(), "distribution": distribution, "noise_atol": tol,
-                   "precision": measure_precision}
         try:
-            reply, seconds = self.ask_reference(message, "a correctness trial")
-        except Verdict:
-            if distribution == "heavy":
+            stage_tree = self.make_inputs(distribution)
+            ref_rec, cand_rec = self.pair(stage_tree, flush=True, what=f"correctness trial {index}")
+            reply, _ = self.ask_reference(Analyze(inputs=stage_tree, out=ref_rec.reply.out, noise_atol=tol,
+                                                  precision=measure_precision, heavy=distribution == "heavy"),
+                                          "a correctness trial")
+        except Verdict as verdict:
+            if distribution == "heavy" and verdict.flag == F.REFERENCE_ERROR:
                 return False
             raise
-        self.ref_times["trial"] = max(self.ref_times.get("trial", 0.0), seconds)
-        ref_out, ref_after = _halves(reply["out"])
-        if distribution == "heavy" and reply.get("not_finite"):
+        assert isinstance(reply, Analysis)
+        if distribution == "heavy" and reply.not_finite:
             return False
-        in_tree = self._cross_inputs(reply["in"])
-        cand = self.ask_candidate({"op": "trial", "inputs": in_tree}, f"correctness trial {index}", seconds)
-        if not cand.get("ok"):
-            raise call_verdict(cand, f"trial {index}")
-        try:
-            cand_out, cand_after = _halves(cand["out"])
-        except (KeyError, TypeError, ValueError):
-            raise Verdict(Status.INCORRECT, "the candidate's outputs could not be read") from None
-        cand_errors = self.check_output(ref_out, cand_out, index, beyond=distribution == "heavy",
-                                        noise=reply.get("noise"), errors=errors)
-        self._check_inputs(reply["in"], ref_after, cand_after, "a correctness trial")
+        cand_errors = self.check_output(ref_rec.reply.out, cand_rec.reply.out, index,
+                                        beyond=distribution == "heavy", noise=reply.noise, errors=errors)
+        self.check_inputs(stage_tree, ref_rec, cand_rec, "a correctness trial")
         if measure_precision:
-            if reply.get("precision_skipped"):
-                self.facts["precision"] = {"skipped": reply["precision_skipped"]}
+            if reply.precision_skipped:
+                self.facts.precision = {"skipped": reply.precision_skipped}
             else:
-                self.reference_errors = list(reply.get("ref_errors") or [])
-                self.facts["precision"] = {"ref_errors": self.reference_errors, "cand_errors": list(cand_errors)}
+                self.reference_errors = list(reply.ref_errors or [])
+                self.facts.precision = {"ref_errors": self.reference_errors, "cand_errors": list(cand_errors)}
         if errors:
             self.check_precision(cand_errors, f"correctness trial {index}")
         return True
@@ -386,54 +443,16 @@ class Session:
         if found is not None:
             self.flags.append(dataclasses.replace(found, message=f"{where}: {found.message}"))
 
-    def _cross_inputs(self, tree: dict[str, Any]) -> dict[str, Any]:
-        """Copy a trial's inputs from the reference's arena into the candidate's; their tree there."""
-        if self.device_arenas:
-            return self.helper_request({"op": "copy", "tree": tree, "src": "ref", "dst": "cand", "region": "in"},
-                                       "copying a trial's inputs")["tree"]
-        assert self.ref_arena is not None and self.cand_arena is not None
-        try:
-            return self.cand_arena.copy_from(self.ref_arena, tree, "in")[0]
-        except Exception as exc:  # noqa: BLE001 - inputs the arena cannot carry are the task's problem
-            raise InfraFailure(f"the reference's inputs cannot cross to the candidate: {exc}") from None
-
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
                 noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
-        """The candidate's output against the reference's (`correctness.Comparison`), as they lie in the two
-        arenas (the candidate's runner is frozen: nothing changes them meanwhile). On a GPU the helper compares,
-        where they lie (device arenas) or from copies of both in its own arena; on the CPU this process does.
-        With `errors`, a match carries each output's relative difference. Raises a `Verdict` for outputs that
+        """The candidate's output (as its call left it) against the reference's; a `Verdict` for outputs that
         are not plain tensors or cannot be read."""
         odd = output_classes(cand_tree)
         if odd:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
                           flag=F.OUTPUT_TYPE)
-        ref_at, cand_at = ref_tree, cand_tree  # where the helper reads them: device arenas as they lie
-        if not self.device_arenas:
-            assert self.ref_arena is not None and self.cand_arena is not None
-            try:
-                if self.helper is None or self.helper_arena is None:
-                    return compare_outputs(self.ref_arena.unpack(ref_tree), self.cand_arena.unpack(cand_tree),
-                                           self.cfg.profile_obj, trial, noise=noise, errors=errors)
-                ref_at, offset = self.helper_arena.copy_from(self.ref_arena, ref_tree, "out")
-                cand_at, _ = self.helper_arena.copy_from(self.cand_arena, cand_tree, "out", offset)
-            except OutputHackError as exc:
-                raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {exc}", flag=F.OUTPUT_TYPE) from None
-            except (UnsupportedValue, ArenaFull, ValueError, TypeError, KeyError) as exc:
-                raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}") from None
-        return self._compared(self.helper_request({"op": "compare", "ref": ref_at, "cand": cand_at, "trial": trial,
-                                                   "profile": self.cfg.profile, "noise": noise, "errors": errors},
-                                                  "comparing outputs"))
-
-    @staticmethod
-    def _compared(reply: dict[str, Any]) -> Comparison:
-        if reply.get("unreadable"):
-            raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {reply['unreadable']}")
-        if reply.get("hack"):
-            raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: {reply['hack']}", flag=F.OUTPUT_TYPE)
-        mismatch = Mismatch.from_dict(reply["mismatch"]) if reply.get("mismatch") else None
-        return Comparison(bool(reply.get("match")), str(reply.get("message", "")), mismatch,
-                          tuple(reply.get("errors") or ()))
+        assert self.plane is not None
+        return self.plane.compare(ref_tree, cand_tree, trial, noise, errors=errors)
 
     def check_output(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int, *, beyond: bool = False,
                      noise: Any = None, errors: bool = False) -> tuple[float | None, ...]:
@@ -446,31 +465,20 @@ class Session:
                           f"sign-varied): {result.message}", flag=F.BEYOND_DISTRIBUTION, mismatch=result.mismatch)
         raise Verdict(Status.INCORRECT, result.message, mismatch=result.mismatch)
 
-    def _check_inputs(self, inputs: dict[str, Any], ref_after: dict[str, Any], cand_after: dict[str, Any],
-                      where: str) -> None:
+    def check_inputs(self, stage_tree: dict[str, Any], ref: CallRecord, cand: CallRecord, where: str) -> None:
         """Inputs changed in place by the candidate (byte for byte) where the reference leaves them unchanged."""
-        if self.device_arenas:
-            reply = self.helper_request({"op": "inputs_changed", "given": inputs, "ref_after": ref_after,
-                                         "cand_after": cand_after}, "checking a trial's inputs")
-            if reply.get("unreadable"):
-                raise Verdict(Status.INCORRECT, "the candidate's inputs after the call could not be read: "
-                              + str(reply["unreadable"]))
-            changed, ref_same = [int(i) for i in reply.get("changed", [])], bool(reply.get("ref_same"))
-        else:
-            assert self.ref_arena is not None and self.cand_arena is not None
-            try:
-                changed, ref_same = changed_inputs((self.ref_arena, inputs), (self.ref_arena, ref_after),
-                                                   (self.cand_arena, cand_after))
-            except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
-                raise Verdict(Status.INCORRECT, f"the candidate's inputs after the call could not be read: {exc}") from None
+        assert self.plane is not None
+        changed, ref_same = self.plane.inputs_changed(stage_tree, ref.slot_tree, cand.slot_tree)
         if changed and ref_same:
             raise Verdict(Status.INCORRECT, f"the candidate modified its input(s) {changed} in place in {where}; "
                           "the reference leaves them unchanged", flag=F.INPUT_MUTATION)
 
+    # ------------------------------------------------------------------ guards and the profiled call
+
     def guard_flags(self, phase: str) -> None:
-        reply = self.ask_candidate({"op": "guards", "phase": phase}, "the guard check", 1.0)
-        if reply.get("ok"):
-            self.flags += [Flag.from_dict(f) for f in reply.get("flags", []) if isinstance(f, dict)]
+        reply = self.ask_candidate(Guards(phase=phase), "the guard check", 1.0)
+        if isinstance(reply, FlagsReply):
+            self.flags += [Flag.from_dict(f) for f in reply.flags if isinstance(f, dict)]
 
     def process_flags(self) -> None:
         """Processes the candidate started that still live (seen from outside its sandbox)."""
@@ -482,32 +490,28 @@ class Session:
     def profile(self) -> dict[str, Any] | None:
         if self.device_type != "cuda" or self.static_report is None or not self.cfg.profile_kernels:
             return None
-
-        reply = self.ask_candidate({"op": "profile", "seed": new_seed()}, "the profiled forward",
-                                   self.ref_times.get("call", 1.0))
-        if not reply.get("ok"):
+        reply = self.ask_candidate(Profile(seed=new_seed()), "the profiled forward", self.ref_times.get("call", 1.0))
+        if isinstance(reply, ErrorReply):
             raise call_verdict(reply, "the profiled forward")
-        prof = KernelProfile.from_dict(reply.get("profile") or {})
-        self.flags += decoy_flags(prof, StaticReport.from_dict(self.static_report), min_share=self.cfg.decoy_min_share,
-                                  raw_kernel_names=[str(k) for k in reply.get("raw_kernels", [])])
+        assert isinstance(reply, Profiled)
+        prof = KernelProfile.from_dict(reply.profile)
+        self.flags += decoy_flags(prof, self.static_report, min_share=self.cfg.decoy_min_share,
+                                  raw_kernel_names=[str(k) for k in reply.raw_kernels])
         return prof.to_dict()
 
     def rejecting(self) -> list[Flag]:
         errors = [f for f in self.flags if f.severity is Severity.ERROR]
         if self.cfg.profile_obj.reject_runtime_guards:
             return errors
-        return [f for f in errors if f.rule in ALWAYS_REJECT]
+        return [f for f in errors if F.always_rejects(f.rule)]
+
+    def close(self) -> None:
+        if self.plane is not None:
+            self.plane.close()
 
 
-#: Findings that reject under every profile: each makes the measured speedup meaningless.
-ALWAYS_REJECT = frozenset({F.TIMER_PATCHING, F.OUTSIDE_CLOCK, F.BELOW_FLOOR, F.INTERFERENCE, F.SIZE_CONSTANTS})
-
-
-def _halves(tree: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(outputs, inputs after the call) of a trial's committed pair."""
-    if not isinstance(tree, dict) or tree.get("t") != "seq" or len(tree.get("items", [])) != 2:
-        raise ValueError("a trial's reply is an (outputs, inputs) pair")
-    return tree["items"][0], tree["items"][1]
+class _EarlyReply(Exception):
+    """The runner answered on its socket while the parent waited for its doorbell."""
 
 
 def output_classes(tree: Any) -> list[str]:
@@ -515,19 +519,3 @@ def output_classes(tree: Any) -> list[str]:
     if not isinstance(tree, dict):
         return ["malformed output"]
     return [c for c in tree_classes(tree) if c not in PLAIN_TENSOR_CLASSES and c not in PLAIN_SEQUENCES]
-
-
-def call_verdict(reply: dict[str, Any], where: str) -> Verdict:
-    """The verdict for a call the candidate's runner says failed."""
-    text = str(reply.get("message", "failed"))
-    if reply.get("error") in ("raised", "oom"):
-        return Verdict(Status.RUNTIME_ERROR, text)
-    if reply.get("error") in ("arena_full", "unsupported_output"):
-        return Verdict(Status.INCORRECT, f"{where}: {text}")
-    return Verdict(Status.RUNTIME_ERROR, f"{where}: {text}")
-
-
-def error_hint(stderr_tail: str) -> str:
-    """The last line of a runner's log that names an error, as a short parenthesised hint ('' if none)."""
-    lines = [ln for ln in stderr_tail.splitlines() if "error" in ln.lower()][-1:]
-    return f" ({lines[0].strip()[:200]})" if lines else ""

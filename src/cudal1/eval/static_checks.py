@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudal1.analysis import analyze_source, names_used_by_modelnew, rejection_message
+from cudal1.analysis import StaticReport, analyze_source, names_used_by_modelnew, rejection_message
 from cudal1.core.syntax import parse as parse_python
 
 
-def static_report(source: str, reference: str | None, preset: str) -> Any:
+def static_report(source: str, reference: str | None, preset: str) -> StaticReport:
     """The static analysis report of a candidate against its reference."""
     return analyze_source(source, reference_source=reference, preset=preset)
 
 
-def static_rejection(report: Any, preset: str) -> str:
+def static_rejection(report: StaticReport, preset: str) -> str:
     """One line naming the first rejecting rule, or "" when the candidate may run."""
     return rejection_message(report, preset)
 

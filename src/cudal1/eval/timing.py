@@ -1,22 +1,28 @@
-"""The statistics behind every speedup: paired samples, bucket speedups and the checks on the clocks.
+"""The statistics behind every speedup: the time that counts, its interval, and the checks on the clocks.
 
-The numbers come from `measure.py`: for each timed call of either model, the time its runner reports
-(device events around the call with a device-wide wait inside, or a host timer on the CPU) and the time the
-trusted parent saw from outside (request sent to reply received, for the call and for the preparation of
-its inputs). Here they become
+The numbers come from `measure.py`. For each call of either model: the time its runner reports (device events
+around the call with a device-wide wait inside, or a host timer on the CPU) and the **bracket**, the parent's
+own clock from the start of the call's staging to the end of the helper's end probe (`session.Session.call`).
+The bracket is trusted: the candidate's process cannot see the call's inputs before it starts, and cannot
+end it before its work on the device is done. It holds the call and the harness's own cost per call, the
+*overhead*, which the calibration measures in the candidate's own runner before any candidate code is there
+(`Calibration`: the reference's model, as a twin, timed against the reference's runner).
 
-- the speedup: the median of every reference call's time over the median of every candidate call's (or, as
-  CUDA-L1 does, the median over buckets of the two medians' ratio), and the stability (interquartile range of
-  bucket speedups over their median);
-- `clock_check`: the time each runner spends outside its reported span is the same for both models when
-  both report honestly (they run the same harness on the same kinds of data); a candidate that forges its
-  times, or works outside the span it reports (while its inputs are prepared, before or after its call),
-  shows up as a larger gap, and one that skips harness steps (the cache flush in its own process, on the
-  CPU) as a smaller one;
-- `interference_check`: with the candidate frozen between its own requests, the only way it can slow the
-  reference is device work it left running; that shows up as slower reference calls (and slower flushes)
-  after the candidate's than after the reference's own;
-- `stream_escape_ms`: work that ran outside the current stream (the device-wide wait counts it anyway).
+- **The time that counts** (`counted_time`): the candidate's reported median, but never less than what its
+  brackets allow, the median bracket minus the calibrated overhead minus a slack (the statistical error of
+  both medians, a floor, a share of the call). A report forged down, or work done where no clock looks,
+  raises the bound, not the speedup. A bound far above the report rejects (`timing.outside_clock`); a
+  small one caps the time that counts (`timing.capped`, evidence).
+- **The speedup**: the median of every reference call's reported time (the reference's runner is trusted)
+  over the time that counts (`pooled`), or, as CUDA-L1 does, the median over buckets of the two medians'
+  ratio (`buckets`). `speedup_ci`: a bootstrap interval over the calls, widened by what the calibration's
+  null (the reference against its twin, in these two runners) says about the runner pair.
+- `interference_check`: the helper's post probe, run once the model that just called is frozen, waits for
+  whatever that model queued and left running; after the candidate's calls it must take as long as after
+  the reference's. `reference_slowed`: the reference's reported time beside the candidate against beside
+  its twin (evidence: a hot GPU slows everything after a heavy kernel).
+- `floor_check`: a time below the task's physical floor (its minimum bytes at the measured bandwidth).
+- `flush_check` (CPU): a runner evicts its own caches before cold calls; skipping that shows.
 
 Not covered here: clocks and thermal state (measured as found; compare ratios from one run).
 """
@@ -24,60 +30,64 @@ Not covered here: clocks and thermal state (measured as found; compare ratios fr
 from __future__ import annotations
 
 import math
+import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from cudal1.core import flags as F
 from cudal1.core.types import Flag, Severity, TimingStats
 
-#: The candidate's gap may exceed the reference's by this share of the candidate's reported time...
-CLOCK_REL_TOL = 0.10
-#: ...or this share of the reference's own gap (harness jitter grows with the harness's work: copies of large
-#: inputs and outputs)...
-CLOCK_GAP_REL_TOL = 0.15
-#: ...or by this many standard errors of the difference of the two median gaps...
-CLOCK_SIGMAS = 6.0
-#: ...and never by less than this (per device type; the floor of harness jitter, from the null tests in
-#: docs/log.md; on a loaded 2-core CPU an honest pair of 8 calls differed by 143 us, so the CPU floor is 300 us).
-CLOCK_MIN_TOL_MS = {"cuda": 0.015, "cpu": 0.3}
-#: Every schedule times at least this many pairs, whatever the buckets and bounds: fewer cannot tell a hidden
-#: cost from a burst of host noise (with 6 pairs on a loaded 2-core CPU, honest candidates were rejected 1 time
-#: in 18; with 8 on a loaded host, 1 in a few hundred; docs/log.md). The default schedule has at least 21
-#: (7 buckets of 3 or more calls).
+#: Slack of the bound: never less than this (per device type: a host timer and a busy 2-core machine on
+#: the CPU)...
+SLACK_MIN_MS = {"cuda": 0.002, "cpu": 0.05}
+#: ...nor than this share of the candidate's reported time...
+SLACK_REL = 0.03
+#: ...nor than this many standard errors of the bound.
+SLACK_SIGMAS = 3.0
+#: A bound above the report by more than max(this share of the report, REJECT_SLACKS x the slack) rejects.
+REJECT_REL = 0.25
+REJECT_SLACKS = 4.0
+#: Every schedule times at least this many pairs, whatever the buckets and bounds: fewer give the medians of
+#: the bound too little to stand on (the default schedule has at least 21: 7 buckets of 3 or more calls).
 CLOCK_MIN_PAIRS = 12
 #: On the CPU, a candidate's own cache flushes may not take less than this share of the reference's (the same
 #: work; preemption slows either, skipping makes it a few microseconds).
 FLUSH_MIN_SHARE = 0.3
-#: Reference calls (or flushes) after the candidate's may be this much slower than after the reference's.
-INTERFERENCE_REL_TOL = 0.15
-INTERFERENCE_MIN_MS = {"cuda": 0.02, "cpu": 0.5}
-INTERFERENCE_MIN_SAMPLES = 8
+#: The helper's post probe after the candidate's calls may exceed that after the reference's by this much.
+INTERFERENCE_MIN_US = 25.0
+INTERFERENCE_REL = 0.5
+INTERFERENCE_MIN_SAMPLES = 6
+#: The reference's reported time beside the candidate may exceed that beside its twin by this much.
+REFERENCE_SLOWED_REL = 0.15
+REFERENCE_SLOWED_MIN_MS = {"cuda": 0.005, "cpu": 0.1}
+#: Bootstrap resamples of the speedup's interval (a fixed generator: the interval of the same calls repeats).
+BOOTSTRAP = 300
+#: How a series becomes one speedup: "pooled", the median of every reference call over the median of every
+#: candidate call; "buckets", the median of per-bucket ratios (CUDA-L1's). On the H200 host, 24 null
+#: evaluations of 8 small tasks gave a median round-to-round difference of 1.5 % pooled against 3.2 % by
+#: buckets, from the same calls (docs/log.md, 2026-12-04).
+ESTIMATORS = ("pooled", "buckets")
 
 
 @dataclass
 class Sample:
-    """One timed call."""
+    """One bracketed call."""
 
     ms: float  # reported by the runner, device-wide (== stream_ms on CPU)
     stream_ms: float  # current stream only
-    outside_ms: float  # the parent's clock around the call request
-    prepare_ms: float = 0.0  # the parent's clock around the request that prepared the call's inputs
-    after: str = ""  # who made the previous request: "ref", "cand" or "" (first)
-    flush_ms: float | None = None  # the flusher's own time for the flush before this call
-    flush_after: str = ""  # "cand": the flush came right after the candidate's request; "ref": after the
-    # reference's only (the previous call was the reference's too); "": mixed
-    cpu_ms: float | None = None  # CPU time of the runner's whole sandbox during its requests (its cgroup's clock)
+    bracket_ms: float  # the parent's clock: staging, the call, the end probe
+    model_ms: float = 0.0  # the parent's clock from the go to the model's done
+    after: str = ""  # whose call came before: "ref", "cand" or "" (the first)
+    idle_us: float | None = None  # the helper's probe before the bracket (GPU)
+    post_us: float | None = None  # the helper's probe once the model was frozen (GPU)
+    flush_ms: float | None = None  # the helper's own time for the L2 flush (GPU)
+    cpu_flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
+    cpu_ms: float | None = None  # CPU time of the runner's whole sandbox during the request (its cgroup)
 
     @property
-    def gap_ms(self) -> float:
-        """Wall time outside the reported span: preparation, harness, commit, messages."""
-        return self.prepare_ms + self.outside_ms - self.ms
-
-    @property
-    def cpu_gap_ms(self) -> float:
-        """CPU time of the sandbox beyond the reported span: work of other threads or processes in it, which
-        wall time does not show when it runs beside the harness's own."""
-        return (self.cpu_ms or 0.0) - self.ms
+    def overhead_ms(self) -> float:
+        """The bracket beyond the reported span: staging, flush, doorbells, commit, end probe."""
+        return self.bracket_ms - self.ms
 
 
 @dataclass
@@ -92,7 +102,7 @@ class PairedSeries:
 def iterations_per_bucket(ref_ms: float, cand_ms: float, target_bucket_ms: float, lo: int, hi: int,
                           buckets: int = 1) -> int:
     """Timed calls per model per bucket so that a bucket takes about `target_bucket_ms` per model, and never
-    fewer than the `CLOCK_MIN_PAIRS` the outside-clock check needs over all `buckets` (this beats `hi`)."""
+    fewer than the `CLOCK_MIN_PAIRS` the bound needs over all `buckets` (this beats `hi`)."""
     slowest = max(ref_ms, cand_ms, 1e-3)
     wanted = int(min(hi, max(lo, round(target_bucket_ms / slowest))))
     return max(wanted, -(-CLOCK_MIN_PAIRS // max(buckets, 1)))
@@ -114,31 +124,133 @@ def round_toward_one(speedup: float) -> float:
     return (math.floor(scaled + 1e-9) if speedup >= 1 else math.ceil(scaled - 1e-9)) / 100
 
 
-#: How a series becomes one speedup: "pooled", the median of every reference call over the median of every
-#: candidate call; "buckets", the median of per-bucket ratios (CUDA-L1's). On the H200 host, 24 null
-#: evaluations of 8 small tasks (calls of 0.1-0.5 ms whose times scatter by 20-33 % IQR) gave a median
-#: round-to-round difference of 1.5 % pooled against 3.2 % by buckets, from the same calls (docs/log.md).
-ESTIMATORS = ("pooled", "buckets")
+def _robust_sigma(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - med) for v in values)
 
 
-def summarize_series(series: PairedSeries, *, stream_only: bool = False,
-                     estimator: str = "pooled") -> tuple[float, float, float, float, list[float]]:
-    """(ref_ms, cand_ms, speedup, stability, bucket_speedups) of a paired series, from the reported times.
-    The speedup is `estimator`'s (`ESTIMATORS`); the stability is the spread of the bucket speedups either way."""
+def median_se(values: list[float]) -> float:
+    """Standard error of a median (normal approximation with a robust spread)."""
+    return 1.2533 * _robust_sigma(values) / math.sqrt(max(len(values), 1))
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class Calibration:
+    """The twin series (module docstring): what each runner's harness costs per call, and the null ratio of
+    this runner pair (the reference against itself)."""
+
+    ref_overhead_ms: float
+    cand_overhead_ms: float  # the candidate's runner, before any candidate code
+    cand_overhead_se_ms: float
+    ref_ms: float  # the reference's median reported time beside its twin
+    twin_ms: float
+    null: float  # ref_ms / twin_ms
+    null_ci: tuple[float, float]
+    pairs: int
+
+    def to_dict(self) -> dict[str, float | int | list[float]]:
+        out = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        out["null_ci"] = [round(x, 6) for x in self.null_ci]
+        return out
+
+
+def calibrate(series: PairedSeries) -> Calibration:
+    ref, twin = series.all("ref"), series.all("cand")
+    ref_ms, twin_ms = statistics.median(s.ms for s in ref), statistics.median(s.ms for s in twin)
+    null = ref_ms / max(twin_ms, 1e-9)
+    lo, hi = bootstrap_ratio([s.ms for s in ref], [s.ms for s in twin])
+    over = [s.overhead_ms for s in twin]
+    return Calibration(ref_overhead_ms=statistics.median(s.overhead_ms for s in ref),
+                       cand_overhead_ms=statistics.median(over), cand_overhead_se_ms=median_se(over),
+                       ref_ms=ref_ms, twin_ms=twin_ms, null=null, null_ci=(lo, hi), pairs=len(ref))
+
+
+def bootstrap_ratio(num: list[float], den: list[float], n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of median(num) / median(den), resampling pairs (num[i], den[i])."""
+    rng = random.Random(seed)
+    k = min(len(num), len(den))
+    if k < 2:
+        ratio = statistics.median(num) / max(statistics.median(den), 1e-9)
+        return ratio, ratio
+    ratios = []
+    for _ in range(n):
+        idx = [rng.randrange(k) for _ in range(k)]
+        ratios.append(statistics.median(num[i] for i in idx) / max(statistics.median(den[i] for i in idx), 1e-9))
+    return quantile(ratios, 0.025), quantile(ratios, 0.975)
+
+
+# --------------------------------------------------------------------------- the time that counts
+
+
+@dataclass
+class Bound:
+    """The candidate's time as the reported median and as the parent's clock bounds it (ms)."""
+
+    reported_ms: float
+    bound_ms: float  # median bracket - calibrated overhead
+    slack_ms: float
+    counted_ms: float  # max(reported, bound - slack)
+
+    @property
+    def capped(self) -> bool:
+        return self.counted_ms > self.reported_ms
+
+    @property
+    def excess_ms(self) -> float:
+        """How far the bound (less its slack) lies above the report (> 0: the report was too fast)."""
+        return self.bound_ms - self.slack_ms - self.reported_ms
+
+
+def counted_time(samples: list[Sample], calibration: Calibration | None, device_type: str) -> Bound:
+    """The candidate's time that counts (module docstring)."""
+    reported = statistics.median(s.ms for s in samples)
+    if calibration is None:  # no twin series (an evaluation that times nothing untrusted): the report
+        return Bound(reported, reported, 0.0, reported)
+    brackets = [s.bracket_ms for s in samples]
+    bound = statistics.median(brackets) - calibration.cand_overhead_ms
+    se = math.hypot(median_se(brackets), calibration.cand_overhead_se_ms)
+    slack = max(SLACK_MIN_MS.get(device_type, SLACK_MIN_MS["cpu"]), SLACK_REL * reported, SLACK_SIGMAS * se)
+    return Bound(reported, bound, slack, max(reported, bound - slack))
+
+
+def bound_flags(bound: Bound) -> list[Flag]:
+    """`timing.outside_clock` (rejects) for a report far below what the clock allows; `timing.capped`
+    (evidence) for one a little below, whose time that counts is the bound."""
+    if not bound.capped:
+        return []
+    detail = (f"the candidate reported {bound.reported_ms * 1e3:.1f} us per call; its brackets allow no less "
+              f"than {(bound.bound_ms - bound.slack_ms) * 1e3:.1f} us (bound {bound.bound_ms * 1e3:.1f} us, "
+              f"slack {bound.slack_ms * 1e3:.1f} us)")
+    if bound.excess_ms > max(REJECT_REL * bound.reported_ms, REJECT_SLACKS * bound.slack_ms):
+        return [Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "the time the candidate's process reports disagrees with the "
+                     f"clock outside it (forged times, or work where no clock looks): {detail}", source="runtime")]
+    return [Flag(F.CAPPED, Severity.INFO, f"{detail}: the bound counts", source="runtime")]
+
+
+def summarize_series(series: PairedSeries, *, stream_only: bool = False, estimator: str = "pooled",
+                     cap: float = 1.0) -> tuple[float, float, float, float, list[float]]:
+    """(ref_ms, cand_ms, speedup, stability, bucket_speedups) of a paired series, from the reported times, the
+    candidate's multiplied by `cap` (>= 1: the bound's correction). The speedup is `estimator`'s
+    (`ESTIMATORS`); the stability is the spread of the bucket speedups either way."""
     def t(s: Sample) -> float:
         return s.stream_ms if stream_only else s.ms
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}: one of {', '.join(ESTIMATORS)}")
     # A bucket's time is the median of its calls: a mean let one outlier call (a context switch or a host
-    # hiccup inside the event window, common when the two models run in separate processes) move a GPU
-    # bucket by 30 %. Work cannot be hidden in a minority of calls: each call's inputs are new.
+    # hiccup inside the event window) move a GPU bucket by 30 %. Work cannot be hidden in a minority of
+    # calls: each call's inputs are new.
     bucket_speedups = []
     for ref_b, cand_b in zip(series.ref, series.cand, strict=True):
         ref_mid = statistics.median(t(s) for s in ref_b)
-        cand_mid = statistics.median(t(s) for s in cand_b)
+        cand_mid = statistics.median(t(s) for s in cand_b) * cap
         bucket_speedups.append(ref_mid / max(cand_mid, 1e-9))
     ref_ms = statistics.median(t(s) for s in series.all("ref"))
-    cand_ms = statistics.median(t(s) for s in series.all("cand"))
+    cand_ms = statistics.median(t(s) for s in series.all("cand")) * cap
     median = statistics.median(bucket_speedups)
     # The pooled median uses every call at once: a bucket of 20 noisy calls has a median of its own noise,
     # and the median of 7 such ratios keeps more of it than one ratio of two 140-call medians.
@@ -147,115 +259,64 @@ def summarize_series(series: PairedSeries, *, stream_only: bool = False,
     return ref_ms, cand_ms, speedup, stability, bucket_speedups
 
 
-def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str]]]]:
-    """Every call of a series, per model and bucket: [ms, stream_ms, outside_ms, prepare_ms, after], in the
-    order the calls ran (`EvalConfig.record_samples`)."""
-    def row(s: Sample) -> list[float | str]:
-        return [round(s.ms, 6), round(s.stream_ms, 6), round(s.outside_ms, 6), round(s.prepare_ms, 6), s.after]
-    return {"ref": [[row(s) for s in b] for b in series.ref], "cand": [[row(s) for s in b] for b in series.cand]}
+def speedup_interval(series: PairedSeries, calibration: Calibration | None, device_type: str,
+                     n: int = BOOTSTRAP) -> tuple[float, float]:
+    """95 % bootstrap interval of the pooled speedup with its bound, resampling the pairs of each bucket."""
+    rng = random.Random(1)
+    pairs = [(r, c) for rb, cb in zip(series.ref, series.cand, strict=True) for r, c in zip(rb, cb, strict=False)]
+    if len(pairs) < 2:
+        return (0.0, math.inf)
+    ratios = []
+    for _ in range(n):
+        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ref_ms = statistics.median(r.ms for r, _ in draw)
+        counted = counted_time([c for _, c in draw], calibration, device_type).counted_ms
+        ratios.append(ref_ms / max(counted, 1e-9))
+    return quantile(ratios, 0.025), quantile(ratios, 0.975)
 
 
-def stream_escape_ms(series: PairedSeries) -> tuple[float, float]:
-    """Median time each model's work ran past the end of the current stream: (ref, candidate)."""
-    def gap(samples: list[Sample]) -> float:
-        return statistics.median(s.ms - s.stream_ms for s in samples)
-    return gap(series.all("ref")), gap(series.all("cand"))
+def widened(speedup: float, within: tuple[float, float], calibration: Calibration | None) -> tuple[float, float]:
+    """The interval `within` (the calls' own), widened in log space by the runner pair's null: its distance
+    from 1 or its own interval, whichever is wider (a pair of processes can time the same model apart)."""
+    if calibration is None or speedup <= 0 or within[0] <= 0:
+        return within
+    lo_n, hi_n = calibration.null_ci
+    pair = max(abs(math.log(max(calibration.null, 1e-9))), math.log(max(hi_n, 1e-9) / max(lo_n, 1e-9)) / 2)
+    lo = math.log(speedup / within[0])
+    hi = math.log(within[1] / speedup) if math.isfinite(within[1]) else math.inf
+    return speedup * math.exp(-math.hypot(lo, pair)), speedup * math.exp(math.hypot(hi, pair))
 
 
-def _robust_sigma(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    med = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - med) for v in values)
+# --------------------------------------------------------------------------- checks
 
 
-def clock_gaps(series: PairedSeries, clock: str = "wall") -> tuple[float, float, float, float]:
-    """(reference's median gap, candidate's median gap, median of the paired differences, its robust standard
-    error), on the wall clock or the sandboxes' CPU clock. Pairs ran back to back, so what slows the host
-    slows both: the paired difference is the sharp statistic."""
-    ref, cand = series.all("ref"), series.all("cand")
-
-    def gap(s: Sample) -> float:
-        return s.gap_ms if clock == "wall" else s.cpu_gap_ms
-
-    diffs = [gap(c) - gap(r) for r, c in zip(ref, cand, strict=True)]
-    se = 1.2533 * _robust_sigma(diffs) / math.sqrt(max(len(diffs), 1))
-    return statistics.median(map(gap, ref)), statistics.median(map(gap, cand)), statistics.median(diffs), se
-
-
-def has_cpu_clock(series: PairedSeries) -> bool:
-    return all(s.cpu_ms is not None for s in series.all("ref") + series.all("cand"))
-
-
-def _tolerance(series: PairedSeries, ref_gap: float, se: float, device_type: str) -> float:
-    cand_ms = statistics.median(s.ms for s in series.all("cand"))
-    return max(CLOCK_REL_TOL * cand_ms, CLOCK_GAP_REL_TOL * abs(ref_gap), CLOCK_SIGMAS * se,
-               CLOCK_MIN_TOL_MS.get(device_type, CLOCK_MIN_TOL_MS["cpu"]))
-
-
-def clock_summary(series: PairedSeries, device_type: str) -> dict[str, float]:
-    """The cross-check's figures (ms): both models' median gaps, the median paired difference, the tolerance
-    it is held to (the same on the CPU clock where the sandboxes have one), and the flushes' medians after
-    each model. Recorded with every timed result."""
-    ref_gap, cand_gap, diff, se = clock_gaps(series)
-    out = {"ref_gap_ms": ref_gap, "cand_gap_ms": cand_gap, "paired_diff_ms": diff,
-           "tolerance_ms": _tolerance(series, ref_gap, se, device_type)}
-    if has_cpu_clock(series):
-        ref_cpu, cand_cpu, diff_cpu, se_cpu = clock_gaps(series, "cpu")
-        out.update(ref_cpu_gap_ms=ref_cpu, cand_cpu_gap_ms=cand_cpu, cpu_paired_diff_ms=diff_cpu,
-                   cpu_tolerance_ms=_tolerance(series, ref_cpu, se_cpu, device_type))
-    # Where each gap lies (for the record): the preparation request, and the call request beyond its span.
-    for who in ("ref", "cand"):
-        samples = series.all(who)
-        out[f"{who}_prepare_ms"] = statistics.median(s.prepare_ms for s in samples)
-        out[f"{who}_call_gap_ms"] = statistics.median(s.outside_ms - s.ms for s in samples)
-    everyone = series.all("ref") + series.all("cand")
-    for who in ("ref", "cand"):
-        flushes = [s.flush_ms for s in everyone if s.flush_after == who and s.flush_ms is not None]
-        if flushes:
-            out[f"flush_after_{who}_ms"] = statistics.median(flushes)
-    # For the record (not a check, see `interference_check`): the reference's calls after each model's.
-    for who in ("ref", "cand"):
-        calls = [s.ms for s in series.all("ref") if s.after == who]
-        if calls:
-            out[f"ref_call_after_{who}_ms"] = statistics.median(calls)
-    return {k: round(v, 6) for k, v in out.items()}
-
-
-def clock_check(series: PairedSeries, device_type: str) -> Flag | None:
-    """A flag when the candidate's time outside its reported span differs from the reference's by more than
-    the stated tolerance (module docstring); None when the clocks agree.
-
-    Only a larger gap is judged. A smaller one gains nothing: a candidate that skips harness work outside its
-    span (S) and forges its reported time down (F) has a gap larger by F - S, so the forging room is S plus
-    the tolerance whether or not smaller gaps are judged, and judging them only rejected honest candidates
-    (on the H200 host a softmax rewrite 0.36 ms below the reference's gap; on a loaded CPU preemption moves
-    milliseconds between the parts of a request). On the CPU the one harness step worth skipping, the cache
-    flush, is a request of its own (`flush_check`); on a GPU the flush runs in the helper.
-
-    One exception, for what a loaded CPU host does to honest runners: the CPU clock is not judged when the
-    reference itself got less CPU time than its own span (the host took cores away during the spans, and it
-    takes more from the slower model's longer spans, which makes a faster candidate look busier outside
-    them)."""
-    if not series.all("ref") or not series.all("cand"):
+def interference_check(series: PairedSeries) -> Flag | None:
+    """A flag when the helper's post probe (the model frozen; module docstring) takes longer after the
+    candidate's calls than after the reference's: work the candidate queued and left running."""
+    after = {who: [s.post_us for s in series.all(who) if s.post_us is not None] for who in ("ref", "cand")}
+    if min(len(v) for v in after.values()) < INTERFERENCE_MIN_SAMPLES:
         return None
-    summary = clock_summary(series, device_type)
-    cand_ms = statistics.median(s.ms for s in series.all("cand"))
-    cpu_judged = "cpu_paired_diff_ms" in summary and summary["ref_cpu_gap_ms"] > -summary["cpu_tolerance_ms"]
-    if cpu_judged and summary["cpu_paired_diff_ms"] > summary["cpu_tolerance_ms"]:
-        return Flag(F.OUTSIDE_CLOCK, Severity.ERROR,
-                    f"the candidate's sandbox used more CPU time outside the span it reports than the reference's: "
-                    f"{summary['cand_cpu_gap_ms'] * 1e3:.1f} us against {summary['ref_cpu_gap_ms'] * 1e3:.1f} us per call "
-                    f"(tolerance {summary['cpu_tolerance_ms'] * 1e3:.1f} us; its reported time {cand_ms * 1e3:.1f} us): "
-                    "work done beside its timed calls", source="runtime")
-    ref_gap, cand_gap, diff, tol = (summary[k] for k in ("ref_gap_ms", "cand_gap_ms", "paired_diff_ms", "tolerance_ms"))
-    if diff <= tol:
+    for q in (0.5, 0.9):
+        slow, base = quantile(after["cand"], q), quantile(after["ref"], q)
+        if slow - base > max(INTERFERENCE_MIN_US, INTERFERENCE_REL * base):
+            return Flag(F.INTERFERENCE, Severity.ERROR,
+                        f"after the candidate's calls the device stayed busy: the helper's probe took {slow:.0f} us "
+                        f"against {base:.0f} us after the reference's ({int(q * 100)}th percentile): work left "
+                        "running on the device", source="runtime")
+    return None
+
+
+def reference_slowed(series: PairedSeries, calibration: Calibration | None, device_type: str) -> Flag | None:
+    """Evidence when the reference ran slower beside the candidate than beside its twin (module docstring)."""
+    if calibration is None or not series.all("ref"):
         return None
-    return Flag(F.OUTSIDE_CLOCK, Severity.ERROR,
-                "the candidate's process spent more time outside the span it reports than the reference (work "
-                f"hidden outside its timed calls, or forged times): {cand_gap * 1e3:.1f} us against "
-                f"{ref_gap * 1e3:.1f} us per call "
-                f"(tolerance {tol * 1e3:.1f} us; its reported time {cand_ms * 1e3:.1f} us)", source="runtime")
+    now = statistics.median(s.ms for s in series.all("ref"))
+    floor = REFERENCE_SLOWED_MIN_MS.get(device_type, REFERENCE_SLOWED_MIN_MS["cpu"])
+    if now > calibration.ref_ms * (1 + REFERENCE_SLOWED_REL) and now - calibration.ref_ms > floor:
+        return Flag(F.REFERENCE_SLOWED, Severity.WARNING,
+                    f"the reference took {now * 1e3:.1f} us per call beside the candidate against "
+                    f"{calibration.ref_ms * 1e3:.1f} us beside its twin", source="runtime")
+    return None
 
 
 def flush_check(ref_flush_ms: list[float], cand_flush_ms: list[float]) -> Flag | None:
@@ -272,42 +333,59 @@ def flush_check(ref_flush_ms: list[float], cand_flush_ms: list[float]) -> Flag |
     return None
 
 
-def interference_check(series: PairedSeries, device_type: str) -> Flag | None:
-    """A flag when the flusher, a neutral third process with fixed work, runs slower right after the
-    candidate's requests than after the reference's: device work the candidate left running (a kernel queued
-    while it prepared its inputs, still busy during the flush). The reference's own calls are not the probe:
-    what one context leaves in the GPU's caches and TLBs slows the next context's first kernel either way
-    (seen on the H200 host: 15 % on honest candidates)."""
-    everyone = series.all("ref") + series.all("cand")
-    after_cand = [s.flush_ms for s in everyone if s.flush_after == "cand" and s.flush_ms is not None]
-    after_ref = [s.flush_ms for s in everyone if s.flush_after == "ref" and s.flush_ms is not None]
-    if min(len(after_cand), len(after_ref)) < INTERFERENCE_MIN_SAMPLES:
-        return None
-    slow, base = statistics.median(after_cand), statistics.median(after_ref)
-    floor = INTERFERENCE_MIN_MS.get(device_type, INTERFERENCE_MIN_MS["cpu"])
-    if slow > base * (1 + INTERFERENCE_REL_TOL) and slow - base > floor:
-        return Flag(F.INTERFERENCE, Severity.ERROR,
-                    f"cache flushes right after the candidate's requests took {slow * 1e3:.1f} us against "
-                    f"{base * 1e3:.1f} us after the reference's: the candidate left work running on the device",
-                    source="runtime")
-    return None
-
-
 def floor_check(cand_ms: float, floor_ms: float | None) -> Flag | None:
-    """A flag when the candidate's median time is below the task's physical floor."""
+    """A flag when the candidate's time that counts is below the task's physical floor."""
     if floor_ms is None or floor_ms <= 0 or cand_ms >= floor_ms:
         return None
     return Flag(F.BELOW_FLOOR, Severity.ERROR,
-                f"the candidate's reported time {cand_ms * 1e3:.2f} us is below the task's physical floor "
+                f"the candidate's time {cand_ms * 1e3:.2f} us is below the task's physical floor "
                 f"{floor_ms * 1e3:.2f} us (its minimum bytes at the device's measured bandwidth)", source="runtime")
 
 
-def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, method: str, iters: int, round_to_one: bool,
-                floor_ms: float | None = None, verified_calls: int = 0, estimator: str = "pooled") -> TimingStats:
-    ref_ms, cand_ms, speedup, stability, buckets = summarize_series(cold, estimator=estimator)
+def stream_escape_ms(series: PairedSeries) -> tuple[float, float]:
+    """Median time each model's work ran past the end of the current stream: (ref, candidate)."""
+    def gap(samples: list[Sample]) -> float:
+        return statistics.median(s.ms - s.stream_ms for s in samples)
+    return gap(series.all("ref")), gap(series.all("cand"))
+
+
+def clock_summary(series: PairedSeries, bound: Bound, calibration: Calibration | None) -> dict[str, float | bool]:
+    """The bound's figures and where each model's bracket went (ms), recorded with every timed result."""
+    out: dict[str, float | bool] = {"reported_ms": bound.reported_ms, "bound_ms": bound.bound_ms,
+                                    "slack_ms": bound.slack_ms, "counted_ms": bound.counted_ms,
+                                    "capped": bound.capped}
+    if calibration is not None:
+        out["cand_overhead_calibrated_ms"] = calibration.cand_overhead_ms
+    for who in ("ref", "cand"):
+        samples = series.all(who)
+        out[f"{who}_bracket_ms"] = statistics.median(s.bracket_ms for s in samples)
+        out[f"{who}_overhead_ms"] = statistics.median(s.overhead_ms for s in samples)
+        posts = [s.post_us for s in samples if s.post_us is not None]
+        if posts:
+            out[f"{who}_post_probe_us"] = statistics.median(posts)
+        flushes = [s.flush_ms for s in samples if s.flush_ms is not None]
+        if flushes:
+            out[f"{who}_flush_ms"] = statistics.median(flushes)
+    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str | None]]]]:
+    """Every call of a series, per model and bucket: [ms, stream_ms, bracket_ms, model_ms, post_us, after], in
+    the order the calls ran (`EvalConfig.record_samples`)."""
+    def row(s: Sample) -> list[float | str | None]:
+        return [round(s.ms, 6), round(s.stream_ms, 6), round(s.bracket_ms, 6), round(s.model_ms, 6),
+                None if s.post_us is None else round(s.post_us, 1), s.after]
+    return {"ref": [[row(s) for s in b] for b in series.ref], "cand": [[row(s) for s in b] for b in series.cand]}
+
+
+def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, bound: Bound, method: str, iters: int,
+                round_to_one: bool, floor_ms: float | None = None, verified_calls: int = 0, estimator: str = "pooled",
+                interval: tuple[float, float] | None = None) -> TimingStats:
+    cap = bound.counted_ms / max(bound.reported_ms, 1e-12)
+    ref_ms, cand_ms, speedup, stability, buckets = summarize_series(cold, estimator=estimator, cap=cap)
     warm_values: tuple[float | None, float | None, float | None] = (None, None, None)
     if warm is not None and warm.ref:
-        w_ref, w_cand, w_speedup, _, _ = summarize_series(warm, estimator=estimator)
+        w_ref, w_cand, w_speedup, _, _ = summarize_series(warm, estimator=estimator, cap=cap)
         warm_values = (w_speedup, w_ref, w_cand)
     if round_to_one:
         speedup = round_toward_one(speedup)
@@ -315,6 +393,7 @@ def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, method: str, i
     return TimingStats(ref_ms=ref_ms, candidate_ms=cand_ms, speedup=speedup, stability=stability,
                        bucket_speedups=buckets, speedup_warm=warm_values[0], ref_ms_warm=warm_values[1],
                        candidate_ms_warm=warm_values[2], method=method, iterations=iters * len(buckets),
-                       ref_outside_ms=statistics.median(s.prepare_ms + s.outside_ms for s in cold.all("ref")),
-                       candidate_outside_ms=statistics.median(s.prepare_ms + s.outside_ms for s in cold.all("cand")),
-                       floor_ms=floor_ms, verified_calls=verified_calls)
+                       ref_outside_ms=statistics.median(s.bracket_ms for s in cold.all("ref")),
+                       candidate_outside_ms=statistics.median(s.bracket_ms for s in cold.all("cand")),
+                       floor_ms=floor_ms, verified_calls=verified_calls,
+                       speedup_ci=list(interval) if interval is not None else None)

@@ -38,8 +38,8 @@ from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.pipeline import evaluate_candidate, not_a_source_file, uses_load_inline
-from cudal1.eval.processes import usable_cpu_count
 from cudal1.eval.scheduler import prebuild, worker_supply
+from cudal1.eval.supply import usable_cpu_count
 from cudal1.tasks.task import Task, source_hash
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,11 @@
 """The candidate's runner: the smallest harness around the candidate, alone in its sandboxed process.
 
-It imports the candidate (its builds included), constructs `ModelNew` with the reference's init inputs,
-makes the reference's inputs from the seeds the parent sends, calls the model and copies what it returns
-into shared memory. Everything it reports is data the parent checks: outputs are compared in the parent,
-times are cross-checked against the parent's clock, guard flags only name what the candidate did. The
+It starts as the reference's *twin*: the task's reference model, timed against the reference's runner before
+any candidate code exists in this process, so that the parent learns what this process's harness costs per
+call (`timing.Calibration`). Then it imports the candidate (its builds included), constructs `ModelNew` with
+the reference's init inputs and serves the same calls: inputs that appear in its arena when the trusted side
+rings, outputs committed to the arena. Everything it reports is data the parent checks: outputs are compared
+outside it, its times are bounded by the parent's clock, guard flags only name what the candidate did. The
 candidate can rewrite all of this module; it can only make its own reports wrong, which the parent sees.
 """
 
@@ -19,11 +21,28 @@ from typing import Any
 import torch
 
 from cudal1.core import flags as F
-from cudal1.eval import guards
-from cudal1.eval.calls import CallFailed, ModelSide, first_line, gpu_memory, oom_message, seed_everything
-from cudal1.eval.channel import Arena, Channel, describe_value
-from cudal1.eval.reference_runner import ReferenceFailed, configure, jsonable
-from cudal1.tasks.task import load_reference, module_constants
+from cudal1.eval.inside import guards
+from cudal1.eval.inside.harness import ModelSide, first_line, oom_message, seed_everything
+from cudal1.eval.inside.reference import configure, jsonable, load_model
+from cudal1.eval.shared.arena import TensorArena, describe_value
+from cudal1.eval.shared.channel import Channel
+from cudal1.eval.shared.doorbell import Doorbell
+from cudal1.eval.shared.protocol import (
+    Attached,
+    Call,
+    CandidateReady,
+    Done,
+    FlagsReply,
+    FlushCpu,
+    Guards,
+    ImportCandidate,
+    Message,
+    Profile,
+    Profiled,
+    SetupTwin,
+    TwinReady,
+)
+from cudal1.tasks.task import module_constants
 
 BUILD_ERRORS = ("Error building extension", "RawCudaCompileError", "CalledProcessError")
 
@@ -37,7 +56,7 @@ class CandidateFailed(Exception):
 
 
 def _build_failure(exc: BaseException) -> CandidateFailed:
-    from cudal1.eval.compile_log import build_failure_message, trim_compiler_log
+    from cudal1.eval.shared.compile_log import build_failure_message, trim_compiler_log
 
     log = trim_compiler_log(str(exc))
     return CandidateFailed("build", build_failure_message(log), compile_log=log)
@@ -69,31 +88,67 @@ def import_candidate(source: str, workdir: Path) -> Any:
 
 
 class CandidateRole:
-    def __init__(self, message: dict[str, Any], channel: Channel | None = None):
-        os.environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
-        self.device = configure(message)  # the GPU memory cap included, as the reference's
-        try:
-            self.reference = load_reference(message["ref_source"], message["task_id"], sizes=message.get("sizes", "full"))
-        except Exception as exc:  # noqa: BLE001 - the parent loaded it fine in the reference's runner
-            raise ReferenceFailed("loading its module", exc) from None
+    """The twin first (`SetupTwin`), the candidate after `ImportCandidate` (module docstring)."""
+
+    def __init__(self, request: SetupTwin, channel: Channel | None = None):
+        os.environ.update({str(k): str(v) for k, v in request.env.items()})
+        self.device = configure(request.model)  # the GPU memory cap included, as the reference's
+        t0 = time.perf_counter()
+        self.reference, twin = load_model(request.model)
         if self.device.type == "cuda":
-            torch.zeros(1, device=self.device)  # the context exists before the snapshot
-        self.snapshot = guards.take_snapshot()
-        self.flags: list[dict[str, Any]] = []
+            torch.cuda.synchronize(self.device)
+        self.setup_ms = (time.perf_counter() - t0) * 1e3
+        self.side = ModelSide(self.device, self.reference, twin)
         self.channel = channel
+        self.module: Any = None
+        self.flags: list[dict[str, Any]] = []
+        self.snapshot: guards.GuardSnapshot | None = None
+        self.import_ms = self.construct_ms = 0.0
+
+    def ready(self) -> TwinReady:
+        return TwinReady(setup_ms=self.setup_ms)
+
+    def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> Attached:
+        return Attached(pinned=self.side.attach(arena, doorbell))
+
+    def handle(self, request: Message) -> Message:
+        if isinstance(request, Call):
+            return self.side.call(request)  # a `CallFailed` is the reply, with its kind
+        if isinstance(request, ImportCandidate):
+            return self._import(request)
+        if isinstance(request, FlushCpu):
+            self.side.flush_cpu_cache()
+            return Done()
+        if isinstance(request, Guards):
+            self._guard(request.phase)
+            flags, self.flags = self.flags, []
+            return FlagsReply(flags=flags)
+        if isinstance(request, Profile):
+            return self._profile(request.seed)
+        raise ValueError(f"the candidate's runner does not serve {request.OP}")
+
+    # ------------------------------------------------------------------ the candidate
+
+    def _import(self, request: ImportCandidate) -> CandidateReady:
+        """Drop the twin, import the candidate and construct `ModelNew`; failures are `CandidateFailed`."""
+        self.side.model = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        self.snapshot = guards.take_snapshot()
         self._listen_for_builds()
         workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
-        from cudal1.eval.build_hooks import install_build_hooks
+        from cudal1.eval.inside.build_hooks import install_build_hooks
 
         install_build_hooks()  # the levers of the build that prepared this candidate, from its environment
         t0 = time.perf_counter()
-        self.module = import_candidate(str(message["cand_source"]), workdir)
+        self.module = import_candidate(request.cand_source, workdir)
         self.import_ms = (time.perf_counter() - t0) * 1e3
         self._guard("import")
         t1 = time.perf_counter()
         init_inputs = list(self.reference.get_init_inputs())
-        torch.manual_seed(int(message.get("seed", 42)))
+        torch.manual_seed(request.seed)
         try:
             model = self.module.ModelNew(*init_inputs)
             if isinstance(model, torch.nn.Module):
@@ -108,29 +163,30 @@ class CandidateRole:
             raise CandidateFailed("construct", f"ModelNew(...) raised {first_line(exc)}") from None
         self.construct_ms = (time.perf_counter() - t1) * 1e3
         self._guard("construction")
-        self.side = ModelSide(self.device, self.reference, model)
+        self.side.model = model
+        flags, self.flags = self.flags, []  # each flag reported once
+        return CandidateReady(flags=flags, import_ms=self.import_ms, construct_ms=self.construct_ms,
+                              constants={k: jsonable(v) for k, v in module_constants(vars(self.module)).items()},
+                              own_inputs=self._own_inputs())
 
     def _listen_for_builds(self) -> None:
-        """Tell the parent when a real build starts, so that it waits for the build's own time limit."""
+        """Tell the parent when a real build starts, so that it waits for the build's own time limit (the
+        parent honours such notes only while the candidate is imported and constructed)."""
         if self.channel is None:
             return
-        from cudal1.eval import build_hooks
+        from cudal1.eval.inside import build_hooks
 
         channel = self.channel
         build_hooks.BUILD_LISTENERS.append(lambda name: channel.send({"op": "progress", "what": "building",
                                                                        "name": str(name)[:100]}))
 
     def _guard(self, phase: str) -> None:
+        if self.snapshot is None:
+            return
         found = guards.compare(self.snapshot, phase)
         self.flags.extend(f.to_dict() for f in found)
         if found:
             self.snapshot = guards.take_snapshot()  # report each change once
-
-    def setup_reply(self) -> dict[str, Any]:
-        flags, self.flags = self.flags, []  # each flag reported once
-        return {"ok": True, "flags": flags, "import_ms": self.import_ms, "construct_ms": self.construct_ms,
-                "constants": {k: jsonable(v) for k, v in module_constants(vars(self.module)).items()},
-                "own_inputs": self._own_inputs()}
 
     def _own_inputs(self) -> dict[str, Any]:
         """What the candidate's own `get_inputs` and `get_init_inputs` give, if it defines them (the parent
@@ -150,45 +206,17 @@ class CandidateRole:
         torch.seed()
         return out
 
-    def attach(self, arena: Arena) -> dict[str, Any]:
-        return self.side.attach(arena)
-
-    def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
-        try:
-            if op == "trial":
-                inputs = self.side.inputs_from(message)
-                out = self.side.call(inputs)
-                return {"ok": True, "out": self.side.commit((out, inputs)), "memory": gpu_memory(self.device)}
-            if op == "prepare":
-                return self.side.prepare(message)
-            if op == "inputs":
-                return self.side.inputs_request(message)
-            if op == "call":
-                return self.side.timed_request(message)
-            if op == "flush":
-                self.side.flush_cpu_cache()
-                return {"ok": True}
-            if op == "guards":
-                self._guard(str(message.get("phase", "the calls")))
-                flags, self.flags = self.flags, []
-                return {"ok": True, "flags": flags}
-            if op == "profile":
-                return self._profile(message)
-        except CallFailed as exc:
-            return {"ok": False, "error": exc.kind, "message": exc.message}
-        return {"ok": False, "error": "unknown_op", "message": op}
-
-    def _profile(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _profile(self, seed: int) -> Profiled:
         """One profiled forward (after timing: the profiler slows later launches): which kernels ran."""
-        from cudal1.eval.profiling import profile_call
+        from cudal1.eval.inside.profiling import profile_call
 
-        inputs = self.side.make_inputs(int(message["seed"]))
-        prof = profile_call(lambda: self.side.call(inputs), self.device)
+        inputs = self.side.make_inputs(seed)
+        prof = profile_call(lambda: self.side.untimed(inputs), self.device)
         raw_names: list[str] = []
         if "cudal1.raw_cuda" in sys.modules:
             raw_names = list(sys.modules["cudal1.raw_cuda"].launch_log().defined_kernels)
         self._guard("profiling")
         # The profiler leaves a native helper thread behind: not the candidate's doing.
         self.flags = [f for f in self.flags if f.get("rule") != F.NATIVE_THREADS]
-        return {"ok": True, "profile": prof.to_dict(), "raw_kernels": raw_names}
+        return Profiled(profile=prof.to_dict(), raw_kernels=raw_names)
 

@@ -1,156 +1,94 @@
-"""How the trusted parent and its runners talk: messages over a socket, tensors through shared memory.
+"""Arenas: shared memory for tensors, laid out in regions, and the descriptor trees that say what lies where.
 
-- `Channel`: one AF_UNIX SOCK_SEQPACKET socket per runner (message boundaries kept, file descriptors can
-  travel with a message). Messages are JSON objects; the parent waits for a reply with a deadline and a
-  periodic `tick` (the memory watchdog), so a runner that never answers costs its deadline and no more.
-- `Arena`: a memfd mapped by the parent and one runner, sealed against resizing (a runner that could shrink
-  it would crash the parent with SIGBUS). Runners write their inputs and outputs into it as raw bytes with
-  a small descriptor tree; the parent reads them back as *copies* (`unpack(..., copy=True)`), so nothing the
-  runner writes afterwards changes what the parent compares. Each runner has arenas of its own: the
-  candidate's runner never maps the reference's.
-- On a GPU, where the driver allows, arenas are device memory instead (`device_arena.DeviceArena`, the same
-  layout): the helper creates them and alone maps both models', so outputs are committed and compared without
-  crossing to the host; the parent then only moves descriptors.
+An arena is one byte range that the parent and one runner share (the device helper too, on a GPU): a sealed
+memfd in host memory (`Arena`: sealed against resizing, since a runner that could shrink it would crash the
+parent with SIGBUS) or a shared device allocation (`device_arena.DeviceArena`). Its layout (`ArenaLayout`):
 
+- `stage`: the reference's runner makes each call's inputs here (the reference's arena only);
+- `slot0` .. `slotK-1`: the inputs of one call lie in a slot the parent picks at random; the model is called
+  on views of them, so a call's inputs appear only when the trusted side copies them in, at a new address
+  now and then (caching keyed on pointers has nothing to hold on to), and stay where they can be checked;
+- `out`: the runner commits a call's outputs here.
+
+Values are packed front to back as raw bytes with a small descriptor tree (`pack`); the parent reads them
+back as copies (`unpack(..., copy=True)`), so nothing a runner writes afterwards changes what was compared.
 Covered: any dtype (raw bytes, fp8 and complex included), nested tuple/list outputs, non-tensor values that
 JSON can carry. Not covered: sparse, quantized and nested tensors (reported as unsupported outputs).
 """
 
 from __future__ import annotations
 
-import array
 import fcntl
-import json
 import mmap
 import os
-import select
-import socket
-import time
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from cudal1.eval.cudart import clear_last_error
+from cudal1.eval.shared.cudart import clear_last_error
 
-#: Largest message (bytes of JSON). Compiler logs and kernel lists are trimmed well below this.
-MAX_MESSAGE_BYTES = 4 * 2**20
 #: Byte alignment of tensors in an arena (any dtype can be viewed at such an offset).
 ALIGN = 256
-#: How often a waiting parent runs its `tick` (watchdog) while no reply has come.
-TICK_S = 0.05
-
-
-class ChannelClosed(Exception):
-    """The other side is gone (the runner exited or was killed)."""
-
-
-class ChannelTimeout(Exception):
-    """No reply within the deadline."""
-
-
-class ProtocolError(Exception):
-    """A message that is not what the protocol allows (too large, not JSON, not an object)."""
-
-
-def socket_pair() -> tuple[socket.socket, socket.socket]:
-    """(parent end, child end); the child end is inheritable, to be passed to the runner."""
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    for s in (parent, child):
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE_BYTES)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_MESSAGE_BYTES)
-    child.set_inheritable(True)
-    return parent, child
-
-
-class Channel:
-    """Framed JSON messages (and optional file descriptors) over a SOCK_SEQPACKET socket."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-
-    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        data = json.dumps(message, separators=(",", ":"), default=str).encode()
-        if len(data) > MAX_MESSAGE_BYTES:
-            raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
-        try:
-            if fds:
-                self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            else:
-                self.sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
-            raise ChannelClosed(str(exc)) from None
-
-    def recv(self, timeout_s: float | None = None, tick: Callable[[], None] | None = None,
-             max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
-        """The next message (and the file descriptors sent with it). Waits at most `timeout_s` (None:
-        forever), calling `tick()` every `TICK_S` meanwhile; raises ChannelTimeout, ChannelClosed or
-        ProtocolError."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            wait = TICK_S if tick is not None else None
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ChannelTimeout(f"no reply within {timeout_s:.1f} s")
-                wait = min(wait, left) if wait is not None else left
-            ready, _, _ = select.select([self.sock], [], [], wait)
-            if ready:
-                break
-            if tick is not None:
-                tick()
-        fd_bytes = socket.CMSG_SPACE(max_fds * array.array("i").itemsize) if max_fds else 0
-        try:
-            data, ancdata, flags, _ = self.sock.recvmsg(MAX_MESSAGE_BYTES + 1, fd_bytes)
-        except (ConnectionResetError, OSError) as exc:
-            raise ChannelClosed(str(exc)) from None
-        fds = _received_fds(ancdata)
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            raise ChannelClosed("the other side closed the channel")
-        if len(data) > MAX_MESSAGE_BYTES or flags & socket.MSG_TRUNC:
-            raise ProtocolError("message too large")
-        try:
-            message = json.loads(data)
-        except ValueError:
-            raise ProtocolError("message is not JSON") from None
-        if not isinstance(message, dict):
-            raise ProtocolError("message is not a JSON object")
-        return message, fds
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(data[: len(data) - (len(data) % arr.itemsize)])
-            fds.extend(arr)
-    return fds
-
-
-# --------------------------------------------------------------------------- shared memory
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Sizes of an arena's regions (module docstring), each aligned."""
+
+    slot_bytes: int
+    out_bytes: int
+    slots: int = 1
+    stage_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.slot_bytes, self.out_bytes, self.stage_bytes) < 0 or self.slots < 1:
+            raise ValueError("an arena layout needs sizes >= 0 and at least one slot")
+
+    @classmethod
+    def of(cls, slot_bytes: int, out_bytes: int, slots: int = 1, stage_bytes: int = 0) -> ArenaLayout:
+        return cls(_align(slot_bytes), _align(out_bytes), slots, _align(stage_bytes))
+
+    @property
+    def size(self) -> int:
+        return self.stage_bytes + self.slots * self.slot_bytes + self.out_bytes
+
+    def region(self, name: str) -> tuple[int, int]:
+        """(start, end) of region `name`: stage, slotN or out."""
+        if name == "stage":
+            return 0, self.stage_bytes
+        if name == "out":
+            start = self.stage_bytes + self.slots * self.slot_bytes
+            return start, start + self.out_bytes
+        if name.startswith("slot") and name[4:].isdigit() and int(name[4:]) < self.slots:
+            start = self.stage_bytes + int(name[4:]) * self.slot_bytes
+            return start, start + self.slot_bytes
+        raise ValueError(f"no region {name!r} in this arena")
+
+    def to_dict(self) -> dict[str, int]:
+        return {"slot_bytes": self.slot_bytes, "out_bytes": self.out_bytes, "slots": self.slots,
+                "stage_bytes": self.stage_bytes}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, int]) -> ArenaLayout:
+        return cls(int(d["slot_bytes"]), int(d["out_bytes"]), int(d.get("slots", 1)), int(d.get("stage_bytes", 0)))
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
 class TensorArena:
-    """`in` and `out` halves of one byte range that two processes share, each packed front to back; the
-    range is a torch uint8 tensor (`bytes_tensor()`): host memory (`Arena`) or device memory
+    """The regions of one byte range that two processes share (module docstring), each packed front to back;
+    the range is a torch uint8 tensor (`bytes_tensor()`): host memory (`Arena`) or device memory
     (`device_arena.DeviceArena`). Packing, unpacking and copying work alike on either."""
 
     registered = False  # host memory pinned for the GPU: copies to and from it may be asynchronous
 
-    def __init__(self, in_bytes: int, out_bytes: int):
-        self.in_bytes, self.out_bytes = in_bytes, out_bytes
-        self.size = in_bytes + out_bytes
+    def __init__(self, layout: ArenaLayout, size: int | None = None):
+        self.layout = layout
+        self.size = layout.size if size is None else size
 
     def bytes_tensor(self) -> Any:
         """The whole range as a torch uint8 tensor (no copy)."""
@@ -166,9 +104,6 @@ class TensorArena:
     def register_with_cuda(self) -> bool:
         return self.registered
 
-    def spec(self) -> dict[str, int]:
-        return {"in_bytes": self.in_bytes, "out_bytes": self.out_bytes}
-
     def _sync_after_copies(self) -> None:
         """Wait for the copies into or out of this range (device memory, or pinned host memory)."""
         if self.registered:
@@ -180,7 +115,7 @@ class TensorArena:
         pass
 
     def region(self, name: str) -> tuple[int, int]:
-        return (0, self.in_bytes) if name == "in" else (self.in_bytes, self.size)
+        return self.layout.region(name)
 
     def pack(self, value: Any, region: str, *, strict_types: bool = True) -> dict[str, Any]:
         """Write every tensor of `value` (nested tuples/lists allowed) into `region`; the descriptor tree.
@@ -269,9 +204,9 @@ class TensorArena:
             self._sync_after_copies()
         return value
 
-    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
-        """Copy the tensors of `tree` (laid out in `source`) into `region` of this arena from `offset` on, byte
-        for byte; (the tree as it lies here, the next free offset in the region)."""
+    def place(self, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
+        """Where the tensors of `tree` go when copied into `region` of this arena from `offset` on, front to
+        back: (the tree as it will lie here, the next free offset in the region). Nothing is copied."""
         start, end = self.region(region)
         cursor = [start + offset]
 
@@ -279,49 +214,56 @@ class TensorArena:
             if not isinstance(d, dict):
                 raise UnsupportedValue("malformed descriptor")
             if d.get("t") == "tensor":
-                data = source.bytes_of(d)
-                dst, nbytes = cursor[0], data.numel()
+                dst, nbytes = cursor[0], int(d.get("nbytes", -1))
+                if nbytes < 0:
+                    raise UnsupportedValue("malformed descriptor")
                 if dst + nbytes > end:
                     raise ArenaFull(nbytes)
-                if nbytes:
-                    self.bytes_tensor()[dst: dst + nbytes].copy_(data)
                 cursor[0] = dst + _align(nbytes)
                 return {**d, "offset": dst}
             if d.get("t") == "seq":
                 return {**d, "items": [move(i) for i in d.get("items", [])]}
             return dict(d)
 
-        moved = move(tree)
+        placed = move(tree)
+        return placed, cursor[0] - start
+
+    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
+        """Copy the tensors of `tree` (laid out in `source`) into `region` of this arena from `offset` on, byte
+        for byte, as `place` lays them out; (the tree as it lies here, the next free offset in the region)."""
+        placed, used = self.place(tree, region, offset)
+        for src, dst in zip(tree_tensors(tree), tree_tensors(placed), strict=True):
+            data = source.bytes_of(src)
+            if data.numel():
+                self.bytes_tensor()[dst["offset"]: dst["offset"] + data.numel()].copy_(data, non_blocking=True)
         self._sync_after_copies()
-        return moved, cursor[0] - start
+        return placed, used
 
 
 class Arena(TensorArena):
-    """A sealed memfd mapped by the parent and one runner (sealed against resizing: a runner that could shrink
-    it would crash the parent with SIGBUS)."""
+    """A sealed memfd mapped by the parent and one runner (module docstring)."""
 
-    def __init__(self, fd: int, in_bytes: int, out_bytes: int, owner: bool):
-        super().__init__(in_bytes, out_bytes)
+    def __init__(self, fd: int, layout: ArenaLayout, owner: bool):
+        super().__init__(layout)
         self.fd, self.owner = fd, owner
         self.map = mmap.mmap(fd, self.size) if self.size else None
         self._host: Any = None  # torch uint8 view of the whole map, made on first use
         self._pinned_ptr: int | None = None
 
     @classmethod
-    def create(cls, in_bytes: int, out_bytes: int) -> Arena:
-        """A new memfd of `in_bytes + out_bytes` (aligned), sealed against growing and shrinking."""
-        in_bytes, out_bytes = _align(max(in_bytes, 0)), _align(max(out_bytes, 0))
+    def create(cls, layout: ArenaLayout) -> Arena:
+        """A new memfd of the layout's size, sealed against growing and shrinking."""
         fd = os.memfd_create("cudal1-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        os.ftruncate(fd, in_bytes + out_bytes)
+        os.ftruncate(fd, layout.size)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        return cls(fd, in_bytes, out_bytes, owner=True)
+        return cls(fd, layout, owner=True)
 
     @classmethod
-    def attach(cls, fd: int, in_bytes: int) -> Arena:
-        """The runner's side: map a received memfd (its size is read from the file, never trusted)."""
-        size = os.fstat(fd).st_size
-        in_bytes = min(max(int(in_bytes), 0), size)
-        return cls(fd, in_bytes, size - in_bytes, owner=False)
+    def attach(cls, fd: int, layout: ArenaLayout) -> Arena:
+        """The runner's side: map a received memfd; its size is read from the file, never trusted."""
+        if os.fstat(fd).st_size != layout.size:
+            raise ValueError("an arena whose size is not its layout's")
+        return cls(fd, layout, owner=False)
 
     def bytes_tensor(self) -> Any:
         """A torch uint8 tensor over the whole mapping (the runner's staging buffer)."""
@@ -361,13 +303,26 @@ class Arena(TensorArena):
             clear_last_error()
         self._pinned_ptr, self.registered = None, False
 
+    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
+        """As `TensorArena.copy_from`; between host arenas by memmove (no thread pool inside a bracket)."""
+        if not isinstance(source, (Arena, RegionCopy)) or (isinstance(source, RegionCopy) and not source.host) \
+                or self.map is None:
+            return super().copy_from(source, tree, region, offset)
+        placed, used = self.place(tree, region, offset)
+        for src, dst in zip(tree_tensors(tree), tree_tensors(placed), strict=True):
+            data = source.bytes_of(src)
+            n = data.numel()
+            if n:
+                self.map[dst["offset"]: dst["offset"] + n] = memoryview(data.numpy())
+        return placed, used
+
     def read_region(self, region: str) -> bytes:
         """A private copy of a whole region's bytes."""
         start, end = self.region(region)
         return bytes(self.map[start:end]) if self.map is not None else b""
 
     def write_region(self, region: str, data: bytes) -> None:
-        """Overwrite a region from the front with `data` (the parent filling a runner's `in` half)."""
+        """Overwrite a region from the front with `data` (the parent filling a runner's input slot)."""
         start, end = self.region(region)
         if start + len(data) > end:
             raise ArenaFull(len(data))
@@ -458,6 +413,57 @@ def changed_inputs(given: tuple[TensorArena, Any], ref_after: tuple[TensorArena,
     changed += list(range(len(cand_leaves), len(inputs)))
     ref_same = len(ref_leaves) == len(inputs) and all(_same_leaf(a, b) for a, b in zip(inputs, ref_leaves, strict=True))
     return changed, ref_same
+
+
+def tree_tensors(tree: Any) -> list[dict[str, Any]]:
+    """The tensor descriptors of a tree, in order."""
+    if not isinstance(tree, dict):
+        raise UnsupportedValue("malformed descriptor")
+    if tree.get("t") == "tensor":
+        return [tree]
+    if tree.get("t") == "seq":
+        return [d for item in tree.get("items", []) for d in tree_tensors(item)]
+    return []
+
+
+class RegionCopy(TensorArena):
+    """A copy of one region of an arena (a model's `out` region, taken when its call ended), read with that
+    arena's descriptor trees: what was compared is what the region held then."""
+
+    def __init__(self, source: TensorArena, region: str = "out", device: Any = None):
+        import torch
+
+        super().__init__(source.layout, size=source.size)
+        self.base, end = source.region(region)
+        self.registered = source.registered
+        self.host = isinstance(source, Arena) and device in (None, "cpu")
+        if self.host:  # a host arena's bytes copied by memmove: no thread pool inside a timed bracket
+            self._bytes = bytearray(end - self.base)
+            self.buffer = torch.frombuffer(self._bytes, dtype=torch.uint8) if self._bytes else \
+                torch.empty(0, dtype=torch.uint8)
+        else:
+            self.buffer = torch.empty(end - self.base, dtype=torch.uint8,
+                                      device=device if device is not None else source.bytes_tensor().device)
+
+    def bytes_tensor(self) -> Any:
+        return self.buffer
+
+    def bytes_of(self, d: dict[str, Any]) -> Any:
+        offset, nbytes = int(d.get("offset", -1)), int(d.get("nbytes", -1))
+        if offset < self.base or nbytes < 0 or offset + nbytes > self.base + self.buffer.numel():
+            raise UnsupportedValue("an output descriptor outside the output region")
+        return self.buffer[offset - self.base: offset - self.base + nbytes]
+
+    def take(self, source: TensorArena, nbytes: int | None = None) -> None:
+        """Copy the first `nbytes` (all: None) of the region from `source` (on a device: queued on the
+        current stream)."""
+        n = self.buffer.numel() if nbytes is None else max(0, min(int(nbytes), self.buffer.numel()))
+        if not n:
+            return
+        if self.host and isinstance(source, Arena) and source.map is not None:
+            self._bytes[:n] = source.map[self.base: self.base + n]
+        else:
+            self.buffer[:n].copy_(source.bytes_tensor()[self.base: self.base + n], non_blocking=True)
 
 
 def tree_nbytes(tree: dict[str, Any]) -> int:

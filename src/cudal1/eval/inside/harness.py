@@ -1,18 +1,23 @@
 """The call harness both model runners share, so that reference and candidate are timed alike.
 
-One `ModelSide` lives in each model runner (the reference's and the candidate's). It makes inputs from a
-seed the parent sends (`make_inputs`: the reference's `get_inputs()` under that seed, on the device), reads
-inputs the parent put in the arena, calls the model with device events around the call and a device-wide
-wait inside them (`timed_call`), and writes outputs into the arena (`commit`). Nothing here decides
-anything: it measures and copies, and the parent checks what it reports.
+One `ModelSide` lives in each model runner (the reference's, and the candidate's, which first holds the
+reference's model as its calibration twin). A call (`call`) goes:
 
-Why the same code on both sides: the parent cross-checks each runner's reported time against its own clock
-around the request (`timing.clock_gaps`); the harness overhead outside the reported span must then be the
-same for both models, which it is when both run this code on the same kinds of data.
+1. the request names the input slot; the runner makes views of it (nothing is there yet), arms its doorbell
+   and spins;
+2. the trusted side copies the call's inputs into the slot (the device's helper, or the parent on the CPU)
+   and rings `go`: the inputs exist in this process only from then on;
+3. the model runs between device events with a device-wide wait inside (a host timer on the CPU), its output
+   is committed to the arena's `out` region, and the runner rings `done`.
+
+What the runner reports (its times, where the output lies) is data: the parent's own clock around the
+bracket bounds the time that counts (`timing.py`), the helper's end probe waits for whatever the call left
+on the device, and outputs and inputs are checked where they lie. Nothing here decides anything.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 import re
 import time
@@ -20,12 +25,14 @@ from typing import Any
 
 import torch
 
-from cudal1.eval.channel import Arena, tree_nbytes
+from cudal1.eval.shared.arena import TensorArena
+from cudal1.eval.shared.doorbell import ARMED, DONE, GO, Doorbell, DoorbellTimeout
+from cudal1.eval.shared.protocol import Call, Called
 
 #: Bytes written to flush a CPU's last-level cache before a timed call on the CPU (in the runner itself).
 CPU_FLUSH_BYTES = 32 * 2**20
-#: Calls whose inputs a side keeps alive after the call, so that each call's inputs get new addresses.
-KEEP_INPUTS = 2
+#: How long an armed runner waits for its go before it gives up (the parent rings within milliseconds).
+GO_TIMEOUT_S = 120.0
 
 
 class CallFailed(Exception):
@@ -141,72 +148,40 @@ def make_inputs(reference: Any, device: torch.device, seed: int, distribution: s
     return inputs
 
 
-def clone_inputs(inputs: list[Any]) -> list[Any]:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def bit_view(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's bytes as the widest integer type that divides them (fast exact comparison)."""
-    flat = x.detach().reshape(-1).view(torch.uint8)
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if flat.numel() % size == 0 and flat.data_ptr() % size == 0:
-            return flat.view(dtype)
-    return flat
-
-
-def same_bytes(a: list[Any], b: list[Any]) -> bool:
-    """Whether two input lists hold the same values, bit for bit (works for every dtype, NaN included)."""
-    for x, y in zip(a, b, strict=True):
-        if isinstance(x, torch.Tensor):
-            if not isinstance(y, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
-                return False
-            if x.numel() and not torch.equal(bit_view(x.contiguous()), bit_view(y.contiguous())):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
 class ModelSide:
-    """A model and the means to feed it and time it, inside one runner."""
+    """A model and the means to feed it and time it, inside one runner (module docstring)."""
 
     def __init__(self, device: torch.device, reference_module: Any, model: Any = None):
         self.device = device
         self.ref = reference_module  # a `tasks.task.Reference` (its get_inputs feeds both models)
         self.model = model
-        self.arena: Arena | None = None
-        self._kept: list[list[Any]] = []
-        self._pending: tuple[list[Any], list[Any]] | None = None
+        self.arena: TensorArena | None = None
+        self.doorbell: Doorbell | None = None
         self._cpu_flush = torch.empty(CPU_FLUSH_BYTES // 4, dtype=torch.float32) if device.type == "cpu" else None
 
     def make_inputs(self, seed: int, distribution: str = "reference") -> list[Any]:
         return make_inputs(self.ref, self.device, seed, distribution)
 
-    def attach(self, arena: Arena) -> dict[str, Any]:
-        """Take the arena the parent sent (pinned for the GPU where it is host memory)."""
-        self.arena = arena
-        return {"ok": True, "pinned": arena.register_with_cuda() if self.device.type == "cuda" else False}
+    def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> bool:
+        """Take the arena (and doorbell) the parent sent; whether host memory got pinned for the GPU."""
+        self.arena, self.doorbell = arena, doorbell
+        return arena.register_with_cuda() if self.device.type == "cuda" else False
 
-    def inputs_request(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Make a seed's inputs into the arena's `in` half (CPU timing: the parent ships them from there)."""
+    def stage(self, seed: int, distribution: str) -> dict[str, Any]:
+        """Make a seed's inputs into the arena's staging region (the reference's runner); their tree."""
         assert self.arena is not None, "no arena attached"
-        tree = self.arena.pack(self.make_inputs(int(message["seed"])), "in")
-        return {"ok": True, "in": tree, "in_bytes": tree_nbytes(tree)}
+        return self.arena.pack(self.make_inputs(seed, distribution), "stage")
 
-    def inputs_from(self, message: dict[str, Any]) -> list[Any]:
-        """The inputs a request names: made from its seed, or read from the arena where the parent put them."""
-        if "seed" in message:
-            return self.make_inputs(int(message["seed"]), str(message.get("distribution", "reference")))
+    def read(self, tree: dict[str, Any], *, copy: bool = True) -> Any:
         assert self.arena is not None, "no arena attached"
-        value = self.arena.unpack(message["inputs"], device=self.device, copy=not message.get("views"))
-        return list(value) if isinstance(value, (list, tuple)) else [value]
+        return self.arena.unpack(tree, device=self.device, copy=copy)
 
     def flush_cpu_cache(self) -> None:
         if self._cpu_flush is not None:
             self._cpu_flush.fill_(1.0)
 
-    def call(self, inputs: list[Any]) -> Any:
-        """One call of the model (no timing); failures become `CallFailed`."""
+    def untimed(self, inputs: list[Any]) -> Any:
+        """One call of the model outside any bracket (a reference's first call, a profiled call)."""
         try:
             with torch.no_grad():
                 out = self.model(*inputs)
@@ -219,13 +194,35 @@ class ModelSide:
             raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
         return out
 
-    def timed_call(self, inputs: list[Any]) -> tuple[Any, float, float]:
+    def call(self, request: Call) -> Called:
+        """One bracketed call (module docstring). The doorbell is rung `done` whatever happens, so the parent
+        never waits past the call; a failure is then the reply."""
+        assert self.arena is not None and self.doorbell is not None, "no arena attached"
+        bell = self.doorbell
+        views = self.arena.unpack(request.inputs, device=self.arena.bytes_tensor().device, copy=False)
+        views = list(views) if isinstance(views, (list, tuple)) else [views]
+        host_to_device = self.device.type == "cuda" and not self.arena.bytes_tensor().is_cuda
+        gc.disable()  # a collection inside the bracket would be harness time the reference need not pay
+        try:
+            bell.ring(ARMED, request.seq)
+            try:
+                bell.wait(GO, request.seq, GO_TIMEOUT_S)
+            except DoorbellTimeout:
+                raise CallFailed("no_go", "the parent never started the call") from None
+            inputs = [x.to(self.device) if host_to_device and isinstance(x, torch.Tensor) else x for x in views]
+            out, total_ms, stream_ms = self._timed(inputs)
+            tree = self.arena.pack(out, "out")
+        finally:
+            bell.ring(DONE, request.seq)
+            gc.enable()
+        return Called(ms=total_ms, stream_ms=stream_ms, out=tree, memory=gpu_memory(self.device))
+
+    def _timed(self, inputs: list[Any]) -> tuple[Any, float, float]:
         """(output, total_ms, stream_ms): device events around the call with a device-wide wait inside, so
         work on any stream of this process is counted; stream_ms stops at the current stream's end."""
         try:
             with torch.no_grad():
                 if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
                     start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
                     start.record()
                     out = self.model(*inputs)
@@ -240,38 +237,10 @@ class ModelSide:
                 return out, ms, ms
         except torch.cuda.OutOfMemoryError as exc:
             raise CallFailed("oom", oom_message(exc, self.device)) from None
+        except MemoryError as exc:
+            raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
         except Exception as exc:  # noqa: BLE001
             raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
-
-    def commit(self, value: Any) -> dict[str, Any]:
-        """Write `value` (outputs, or outputs and inputs) into the arena's `out` half; its descriptor tree."""
-        assert self.arena is not None, "no arena attached"
-        sync(self.device)
-        return self.arena.pack(value, "out")
-
-    def prepare(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Make the next timed call's inputs (and their reference copy) ahead of it, so that a cache flush can
-        come in between: the call then starts on inputs that are not in any cache."""
-        inputs = self.inputs_from(message)
-        # Inputs in shared memory are checked by the parent itself; only inputs made here need a copy.
-        self._pending = (inputs, None if message.get("views") else clone_inputs(inputs))
-        sync(self.device)
-        return {"ok": True}
-
-    def timed_request(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A timed call as the parent asks for it: the prepared inputs (or those the request names), the
-        call, the commit of its output."""
-        if self._pending is None:
-            self.prepare(message)
-        inputs, before = self._pending
-        self._pending = None
-        out, total_ms, stream_ms = self.timed_call(inputs)
-        tree = self.commit(out)
-        mutated = before is not None and not same_bytes(before, inputs)
-        self._kept.append(inputs)  # alive until later calls: the next inputs get new addresses
-        del self._kept[:-KEEP_INPUTS]
-        return {"ok": True, "ms": total_ms, "stream_ms": stream_ms, "out": tree, "mutated": mutated,
-                "memory": gpu_memory(self.device)}
 
 
 def use_exact_fp32() -> None:

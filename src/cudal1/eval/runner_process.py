@@ -1,8 +1,9 @@
 """Runner processes: started in the sandbox, spoken to over a channel, watched, frozen and killed.
 
-A `RunnerProcess` is one `python -m cudal1.eval.runner` in its own sandbox (`sandbox.wrap_command`). It is
-started ahead of its work (interpreter, torch import and CUDA context overlap other work), takes a role when
-the parent sends `setup`, and serves requests until the parent closes it. The parent enforces:
+A `RunnerProcess` is one `python -m cudal1.eval.inside.runner` in its own sandbox (`sandbox.wrap_command`).
+It is started ahead of its work (interpreter, torch import and CUDA context overlap other work), takes a role
+when the parent sets it up, and serves typed requests (`shared.protocol`) until the parent closes it. The
+parent enforces:
 
 - a deadline on every request (`ChannelTimeout` -> the runner is killed);
 - a memory limit: the resident memory of the runner's whole process tree (shared memory included) is read
@@ -13,11 +14,15 @@ the parent sends `setup`, and serves requests until the parent closes it. The pa
   nothing the candidate left running competes with the reference for the CPU;
 - death: every process of the sandbox dies with the runner's tree (`kill`), with the parent (bwrap
   `--die-with-parent`; a plain child gets PR_SET_PDEATHSIG), and a restart removes the folders a killed run
-  left (`reap_stale_folders`).
+  left (`reap_stale_folders`);
+- its output: stdout and stderr go through a pipe of which the parent keeps the first and last few KB
+  (`OutputTail`), whatever the runner writes;
+- its replies: each is decoded as its request's reply class; anything else is a `RunnerFailed` with
+  `malformed` set. A progress note (a build started) is accepted only where the caller allows it, and
+  extends the wait once, to the caller's limit for builds.
 
-`run_isolated` runs one trusted function (a build, a peak measurement) in a fresh sandboxed runner and
-returns how it ended. Not covered: a runner started from a thread that exits dies with that thread (Linux's
-parent-death signal follows the thread): start runners from long-lived threads.
+Not covered: a runner started from a thread that exits dies with that thread (Linux's parent-death signal
+follows the thread): start runners from long-lived threads.
 """
 
 from __future__ import annotations
@@ -31,14 +36,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cudal1.eval.cgroups import RunnerGroup
-from cudal1.eval.channel import Channel, ChannelClosed, ChannelTimeout, ProtocolError, socket_pair
 from cudal1.eval.sandbox import SandboxInfo, SandboxSpec, detect_sandbox, sandbox_environment, wrap_command
+from cudal1.eval.shared.channel import Channel, ChannelClosed, ChannelTimeout, ProtocolError, socket_pair
+from cudal1.eval.shared.protocol import Hello, MalformedReply, Message, decode_reply
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +62,12 @@ class RunnerFailed(Exception):
     """A request got no valid reply: the runner died, timed out, exceeded a limit or broke the protocol."""
 
     def __init__(self, reason: str, *, timed_out: bool = False, memory: bool = False, signal_number: int | None = None,
-                 exit_code: int | None = None, killed_by_parent: bool = False, stderr_tail: str = ""):
+                 exit_code: int | None = None, killed_by_parent: bool = False, stderr_tail: str = "",
+                 malformed: bool = False):
         super().__init__(reason)
         self.reason, self.timed_out, self.memory = reason, timed_out, memory
         self.signal_number, self.exit_code, self.killed_by_parent = signal_number, exit_code, killed_by_parent
-        self.stderr_tail = stderr_tail
+        self.stderr_tail, self.malformed = stderr_tail, malformed
 
     @property
     def killed_from_outside(self) -> bool:
@@ -73,13 +81,6 @@ def _set_parent_death_signal() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-def usable_cpu_count() -> int:
-    """Cores this process may run on (its affinity mask: taskset, cgroups' cpusets, Slurm), not the host's."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
 
 
 def process_tree(root: int) -> list[int]:
@@ -128,13 +129,45 @@ def _gpu_memory_of(pids: list[int]) -> int | None:
         return None
 
 
-def _tail(path: Path, n_bytes: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - n_bytes))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+class OutputTail:
+    """A runner's stdout and stderr through a pipe: the first `head` and last `tail` bytes are kept, the
+    rest counted and dropped (a runner that prints without end costs the parent nothing but the reading)."""
+
+    def __init__(self, head: int = 16 << 10, tail: int = 64 << 10):
+        read_fd, self.write_fd = os.pipe()
+        self.head_limit, self.tail_limit = head, tail
+        self.head, self.tail = bytearray(), bytearray()
+        self.total = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._drain, args=(read_fd,), name="cudal1-runner-output", daemon=True)
+        self._thread.start()
+
+    def _drain(self, fd: int) -> None:
+        try:
+            while chunk := os.read(fd, 1 << 16):
+                with self._lock:
+                    self.total += len(chunk)
+                    room = self.head_limit - len(self.head)
+                    if room > 0:
+                        self.head += chunk[:room]
+                        chunk = chunk[room:]
+                    self.tail += chunk
+                    del self.tail[:-self.tail_limit]
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def text(self, n_bytes: int = 4000) -> str:
+        """The last `n_bytes` kept (what a failure's message quotes)."""
+        with self._lock:
+            data = bytes(self.head if not self.tail else self.tail)
+        return data[-n_bytes:].decode(errors="replace")
+
+    def close_writer(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
 
 
 @dataclass
@@ -166,10 +199,9 @@ class RunnerProcess:
         self.tree_root: int | None = None
         parent_sock, child_sock = socket_pair()
         self.channel = Channel(parent_sock)
-        argv = [sys.executable, "-m", "cudal1.eval.runner", str(child_sock.fileno()), device if warm else "-",
+        argv = [sys.executable, "-m", "cudal1.eval.inside.runner", str(child_sock.fileno()), device if warm else "-",
                 *([] if model_imports else ["bare"])]
-        self.err_path = self.folder / "stderr.txt"
-        err = open(self.err_path, "wb")  # noqa: SIM115 - owned by the child from here on
+        self.output = OutputTail()
         sandboxed = self.info.level != "none"
         if sandboxed:
             spec = SandboxSpec(**{**self.spec.__dict__, "binds": [*self.spec.binds, (str(self.scratch), SCRATCH_INSIDE)]})
@@ -186,22 +218,21 @@ class RunnerProcess:
             env = sandbox_environment({**self.spec.env, "HOME": str(work), "TMPDIR": str(work)})
             cwd, preexec = str(work), _set_parent_death_signal
         try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
-                                         pass_fds=pass_fds, env=env, cwd=cwd, start_new_session=True,
-                                         preexec_fn=preexec)
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.output.write_fd,
+                                         stderr=subprocess.STDOUT, pass_fds=pass_fds, env=env, cwd=cwd,
+                                         start_new_session=True, preexec_fn=preexec)
         finally:
-            err.close()
+            self.output.close_writer()
             child_sock.close()
             if info_w >= 0:
                 os.close(info_w)
         self._info_r = info_r
         if cpus is not None:
             self.pin(cpus)
-        self.hello: dict[str, Any] | None = None
+        self.hello: Hello | None = None
         self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
         self.group: RunnerGroup | None = None  # its control group, where the host allows one
         self.last_request_ms = 0.0
-        self.device_arenas = False  # a device helper that can share device memory (`device_arena`)
 
     # ------------------------------------------------------------------ identity and tree
 
@@ -261,10 +292,15 @@ class RunnerProcess:
 
     # ------------------------------------------------------------------ requests
 
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> Hello:
         """The runner's hello (its pid, versions, device facts); waits for its start."""
         if self.hello is None:
-            self.hello = self._receive(timeout_s)
+            raw, _ = self._receive(timeout_s)
+            try:
+                self.hello = Hello.decode(raw)
+            except ValueError:
+                self.kill("broke the protocol")
+                raise self._failure("the runner's hello is malformed", malformed=True) from None
             self._resolve_pids()
             tree = process_tree(self.proc.pid)
             self.baseline_processes = len(tree)
@@ -285,37 +321,64 @@ class RunnerProcess:
         """CPU time the runner's sandbox used so far (its control group's clock), None without one."""
         return self.group.cpu_ns() if self.group is not None else None
 
-    def wait_reply(self, timeout_s: float) -> dict[str, Any]:
-        """The next message of a request already sent (after a progress note)."""
-        return self._receive(timeout_s)
-
-    def request(self, message: dict[str, Any], timeout_s: float, fds: tuple[int, ...] = ()) -> dict[str, Any]:
-        """Send one request and return the runner's reply (a dict with `ok`); raises `RunnerFailed`.
-        `last_request_ms` is the parent's clock from the send to the reply: the outside clock of the timing."""
+    def send(self, request: Message, fds: tuple[int, ...] = ()) -> None:
+        """Send a request without waiting (the bracket's: its reply comes after the doorbells rang)."""
         self.wait_ready()
-        t0 = time.perf_counter()
         try:
-            self.channel.send(message, fds)
+            self.channel.send(request.encode(), fds)
         except ChannelClosed:
             raise self._failure("the runner exited") from None
-        reply = self._receive(timeout_s)
+
+    def reply(self, request: Message, timeout_s: float, *, progress_s: float | None = None,
+              keep_fds: int = 0) -> Message:
+        """The reply to `request` (sent): its reply class or an `ErrorReply`; `RunnerFailed` for anything
+        else. With `progress_s`, progress notes (a real build started) are accepted and extend the wait to
+        `progress_s` from the first; without it a note breaks the protocol."""
+        deadline = time.monotonic() + timeout_s
+        extended = False
+        while True:
+            raw, fds = self._receive(max(0.0, deadline - time.monotonic()), keep_fds=keep_fds)
+            if raw.get("op") != "progress":
+                break
+            for fd in fds:
+                os.close(fd)
+            if progress_s is None:
+                self.kill("broke the protocol")
+                raise self._failure("the runner sent a progress note where none is allowed", malformed=True)
+            if not extended:
+                deadline, extended = max(deadline, time.monotonic() + progress_s), True
+        try:
+            decoded = decode_reply(request, raw)
+        except MalformedReply as exc:
+            for fd in fds:
+                os.close(fd)
+            raise RunnerFailed(str(exc), malformed=True, stderr_tail=self.output.text()) from None
+        if keep_fds:
+            self.last_fds = fds
+        return decoded
+
+    def ask(self, request: Message, timeout_s: float, fds: tuple[int, ...] = (), *,
+            progress_s: float | None = None) -> Message:
+        """Send one request and return its decoded reply (`reply`); raises `RunnerFailed`.
+        `last_request_ms` is the parent's clock from the send to the reply."""
+        t0 = time.perf_counter()
+        self.send(request, fds)
+        reply = self.reply(request, timeout_s, progress_s=progress_s)
         self.last_request_ms = (time.perf_counter() - t0) * 1e3
         self._check_memory(force=False)
         return reply
 
-    def request_descriptors(self, message: dict[str, Any], timeout_s: float, count: int) -> tuple[dict[str, Any], list[int]]:
+    def ask_descriptors(self, request: Message, timeout_s: float, count: int) -> tuple[Message, list[int]]:
         """A request whose reply carries up to `count` file descriptors (the trusted helper's device arenas):
         (reply, descriptors), which the caller closes. Only the helper is asked this way."""
-        self.wait_ready()
-        try:
-            self.channel.send(message)
-        except ChannelClosed:
-            raise self._failure("the runner exited") from None
-        return self._receive(timeout_s, keep_fds=count)
+        self.send(request)
+        self.last_fds: list[int] = []
+        reply = self.reply(request, timeout_s, keep_fds=count)
+        return reply, self.last_fds
 
-    def _receive(self, timeout_s: float, keep_fds: int = 0) -> Any:
+    def _receive(self, timeout_s: float, keep_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
         try:
-            reply, fds = self.channel.recv(timeout_s, tick=self._tick, max_fds=keep_fds)
+            raw, fds = self.channel.recv(timeout_s, tick=self._tick, max_fds=max(keep_fds, 2))
         except ChannelTimeout:
             self.kill("timed out")
             raise self._failure(f"no answer within {timeout_s:.1f} s", timed_out=True) from None
@@ -323,15 +386,24 @@ class RunnerProcess:
             raise self._failure(self.killed_reason or "the runner exited") from None
         except ProtocolError as exc:
             self.kill("broke the protocol")
-            raise self._failure(f"the runner broke the protocol ({exc})") from None
+            raise self._failure(f"the runner broke the protocol ({exc})", malformed=True) from None
         if not keep_fds:
             for fd in fds:
-                os.close(fd)  # runners never send descriptors back
+                os.close(fd)  # only the helper's arenas come back as descriptors
+            fds = []
         if self.killed_reason is not None:
-            for fd in fds if keep_fds else ():
+            for fd in fds:
                 os.close(fd)
             raise self._failure(self.killed_reason, memory="memory" in self.killed_reason)
-        return (reply, fds) if keep_fds else reply
+        return raw, fds
+
+    def check_alive(self) -> None:
+        """The watchdog's checks while the parent waits on something else (a doorbell); `RunnerFailed` when
+        the runner is gone or was killed for a limit."""
+        self._check_memory(force=False)
+        if self.killed_reason is not None or self.proc.poll() is not None:
+            raise self._failure(self.killed_reason or "the runner exited",
+                                memory="memory" in (self.killed_reason or ""))
 
     def _tick(self) -> None:
         self._check_memory(force=False)
@@ -358,7 +430,8 @@ class RunnerProcess:
                 self.kill(f"exceeded the GPU memory limit ({used / 2**30:.1f} GiB > "
                           f"{self.limits.gpu_memory_bytes / 2**30:.1f} GiB)")
 
-    def _failure(self, reason: str, *, timed_out: bool = False, memory: bool = False) -> RunnerFailed:
+    def _failure(self, reason: str, *, timed_out: bool = False, memory: bool = False,
+                 malformed: bool = False) -> RunnerFailed:
         try:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -382,7 +455,8 @@ class RunnerProcess:
         elif sig is None and not timed_out and self.killed_reason is None:
             reason = "exited before reporting a result"
         return RunnerFailed(reason, timed_out=timed_out, memory=memory, signal_number=sig, exit_code=code,
-                            killed_by_parent=self.killed_reason is not None, stderr_tail=_tail(self.err_path))
+                            killed_by_parent=self.killed_reason is not None, stderr_tail=self.output.text(),
+                            malformed=malformed)
 
     # ------------------------------------------------------------------ control
 
@@ -470,192 +544,9 @@ def reap_stale_folders() -> int:
     return removed
 
 
-# --------------------------------------------------------------------------- one-shot trusted functions
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one isolated run."""
-
-    timeout_s: float = field(default=300.0, metadata={"help": "Wall-clock limit of the child process."})
-    memory_bytes: int | None = field(
-        default=16 * 2**30, metadata={"help": "Resident memory limit of the child's process tree (None: none)."})
-
-
-@dataclass(frozen=True)
-class IsolatedOutcome:
-    """How a one-shot isolated run ended and what its function returned."""
-
-    value: dict[str, Any] | None
-    exit_code: int | None
-    signal: int | None
-    timed_out: bool
-    memory_exceeded: bool
-    duration_s: float
-    stderr_tail: str
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.value is not None
-
-    def describe_failure(self) -> str:
-        """One line: why no result came back."""
-        if self.timed_out:
-            return f"timed out after {self.duration_s:.1f} s"
-        if self.memory_exceeded:
-            return "exceeded the host memory limit"
-        if self.error:
-            return self.error
-        if self.signal is not None:
-            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else ""
-            return f"crashed with signal {self.signal} {name}".strip()
-        if self.exit_code not in (None, 0):
-            return f"exited with code {self.exit_code} before reporting a result"
-        return "exited before reporting a result"
-
-
-def run_isolated(entry: str, payload: dict[str, Any], *, limits: Limits = Limits(), env: dict[str, str] | None = None,
-                 device: str = "cpu", spec: SandboxSpec | None = None, info: SandboxInfo | None = None,
-                 scratch_from: str | os.PathLike | None = None,
-                 scratch_out: str | os.PathLike | None = None) -> IsolatedOutcome:
-    """Run trusted `entry` ("package.module:function", called with `payload`, returning a JSON dict) in a
-    fresh sandboxed runner; never raises for anything the child does. `env` is set in the child before the
-    call; `scratch_from` is copied into the runner's scratch folder first (a prepared build) and the scratch
-    folder is copied to `scratch_out` after (what a build wrote)."""
-    start = time.monotonic()
-    runner = RunnerProcess(device, warm=False, spec=spec, info=info)
-    try:
-        runner.set_memory_limit(limits.memory_bytes)
-        if scratch_from is not None:
-            copy_into_scratch(runner, scratch_from)
-        try:
-            runner.wait_ready(timeout_s=limits.timeout_s)
-            reply = runner.request({"op": "run_entry", "entry": entry, "payload": payload, "env": env or {}},
-                                   timeout_s=max(1.0, limits.timeout_s - (time.monotonic() - start)))
-        except RunnerFailed as failure:
-            return IsolatedOutcome(None, failure.exit_code, failure.signal_number, failure.timed_out, failure.memory,
-                                   time.monotonic() - start, failure.stderr_tail,
-                                   None if (failure.timed_out or failure.memory or failure.signal_number)
-                                   else failure.reason)
-        error = None if reply.get("ok") else str(reply.get("message") or reply.get("error") or "failed")
-        value = reply.get("value") if reply.get("ok") and isinstance(reply.get("value"), dict) else None
-        return IsolatedOutcome(value, 0, None, False, False, time.monotonic() - start, _tail(runner.err_path), error)
-    finally:
-        if scratch_out is not None:
-            runner.kill("done")
-            runner.proc.wait()
-            shutil.copytree(runner.scratch, scratch_out, dirs_exist_ok=True, symlinks=True, copy_function=shutil.copy2)
-        runner.close()
-
-
 def copy_into_scratch(runner: RunnerProcess, source: str | os.PathLike) -> None:
     """Copy a prepared folder (a candidate's build) into the runner's scratch folder, times kept."""
     source = Path(source)
     if source.is_dir():
         shutil.copytree(source, runner.scratch, dirs_exist_ok=True, copy_function=shutil.copy2, symlinks=True)
         runner._chown_for_sandbox(runner.scratch)
-
-
-#: Cores a GPU supply keeps for the runners it hands out (the timed ones: reference and candidate, which never
-#: run at once). Spares still starting (torch, a CUDA context: seconds of CPU each) and builds run on the
-#: others: on the H200 host, runners starting beside a timed pair doubled the launch-bound reference's time
-#: of some evaluations and pushed honest candidates past the outside clock's tolerance.
-TIMING_CORES = 2
-
-
-def timing_cores(device: str, keep: int = TIMING_CORES) -> tuple[frozenset[int], frozenset[int]] | None:
-    """(cores of `device`'s timed runners, the other cores) out of those this process may use: GPU N gets
-    cores [N x keep, (N + 1) x keep) of the list, N its physical index (through CUDA_VISIBLE_DEVICES), so the
-    supplies of several GPUs of one host, in one process or in one process per GPU, do not share theirs.
-    None on a CPU device, without affinity, or with too few cores to spare any."""
-    if not device.startswith("cuda") or not hasattr(os, "sched_getaffinity"):
-        return None
-    index = physical_gpu_index(int(device.partition(":")[2] or 0))
-    cores = sorted(os.sched_getaffinity(0))
-    own = cores[index * keep:(index + 1) * keep]
-    rest = [c for c in cores if c not in own]
-    if len(own) < keep or len(rest) < 2:
-        return None
-    return frozenset(own), frozenset(rest)
-
-
-def physical_gpu_index(visible: int) -> int:
-    """The host's index of this process's visible GPU `visible` (CUDA_VISIBLE_DEVICES=2,3 makes cuda:1 GPU 3);
-    `visible` itself when the variable is unset or names GPUs by UUID."""
-    names = [n.strip() for n in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if n.strip()]
-    if visible < len(names) and names[visible].isdigit():
-        return int(names[visible])
-    return visible
-
-
-class RunnerSupply:
-    """Hands out started runners, starting a replacement each time one is taken (at most `total` in all when
-    given: a series of known length wastes no starts at its end). Each evaluation takes two. On a GPU the
-    runners handed out run on cores of their own, the spares on the rest (`timing_cores`)."""
-
-    def __init__(self, device: str, *, spares: int = 2, total: int | None = None, spec: SandboxSpec | None = None,
-                 info: SandboxInfo | None = None):
-        self.device, self.spares, self.total = device, spares, total
-        self.spec = spec or SandboxSpec(gpu=device.startswith("cuda"))
-        self.info = info
-        self._started = 0
-        self._ready: list[RunnerProcess] = []
-        self._default = timing_cores(device)
-        self._cpus: tuple[frozenset[int] | None, frozenset[int] | None] | None = self._default
-
-    def pin(self, cpus: frozenset[int] | None, others: frozenset[int] | None = None) -> None:
-        """From now on a runner handed out runs on `cpus` only, the ones waiting on `others` (None: every
-        core); `pin(None)`: back to the default (`timing_cores` on a GPU, every core on a CPU)."""
-        self._cpus = (cpus, others) if cpus is not None else self._default
-        if self._cpus is None:
-            for runner in self._ready:
-                runner.pin(None)
-            return
-        others = self._cpus[1]
-        for runner in self._ready:
-            runner.pin(others)
-
-    @property
-    def timed_cores(self) -> frozenset[int] | None:
-        """The cores of the runners handed out (None: every core)."""
-        return self._cpus[0] if self._cpus is not None else None
-
-    def take(self) -> RunnerProcess:
-        """A started runner; spares that died while waiting are discarded, never handed out."""
-        while self._ready and self._ready[0].proc.poll() is not None:
-            self._ready.pop(0).close()
-        runner = self._ready.pop(0) if self._ready else self._spawn()
-        if self._cpus is not None:
-            runner.pin(self._cpus[0])
-        try:
-            self.fill()
-        except OSError:  # no spare now (out of processes or files): the next take starts one itself
-            logger.warning("could not start a spare runner", exc_info=True)
-        return runner
-
-    def fill(self) -> None:
-        """Start spares up to `spares` now (e.g. while a batch's builds run)."""
-        while len(self._ready) < self.spares and (self.total is None or self._started < self.total):
-            self._ready.append(self._spawn())
-
-    @property
-    def n_ready(self) -> int:
-        return len(self._ready)
-
-    def _spawn(self) -> RunnerProcess:
-        runner = RunnerProcess(self.device, warm=True, spec=self.spec, info=self.info,
-                               cpus=self._cpus[1] if self._cpus is not None else None)
-        self._started += 1
-        return runner
-
-    def close(self) -> None:
-        for runner in self._ready:
-            runner.close()
-        self._ready.clear()
-
-    def __enter__(self) -> RunnerSupply:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

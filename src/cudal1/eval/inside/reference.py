@@ -1,4 +1,5 @@
-"""The reference's runner: loads the task, builds its inputs and outputs, times it like the candidate.
+"""The reference's runner: loads the task, makes every call's inputs, runs and times the reference like the
+candidate.
 
 It never sees candidate code: its process imports the task's reference and cudal1's harness only. What it
 reports (inputs, outputs, times, the reference's own float32 rounding noise) is what the parent compares the
@@ -13,9 +14,32 @@ from typing import Any
 
 import torch
 
-from cudal1.eval.calls import CallFailed, ModelSide, first_line, gpu_memory, use_device, use_exact_fp32
-from cudal1.eval.channel import Arena, describe_value
-from cudal1.eval.correctness import mostly_not_finite
+from cudal1.eval.inside.harness import (
+    CallFailed,
+    ModelSide,
+    first_line,
+    gpu_memory,
+    use_device,
+    use_exact_fp32,
+)
+from cudal1.eval.shared.arena import TensorArena, describe_value, tree_nbytes
+from cudal1.eval.shared.compare import flatten, mostly_not_finite, relative_error
+from cudal1.eval.shared.doorbell import Doorbell
+from cudal1.eval.shared.protocol import (
+    Analysis,
+    Analyze,
+    Attached,
+    Call,
+    Describe,
+    Described,
+    Done,
+    FlushCpu,
+    MakeInputs,
+    Message,
+    ModelSettings,
+    ReferenceReady,
+    Staged,
+)
 from cudal1.tasks.task import load_reference
 
 
@@ -37,15 +61,14 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def configure(message: dict[str, Any]) -> torch.device:
+def configure(settings: ModelSettings) -> torch.device:
     """Device, CPU threads and numerics of a model runner, the same for both models."""
-    device = use_device(str(message["device"]))
-    threads = int(message.get("threads") or 0)
-    if threads > 0:
-        torch.set_num_threads(threads)
-    if message.get("exact_fp32"):
+    device = use_device(settings.device)
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+    if settings.exact_fp32:
         use_exact_fp32()
-    fraction = message.get("gpu_memory_fraction")
+    fraction = settings.gpu_memory_fraction
     if fraction and device.type == "cuda":
         # The same cap for both runners: cuDNN sizes its workspace (and so picks its algorithms) from what the
         # allocator may still give, and an uncapped reference's cache beside a capped candidate filled an H200.
@@ -64,94 +87,92 @@ def _no_progress_monitor() -> None:
     std.tqdm.monitor_interval = 0
 
 
+def load_model(settings: ModelSettings) -> tuple[Any, Any]:
+    """(the task's reference module, its `Model` on the device), as both model runners make them: the same
+    init inputs and parameter seed."""
+    try:
+        reference = load_reference(settings.ref_source, settings.task_id, sizes=settings.sizes)
+    except Exception as exc:  # noqa: BLE001 - TaskError or anything the module raised
+        raise ReferenceFailed("loading its module", exc) from None
+    try:
+        init_inputs = list(reference.get_init_inputs())
+        torch.manual_seed(settings.seed)
+        model = reference.Model(*init_inputs)
+        if isinstance(model, torch.nn.Module):
+            model = model.to(torch.device(settings.device))
+    except Exception as exc:  # noqa: BLE001
+        raise ReferenceFailed("get_init_inputs and Model(...)", exc) from None
+    return reference, model
+
+
 class ReferenceRole:
-    def __init__(self, message: dict[str, Any]):
-        self.device = configure(message)
+    def __init__(self, request: Any):
+        self.device = configure(request.model)
         t0 = time.perf_counter()
-        try:
-            self.reference = load_reference(message["ref_source"], message["task_id"], sizes=message.get("sizes", "full"))
-        except Exception as exc:  # noqa: BLE001 - TaskError or anything the module raised
-            raise ReferenceFailed("loading its module", exc) from None
-        try:
-            init_inputs = list(self.reference.get_init_inputs())
-            torch.manual_seed(int(message.get("seed", 42)))
-            model = self.reference.Model(*init_inputs)
-            if isinstance(model, torch.nn.Module):
-                model = model.to(self.device)
-        except Exception as exc:  # noqa: BLE001
-            raise ReferenceFailed("get_init_inputs and Model(...)", exc) from None
+        self.reference, model = load_model(request.model)
         self.side = ModelSide(self.device, self.reference, model)
         self.setup_ms = (time.perf_counter() - t0) * 1e3
         self._model64: Any = None
 
-    def setup_reply(self) -> dict[str, Any]:
-        return {"ok": True, "constants": {k: jsonable(v) for k, v in self.reference.constants.items()},
-                "setup_ms": self.setup_ms}
+    def ready(self) -> ReferenceReady:
+        return ReferenceReady(constants={k: jsonable(v) for k, v in self.reference.constants.items()},
+                              setup_ms=self.setup_ms)
 
-    def attach(self, arena: Arena) -> dict[str, Any]:
-        return self.side.attach(arena)
+    def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> Attached:
+        return Attached(pinned=self.side.attach(arena, doorbell))
 
-    def handle(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, request: Message) -> Message:
         try:
-            if op == "describe":
-                return self._describe(message)
-            if op == "trial":
-                return self._trial(message)
-            if op == "prepare":
+            if isinstance(request, Call):
                 self._drop_float64()
-                return self.side.prepare(message)
-            if op == "inputs":
-                return self.side.inputs_request(message)
-            if op == "call":
-                self._drop_float64()
-                return self.side.timed_request(message)
-            if op == "flush":
+                return self.side.call(request)
+            if isinstance(request, MakeInputs):
+                try:
+                    tree = self.side.stage(request.seed, request.distribution)
+                except Exception as exc:  # noqa: BLE001
+                    raise ReferenceFailed("get_inputs", exc) from None
+                return Staged(tree=tree, nbytes=tree_nbytes(tree))
+            if isinstance(request, Analyze):
+                return self._analyze(request)
+            if isinstance(request, Describe):
+                return self._describe(request.seed)
+            if isinstance(request, FlushCpu):
                 self.side.flush_cpu_cache()
-                return {"ok": True}
+                return Done()
         except CallFailed as exc:
             raise ReferenceFailed("forward", RuntimeError(exc.message)) from None
-        return {"ok": False, "error": "unknown_op", "message": op}
+        raise ValueError(f"the reference's runner does not serve {request.OP}")
 
-    def _describe(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _describe(self, seed: int) -> Described:
         """Shapes and sizes of the inputs and outputs for one seed (the parent sizes the arenas from them),
         and the time of one untimed call (the first: it also warms the reference up)."""
         try:
-            inputs = self.side.make_inputs(int(message["seed"]))
+            inputs = self.side.make_inputs(seed)
         except Exception as exc:  # noqa: BLE001
             raise ReferenceFailed("get_inputs", exc) from None
         t0 = time.perf_counter()
-        out = self.side.call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+        out = self.side.untimed([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
         call_ms = (time.perf_counter() - t0) * 1e3
-        return {"ok": True, "inputs": describe_value(inputs), "outputs": describe_value(out), "call_ms": call_ms,
-                "memory": gpu_memory(self.device)}
+        return Described(inputs=describe_value(inputs), outputs=describe_value(out), call_ms=call_ms,
+                         memory=gpu_memory(self.device))
 
-    def _trial(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A correctness trial: inputs (committed to `in`), outputs and inputs after the call (to `out`), and
-        with `noise_atol` the reference's own rounding noise (see `_noise`)."""
-        assert self.side.arena is not None, "no arena attached"
-        try:
-            inputs = self.side.inputs_from(message)
-        except Exception as exc:  # noqa: BLE001
-            raise ReferenceFailed("get_inputs", exc) from None
-        in_tree = self.side.arena.pack(inputs, "in")
-        working = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-        out = self.side.call(working)
-        reply = {"ok": True, "in": in_tree, "out": self.side.commit((out, working))}
-        if message.get("distribution") == "heavy":
-            reply["not_finite"] = mostly_not_finite(out)
+    def _analyze(self, request: Analyze) -> Analysis:
+        """After a trial's call: the reference's own float32 error against a float64 run (first trial), its
+        rounding noise on small outputs, and whether most of its outputs were not finite (heavy inputs)."""
+        inputs = self.side.read(request.inputs)
+        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        out = self.side.read(request.out)
+        not_finite = mostly_not_finite(out) if request.heavy else False
         outs64: list[Any] | None = None
-        if message.get("precision"):
+        ref_errors, skipped = None, ""
+        if request.precision:
             outs64, why = self._float64_outputs(inputs)
-            reply.update(self._precision(out, outs64, why))
-        if message.get("noise_atol") is not None:
-            reply["noise"] = self._noise(inputs, out, float(message["noise_atol"]), outs64)
-        reply["memory"] = gpu_memory(self.device)
-        return reply
+            ref_errors, skipped = self._precision(out, outs64, why)
+        noise = self._noise(inputs, out, request.noise_atol, outs64)
+        return Analysis(ref_errors=ref_errors, precision_skipped=skipped, noise=noise, not_finite=not_finite)
 
     def _float64_outputs(self, inputs: list[Any]) -> tuple[list[Any] | None, str]:
         """The flat outputs of a float64 copy of the model on float64 copies of `inputs`, or (None, why not)."""
-        from cudal1.eval.correctness import flatten
-
         try:
             if self._model64 is None:
                 self._model64 = copy.deepcopy(self.side.model).double()
@@ -173,26 +194,22 @@ class ReferenceRole:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _precision(self, out: Any, outs64: list[Any] | None, why: str) -> dict[str, Any]:
-        """`ref_errors`: per output, the float32 reference's relative error against its float64 run (None for
-        outputs that are not float32), for the parent's reduced-precision evidence; or `precision_skipped`."""
-        from cudal1.eval.correctness import flatten, relative_error
-
+    @staticmethod
+    def _precision(out: Any, outs64: list[Any] | None, why: str) -> tuple[list[float | None] | None, str]:
+        """Per output, the float32 reference's relative error against its float64 run (None for outputs that
+        are not float32), for the parent's reduced-precision evidence; or (None, why it was skipped)."""
         outs = flatten(out, strict=False)
         fp32 = [isinstance(o, torch.Tensor) and o.dtype == torch.float32 for o in outs]
         if not any(fp32):
-            return {"precision_skipped": "no float32 output"}
+            return None, "no float32 output"
         if outs64 is None:
-            return {"precision_skipped": why}
-        return {"ref_errors": [relative_error(o64, o) if is32 else None
-                               for o, o64, is32 in zip(outs, outs64, fp32, strict=False)]}
+            return None, why
+        return [relative_error(o64, o) if is32 else None for o, o64, is32 in zip(outs, outs64, fp32, strict=False)], ""
 
     def _noise(self, inputs: list[Any], out: Any, atol: float, outs64: list[Any] | None = None) -> list[float | None]:
         """The reference's own rounding error per output, max |float32 run - float64 run|, for the outputs
         small enough that the comparison falls back to their own scale (None elsewhere or when the model
         cannot run in float64)."""
-        from cudal1.eval.correctness import flatten
-
         outs = flatten(out, strict=False)
         small = [isinstance(o, torch.Tensor) and o.is_floating_point() and o.numel() > 0
                  and float(o.detach().float().nan_to_num(0, 0, 0).abs().max()) < 10 * atol for o in outs]

@@ -32,9 +32,11 @@ from cudal1.core.types import Flag, Severity
 # what its runner reports; the parent's clock catches the effect, this names the cause. New attributes are
 # ignored (torch adds some lazily).
 GUARDED_NAMESPACES = ("time", "torch", "torch.Tensor", "torch.nn.Module", "torch.nn.functional", "torch.cuda",
-                      "torch.cuda.Event", "torch.cuda.Stream", "torch.testing", "cudal1.eval.calls",
-                      "cudal1.eval.calls.ModelSide", "cudal1.eval.channel", "cudal1.eval.channel.TensorArena",
-                      "cudal1.eval.channel.Arena", "cudal1.eval.channel.Channel")
+                      "torch.cuda.Event", "torch.cuda.Stream", "torch.testing", "cudal1.eval.inside.harness",
+                      "cudal1.eval.inside.harness.ModelSide", "cudal1.eval.shared.arena",
+                      "cudal1.eval.shared.arena.TensorArena", "cudal1.eval.shared.arena.Arena",
+                      "cudal1.eval.shared.doorbell", "cudal1.eval.shared.doorbell.Doorbell",
+                      "cudal1.eval.shared.channel.Channel")
 
 
 def _namespace(name: str) -> Any:

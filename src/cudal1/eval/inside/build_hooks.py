@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cudal1.eval.compile_log import trim_compiler_log
+from cudal1.eval.shared.compile_log import trim_compiler_log
 
 logger = logging.getLogger(__name__)
 

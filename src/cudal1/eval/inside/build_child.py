@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cudal1.eval.build_hooks import BuildRecorder, capture_fds, install_build_hooks
+from cudal1.eval.inside.build_hooks import BuildRecorder, capture_fds, install_build_hooks
 
 
 def import_candidate(source: str, directory: Path | None = None) -> Any:
@@ -117,7 +117,7 @@ def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
     """
     import torch
 
-    from cudal1.eval.calls import make_inputs
+    from cudal1.eval.inside.harness import make_inputs
     from cudal1.tasks.task import load_reference
 
     start = time.monotonic()

@@ -1,0 +1,41 @@
+"""How a session ends early: a `Verdict` on the candidate, or an `InfraFailure` of the evaluation itself."""
+
+from __future__ import annotations
+
+from cudal1.core.types import Mismatch, Status
+from cudal1.eval.shared.protocol import ErrorReply
+
+
+class Verdict(Exception):
+    """Ends the session early with a status and its evidence."""
+
+    def __init__(self, status: Status, message: str, *, flag: str | None = None, mismatch: Mismatch | None = None,
+                 compile_log: str = ""):
+        super().__init__(message)
+        self.status, self.message, self.flag, self.mismatch, self.compile_log = status, message, flag, mismatch, compile_log
+
+
+class InfraFailure(Exception):
+    """The evaluation itself failed (not the candidate): retried, never stored."""
+
+
+#: Kinds of failure a candidate's runner reports for a call -> the status they mean.
+CALL_FAILURES = {"raised": Status.RUNTIME_ERROR, "oom": Status.RUNTIME_ERROR, "arena_full": Status.INCORRECT,
+                 "unsupported_output": Status.INCORRECT}
+#: Kinds of failure at the candidate's set-up (import and construction) -> the status they mean.
+SETUP_FAILURES = {"syntax": Status.COMPILE_ERROR, "import": Status.COMPILE_ERROR, "build": Status.COMPILE_ERROR,
+                  "no_modelnew": Status.COMPILE_ERROR, "construct": Status.RUNTIME_ERROR, "oom": Status.RUNTIME_ERROR}
+
+
+def call_verdict(reply: ErrorReply, where: str) -> Verdict:
+    """The verdict for a call the candidate's runner says failed."""
+    status = CALL_FAILURES.get(reply.kind, Status.RUNTIME_ERROR)
+    if reply.kind in ("raised", "oom"):
+        return Verdict(status, reply.message or "failed")
+    return Verdict(status, f"{where}: {reply.message or reply.kind}")
+
+
+def error_hint(stderr_tail: str) -> str:
+    """The last line of a runner's log that names an error, as a short parenthesised hint ('' if none)."""
+    lines = [ln for ln in stderr_tail.splitlines() if "error" in ln.lower()][-1:]
+    return f" ({lines[0].strip()[:200]})" if lines else ""

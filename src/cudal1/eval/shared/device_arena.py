@@ -1,0 +1,61 @@
+"""Arenas in device memory: inputs staged and outputs compared on the GPU, by the helper.
+
+With host arenas every call's output crosses to host memory and back (48-130 ms per call for outputs of
+hundreds of MB on the H200 host, and seconds per comparison). A `DeviceArena` has the layout of a host arena
+(`arena.TensorArena`) over a `cuda_vmm.SharedDeviceBuffer`: the device's trusted helper creates one per runner
+and sends each runner the descriptor of its own; the helper maps both, so it stages each call's inputs from
+the reference's staging region into the calling model's slot and compares outputs where they lie. The
+candidate's runner never holds the reference's descriptor. The parent moves only descriptor trees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudal1.eval.shared.arena import ArenaLayout, TensorArena
+from cudal1.eval.shared.cuda_vmm import SharedDeviceBuffer
+
+
+class DeviceArena(TensorArena):
+    """The regions of one shared device allocation (module docstring)."""
+
+    registered = True  # copies into and out of device memory are asynchronous: wait for them
+
+    def __init__(self, buffer: SharedDeviceBuffer, layout: ArenaLayout):
+        if layout.size > buffer.size:
+            raise ValueError("a device arena smaller than its layout")
+        super().__init__(layout, size=buffer.size)
+        self.buffer = buffer
+
+    @classmethod
+    def create(cls, layout: ArenaLayout) -> DeviceArena:
+        """A new allocation for `layout` (the helper's side), rounded up to the device's granularity."""
+        return cls(SharedDeviceBuffer.create(layout.size), layout)
+
+    @classmethod
+    def attach(cls, fd: int, layout: ArenaLayout, size: int) -> DeviceArena:
+        """A runner's side: map a received descriptor (`size` as the helper created it)."""
+        return cls(SharedDeviceBuffer.attach(fd, size), layout)
+
+    @property
+    def fd(self) -> int | None:
+        return self.buffer.fd
+
+    def share(self) -> dict[str, Any]:
+        """What a runner needs to attach this arena, besides its descriptor."""
+        return {"size": self.size}
+
+    def bytes_tensor(self) -> Any:
+        return self.buffer.tensor()
+
+    def _sync_after_copies(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.buffer.ordinal)
+
+    def take_descriptor(self) -> int | None:
+        """The descriptor to send to the runner (the caller closes it once sent)."""
+        return self.buffer.take_descriptor()
+
+    def close(self) -> None:
+        self.buffer.close()
