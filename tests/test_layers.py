@@ -122,3 +122,19 @@ def test_no_modules_import_each_other_in_a_circle():
         if module not in index:
             visit(module)
     assert circles == [], circles
+
+
+def test_the_evaluators_halves_import_nothing_of_the_parent():
+    """Inside `eval`: what runs in the runners (`eval.inside`) imports only itself and `eval.shared`; what
+    both halves use (`eval.shared`) imports only itself. The trusted parent is the rest of `eval`."""
+    graph = _imports(_modules())
+    crossing = []
+    for module, targets in graph.items():
+        for half, allowed in (("cudal1.eval.inside", ("cudal1.eval.inside", "cudal1.eval.shared")),
+                              ("cudal1.eval.shared", ("cudal1.eval.shared",))):
+            if not module.startswith(half + ".") and module != half:
+                continue
+            for target in targets:
+                if target.startswith("cudal1.eval") and not target.startswith(allowed) and target != "cudal1.eval":
+                    crossing.append((module, target))
+    assert not crossing, sorted(crossing)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cudal1.eval.inside.harness import CallFailed, ModelSide, gpu_memory, oom_message
-from cudal1.eval.session import Session
+from cudal1.eval.session import Session, SessionFacts
 
 TORCH_OOM = ("CUDA out of memory. Tried to allocate 1.79 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
              "4.04 GiB is free.\nIncluding non-PyTorch memory, this process has 62.58 GiB memory in use. Of the "
@@ -58,11 +58,12 @@ def test_gpu_memory_report_agrees_with_torch_s_own_figures():
 
 
 def test_session_records_each_roles_last_report_in_gib():
-    facts: dict = {}
+    facts = SessionFacts()
     holder = SimpleNamespace(facts=facts)
-    Session.note_memory(holder, "candidate", {"ok": True, "memory": {"allocated": 2**30, "peak_reserved": 3 * 2**29}})
-    Session.note_memory(holder, "reference", {"ok": True})  # nothing reported: nothing recorded
-    Session.note_memory(holder, "candidate", {"ok": True, "memory": {"allocated": 2**31, "bogus": "x"}})
-    assert facts == {"gpu_memory_gib": {"candidate": {"allocated": 2.0}}}
-    Session.note_memory(holder, "candidate", {"ok": True, "memory": {"allocated": 2**30, "peak_reserved": 3 * 2**29}})
-    assert facts["gpu_memory_gib"]["candidate"] == {"allocated": 1.0, "peak_reserved": 1.5}
+    Session.note_memory(holder, "candidate", {"allocated": 2**30, "peak_reserved": 3 * 2**29})
+    Session.note_memory(holder, "reference", None)  # nothing reported: nothing recorded
+    Session.note_memory(holder, "candidate", {"allocated": 2**31, "bogus": "x"})
+    assert facts.gpu_memory_gib == {"candidate": {"allocated": 2.0}}
+    Session.note_memory(holder, "candidate", {"allocated": 2**30, "peak_reserved": 3 * 2**29})
+    assert facts.gpu_memory_gib["candidate"] == {"allocated": 1.0, "peak_reserved": 1.5}
+    assert facts.recorded() == {"gpu_memory_gib": {"candidate": {"allocated": 1.0, "peak_reserved": 1.5}}}

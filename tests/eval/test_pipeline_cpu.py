@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from cudal1.eval import EvalConfig, Status, evaluate_candidate
+from cudal1.eval.supply import CoreSplit
 from cudal1.store import ResultsStore
 from cudal1.tasks.sources import load_file
 
@@ -57,8 +58,9 @@ def test_record_samples_keeps_every_timed_call_in_the_protocol(task):
     calls = sum(len(b) for b in samples["cand"])
     assert calls == r.timing.iterations
     assert [len(b) for b in samples["cand"]] == [len(b) for b in samples["ref"]]
-    ms, stream_ms, outside_ms, prepare_ms, after = samples["cand"][0][0]
-    assert 0 < ms <= outside_ms and stream_ms == ms and after in ("ref", "cand", "")
+    ms, stream_ms, bracket_ms, model_ms, post_us, _cpu_ms, after = samples["cand"][0][0]
+    assert 0 < ms <= model_ms <= bracket_ms and stream_ms == ms and after in ("ref", "cand", "")
+    assert post_us is None  # no device helper on the CPU
     assert "samples" not in run(task, "correct").protocol
 
 
@@ -204,7 +206,8 @@ def _fake_gpu_batch(monkeypatch, build_release):
 
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cuda:0")
     monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
-    monkeypatch.setattr(pipeline, "timing_cores", lambda device: (frozenset({0, 1}), frozenset({2, 3, 4})))
+    monkeypatch.setattr(pipeline, "core_split", lambda device: CoreSplit(runners=frozenset({0, 1}),
+                                                                        others=frozenset({2, 3, 4})))
     monkeypatch.setattr(pipeline, "worker_supply",
                         lambda device, *a, **kw: contextlib.nullcontext(SimpleNamespace(
                             fill=lambda: None, pin=lambda cpus, others=None: pins.append((cpus, others)))))
@@ -278,78 +281,47 @@ def test_batch_by_default_builds_first_then_evaluates_in_input_order(task, monke
 
 
 def test_each_gpu_times_on_cores_of_its_own(monkeypatch):
-    # Runners starting (torch, a CUDA context) beside a timed pair slowed its launches; a GPU supply keeps
-    # two cores for the runners it hands out, per GPU, and starts its spares on the rest.
+    # Runners starting (torch, a CUDA context) beside a timed pair slowed its launches; each GPU keeps cores
+    # for its timed processes (the two model runners, its helper, the parent's evaluating thread) and the
+    # spares and builds run on the rest: one policy, `core_split`.
     import os
 
-    from cudal1.eval.supply import RunnerSupply, timing_cores
+    from cudal1.eval.supply import RunnerSupply, core_split
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert timing_cores("cuda") == timing_cores("cuda:0") == (frozenset({0, 1}), frozenset(range(2, 16)))
-    assert timing_cores("cuda:1") == (frozenset({2, 3}), frozenset({0, 1, *range(4, 16)}))
-    assert timing_cores("cpu") is None
-    assert timing_cores("cuda:7") == (frozenset({14, 15}), frozenset(range(14)))
-    assert timing_cores("cuda:8") is None  # past the host's cores: not pinned rather than shared
+    first = core_split("cuda")
+    assert first == core_split("cuda:0")
+    assert (first.runners, first.helper, first.parent) == (frozenset({0, 1}), frozenset({2}), frozenset({3}))
+    assert first.others == frozenset(range(4, 16))
+    assert core_split("cuda:1").runners == frozenset({4, 5}) and core_split("cuda:3").parent == frozenset({15})
+    assert core_split("cuda:4") is None  # past the host's cores: not pinned rather than shared
+    assert core_split("cpu").runners == frozenset({0, 1}) and core_split("cpu").helper is None
     supply = RunnerSupply("cuda:1", spares=0)
-    assert supply.timed_cores == frozenset({2, 3})
+    assert supply.timed_cores == frozenset({4, 5})
     supply.pin(frozenset({5}), others=frozenset({6}))
     assert supply.timed_cores == frozenset({5})
     supply.pin(None)  # back to the GPU's own split, not every core
-    assert supply.timed_cores == frozenset({2, 3})
+    assert supply.timed_cores == frozenset({4, 5})
     assert RunnerSupply("cpu", spares=0).timed_cores is None
-    # One process per GPU (CUDA_VISIBLE_DEVICES=N): each still gets its GPU's own pair, not all cores 0-1.
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    assert timing_cores("cuda") == (frozenset({6, 7}), frozenset({*range(6), *range(8, 16)}))
+    # One process per GPU (CUDA_VISIBLE_DEVICES=N): each still gets its GPU's own cores, not cores 0-3.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    assert core_split("cuda").runners == frozenset({8, 9})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1b2c3e")  # named by UUID: the visible index
-    assert timing_cores("cuda")[0] == frozenset({0, 1})
+    assert core_split("cuda").runners == frozenset({0, 1})
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    assert timing_cores("cuda:0") is None  # too few to keep any for the spares
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    assert core_split("cuda:0") is None and core_split("cpu") is None  # too few to keep two for the rest
 
 
-def test_a_clock_disagreement_is_confirmed_on_a_fresh_series(task, monkeypatch):
-    # One series off by the host's passing load: measured again, and the new series decides and is reported.
+def test_a_forged_report_is_bounded_by_the_parents_clock(task, monkeypatch):
+    """The candidate's reported times are divided by 50 inside its runner: the parent's brackets bound them,
+    the verdict names the forgery, and no fake speedup is paid."""
     from cudal1.core import flags as F
-    from cudal1.core.types import Flag, Severity
-    from cudal1.eval import timing
 
-    real = timing.clock_check
-    calls = []
-
-    def first_series_off(series, device):
-        calls.append(device)
-        if len(calls) == 1:
-            return Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "first series off", source="runtime")
-        return real(series, device)
-
-    monkeypatch.setattr(timing, "clock_check", first_series_off)
-    r = run(task, "correct")
-    assert r.status is Status.CORRECT, r.message
-    assert len(calls) == 2 and r.protocol["clock_rejected_series"]["flag"] == "first series off"
-    assert r.protocol["clock"] != r.protocol["clock_rejected_series"]
-
-
-def test_a_clock_disagreement_in_both_series_is_a_hack(task, monkeypatch):
-    from cudal1.core import flags as F
-    from cudal1.core.types import Flag, Severity
-    from cudal1.eval import timing
-
-    monkeypatch.setattr(timing, "clock_check",
-                        lambda series, device: Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "always off", source="runtime"))
-    r = run(task, "correct")
-    assert r.status is Status.HACK_DETECTED and "always off" in r.message
-
-
-def test_split_cores_keeps_two_for_the_evaluation(monkeypatch):
-    import os
-
-    from cudal1.eval import scheduler as pipeline
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4, 12)), raising=False)
-    assert pipeline.split_cores() == (frozenset({4, 5}), frozenset(range(6, 12)))
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    assert pipeline.split_cores() is None  # too few to give builds their own
+    r = run(task, "forged_clock")
+    assert r.status is Status.HACK_DETECTED, (r.status, r.message)
+    assert any(f.rule in (F.OUTSIDE_CLOCK, F.BELOW_FLOOR) for f in r.flags), r.flags
 
 
 _NUMERICS_TASK = '''

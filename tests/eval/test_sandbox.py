@@ -155,8 +155,7 @@ def test_a_runner_starts_from_a_script_in_tmp(tmp_path):
     script = Path("/tmp") / f"cudal1_probe_{os.getpid()}.py"
     script.write_text(
         "import json, sys\n"
-        "from cudal1.eval.isolated import Limits
-from cudal1.eval.runner_process import run_isolated\n"
+        "from cudal1.eval.isolated import Limits, run_isolated\n"
         f"out = run_isolated('{PROBE}:look_around', {{'port': 9, 'read': [{str(marker)!r}]}}, "
         "limits=Limits(timeout_s=60))\n"
         "print(json.dumps({'ok': out.ok, 'why': out.describe_failure(), 'reads': (out.value or {}).get('reads')}))\n")

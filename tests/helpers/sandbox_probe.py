@@ -77,3 +77,24 @@ def fill_shm(payload: dict) -> dict:
     except OSError as exc:
         return {"written_mib": written, "error": type(exc).__name__}
     return {"written_mib": written}
+
+
+def spam(payload: dict) -> dict:
+    """Write `mb` megabytes to stdout and stderr, then answer (a runner's output has a cap, not its answer)."""
+    import sys
+
+    line = "x" * 1023 + "\n"
+    for _ in range(int(payload.get("mb", 1)) * 1024):
+        sys.stdout.write(line)
+    sys.stdout.flush()
+    sys.stderr.write("the last line\n")
+    sys.stderr.flush()
+    return {"done": True}
+
+
+def sleep(payload: dict) -> dict:
+    """Sleep `s` seconds (an entry that misses its deadline)."""
+    import time
+
+    time.sleep(float(payload.get("s", 3600)))
+    return {}

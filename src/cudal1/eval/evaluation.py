@@ -41,7 +41,7 @@ from cudal1.eval.runner_process import (
 from cudal1.eval.sandbox import SandboxSpec, detect_sandbox
 from cudal1.eval.session import Session
 from cudal1.eval.static_checks import changed_constants_used
-from cudal1.eval.supply import RunnerSupply, core_split
+from cudal1.eval.supply import RunnerSupply, core_split, cpu_model_cores
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +246,9 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         env["TORCH_EXTENSIONS_DIR"] = SCRATCH_INSIDE
     helper = helper_for(cfg.device) if cfg.device.startswith("cuda") else None
     bandwidth = helper.bandwidth_gbps if helper is not None else None
+    model_cores = None if helper is not None else cpu_model_cores(int(cfg.cpu_threads or 1))
+    for runner in (ref, cand) if model_cores is not None else ():
+        runner.pin(model_cores)
     ref.set_memory_limit(machine_memory_bytes() * 4 // 5)
     cand.set_memory_limit(candidate_memory_limit(cfg, None))
     session = Session(task, source, cfg, ref=ref, cand=cand, helper=helper, static_report=static_report,
@@ -264,7 +267,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
             total = ref.hello.total_memory if ref.hello else 0
             cand.limits.gpu_memory_bytes = int(cfg.gpu_memory_fraction * total) if total else None
         t_cal = time.perf_counter()
-        measurement = Measurement(session, bandwidth)
+        measurement = Measurement(session, bandwidth, cores=len(model_cores or ()) or 1)
         calibration = measurement.calibrate()
         session.phase_s["calibration"] = time.perf_counter() - t_cal
         session.import_candidate()
@@ -274,7 +277,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         if session.rejecting():
             raise Verdict(Status.HACK_DETECTED, "")
         t1 = time.perf_counter()
-        timing = _measure(session, bandwidth, calibration)
+        timing = _measure(session, bandwidth, calibration, cores=len(model_cores or ()) or 1)
         session.phase_s["timing"] = time.perf_counter() - t1
         session.guard_flags("the timed calls")
         session.process_flags()
@@ -332,15 +335,15 @@ def _unpin_evaluating_thread(before: set[int] | None) -> None:
             pass
 
 
-def _measure(session: Session, bandwidth: float | None, calibration: Any) -> Any:
+def _measure(session: Session, bandwidth: float | None, calibration: Any, cores: int = 1) -> Any:
     """The timing, measured a second time when the first scattered beyond `noisy_stability` (a busy host, a
     clock change): the steadier is kept and a `timing.noisy` flag shows both, so noise is never silent."""
-    first = Measurement(session, bandwidth).run(calibration)
+    first = Measurement(session, bandwidth, cores=cores).run(calibration)
     threshold = session.cfg.noisy_stability
     if not threshold or first.stability <= threshold:
         return first
     first_clock = session.facts.clock
-    second = Measurement(session, bandwidth).run(calibration)
+    second = Measurement(session, bandwidth, cores=cores).run(calibration)
     kept = second if second.stability < first.stability else first
     if kept is first and first_clock is not None:
         session.facts.clock = first_clock  # the recorded clock figures are those of the kept timing

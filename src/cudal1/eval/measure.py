@@ -83,8 +83,9 @@ def sample_of(record: CallRecord) -> timing.Sample:
 class Measurement:
     """The calibration and the timing schedule of one session (module docstring)."""
 
-    def __init__(self, session: Session, bandwidth_gbps: float | None = None):
+    def __init__(self, session: Session, bandwidth_gbps: float | None = None, cores: int = 1):
         self.s = session
+        self.cores = cores  # cores the candidate's sandbox may use (its CPU clock over them bounds its time)
         self.cfg = session.cfg
         self.rng = random.SystemRandom()  # the parent's own draws: samples no runner can see
         self.verified = 0
@@ -179,7 +180,7 @@ class Measurement:
         device = self.s.device_type
         cold = self.series(cfg.buckets, iters, flush)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
-        bound = timing.counted_time(cold.all("cand"), calibration, device)
+        bound = timing.counted_time(cold.all("cand"), calibration, device, self.cores)
         floor_ms = self.floor_ms()
         found: list[Flag | None] = [
             *timing.bound_flags(bound), timing.interference_check(cold),
@@ -194,7 +195,7 @@ class Measurement:
                                    method="cuda_events+device_sync" if device == "cuda" else "host_timer",
                                    iters=iters, round_to_one=cfg.round_toward_one, floor_ms=floor_ms,
                                    verified_calls=self.verified, estimator=cfg.estimator)
-        within = timing.speedup_interval(cold, calibration, device)
+        within = timing.speedup_interval(cold, calibration, device, cores=self.cores)
         interval = timing.widened(stats.speedup, within, calibration)
         stats = dataclasses.replace(stats, speedup_ci=[round(interval[0], 6), round(interval[1], 6)])
         self.s.facts.clock["speedup_ci_within"] = [round(x, 6) for x in within]

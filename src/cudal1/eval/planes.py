@@ -98,7 +98,8 @@ class TensorPlane(ABC):
     def give_arenas(self, in_bytes: int, out_bytes: int) -> None:
         """Make both runners' arenas and doorbells and have each runner map its own."""
         self.layouts, self.out_bytes = layouts(in_bytes, out_bytes), out_bytes
-        self.doorbells = {who: Doorbell.create() for who in WHO}
+        # Without a helper (the CPU) the runner's CPU clock measures its calls: waits block instead of spinning.
+        self.doorbells = {who: Doorbell.create(blocking=self.helper is None) for who in WHO}
         self._make_arenas()
 
     @abstractmethod
@@ -108,7 +109,7 @@ class TensorPlane(ABC):
         runner = self.runners[who]
         runner.thaw()
         try:
-            reply = runner.ask(request, timeout_s=60.0, fds=(fd, self.doorbells[who].fd))
+            reply = runner.ask(request, timeout_s=60.0, fds=(fd, *self.doorbells[who].descriptors))
         except RunnerFailed as failure:
             if who == "cand":
                 raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process {failure.reason}") from None

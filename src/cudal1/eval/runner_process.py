@@ -378,7 +378,7 @@ class RunnerProcess:
 
     def _receive(self, timeout_s: float, keep_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
         try:
-            raw, fds = self.channel.recv(timeout_s, tick=self._tick, max_fds=max(keep_fds, 2))
+            raw, fds = self.channel.recv(timeout_s, tick=self._tick, max_fds=max(keep_fds, 4))
         except ChannelTimeout:
             self.kill("timed out")
             raise self._failure(f"no answer within {timeout_s:.1f} s", timed_out=True) from None

@@ -309,10 +309,10 @@ class Session:
         request = Call(seq=seq, slot=slot, inputs=slot_tree)
         plane.open_bracket(who, slot, stage_tree, flush, timeout)
         bracket_done = False
-        cpu0 = runner.cpu_ns()
         runner.thaw()
         try:
             flush_ms = self._cpu_flush(who, runner, timeout) if flush and self.helper is None else None
+            cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
             runner.send(request)
             self._wait_runner(who, runner, bell, ARMED, seq, timeout, request)
             t0 = time.perf_counter()
@@ -329,9 +329,9 @@ class Session:
                 raise self._reference_failed(failure, what) from None
             raise self._candidate_failed(failure, what, timeout) from None
         finally:
+            cpu1 = runner.cpu_ns()
             runner.freeze()
             helper_figures = plane.close_bracket(timeout, completed=bracket_done)
-        cpu1 = runner.cpu_ns()
         if isinstance(reply, ErrorReply):
             if who == "ref":
                 raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}): {reply.message}"

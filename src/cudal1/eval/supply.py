@@ -61,6 +61,15 @@ def core_split(device: str, keep: int | None = None) -> CoreSplit | None:
     return CoreSplit(runners=runners, others=frozenset(rest), helper=helper, parent=parent)
 
 
+def cpu_model_cores(threads: int) -> frozenset[int]:
+    """On a CPU device: the cores both model runners run on (they take turns), the last `threads` of those
+    this process may use, leaving the first to the parent where there are more; every core otherwise. The
+    sandbox's CPU clock over their count bounds a call's wall time from below (`timing.counted_time`)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    threads = max(1, threads)
+    return frozenset(cores[-threads:] if len(cores) > threads else cores)
+
+
 def usable_cpu_count() -> int:
     """Cores this process may run on (its affinity mask: taskset, cgroups' cpusets, Slurm), not the host's."""
     if hasattr(os, "sched_getaffinity"):

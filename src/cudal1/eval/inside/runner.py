@@ -71,8 +71,14 @@ def _call_entry(request: RunEntry) -> EntryResult:
     return EntryResult(value=value)
 
 
+def loaded_modules(payload: dict[str, Any]) -> dict[str, Any]:
+    """The cudal1 modules this runner has loaded (a `RunEntry` for checking what a runner holds)."""
+    return {"modules": sorted(name for name in sys.modules if name == "cudal1" or name.startswith("cudal1."))}
+
+
 def _attach(role: Any, request: AttachArena, fds: list[int]) -> Attached:
-    """Map the arena (first descriptor) and the doorbell (second, model runners) and hand them to the role."""
+    """Map the arena (first descriptor) and the doorbell (the second, and its eventfds where it blocks: model
+    runners) and hand them to the role."""
     from cudal1.eval.shared.arena import Arena, ArenaLayout
     from cudal1.eval.shared.doorbell import Doorbell
 
@@ -85,7 +91,8 @@ def _attach(role: Any, request: AttachArena, fds: list[int]) -> Attached:
         arena: Any = DeviceArena.attach(fds[0], layout, request.size)
     else:
         arena = Arena.attach(fds[0], layout)
-    return role.attach(arena, Doorbell.attach(fds[1]) if len(fds) > 1 else None)
+    bell = Doorbell.attach(fds[1], events=(fds[2], fds[3]) if len(fds) >= 4 else None) if len(fds) > 1 else None
+    return role.attach(arena, bell)
 
 
 def _answer(role: Any, request: Message, channel: Channel, fds: list[int]) -> tuple[Any, Message | tuple]:
@@ -123,7 +130,7 @@ def serve(sock: socket.socket, warm_device: str, model_imports: bool = True) -> 
     role: Any = None
     while True:
         try:
-            data, fds = channel.recv(max_fds=2)
+            data, fds = channel.recv(max_fds=4)
         except ChannelClosed:
             return
         out_fds: list[int] = []

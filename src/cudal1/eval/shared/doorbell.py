@@ -7,8 +7,12 @@ one side only and on a cache line of its own. The runner, once its request has a
 spins until the parent writes `go`; the parent spins until the runner writes `done`. A round trip between two
 spinning processes on their own cores takes well under a microsecond.
 
+On the CPU, where the call's own work is measured by the sandbox's CPU clock (its cgroup), spinning would
+count as work; there a doorbell also holds two eventfds (one per direction) and a waiting side blocks on its
+eventfd instead (`blocking`): a wake-up costs tens of microseconds of wall time and no CPU time.
+
 Nothing here is trusted on the runner's word: a runner that rings early, late or never only changes the
-parent's own clock readings, which are the evidence (`session.Bracket`).
+parent's own clock readings, which are the evidence (`session.Session.call`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import select
 import time
 from collections.abc import Callable
 
@@ -37,41 +42,59 @@ class DoorbellTimeout(Exception):
     """The other side did not ring within the deadline."""
 
 
-class Doorbell:
-    """One page of counters shared by the parent and one runner (module docstring)."""
+#: How often a blocked waiter wakes up to run its `tick`.
+BLOCKED_TICK_S = 0.05
 
-    def __init__(self, fd: int, owner: bool):
+
+class Doorbell:
+    """One page of counters shared by the parent and one runner (module docstring); with `events`, the
+    eventfds a blocking waiter sleeps on: `to_runner` (GO) and `to_parent` (ARMED, DONE)."""
+
+    def __init__(self, fd: int, owner: bool, events: tuple[int, int] | None = None):
         self.fd, self.owner = fd, owner
         self.map = mmap.mmap(fd, PAGE)
         self.words = memoryview(self.map).cast("q")
+        self.events = events  # (to the runner, to the parent)
 
     @classmethod
-    def create(cls) -> Doorbell:
+    def create(cls, *, blocking: bool = False) -> Doorbell:
         fd = os.memfd_create("cudal1-doorbell", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, PAGE)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        return cls(fd, owner=True)
+        events = (os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)) \
+            if blocking else None
+        return cls(fd, owner=True, events=events)
 
     @classmethod
-    def attach(cls, fd: int) -> Doorbell:
+    def attach(cls, fd: int, events: tuple[int, int] | None = None) -> Doorbell:
         if os.fstat(fd).st_size < PAGE:
             raise ValueError("a doorbell is one page")
-        return cls(fd, owner=False)
+        return cls(fd, owner=False, events=events)
+
+    @property
+    def descriptors(self) -> tuple[int, ...]:
+        """What a runner needs to attach it: the page, then the eventfds where blocking."""
+        return (self.fd, *(self.events or ()))
 
     # ------------------------------------------------------------------ either side
 
     def ring(self, word: int, value: int) -> None:
         self.words[word] = value
+        if self.events is not None:
+            os.eventfd_write(self.events[0] if word in (GO, ARG) else self.events[1], 1)
 
     def read(self, word: int) -> int:
         return int(self.words[word])
 
     def wait(self, word: int, value: int, timeout_s: float, tick: Callable[[], None] | None = None) -> float:
-        """Spin (then poll) until `word` holds `value`; the `time.perf_counter()` at which it was seen.
-        Raises DoorbellTimeout past `timeout_s`; `tick` runs every few thousand spins (it may raise)."""
+        """Spin (then poll) until `word` holds `value`, or block on the eventfd where blocking; the
+        `time.perf_counter()` at which it was seen. Raises DoorbellTimeout past `timeout_s`; `tick` runs
+        every few thousand spins or every BLOCKED_TICK_S (it may raise)."""
         words = self.words
         if words[word] == value:
             return time.perf_counter()
+        if self.events is not None:
+            return self._block(word, value, timeout_s, tick)
         start = time.perf_counter()
         spin_until, deadline = start + SPIN_S, start + timeout_s
         n = 0
@@ -91,7 +114,30 @@ class Doorbell:
                     time.sleep(POLL_S)
                     n = TICK_EVERY - 1  # check the deadline after every poll
 
+    def _block(self, word: int, value: int, timeout_s: float, tick: Callable[[], None] | None) -> float:
+        assert self.events is not None
+        event = self.events[0] if word in (GO, ARG) else self.events[1]
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            if self.words[word] == value:
+                return time.perf_counter()
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise DoorbellTimeout(f"no ring within {timeout_s:.1f} s")
+            if select.select([event], [], [], min(left, BLOCKED_TICK_S))[0]:
+                try:
+                    os.eventfd_read(event)
+                except BlockingIOError:
+                    pass
+            elif tick is not None:
+                tick()
+
     def close(self) -> None:
+        for event in self.events or ():
+            try:
+                os.close(event)
+            except OSError:
+                pass
         try:
             self.words.release()
             self.map.close()

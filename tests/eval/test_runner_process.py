@@ -1,4 +1,5 @@
-"""Runner processes (cudal1.eval.processes): started ahead, supervised, frozen, killed, cleaned up."""
+"""Runner processes (cudal1.eval.runner_process, supply, isolated): started ahead, supervised, frozen, killed,
+cleaned up; what a runner holds and what it may send back."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.eval.runner_process import FOLDER_PREFIX, RunnerFailed, RunnerProcess, process_tree, reap_stale_folders
 from cudal1.eval.isolated import Limits, run_isolated
+from cudal1.eval.runner_process import FOLDER_PREFIX, RunnerFailed, RunnerProcess, process_tree, reap_stale_folders
+from cudal1.eval.shared.protocol import EntryResult, ModelSettings, ReferenceReady, RunEntry, SetupReference
 from cudal1.eval.supply import RunnerSupply, usable_cpu_count
 
 PROBE = "tests.helpers.sandbox_probe"
@@ -24,7 +26,7 @@ def test_a_trusted_entry_runs_and_its_value_comes_back():
 
 def test_an_entry_that_never_answers_costs_its_deadline_only():
     started = time.monotonic()
-    outcome = run_isolated("time:sleep", 3600, limits=Limits(timeout_s=3))  # type: ignore[arg-type]
+    outcome = run_isolated(f"{PROBE}:sleep", {"s": 3600}, limits=Limits(timeout_s=3))
     assert outcome.timed_out and time.monotonic() - started < 30
 
 
@@ -32,7 +34,7 @@ def test_a_runner_that_misses_its_deadline_is_killed_with_everything_it_started(
     with RunnerProcess("cpu", warm=False) as runner:
         runner.wait_ready()
         with pytest.raises(RunnerFailed) as failure:
-            runner.request({"op": "run_entry", "entry": "time:sleep", "payload": 3600}, timeout_s=1.0)
+            runner.ask(RunEntry(entry=f"{PROBE}:sleep", payload={"s": 3600}), timeout_s=1.0)
         assert failure.value.timed_out and failure.value.killed_by_parent
         runner.proc.wait(timeout=10)
         assert all(not os.path.exists(f"/proc/{pid}") for pid in process_tree(runner.proc.pid)[1:])
@@ -41,9 +43,45 @@ def test_a_runner_that_misses_its_deadline_is_killed_with_everything_it_started(
 def test_a_bare_runner_starts_and_serves_like_any_other():
     # The helper's runner skips the model runners' warm imports; its command line must still be understood.
     with RunnerProcess("cpu", warm=True, model_imports=False) as runner:
-        assert runner.wait_ready()["op"] == "hello"
-        reply = runner.request({"op": "run_entry", "entry": f"{PROBE}:echo", "payload": {"x": 1}}, timeout_s=60.0)
-        assert reply["ok"] and reply["value"]["payload"] == {"x": 1}
+        assert runner.wait_ready().pid > 0
+        reply = runner.ask(RunEntry(entry=f"{PROBE}:echo", payload={"x": 1}), timeout_s=60.0)
+        assert isinstance(reply, EntryResult) and reply.value["payload"] == {"x": 1}
+
+
+#: The parent's side of the evaluator: no runner may hold any of these modules.
+PARENT_SIDE = ("cudal1.eval.config", "cudal1.eval.pipeline", "cudal1.eval.scheduler", "cudal1.eval.evaluation",
+               "cudal1.eval.session", "cudal1.eval.measure", "cudal1.eval.timing", "cudal1.eval.planes",
+               "cudal1.eval.device_helper", "cudal1.eval.compile", "cudal1.eval.sandbox", "cudal1.eval.supply",
+               "cudal1.eval.runner_process", "cudal1.eval.correctness", "cudal1.eval.decoys", "cudal1.store",
+               "cudal1.service", "cudal1.cli", "cudal1.policy")
+
+
+def test_a_runner_holds_none_of_the_parents_modules():
+    """A bare runner, and a model runner once it holds the reference, load the harness and the task's
+    reference only: nothing of the trusted parent that could be read or rewritten there."""
+    task = Path(__file__).resolve().parents[1] / "fixtures" / "candidates" / "refs" / "relu.py"
+    for model_imports in (False, True):
+        with RunnerProcess("cpu", warm=True, model_imports=model_imports) as runner:
+            if model_imports:
+                ready = runner.ask(SetupReference(model=ModelSettings(
+                    device="cpu", task_id="relu", ref_source=task.read_text(), sizes="small", seed=1, threads=1,
+                    exact_fp32=False, gpu_memory_fraction=0.45)), timeout_s=120.0)
+                assert isinstance(ready, ReferenceReady), ready
+            reply = runner.ask(RunEntry(entry="cudal1.eval.inside.runner:loaded_modules"), timeout_s=60.0)
+            loaded = reply.value["modules"]
+            held = [m for m in loaded if m.startswith(PARENT_SIDE)]
+            assert not held, held
+            assert "cudal1.eval.inside.runner" in loaded and "cudal1.eval.shared.protocol" in loaded
+
+
+def test_a_runners_output_is_capped_and_its_last_lines_kept():
+    with RunnerProcess("cpu", warm=False) as runner:
+        reply = runner.ask(RunEntry(entry=f"{PROBE}:spam", payload={"mb": 40}), timeout_s=120.0)
+        assert isinstance(reply, EntryResult)
+        time.sleep(0.2)  # the reader drains what is left in the pipe
+        assert runner.output.total >= 40 << 20
+        assert len(runner.output.head) + len(runner.output.tail) <= 80 << 10
+        assert "the last line" in runner.output.text()
 
 
 def test_freeze_stops_the_runner_and_thaw_resumes_it():
@@ -55,7 +93,7 @@ def test_freeze_stops_the_runner_and_thaw_resumes_it():
             state = f.read().rsplit(")", 1)[1].split()[0]
         assert state in ("T", "t", "D") or runner.group is not None  # cgroup freezer: state D/S while frozen
         with pytest.raises(RunnerFailed):
-            runner.request({"op": "run_entry", "entry": "os:getpid", "payload": {}}, timeout_s=1.0)
+            runner.ask(RunEntry(entry="os:getpid"), timeout_s=1.0)
 
 
 def test_a_supply_starts_spares_ahead_and_tops_them_up():
@@ -85,7 +123,7 @@ def test_pool_sizes_follow_the_cores_this_process_may_use_not_the_host():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this platform")
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from cudal1.eval.runner_process import usable_cpu_count; printusable_cpu_count"
+            "from cudal1.eval.supply import usable_cpu_count; print(usable_cpu_count())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1" and usable_cpu_count() >= 1
 

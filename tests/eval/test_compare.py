@@ -1,4 +1,4 @@
-"""Output comparison (CPU): tolerances per profile, the small-reference rule, NaN/Inf, and what a mismatch says."""
+"""Output comparison (cudal1.eval.shared.compare, CPU): tolerances per profile, the small-reference rule, NaN/Inf, and what a mismatch says."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from cudal1.eval.config import PROFILES
-from cudal1.eval.correctness import OutputHackError, compare_outputs
+from cudal1.eval.shared.compare import OutputHackError, compare_outputs
 
-STRICT, LOOSE = PROFILES["strict"], PROFILES["kernelbench-v0"]
+STRICT, LOOSE = PROFILES["strict"].tolerances, PROFILES["kernelbench-v0"].tolerances
 
 
 def test_within_atol_plus_rtol_passes_and_beyond_fails_with_where_and_how_much():
@@ -97,7 +97,7 @@ def _cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_a_comparison_in_chunks_finds_what_one_pass_finds(monkeypatch):
     """Outputs are compared a bounded number of elements at a time; the verdict and every figure of a
     mismatch (count, worst place, worst values, largest errors) do not depend on the chunk size."""
-    import cudal1.eval.correctness as correctness
+    import cudal1.eval.shared.compare as correctness
 
     def run() -> list:
         out = []
@@ -116,7 +116,7 @@ def test_a_comparison_in_chunks_finds_what_one_pass_finds(monkeypatch):
 
 
 def test_relative_error_in_chunks_matches_one_pass(monkeypatch):
-    import cudal1.eval.correctness as correctness
+    import cudal1.eval.shared.compare as correctness
 
     ref = torch.randn(1000, dtype=torch.float64)
     new = (ref + 1e-4 * torch.randn(1000, dtype=torch.float64)).float()

@@ -1,0 +1,53 @@
+"""The typed protocol between the parent and its runners (cudal1.eval.shared.protocol)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal1.eval.shared import protocol as P
+
+
+def settings() -> P.ModelSettings:
+    return P.ModelSettings(device="cpu", task_id="t", ref_source="src", sizes="small", seed=42, threads=1,
+                           exact_fp32=True, gpu_memory_fraction=0.45)
+
+
+def test_every_request_round_trips_through_its_wire_form():
+    requests = [P.SetupReference(model=settings()), P.SetupTwin(model=settings(), env={"A": "1"}),
+                P.ImportCandidate(cand_source="x", seed=1), P.Call(seq=3, slot=1, inputs={"t": "seq"}),
+                P.Bracket(sid="s", seq=2, who="cand", slot=0, tree={}, flush=True, snapshot_bytes=64),
+                P.Compare(ref={}, cand={}, tolerances={"default": [1e-4, 1e-4]}, trial=-1, noise=[None, 0.5])]
+    for request in requests:
+        assert P.decode_request(P.encode(request)) == request
+    assert set(P.REQUESTS) >= {r.OP for r in requests}
+    assert all(isinstance(cls.REPLY, type) for cls in P.REQUESTS.values())  # every op names its reply
+
+
+@pytest.mark.parametrize("data", [
+    {"op": "nope"}, {"seq": 1}, {"op": "call", "seq": "1", "slot": 0, "inputs": {}},
+    {"op": "call", "slot": 0, "inputs": {}}, {"op": "call", "seq": True, "slot": 0, "inputs": {}},
+    {"op": "setup_reference", "model": {"device": "cpu"}}, ["op", "call"],
+])
+def test_malformed_requests_are_refused_by_name(data):
+    with pytest.raises(P.MalformedMessage):
+        P.decode_request(data)
+
+
+@pytest.mark.parametrize("reply", [
+    None, [], {"ms": 1.0}, {"ok": "yes"}, {"ok": True, "ms": "fast", "stream_ms": 1.0, "out": {}},
+    {"ok": True, "ms": 1.0, "stream_ms": 1.0, "out": []}, {"ok": False, "kind": 7},
+    {"ok": True, "ms": 1.0, "stream_ms": 1.0, "out": {}, "memory": {"allocated": "x"}},
+])
+def test_a_reply_that_is_not_its_requests_class_is_malformed(reply):
+    """What a candidate's runner sends back is data the parent checks: anything but the request's reply class
+    or an error reply raises `MalformedReply` (the candidate's runtime error), never a deep exception."""
+    with pytest.raises(P.MalformedReply):
+        P.decode_reply(P.Call(seq=1, slot=0, inputs={}), reply)
+
+
+def test_replies_decode_to_their_class_or_an_error_reply():
+    call = P.Call(seq=1, slot=0, inputs={})
+    got = P.decode_reply(call, {"ok": True, "ms": 1, "stream_ms": 0.5, "out": {"t": "tensor"}, "extra": 1})
+    assert got == P.Called(ms=1.0, stream_ms=0.5, out={"t": "tensor"})
+    assert P.decode_reply(call, P.encode_reply(P.ErrorReply(kind="raised", message="boom"))) == \
+        P.ErrorReply(kind="raised", message="boom")
