@@ -15,12 +15,6 @@ import pytest
 
 from cudal1.core.errors import ConfigError
 from cudal1.eval import compile as compile_mod
-from cudal1.eval.inside.build_hooks import (
-    duplicate_module_log,
-    install_build_hooks,
-    light_cuda_sources,
-    unbound_functions,
-)
 from cudal1.eval.compile import (
     BUILD_ENTRY,
     BuildLevers,
@@ -30,8 +24,14 @@ from cudal1.eval.compile import (
     build_environment,
     build_key,
 )
-from cudal1.eval.shared.compile_log import build_failure_message, trim_compiler_log
+from cudal1.eval.inside.build_hooks import (
+    duplicate_module_log,
+    install_build_hooks,
+    light_cuda_sources,
+    unbound_functions,
+)
 from cudal1.eval.isolated import Limits, run_isolated
+from cudal1.eval.shared.compile_log import build_failure_message, trim_compiler_log
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compile_logs"
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")

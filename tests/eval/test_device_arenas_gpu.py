@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cudal1.eval import EvalConfig, Status, evaluate_many
-from cudal1.eval.evaluation import close_helpers
+from cudal1.eval.device_helper import close_helpers
 from cudal1.tasks.sources import load_file
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from cudal1.eval import compile as compile_mod
-from cudal1.eval.inside.build_hooks import FAILURES_FILE, install_build_hooks
 from cudal1.eval.compile import (
     BUILD_ENTRY,
     WARM_ENTRY,
@@ -26,6 +25,7 @@ from cudal1.eval.compile import (
     lazy_records,
     read_marker,
 )
+from cudal1.eval.inside.build_hooks import FAILURES_FILE, install_build_hooks
 from cudal1.eval.isolated import Limits, run_isolated
 
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")

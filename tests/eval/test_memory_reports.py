@@ -33,7 +33,7 @@ def test_a_model_out_of_gpu_memory_is_reported_as_oom_with_its_request():
             raise torch.cuda.OutOfMemoryError(TORCH_OOM)
 
     side = ModelSide(torch.device("cpu"), reference_module=None, model=Hog())
-    for call in (side.call, lambda inputs: side.timed_call(inputs)):
+    for call in (side.untimed, side._timed):
         try:
             call([torch.ones(2)])
         except CallFailed as exc:

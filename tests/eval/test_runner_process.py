@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from cudal1.eval.isolated import Limits, run_isolated
-from cudal1.eval.runner_process import FOLDER_PREFIX, RunnerFailed, RunnerProcess, process_tree, reap_stale_folders
+from cudal1.eval.runner_process import (
+    FOLDER_PREFIX,
+    RunnerFailed,
+    RunnerProcess,
+    process_tree,
+    reap_stale_folders,
+)
 from cudal1.eval.shared.protocol import EntryResult, ModelSettings, ReferenceReady, RunEntry, SetupReference
 from cudal1.eval.supply import RunnerSupply, usable_cpu_count
 

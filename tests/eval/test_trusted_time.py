@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from cudal1.cli.main import main
+from cudal1.core import flags as F
+from cudal1.eval import EvalConfig, Status, evaluate_candidate
 from cudal1.eval.sandbox import detect_sandbox
+from cudal1.tasks.sources import load_file
 
 TIMING = Path(__file__).resolve().parents[1] / "fixtures" / "timing"
 SIZES = ("20us", "100us", "1ms")
@@ -43,6 +46,11 @@ def assert_bounded(result: dict, honest: dict, margin: float) -> None:
     if result["status"] == "correct":
         assert result["speedup"] <= margin * honest["speedup"], (result["speedup"], honest["speedup"],
                                                                   result["protocol"].get("clock"))
+
+
+def _json(result) -> dict:
+    return {"status": result.status.value, "speedup": result.speedup, "message": result.message,
+            "protocol": result.protocol}
 
 
 def _gpu() -> None:
@@ -75,9 +83,22 @@ def test_every_forger_at_every_size_gains_nothing(size, forger, capsys):
 @needs_sandbox
 @pytest.mark.parametrize("forger", FORGERS[1:])
 def test_forging_through_code_objects_and_module_globals_is_named(forger, capsys):
+    """Named by whichever layer sees it first: the static filter, the guards, or the clocks."""
     result = evaluate("100us", forger, capsys, CPU)
     assert result["status"] == "hack_detected", (result["status"], result["message"])
-    assert "timing.outside_clock" in result["message"] or "timing.below_floor" in result["message"]
+
+
+@needs_sandbox
+@pytest.mark.parametrize("forger", FORGERS)
+def test_with_the_first_filters_off_the_clocks_name_every_forgery(forger):
+    """Static analysis off, guards not rejecting (cuda-l1): the time bound alone still rejects or caps."""
+    task = load_file(TIMING / "chain_100us.py")
+    cfg = EvalConfig(device="cpu", profile="cuda-l1", correctness_trials=2, buckets=3, skip_static=True)
+    honest = evaluate_candidate(task, (TIMING / "honest_chain.py").read_text(), cfg)
+    result = evaluate_candidate(task, (TIMING / forger).read_text(), cfg)
+    rules = {f.rule for f in result.flags}
+    assert rules & {F.OUTSIDE_CLOCK, F.CAPPED, F.BELOW_FLOOR, F.TIMER_PATCHING}, (result.status, rules)
+    assert_bounded(_json(result), _json(honest), CPU_MARGIN)
 
 
 @needs_sandbox
@@ -93,10 +114,14 @@ def test_precision_only_on_inputs_that_look_like_the_extra_trials_is_caught(caps
 
 
 @needs_sandbox
-def test_a_progress_note_inside_a_call_lifts_no_limit(capsys):
+def test_a_progress_note_inside_a_call_lifts_no_limit():
+    """Through the runtime alone (static analysis off: it would reject the gc walk first)."""
+    task = load_file(TIMING / "chain_20us.py")
+    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True)
     started = time.monotonic()
-    result = evaluate("20us", "progress_in_call.py", capsys, CPU)
-    assert result["status"] == "runtime_error", (result["status"], result["message"])
+    result = evaluate_candidate(task, (TIMING / "progress_in_call.py").read_text(), cfg)
+    assert result.status is Status.RUNTIME_ERROR, (result.status, result.message)
+    assert "protocol" in result.message
     assert time.monotonic() - started < 40  # the 45 s stall was never waited for
 
 
@@ -106,40 +131,58 @@ def test_a_flood_of_output_is_capped_and_changes_no_verdict(capsys):
     assert result["status"] == "correct", result["message"]
 
 
-# --------------------------------------------------------------------------- GPU
+# --------------------------------------------------------------------------- GPU (one CLI batch per profile)
+
+
+def evaluate_batch(cases: list[tuple[str, str]], args: list[str], tmp_path: Path, capsys) -> list[dict]:
+    """(size, candidate file) pairs as one release batch through `cudal1 eval --release`: one runner supply
+    for all (a fresh CLI call per candidate would start its runners each time)."""
+    release = tmp_path / "cases.jsonl"
+    release.write_text("".join(json.dumps({"level_id": 1, "task_id": 900 + i,
+                                           "ref_code": (TIMING / f"chain_{size}.py").read_text(),
+                                           "custom_code": (TIMING / name).read_text()}) + "\n"
+                               for i, (size, name) in enumerate(cases)))
+    assert main(["eval", "--release", str(release), *args]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]
+    by_id = {r["task_id"]: r for r in out}
+    return [by_id[f"cases/level1/{900 + i}"] for i in range(len(cases))]
 
 
 @pytest.mark.gpu
 @needs_sandbox
 @pytest.mark.parametrize("profile", ["strict", "cuda-l1"])
-@pytest.mark.parametrize("size", SIZES)
-def test_gpu_forgers_gain_nothing_over_their_honest_twin(size, profile, capsys):
+def test_gpu_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys):
+    """Every class at every size: forgers bounded by their twin, work left running is interference, phase
+    detection is not correct, limits hold, honest controls are correct."""
     _gpu()
-    args = [*GPU, "--profile", profile]
-    honest = evaluate(size, "honest_chain.py", capsys, args)
-    print(size, profile, "honest", honest["speedup"], honest["protocol"].get("clock"))
-    for forger in (*FORGERS, "forge_frame_event.py"):
-        result = evaluate(size, forger, capsys, args)
-        print(size, profile, forger, result["status"], result["speedup"], result["message"][:160])
-        assert_bounded(result, honest, GPU_MARGIN)
-
-
-@pytest.mark.gpu
-@needs_sandbox
-@pytest.mark.parametrize("size", SIZES)
-def test_gpu_work_left_running_is_interference(size, capsys):
-    _gpu()
-    result = evaluate(size, "leftover_after_return.py", capsys, GPU)
-    print(size, result["status"], result["message"][:200], result["protocol"].get("clock"))
-    assert result["status"] == "hack_detected" and "timing.interference" in result["message"], result["message"]
-
-
-@pytest.mark.gpu
-@needs_sandbox
-def test_gpu_phase_detection_and_limits(capsys):
-    _gpu()
-    assert evaluate("100us", "phase_detect_heavy.py", capsys, GPU)["status"] in ("incorrect", "hack_detected")
+    attacks = (*FORGERS, "forge_frame_event.py", "precompute_watch_slot.py", "leftover_after_return.py")
+    cases = [(size, name) for size in SIZES for name in ("honest_chain.py", *attacks)]
+    cases += [("100us", "phase_detect_heavy.py"), ("20us", "spam_output.py")]
     started = time.monotonic()
-    assert evaluate("20us", "progress_in_call.py", capsys, GPU)["status"] == "runtime_error"
-    assert time.monotonic() - started < 40
-    assert evaluate("20us", "spam_output.py", capsys, GPU)["status"] == "correct"
+    results = evaluate_batch(cases, [*GPU, "--profile", profile], tmp_path, capsys)
+    by_case = dict(zip(cases, results, strict=True))
+    for (size, name), result in by_case.items():
+        print(profile, size, name, result["status"], result["speedup"], result["message"][:160],
+              (result.get("protocol") or {}).get("clock"))
+    for size in SIZES:
+        honest = by_case[(size, "honest_chain.py")]
+        for name in (*FORGERS, "forge_frame_event.py", "precompute_watch_slot.py"):
+            assert_bounded(by_case[(size, name)], honest, GPU_MARGIN)
+        leftover = by_case[(size, "leftover_after_return.py")]
+        assert leftover["status"] == "hack_detected", leftover["message"]
+    assert by_case[("100us", "phase_detect_heavy.py")]["status"] in (("incorrect", "hack_detected")
+                                                                    if profile == "strict" else
+                                                                    ("incorrect", "hack_detected", "correct"))
+    assert by_case[("20us", "spam_output.py")]["status"] == "correct"
+    print(f"{len(cases)} candidates in {time.monotonic() - started:.0f} s")
+
+
+@pytest.mark.gpu
+@needs_sandbox
+def test_gpu_a_progress_note_inside_a_call_lifts_no_limit():
+    _gpu()
+    task = load_file(TIMING / "chain_20us.py")
+    started = time.monotonic()
+    result = evaluate_candidate(task, (TIMING / "progress_in_call.py").read_text(),
+                                EvalConfig(device="cuda", correctness_trials=2, skip_static=True))
+    assert result.status is Status.RUNTIME_ERROR and time.monotonic() - started < 60, result.message

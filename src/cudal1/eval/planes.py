@@ -50,6 +50,7 @@ from cudal1.eval.shared.protocol import (
     Bracketed,
     CheckInputs,
     Compare,
+    Compared,
     ErrorReply,
 )
 
@@ -92,6 +93,7 @@ class TensorPlane(ABC):
         self.layouts: dict[str, ArenaLayout] = {}
         self.doorbells: dict[str, Doorbell] = {}
         self.out_bytes = 0
+        self.helper_memory: dict[str, int] | None = None  # the helper's allocator after its last comparison
 
     # ------------------------------------------------------------------ set-up
 
@@ -176,6 +178,16 @@ class TensorPlane(ABC):
     def sid(self) -> str:
         return ""
 
+    def _compared(self, reply: Compared) -> Comparison:
+        """A helper's comparison as the session reads it; unreadable or non-plain outputs are verdicts."""
+        self.helper_memory = reply.memory
+        if reply.unreadable:
+            raise _unreadable(ValueError(reply.unreadable))
+        if reply.hack:
+            raise _hack(reply.hack)
+        mismatch = Mismatch.from_dict(reply.mismatch) if reply.mismatch else None
+        return Comparison(reply.match, reply.message, mismatch, tuple(reply.errors))
+
 
 def _unreadable(exc: Exception) -> Verdict:
     return Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: {exc}")
@@ -224,12 +236,7 @@ class DevicePlane(TensorPlane):
                 noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
         reply = self.helper.compare(Compare(ref=ref_tree, cand=cand_tree, tolerances=tolerances_to_wire(self.tolerances),
                                             trial=trial, sid=self.sid, noise=noise, errors=errors), 600.0)
-        if reply.unreadable:
-            raise _unreadable(ValueError(reply.unreadable))
-        if reply.hack:
-            raise _hack(reply.hack)
-        mismatch = Mismatch.from_dict(reply.mismatch) if reply.mismatch else None
-        return Comparison(reply.match, reply.message, mismatch, tuple(reply.errors))
+        return self._compared(reply)
 
     def inputs_changed(self, stage_tree: dict[str, Any], ref_slot: dict[str, Any],
                        cand_slot: dict[str, Any]) -> tuple[list[int], bool]:
@@ -302,12 +309,7 @@ class HostPlane(TensorPlane):
             raise _unreadable(exc) from None
         reply = self.helper.compare(Compare(ref=ref_at, cand=cand_at, tolerances=tolerances_to_wire(self.tolerances),
                                             trial=trial, noise=noise, errors=errors), 600.0)
-        if reply.unreadable:
-            raise _unreadable(ValueError(reply.unreadable))
-        if reply.hack:
-            raise _hack(reply.hack)
-        mismatch = Mismatch.from_dict(reply.mismatch) if reply.mismatch else None
-        return Comparison(reply.match, reply.message, mismatch, tuple(reply.errors))
+        return self._compared(reply)
 
     def inputs_changed(self, stage_tree: dict[str, Any], ref_slot: dict[str, Any],
                        cand_slot: dict[str, Any]) -> tuple[list[int], bool]:

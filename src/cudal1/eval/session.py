@@ -452,7 +452,9 @@ class Session:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
                           flag=F.OUTPUT_TYPE)
         assert self.plane is not None
-        return self.plane.compare(ref_tree, cand_tree, trial, noise, errors=errors)
+        result = self.plane.compare(ref_tree, cand_tree, trial, noise, errors=errors)
+        self.note_memory("helper", self.plane.helper_memory)
+        return result
 
     def check_output(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int, *, beyond: bool = False,
                      noise: Any = None, errors: bool = False) -> tuple[float | None, ...]:

@@ -1,4 +1,4 @@
-"""Decoy-kernel detection: kernel-name matching, the decoy guard on synthetic profiles, the real profiler.
+"""Decoy-kernel detection (cudal1.eval.decoys, inside.profiling, shared.kernel_profile): kernel-name matching, the decoy guard on synthetic profiles, the real profiler.
 
 CPU tests build `KernelProfile`s directly (and fake profiler events) and run the real `torch.profiler` on
 CPU; the GPU tests profile a raw-CUDA kernel, a Triton kernel and a PyTorch-only forward.
@@ -13,18 +13,9 @@ import torch
 
 from cudal1.analysis import StaticReport, analyze_source
 from cudal1.core.types import KernelClass, Severity
-from cudal1.eval.profiling import (
-    KernelProfile,
-    KernelStat,
-    decoy_flags,
-    kernel_matches,
-    own_kernel_names,
-    own_kernel_share,
-    profile_call,
-    profile_from_events,
-    reclassify,
-    split_kernel_name,
-)
+from cudal1.eval.decoys import decoy_flags, own_kernel_names, own_kernel_share, reclassify
+from cudal1.eval.inside.profiling import profile_call, profile_from_events
+from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat, kernel_matches, split_kernel_name
 
 _CLAMP_LAMBDA = ("at::native::(anonymous namespace)::launch_clamp_scalar(at::TensorIteratorBase&, "
                  "c10::Scalar, c10::Scalar, at::native::detail::ClampLimits)::{lambda()#1}::"

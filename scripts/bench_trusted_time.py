@@ -1,0 +1,123 @@
+"""How much time a forgery keeps: the forging room of the trusted time, per call size, printed as a table.
+
+    PYTHONPATH=src python scripts/bench_trusted_time.py OUT_DIR [--device cuda] [--profile strict] [--repeat 2]
+
+On one task family at three sizes (tests/fixtures/timing/chain_*.py: about 0.02, 0.1 and 1 ms per call on an
+H200), the honest twin (`honest_chain.py`) and a forging fixture that reports only (1 - f) of each call's real
+time, for f = 10, 20, 40 and 80 %, all through the real evaluator in one batch, its static filter off (it
+would reject the forgery's walk of the heap first: what is measured is the clocks' bound alone). Per size: the honest twin's
+speedup and time that counts, each forgery's verdict, speedup and the time it kept hidden per call (the honest
+twin's time that counts minus the forgery's: what the forgery gained), in microseconds and as a share of the
+call. Goal: at most max(5 us, 10 % of the call) per call. Full figures in OUT_DIR/trusted_time.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from cudal1.eval import EvalConfig, evaluate_many  # noqa: E402
+from cudal1.tasks.sources import load_file  # noqa: E402
+
+TIMING = ROOT / "tests" / "fixtures" / "timing"
+SIZES = ("20us", "100us", "1ms")
+FRACTIONS = (0.1, 0.2, 0.4, 0.8)
+
+#: The forgery: the harness's timing method, shadowed on its instance, reports (1 - f) of each call.
+FORGER = '''
+import gc
+import importlib
+import types
+
+import torch
+import torch.nn as nn
+
+KEEP = {keep!r}
+_harness = importlib.import_module("cudal1.eval.inside" + ".harness")
+_kind = getattr(_harness, "Model" + "Side")
+
+
+def _patch():
+    for obj in gc.get_objects():
+        if isinstance(obj, _kind) and "_timed" not in vars(obj):
+            real = _kind._timed.__get__(obj)
+
+            def faster(self, inputs, real=real):
+                out, total, stream = real(inputs)
+                return out, total * KEEP, stream * KEEP
+            obj._timed = types.MethodType(faster, obj)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _patch()
+        return torch.tanh(x * 2.0 + 1.0)
+'''
+
+
+def row(result, honest_counted: float | None) -> dict:
+    clock = result.protocol.get("clock") or {}
+    counted = clock.get("counted_ms")
+    hidden = (honest_counted - counted) * 1e3 if (honest_counted is not None and counted is not None) else None
+    return {"status": result.status.value, "speedup": result.speedup, "message": result.message[:200],
+            "counted_ms": counted, "reported_ms": clock.get("reported_ms"), "bound_ms": clock.get("bound_ms"),
+            "slack_ms": clock.get("slack_ms"), "hidden_us": hidden, "clock": clock,
+            "calibration": result.protocol.get("calibration"),
+            "flags": [f.rule for f in result.flags]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--profile", default="strict")
+    ap.add_argument("--repeat", type=int, default=2, help="honest twins per size (their spread is the noise)")
+    args = ap.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    honest = (TIMING / "honest_chain.py").read_text()
+    items, labels = [], []
+    for size in SIZES:
+        task = load_file(TIMING / f"chain_{size}.py")
+        for r in range(args.repeat):
+            items.append((task, honest + f"\n# twin {r}\n"))
+            labels.append((size, "honest", r))
+        for f in FRACTIONS:
+            items.append((task, FORGER.format(keep=1.0 - f)))
+            labels.append((size, f"forged {int(f * 100)} %", f))
+    # The static filter would reject the forgery's gc walk first: measured here is the clocks' own bound.
+    cfg = EvalConfig(device=args.device, profile=args.profile, record_samples=True, skip_static=True)
+    t0 = time.monotonic()
+    results = evaluate_many(items, cfg, force=True)
+    wall = time.monotonic() - t0
+    out: dict = {"device": args.device, "profile": args.profile, "wall_s": round(wall, 1), "sizes": {}}
+    print(f"{'size':6s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
+          f"{'hidden us':>10s} {'hidden %':>9s}")
+    for size in SIZES:
+        mine = [(label, r) for label, r in zip(labels, results, strict=True) if label[0] == size and r is not None]
+        twins = [r for label, r in mine if label[1] == "honest" and (r.protocol.get("clock") or {}).get("counted_ms")]
+        honest_counted = statistics.median(r.protocol["clock"]["counted_ms"] for r in twins) if twins else None
+        rows = []
+        for label, r in mine:
+            entry = {"case": label[1], **row(r, honest_counted if label[1] != "honest" else None)}
+            rows.append(entry)
+            hidden = entry["hidden_us"]
+            share = (100 * hidden / (honest_counted * 1e3)) if hidden is not None and honest_counted else None
+            entry["hidden_share"] = share
+            print(f"{size:6s} {label[1]:12s} {entry['status']:14s} {entry['speedup'] or 0:8.3f} "
+                  f"{(entry['counted_ms'] or 0) * 1e3:11.1f} {(entry['reported_ms'] or 0) * 1e3:12.1f} "
+                  f"{hidden if hidden is not None else float('nan'):10.1f} "
+                  f"{share if share is not None else float('nan'):9.1f}")
+        out["sizes"][size] = {"honest_counted_ms": honest_counted, "rows": rows}
+    (args.out_dir / "trusted_time.json").write_text(json.dumps(out, indent=1, default=str))
+    print(f"wall {wall:.1f} s; figures in {args.out_dir / 'trusted_time.json'}")
+
+
+if __name__ == "__main__":
+    main()
