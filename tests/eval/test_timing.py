@@ -196,3 +196,13 @@ def test_skipped_cpu_cache_flushes_are_caught():
     ref = [1.0] * 20
     assert timing.flush_check(ref, [0.9] * 20) is None
     assert timing.flush_check(ref, [0.01] * 20).rule == F.OUTSIDE_CLOCK
+
+
+def test_harness_drift_common_to_both_runners_cancels():
+    """The harness cost per call grew by 0.1 ms after the calibration (the device's clocks, the host's load),
+    for both runners alike: measured against the reference's cost now, an honest candidate is not capped;
+    against the calibration's absolute figure it would be."""
+    series = _series(0.05, 0.05, overhead=0.15)
+    calibration = _calibration(overhead=0.05)
+    assert not timing.counted_time(series.all("cand"), calibration, "cuda", ref_samples=series.all("ref")).capped
+    assert timing.counted_time(series.all("cand"), calibration, "cuda").capped

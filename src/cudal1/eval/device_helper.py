@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import select
 import threading
 from typing import Any
 
@@ -127,7 +128,12 @@ class DeviceHelper:
             self._in_bracket = request.seq
             self.doorbell.wait(ARMED, request.seq, timeout_s, tick=self._tick)
         except (RunnerFailed, DoorbellTimeout) as exc:
-            raise InfraFailure(f"the device helper did not arm: {exc}") from None
+            reason = str(exc)
+            if "answered" in reason:
+                reply = self.runner.reply(request, 10.0)
+                reason = getattr(reply, "message", reason)
+            self._in_bracket = None
+            raise InfraFailure(f"the device helper did not arm: {reason}") from None
 
     def ring(self, phase: int, timeout_s: float) -> float:
         """Ring phase `phase` (0: stage, 1: end probe, 2: post probe) of the armed bracket; the clock
@@ -159,6 +165,9 @@ class DeviceHelper:
     def _tick(self) -> None:
         if not self.alive():
             raise DoorbellTimeout("the device helper exited")
+        if select.select([self.runner.channel.sock], [], [], 0)[0] and self._in_bracket is not None \
+                and self.doorbell.read(ARMED) < self._in_bracket:  # it failed before arming: its reply says why
+            raise DoorbellTimeout("the device helper answered before it armed")
 
     def close(self) -> None:
         self.runner.close()

@@ -47,6 +47,9 @@ FLOOR_BANDWIDTH_MARGIN = 1.5
 #: Calibration pairs: about this much time per model, between these bounds.
 CALIBRATION_MS = 150.0
 CALIBRATION_PAIRS = (12, 32)
+#: Warm-up before the calibration: about this long, at most this many pairs.
+CALIBRATION_WARMUP_MS = 60.0
+CALIBRATION_WARMUP_PAIRS = 24
 
 
 def verify_probability(output_bytes: int) -> float:
@@ -158,6 +161,10 @@ class Measurement:
         with self.spending("calibration"):
             warm = self.series(1, 2, flush)
             per_call = max(statistics.median(s.bracket_ms for s in warm.all("ref")), 1e-3)
+            # The device's clocks ramp up under load: warm it for a while before anything is calibrated.
+            extra = int(min(CALIBRATION_WARMUP_PAIRS, round(CALIBRATION_WARMUP_MS / per_call)))
+            if extra > 0:
+                self.series(1, extra, flush)
             lo, hi = CALIBRATION_PAIRS
             n = int(min(hi, max(lo, round(CALIBRATION_MS / per_call))))
             calibration = timing.calibrate(self.series(1, n, flush))
@@ -180,7 +187,7 @@ class Measurement:
         device = self.s.device_type
         cold = self.series(cfg.buckets, iters, flush)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
-        bound = timing.counted_time(cold.all("cand"), calibration, device, self.cores)
+        bound = timing.counted_time(cold.all("cand"), calibration, device, self.cores, cold.all("ref"))
         floor_ms = self.floor_ms()
         found: list[Flag | None] = [
             *timing.bound_flags(bound), timing.interference_check(cold),

@@ -363,7 +363,7 @@ class Session:
         def tick() -> None:
             runner.check_alive()
             # A reply on the socket before the ring (the runner rings first, then replies: re-read the bell).
-            if select.select([runner.channel.sock], [], [], 0)[0] and bell.read(word) != seq:
+            if select.select([runner.channel.sock], [], [], 0)[0] and bell.read(word) < seq:
                 raise _EarlyReply()
         try:
             return bell.wait(word, seq, timeout, tick=tick)

@@ -143,13 +143,16 @@ def median_se(values: list[float]) -> float:
     return 1.2533 * _robust_sigma(values) / math.sqrt(max(len(values), 1))
 
 
-def quantile_se(values: list[float], q: float, n: int = 100, seed: int = 2) -> float:
-    """Bootstrap standard error of the `q` quantile (a fixed generator: the same values give the same)."""
-    if len(values) < 2:
+def quantile_se(values: list[float], q: float) -> float:
+    """Standard error of the `q` quantile, distribution-free: the order statistics that bracket it with 95 %
+    confidence (binomial ranks q n +- 1.96 sqrt(q (1 - q) n)) span about 2 x 1.96 standard errors."""
+    n = len(values)
+    if n < 2:
         return 0.0
-    rng = random.Random(seed)
-    draws = [quantile([values[rng.randrange(len(values))] for _ in values], q) for _ in range(n)]
-    return statistics.pstdev(draws)
+    xs = sorted(values)
+    half = 1.96 * math.sqrt(q * (1 - q) * n)
+    lo, hi = int(max(0, math.floor(q * n - half))), int(min(n - 1, math.ceil(q * n + half)))
+    return (xs[hi] - xs[lo]) / (2 * 1.96)
 
 
 # --------------------------------------------------------------------------- calibration
@@ -163,14 +166,17 @@ class Calibration:
     ref_overhead_ms: float  # BOUND_QUANTILE of each runner's overheads per call
     cand_overhead_ms: float  # the candidate's runner, before any candidate code
     cand_overhead_se_ms: float
+    ref_overhead_se_ms: float
     ref_ms: float  # the reference's median reported time beside its twin
     twin_ms: float
     null: float  # ref_ms / twin_ms
     null_ci: tuple[float, float]
     pairs: int
-    # The same for the CPU time of the candidate's sandbox (its cgroup) beyond the reported span, where known
+    # The same for the CPU time of each sandbox (its cgroup) beyond the reported span, where known
     cand_cpu_overhead_ms: float | None = None
     cand_cpu_overhead_se_ms: float | None = None
+    ref_cpu_overhead_ms: float | None = None
+    ref_cpu_overhead_se_ms: float | None = None
 
     def to_dict(self) -> dict[str, float | int | list[float] | None]:
         out = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -183,15 +189,18 @@ def calibrate(series: PairedSeries) -> Calibration:
     ref_ms, twin_ms = statistics.median(s.ms for s in ref), statistics.median(s.ms for s in twin)
     null = ref_ms / max(twin_ms, 1e-9)
     lo, hi = bootstrap_ratio([s.ms for s in ref], [s.ms for s in twin])
-    over = [s.overhead_ms for s in twin]
+    over, ref_over = [s.overhead_ms for s in twin], [s.overhead_ms for s in ref]
     cpu = [s.cpu_ms - s.ms for s in twin if s.cpu_ms is not None]
-    cpu_known = len(cpu) == len(twin) and len(cpu) >= 2
-    return Calibration(ref_overhead_ms=quantile([s.overhead_ms for s in ref], BOUND_QUANTILE),
-                       cand_overhead_ms=quantile(over, BOUND_QUANTILE),
-                       cand_overhead_se_ms=quantile_se(over, BOUND_QUANTILE),
+    ref_cpu = [s.cpu_ms - s.ms for s in ref if s.cpu_ms is not None]
+    cpu_known = len(cpu) == len(twin) and len(ref_cpu) == len(ref) and len(cpu) >= 2
+    q = BOUND_QUANTILE
+    return Calibration(ref_overhead_ms=quantile(ref_over, q), cand_overhead_ms=quantile(over, q),
+                       cand_overhead_se_ms=quantile_se(over, q), ref_overhead_se_ms=quantile_se(ref_over, q),
                        ref_ms=ref_ms, twin_ms=twin_ms, null=null, null_ci=(lo, hi), pairs=len(ref),
-                       cand_cpu_overhead_ms=quantile(cpu, BOUND_QUANTILE) if cpu_known else None,
-                       cand_cpu_overhead_se_ms=quantile_se(cpu, BOUND_QUANTILE) if cpu_known else None)
+                       cand_cpu_overhead_ms=quantile(cpu, q) if cpu_known else None,
+                       cand_cpu_overhead_se_ms=quantile_se(cpu, q) if cpu_known else None,
+                       ref_cpu_overhead_ms=quantile(ref_cpu, q) if cpu_known else None,
+                       ref_cpu_overhead_se_ms=quantile_se(ref_cpu, q) if cpu_known else None)
 
 
 def bootstrap_ratio(num: list[float], den: list[float], n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
@@ -232,24 +241,45 @@ class Bound:
         return self.bound_ms - self.slack_ms - self.reported_ms
 
 
-def counted_time(samples: list[Sample], calibration: Calibration | None, device_type: str,
-                 cores: int = 1) -> Bound:
-    """The candidate's time that counts (module docstring). `cores`: how many cores the candidate's sandbox
-    may run on (its CPU time over that many is the least wall time it can have taken)."""
+def counted_time(samples: list[Sample], calibration: Calibration | None, device_type: str, cores: int = 1,
+                 ref_samples: list[Sample] | None = None, slack_ms: float | None = None) -> Bound:
+    """The candidate's time that counts (module docstring). `ref_samples`: the reference's calls of the same
+    series. The candidate's overhead per call is taken as the reference's now plus the difference the
+    calibration measured between the two runners (both honest then): what drifts over an evaluation (the
+    device's clocks, the host's load) drifts for both and cancels. Without them, the calibrated overhead
+    itself. `cores`: how many cores the candidate's sandbox may run on (its CPU time over that many is the
+    least wall time it can have taken). `slack_ms`: a slack already known (a bootstrap's resamples keep the
+    whole series')."""
     reported = statistics.median(s.ms for s in samples)
     if calibration is None:  # no twin series (an evaluation that times nothing untrusted): the report
         return Bound(reported, reported, 0.0, reported)
     floor = max(SLACK_MIN_MS.get(device_type, SLACK_MIN_MS["cpu"]), SLACK_REL * reported)
-    brackets = [s.bracket_ms for s in samples]
-    bound = quantile(brackets, BOUND_QUANTILE) - calibration.cand_overhead_ms
-    se = math.hypot(quantile_se(brackets, BOUND_QUANTILE), calibration.cand_overhead_se_ms)
-    best = Bound(reported, bound, max(floor, SLACK_SIGMAS * se), 0.0)
+    q = BOUND_QUANTILE
+
+    def bound_of(values: list[float], cand_cal: float, cand_cal_se: float, ref_cal: float | None,
+                 ref_cal_se: float | None, ref_now: list[float] | None, clock: str, share: int) -> Bound:
+        if ref_now and ref_cal is not None:
+            overhead = quantile(ref_now, q) + (cand_cal - ref_cal)
+            overhead_se = math.sqrt(quantile_se(ref_now, q) ** 2 + cand_cal_se ** 2 + (ref_cal_se or 0.0) ** 2)
+        else:
+            overhead, overhead_se = cand_cal, cand_cal_se
+        bound = (quantile(values, q) - overhead) / share
+        if slack_ms is not None:
+            return Bound(reported, bound, slack_ms, 0.0, clock=clock)
+        se = math.hypot(quantile_se(values, q), overhead_se) / share
+        return Bound(reported, bound, max(floor, SLACK_SIGMAS * se), 0.0, clock=clock)
+
+    refs = ref_samples or []
+    best = bound_of([s.bracket_ms for s in samples], calibration.cand_overhead_ms, calibration.cand_overhead_se_ms,
+                    calibration.ref_overhead_ms, calibration.ref_overhead_se_ms,
+                    [s.overhead_ms for s in refs], "wall", 1)
     cpu = [s.cpu_ms for s in samples if s.cpu_ms is not None]
+    ref_cpu = [s.cpu_ms - s.ms for s in refs if s.cpu_ms is not None]
     if calibration.cand_cpu_overhead_ms is not None and len(cpu) == len(samples):
         # Preemption stops a clock of CPU time, not a wall clock: on a loaded host this bound is the sharper.
-        cpu_bound = (quantile(cpu, BOUND_QUANTILE) - calibration.cand_cpu_overhead_ms) / max(cores, 1)
-        cpu_se = math.hypot(quantile_se(cpu, BOUND_QUANTILE), calibration.cand_cpu_overhead_se_ms or 0.0) / max(cores, 1)
-        by_cpu = Bound(reported, cpu_bound, max(floor, SLACK_SIGMAS * cpu_se), 0.0, clock="cpu")
+        by_cpu = bound_of(cpu, calibration.cand_cpu_overhead_ms, calibration.cand_cpu_overhead_se_ms or 0.0,
+                          calibration.ref_cpu_overhead_ms, calibration.ref_cpu_overhead_se_ms,
+                          ref_cpu if len(ref_cpu) == len(refs) else None, "cpu", max(cores, 1))
         if by_cpu.bound_ms - by_cpu.slack_ms > best.bound_ms - best.slack_ms:
             best = by_cpu
     best.counted_ms = max(reported, best.bound_ms - best.slack_ms)
@@ -306,11 +336,13 @@ def speedup_interval(series: PairedSeries, calibration: Calibration | None, devi
     pairs = [(r, c) for rb, cb in zip(series.ref, series.cand, strict=True) for r, c in zip(rb, cb, strict=False)]
     if len(pairs) < 2:
         return (0.0, math.inf)
+    whole = counted_time([c for _, c in pairs], calibration, device_type, cores, [r for r, _ in pairs])
     ratios = []
     for _ in range(n):
         draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
         ref_ms = statistics.median(r.ms for r, _ in draw)
-        counted = counted_time([c for _, c in draw], calibration, device_type, cores).counted_ms
+        counted = counted_time([c for _, c in draw], calibration, device_type, cores, [r for r, _ in draw],
+                               slack_ms=whole.slack_ms).counted_ms
         ratios.append(ref_ms / max(counted, 1e-9))
     return quantile(ratios, 0.025), quantile(ratios, 0.975)
 

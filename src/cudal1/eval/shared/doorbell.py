@@ -87,11 +87,12 @@ class Doorbell:
         return int(self.words[word])
 
     def wait(self, word: int, value: int, timeout_s: float, tick: Callable[[], None] | None = None) -> float:
-        """Spin (then poll) until `word` holds `value`, or block on the eventfd where blocking; the
+        """Spin (then poll) until `word` reaches `value` (counters only grow: a side that failed half-way
+        rings its last one, which ends every wait before it), or block on the eventfd where blocking; the
         `time.perf_counter()` at which it was seen. Raises DoorbellTimeout past `timeout_s`; `tick` runs
         every few thousand spins or every BLOCKED_TICK_S (it may raise)."""
         words = self.words
-        if words[word] == value:
+        if words[word] >= value:
             return time.perf_counter()
         if self.events is not None:
             return self._block(word, value, timeout_s, tick)
@@ -99,7 +100,7 @@ class Doorbell:
         spin_until, deadline = start + SPIN_S, start + timeout_s
         n = 0
         while True:
-            if words[word] == value:
+            if words[word] >= value:
                 return time.perf_counter()
             n += 1
             if n > SPIN_TURNS:
@@ -119,7 +120,7 @@ class Doorbell:
         event = self.events[0] if word in (GO, ARG) else self.events[1]
         deadline = time.perf_counter() + timeout_s
         while True:
-            if self.words[word] == value:
+            if self.words[word] >= value:
                 return time.perf_counter()
             left = deadline - time.perf_counter()
             if left <= 0:
