@@ -155,22 +155,28 @@ def cold_build_cache():
                 os.environ["CUDAL1_CACHE_DIR"] = before
 
 
-def precision(pairs, cfg: EvalConfig, deadline: float) -> dict:
-    """Each candidate evaluated twice, back to back, in one batch (builds in parallel, warm workers)."""
+def precision(pairs, cfg: EvalConfig, deadline: float, repeats: int = 3) -> dict:
+    """Each candidate evaluated `repeats` times, in one batch (builds in parallel, warm workers): the relative
+    differences between every two of its speedups, their median and max over all candidates; per candidate
+    also its intervals and the calibration's null, to see whether the intervals hold the scatter."""
     if time.monotonic() > deadline:  # the batch would build everything before it first asks
         return _spread([], [])
-    doubled = [pair for pair in pairs for _ in range(2)]
-    results = evaluate_many(doubled, cfg, should_stop=lambda: time.monotonic() > deadline)
+    repeated = [pair for pair in pairs for _ in range(repeats)]
+    results = evaluate_many(repeated, cfg, should_stop=lambda: time.monotonic() > deadline)
     diffs, rows = [], []
     for k, (task, _) in enumerate(pairs):
-        a, b = results[2 * k], results[2 * k + 1]
-        if a is not None and b is not None and a.speedup and b.speedup:
-            diff = _rel_diff(a.speedup, b.speedup)
-            diffs.append(diff)
-            rows.append({"task": task.id, "speedup_1": a.speedup, "speedup_2": b.speedup, "rel_diff": diff,
-                         "stability_1": a.stability, "stability_2": b.stability,
-                         **({"samples_1": a.protocol["samples"], "samples_2": b.protocol["samples"]}
-                            if "samples" in a.protocol and "samples" in b.protocol else {})})
+        runs = [r for r in results[repeats * k: repeats * (k + 1)] if r is not None and r.speedup]
+        if len(runs) < 2:
+            continue
+        mine = [_rel_diff(a.speedup, b.speedup) for a, b in itertools.combinations(runs, 2)]
+        diffs += mine
+        speedups = [r.speedup for r in runs]
+        cis = [r.timing.speedup_ci for r in runs]
+        rows.append({"task": task.id, "speedups": speedups, "rel_diffs": mine,
+                     "cis": cis, "nulls": [(r.protocol.get("calibration") or {}).get("null") for r in runs],
+                     "ci_holds_others": sum(1 for r, ci in zip(runs, cis, strict=True) if ci
+                                            for o in speedups if o is not r.speedup and ci[0] <= o <= ci[1]),
+                     "stabilities": [r.stability for r in runs]})
     return _spread(diffs, rows)
 
 
@@ -228,6 +234,7 @@ def null_test(pairs, n: int, cfg: EvalConfig, deadline: float) -> dict:
     speedups = sorted(r.speedup for r in results if r is not None and r.speedup)
     return {"n": len(speedups), "median": statistics.median(speedups) if speedups else None,
             "min": speedups[0] if speedups else None, "max": speedups[-1] if speedups else None,
+            "within_3pct": sum(abs(x - 1) <= 0.03 for x in speedups),
             "not_correct": [(t.id, r.status.value, r.message[:120]) for t, r in zip(tasks, results, strict=True)
                             if r is not None and r.status is not Status.CORRECT]}
 

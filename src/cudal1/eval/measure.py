@@ -45,8 +45,8 @@ STREAM_ESCAPE_MIN_MS = 0.05
 #: fill), so that it stays a lower bound.
 FLOOR_BANDWIDTH_MARGIN = 1.5
 #: Calibration pairs: about this much time per model, between these bounds.
-CALIBRATION_MS = 150.0
-CALIBRATION_PAIRS = (12, 32)
+CALIBRATION_MS = 400.0
+CALIBRATION_PAIRS = (24, 96)
 #: Warm-up before the calibration: about this long, at most this many pairs.
 CALIBRATION_WARMUP_MS = 60.0
 CALIBRATION_WARMUP_PAIRS = 24

@@ -330,8 +330,11 @@ class Session:
             raise self._candidate_failed(failure, what, timeout) from None
         finally:
             cpu1 = runner.cpu_ns()
-            runner.freeze()
+            # The post probe before the freeze: a CUDA context whose process was frozen a moment before held up
+            # another context's launch by 30-60 ms on the H200 host (docs/log.md, 2026-12-04). Work the model
+            # queues after it delays the next bracket's idle probe instead (both are judged).
             helper_figures = plane.close_bracket(timeout, completed=bracket_done)
+            runner.freeze()
         if isinstance(reply, ErrorReply):
             if who == "ref":
                 raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}): {reply.message}"

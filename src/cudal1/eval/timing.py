@@ -363,18 +363,26 @@ def widened(speedup: float, within: tuple[float, float], calibration: Calibratio
 
 
 def interference_check(series: PairedSeries) -> Flag | None:
-    """A flag when the helper's post probe (the model frozen; module docstring) takes longer after the
-    candidate's calls than after the reference's: work the candidate queued and left running."""
-    after = {who: [s.post_us for s in series.all(who) if s.post_us is not None] for who in ("ref", "cand")}
-    if min(len(v) for v in after.values()) < INTERFERENCE_MIN_SAMPLES:
-        return None
-    for q in (0.5, 0.9):
-        slow, base = quantile(after["cand"], q), quantile(after["ref"], q)
-        if slow - base > max(INTERFERENCE_MIN_US, INTERFERENCE_REL * base):
-            return Flag(F.INTERFERENCE, Severity.ERROR,
-                        f"after the candidate's calls the device stayed busy: the helper's probe took {slow:.0f} us "
-                        f"against {base:.0f} us after the reference's ({int(q * 100)}th percentile): work left "
-                        "running on the device", source="runtime")
+    """A flag when the helper's probes take longer after the candidate's calls than after the reference's: its
+    post probe (the model has answered) and its idle probe before the next bracket, each waiting for whatever
+    the model that called last queued and left running on the device."""
+    def probes(who: str, probe: str) -> list[float]:
+        if probe == "post":
+            return [s.post_us for s in series.all(who) if s.post_us is not None]
+        everyone = series.all("ref") + series.all("cand")
+        return [s.idle_us for s in everyone if s.after == who and s.idle_us is not None]
+
+    for probe in ("post", "idle"):
+        after = {who: probes(who, probe) for who in ("ref", "cand")}
+        if min(len(v) for v in after.values()) < INTERFERENCE_MIN_SAMPLES:
+            continue
+        for q in (0.5, 0.9):
+            slow, base = quantile(after["cand"], q), quantile(after["ref"], q)
+            if slow - base > max(INTERFERENCE_MIN_US, INTERFERENCE_REL * base):
+                return Flag(F.INTERFERENCE, Severity.ERROR,
+                            f"after the candidate's calls the device stayed busy: the helper's {probe} probe took "
+                            f"{slow:.0f} us against {base:.0f} us after the reference's ({int(q * 100)}th "
+                            "percentile): work left running on the device", source="runtime")
     return None
 
 

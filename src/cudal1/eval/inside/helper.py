@@ -11,8 +11,8 @@ candidate code.
   On the first ring it *stages* the call's inputs (the reference's staging region, copied into the calling
   model's slot) and flushes L2; on the second, after the model rang done, the *end probe*: a copy of the
   model's output region into the helper's own snapshot, which waits for whatever the model left queued,
-  and keeps what it returned as it was at that moment; on the third, once the model's runner is frozen, a
-  *post probe*: whatever the model queued before it was frozen and has not run yet delays it;
+  and keeps what it returned as it was at that moment; on the third, once the model has answered, a *post
+  probe*: whatever the model queued and has not run yet delays it;
 - `Compare`: compares two outputs where they lie (the reference's out region, the candidate's snapshot) or
   as the parent copied them into the helper's host arena, by the same `compare_outputs` as the parent uses
   on the CPU;
@@ -159,7 +159,7 @@ class HelperRole:
             torch.cuda.synchronize(self.device)
             end_us = (time.perf_counter() - t1) * 1e6
             bell.ring(DONE, 3 * seq + 1)
-            bell.wait(GO, 3 * seq + 2, RING_TIMEOUT_S)  # the model is frozen now: what it queued is queued
+            bell.wait(GO, 3 * seq + 2, RING_TIMEOUT_S)  # the model has answered: what it queued is queued
             post_us = self._probe_us()
         except DoorbellTimeout:
             raise ValueError("the parent never finished the bracket") from None
