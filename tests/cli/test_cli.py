@@ -166,7 +166,7 @@ def test_a_broken_reference_is_not_blamed_on_the_candidate(tmp_path, capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["status"] == "runtime_error"
-    assert out["message"] == "the reference failed (get_inputs): ValueError: bad ref"
+    assert out["message"] == "the reference failed (get_inputs): ValueError: bad ref, not the candidate"
     assert [f["rule"] for f in out["flags"]] == ["reference_error"]
 
 

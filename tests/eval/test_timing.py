@@ -12,7 +12,7 @@ from cudal1.eval.timing import PairedSeries, Sample
 
 
 def _series(ref_ms: float, cand_ms: float, overhead: float = 0.05, *, reported_cand: float | None = None,
-            hidden: float = 0.0, n: int = 60, jitter: float = 0.002, seed: int = 0, post: tuple = (20.0, 20.0),
+            hidden: float = 0.0, n: int = 60, jitter: float = 0.002, seed: int = 0, idle: tuple = (20.0, 20.0),
             cpu: bool = False) -> PairedSeries:
     """Pairs of calls: the reference takes `ref_ms`, the candidate truly `cand_ms` (plus `hidden` ms of work
     where no clock looks but its bracket) and reports `reported_cand` (its true time unless forged); every
@@ -25,10 +25,11 @@ def _series(ref_ms: float, cand_ms: float, overhead: float = 0.05, *, reported_c
         for _ in range(n // 3):
             def bracket(true_ms: float) -> float:
                 return true_ms + overhead + abs(rng.gauss(0, jitter))
-            ref_b.append(Sample(ref_ms, ref_ms, bracket(ref_ms), post_us=post[0] + rng.random(),
+            # Alternating calls, each bracket's idle probe waiting for what the other model's call left.
+            ref_b.append(Sample(ref_ms, ref_ms, bracket(ref_ms), after="cand", idle_us=idle[1] + rng.random(),
                                 cpu_ms=ref_ms + 0.01 if cpu else None))
-            cand_b.append(Sample(reported, reported, bracket(cand_ms + hidden), post_us=post[1] + rng.random(),
-                                 cpu_ms=cand_ms + hidden + 0.01 if cpu else None))
+            cand_b.append(Sample(reported, reported, bracket(cand_ms + hidden), after="ref",
+                                 idle_us=idle[0] + rng.random(), cpu_ms=cand_ms + hidden + 0.01 if cpu else None))
         series.ref.append(ref_b)
         series.cand.append(cand_b)
     return series
@@ -151,10 +152,10 @@ def test_the_interval_holds_the_speedup_and_widens_with_the_runner_pairs_null():
 
 
 def test_work_left_on_the_device_after_the_candidates_calls_is_interference():
-    """The helper's post probe (the model frozen) waits for what the model queued: after the candidate's
-    calls it must take as long as after the reference's."""
-    assert timing.interference_check(_series(0.1, 0.1, post=(20.0, 24.0))) is None
-    found = timing.interference_check(_series(0.1, 0.1, post=(20.0, 900.0)))
+    """The helper's idle probe waits for what the model that called just before queued: after the
+    candidate's calls it must take as long as after the reference's."""
+    assert timing.interference_check(_series(0.1, 0.1, idle=(20.0, 24.0))) is None
+    found = timing.interference_check(_series(0.1, 0.1, idle=(20.0, 900.0)))
     assert found is not None and found.rule == F.INTERFERENCE and F.always_rejects(found.rule)
 
 

@@ -136,10 +136,9 @@ class DeviceHelper:
             raise InfraFailure(f"the device helper did not arm: {reason}") from None
 
     def ring(self, phase: int, timeout_s: float) -> float:
-        """Ring phase `phase` (0: stage, 1: end probe, 2: post probe) of the armed bracket; the clock
-        reading when done."""
+        """Ring phase `phase` (0: stage, 1: end probe) of the armed bracket; the clock reading when done."""
         assert self._in_bracket is not None, "no bracket armed"
-        value = 3 * self._in_bracket + phase
+        value = 2 * self._in_bracket + phase
         self.doorbell.ring(GO, value)
         try:
             return self.doorbell.wait(DONE, value, timeout_s, tick=self._tick)
@@ -150,7 +149,7 @@ class DeviceHelper:
         """The helper's reply to the bracket; a bracket left half-way (the model failed) is rung to its end."""
         seq, self._in_bracket = self._in_bracket, None
         assert seq is not None, "no bracket armed"
-        for value in (3 * seq, 3 * seq + 1, 3 * seq + 2):  # harmless when already rung
+        for value in (2 * seq, 2 * seq + 1):  # harmless when already rung
             if self.doorbell.read(GO) < value:
                 self.doorbell.ring(GO, value)
         try:

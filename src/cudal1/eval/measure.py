@@ -78,7 +78,6 @@ def sample_of(record: CallRecord) -> timing.Sample:
     return timing.Sample(ms=record.reply.ms, stream_ms=record.reply.stream_ms, bracket_ms=record.bracket_ms,
                          model_ms=record.model_ms, after=record.after,
                          idle_us=helper.idle_us if helper is not None else None,
-                         post_us=helper.post_us if helper is not None else None,
                          flush_ms=helper.flush_ms if helper is not None else None,
                          cpu_flush_ms=record.flush_ms, cpu_ms=record.cpu_ms)
 

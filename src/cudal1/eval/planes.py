@@ -148,14 +148,9 @@ class TensorPlane(ABC):
     def end(self, who: str, timeout_s: float) -> None:
         """Inside the bracket, after the model rang done: its output region as it is now, kept aside."""
 
-    def close_bracket(self, timeout_s: float, *, completed: bool) -> Bracketed | None:
-        """After the bracket, the model frozen: the helper's post probe (when the bracket completed) and its
-        figures (None without a helper)."""
-        if self.helper is None:
-            return None
-        if completed:
-            self.helper.ring(2, timeout_s)
-        return self.helper.finish(timeout_s)
+    def close_bracket(self, timeout_s: float) -> Bracketed | None:
+        """After the bracket: the helper's figures (None without a helper)."""
+        return self.helper.finish(timeout_s) if self.helper is not None else None
 
     # ------------------------------------------------------------------ checks
 

@@ -113,7 +113,7 @@ class CallRecord:
     slot_tree: dict[str, Any]
     bracket_ms: float  # the parent's clock from the start of staging to the end probe's completion
     model_ms: float  # the parent's clock from the go to the model's done
-    after: str  # whose bracket came before ("ref", "cand", "" for the first)
+    after: str  # whose bracket came right before, with nothing else on the device between ("" otherwise)
     helper: Any = None  # the helper's `Bracketed` (GPU)
     cpu_ms: float | None = None  # CPU time of the runner's sandbox over the whole request (its cgroup)
     flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
@@ -293,6 +293,7 @@ class Session:
 
     def make_inputs(self, distribution: str = "reference") -> dict[str, Any]:
         """A fresh seed's inputs into the reference's staging region; their tree there."""
+        self.last = ""  # the reference's runner uses the device in between: the next bracket follows no call
         reply, _ = self.ask_reference(MakeInputs(seed=new_seed(), distribution=distribution), "making inputs")
         assert isinstance(reply, Staged)
         return reply.tree
@@ -330,11 +331,10 @@ class Session:
             raise self._candidate_failed(failure, what, timeout) from None
         finally:
             cpu1 = runner.cpu_ns()
-            # The post probe before the freeze: a CUDA context whose process was frozen a moment before held up
-            # another context's launch by 30-60 ms on the H200 host (docs/log.md, 2026-12-04). Work the model
-            # queues after it delays the next bracket's idle probe instead (both are judged).
-            helper_figures = plane.close_bracket(timeout, completed=bracket_done)
             runner.freeze()
+            helper_figures = plane.close_bracket(timeout)
+            if not bracket_done:
+                self.last = ""
         if isinstance(reply, ErrorReply):
             if who == "ref":
                 raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}): {reply.message}"

@@ -17,9 +17,9 @@ end it before its work on the device is done. It holds the call and the harness'
   over the time that counts (`pooled`), or, as CUDA-L1 does, the median over buckets of the two medians'
   ratio (`buckets`). `speedup_ci`: a bootstrap interval over the calls, widened by what the calibration's
   null (the reference against its twin, in these two runners) says about the runner pair.
-- `interference_check`: the helper's post probe, run once the model that just called is frozen, waits for
-  whatever that model queued and left running; after the candidate's calls it must take as long as after
-  the reference's. `reference_slowed`: the reference's reported time beside the candidate against beside
+- `interference_check`: the helper's idle probe before a bracket waits for whatever the model that called
+  just before queued and left running; after the candidate's calls it must take as long as after the
+  reference's. `reference_slowed`: the reference's reported time beside the candidate against beside
   its twin (evidence: a hot GPU slows everything after a heavy kernel).
 - `floor_check`: a time below the task's physical floor (its minimum bytes at the measured bandwidth).
 - `flush_check` (CPU): a runner evicts its own caches before cold calls; skipping that shows.
@@ -84,9 +84,8 @@ class Sample:
     stream_ms: float  # current stream only
     bracket_ms: float  # the parent's clock: staging, the call, the end probe
     model_ms: float = 0.0  # the parent's clock from the go to the model's done
-    after: str = ""  # whose call came before: "ref", "cand" or "" (the first)
+    after: str = ""  # whose call came right before, nothing else between: "ref", "cand" or ""
     idle_us: float | None = None  # the helper's probe before the bracket (GPU)
-    post_us: float | None = None  # the helper's probe once the model was frozen (GPU)
     flush_ms: float | None = None  # the helper's own time for the L2 flush (GPU)
     cpu_flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
     cpu_ms: float | None = None  # CPU time of the runner's whole sandbox during the request (its cgroup)
@@ -363,26 +362,20 @@ def widened(speedup: float, within: tuple[float, float], calibration: Calibratio
 
 
 def interference_check(series: PairedSeries) -> Flag | None:
-    """A flag when the helper's probes take longer after the candidate's calls than after the reference's: its
-    post probe (the model has answered) and its idle probe before the next bracket, each waiting for whatever
+    """A flag when the helper's idle probe, run before a bracket that follows another model's call with nothing
+    else between, takes longer after the candidate's calls than after the reference's: it waits for whatever
     the model that called last queued and left running on the device."""
-    def probes(who: str, probe: str) -> list[float]:
-        if probe == "post":
-            return [s.post_us for s in series.all(who) if s.post_us is not None]
-        everyone = series.all("ref") + series.all("cand")
-        return [s.idle_us for s in everyone if s.after == who and s.idle_us is not None]
-
-    for probe in ("post", "idle"):
-        after = {who: probes(who, probe) for who in ("ref", "cand")}
-        if min(len(v) for v in after.values()) < INTERFERENCE_MIN_SAMPLES:
-            continue
-        for q in (0.5, 0.9):
-            slow, base = quantile(after["cand"], q), quantile(after["ref"], q)
-            if slow - base > max(INTERFERENCE_MIN_US, INTERFERENCE_REL * base):
-                return Flag(F.INTERFERENCE, Severity.ERROR,
-                            f"after the candidate's calls the device stayed busy: the helper's {probe} probe took "
-                            f"{slow:.0f} us against {base:.0f} us after the reference's ({int(q * 100)}th "
-                            "percentile): work left running on the device", source="runtime")
+    everyone = series.all("ref") + series.all("cand")
+    after = {who: [s.idle_us for s in everyone if s.after == who and s.idle_us is not None] for who in ("ref", "cand")}
+    if min(len(v) for v in after.values()) < INTERFERENCE_MIN_SAMPLES:
+        return None
+    for q in (0.5, 0.9):
+        slow, base = quantile(after["cand"], q), quantile(after["ref"], q)
+        if slow - base > max(INTERFERENCE_MIN_US, INTERFERENCE_REL * base):
+            return Flag(F.INTERFERENCE, Severity.ERROR,
+                        f"after the candidate's calls the device stayed busy: the helper's probe took {slow:.0f} us "
+                        f"against {base:.0f} us after the reference's ({int(q * 100)}th percentile): work left "
+                        "running on the device", source="runtime")
     return None
 
 
@@ -441,9 +434,9 @@ def clock_summary(series: PairedSeries, bound: Bound,
         samples = series.all(who)
         out[f"{who}_bracket_ms"] = statistics.median(s.bracket_ms for s in samples)
         out[f"{who}_overhead_ms"] = statistics.median(s.overhead_ms for s in samples)
-        posts = [s.post_us for s in samples if s.post_us is not None]
-        if posts:
-            out[f"{who}_post_probe_us"] = statistics.median(posts)
+        idles = [s.idle_us for s in samples if s.idle_us is not None]
+        if idles:
+            out[f"{who}_idle_probe_us"] = statistics.median(idles)
         flushes = [s.flush_ms for s in samples if s.flush_ms is not None]
         if flushes:
             out[f"{who}_flush_ms"] = statistics.median(flushes)
@@ -451,11 +444,11 @@ def clock_summary(series: PairedSeries, bound: Bound,
 
 
 def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str | None]]]]:
-    """Every call of a series, per model and bucket: [ms, stream_ms, bracket_ms, model_ms, post_us, cpu_ms,
+    """Every call of a series, per model and bucket: [ms, stream_ms, bracket_ms, model_ms, idle_us, cpu_ms,
     after], in the order the calls ran (`EvalConfig.record_samples`)."""
     def row(s: Sample) -> list[float | str | None]:
         return [round(s.ms, 6), round(s.stream_ms, 6), round(s.bracket_ms, 6), round(s.model_ms, 6),
-                None if s.post_us is None else round(s.post_us, 1), None if s.cpu_ms is None else round(s.cpu_ms, 6),
+                None if s.idle_us is None else round(s.idle_us, 1), None if s.cpu_ms is None else round(s.cpu_ms, 6),
                 s.after]
     return {"ref": [[row(s) for s in b] for b in series.ref], "cand": [[row(s) for s in b] for b in series.cand]}
 

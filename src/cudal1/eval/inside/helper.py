@@ -11,8 +11,8 @@ candidate code.
   On the first ring it *stages* the call's inputs (the reference's staging region, copied into the calling
   model's slot) and flushes L2; on the second, after the model rang done, the *end probe*: a copy of the
   model's output region into the helper's own snapshot, which waits for whatever the model left queued,
-  and keeps what it returned as it was at that moment; on the third, once the model has answered, a *post
-  probe*: whatever the model queued and has not run yet delays it;
+  and keeps what it returned as it was at that moment (the next bracket's idle probe then waits for anything
+  the model queued later);
 - `Compare`: compares two outputs where they lie (the reference's out region, the candidate's snapshot) or
   as the parent copied them into the helper's host arena, by the same `compare_outputs` as the parent uses
   on the CPU;
@@ -143,29 +143,26 @@ class HelperRole:
         idle_us = self._probe_us()
         bell.ring(ARMED, seq)
         try:
-            bell.wait(GO, 3 * seq, RING_TIMEOUT_S)
+            bell.wait(GO, 2 * seq, RING_TIMEOUT_S)
             t0 = time.perf_counter()
             if session is not None:  # device arenas: the inputs go from the reference's stage to the slot
                 session.arenas[request.who].copy_from(session.arenas["ref"], request.tree, f"slot{request.slot}")
             flush_ms = self._flush() if request.flush else None
             torch.cuda.synchronize(self.device)
             stage_us = (time.perf_counter() - t0) * 1e6
-            bell.ring(DONE, 3 * seq)
-            bell.wait(GO, 3 * seq + 1, RING_TIMEOUT_S)
+            bell.ring(DONE, 2 * seq)
+            bell.wait(GO, 2 * seq + 1, RING_TIMEOUT_S)
             t1 = time.perf_counter()
             if session is not None:
                 session.snapshots[request.who].take(session.arenas[request.who], request.snapshot_bytes)
             self.probe.add_(1.0)
             torch.cuda.synchronize(self.device)
             end_us = (time.perf_counter() - t1) * 1e6
-            bell.ring(DONE, 3 * seq + 1)
-            bell.wait(GO, 3 * seq + 2, RING_TIMEOUT_S)  # the model has answered: what it queued is queued
-            post_us = self._probe_us()
         except DoorbellTimeout:
             raise ValueError("the parent never finished the bracket") from None
         finally:
-            bell.ring(DONE, 3 * seq + 2)
-        return Bracketed(idle_us=idle_us, stage_us=stage_us, end_us=end_us, post_us=post_us, flush_ms=flush_ms)
+            bell.ring(DONE, 2 * seq + 1)
+        return Bracketed(idle_us=idle_us, stage_us=stage_us, end_us=end_us, flush_ms=flush_ms)
 
     # ------------------------------------------------------------------ arenas, comparisons
 

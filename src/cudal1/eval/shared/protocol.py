@@ -245,13 +245,11 @@ class ArenasMade(Message):
 class Bracketed(Message):
     """The helper's side of one bracket (microseconds, its own clock): its idle probe before arming (work
     another context left on the device delays it), the staging of the inputs (and the L2 flush), the end
-    probe after the model's call (it waits for whatever the model left queued), and the post probe once the
-    model's runner is frozen (work it queued that still waits delays it)."""
+    probe after the model's call (it waits for whatever the model left queued)."""
 
     idle_us: float
     stage_us: float
     end_us: float
-    post_us: float
     flush_ms: float | None = None
 
 
@@ -441,7 +439,7 @@ class Bracket(Message):
     """The helper's part of one call's bracket (its doorbell travels with `SetupHelper`): idle probe, then
     arm; on the first ring stage the reference's staged inputs (`tree`) into `who`'s `slot` (and flush L2
     with `flush`); on the second the end probe, with a snapshot of `who`'s output region (`snapshot_bytes`
-    of it) for a later comparison; on the third, the model frozen, the post probe."""
+    of it) for a later comparison."""
 
     OP: ClassVar[str] = "bracket"
     REPLY: ClassVar[type] = Bracketed
