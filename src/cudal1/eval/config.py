@@ -16,7 +16,7 @@ from cudal1.eval.shared.compare import Tolerance, tolerance_for
 from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 
-PROTOCOL_VERSION = "8"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "9"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -27,7 +27,11 @@ PROTOCOL_VERSION = "8"  # 2: inputs refilled before every timed pair, salted see
 # reduced-precision evidence against a float64 run of the reference (`guard.reduced_precision`); 7: the
 # reference's runner has the candidate's GPU memory cap and frees its float64 copy before timing (both models
 # timed with like memory: cuDNN picks its algorithms from the memory it may use); 8: the speedup is the ratio
-# of the two models' medians over all their timed calls (`estimator`; the median of bucket ratios before)
+# of the two models' medians over all their timed calls (`estimator`; the median of bucket ratios before); 9:
+# every call (trials too) in a bracket of the parent's clock, inputs staged into a random slot of the model's
+# arena by the trusted side inside it, the candidate's time bounded by its brackets less its runner's harness
+# cost (calibrated on the reference's twin in that runner before the candidate's import), the helper's idle
+# probe judging work left on the device, heavy-tailed pairs among the timed calls (strict), `speedup_ci`
 
 
 @dataclass(frozen=True)
