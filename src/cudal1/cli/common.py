@@ -1,10 +1,9 @@
-"""Shared CLI pieces: evaluation options, the store, progress bars and result tables."""
+"""Shared CLI pieces: evaluation options, the store, output paths, progress bars (verdict tables: verdicts.py)."""
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,12 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
 from cudal1.core.errors import SourceError
-from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 180)
-
-STATUS_STYLE = {Status.CORRECT: "green", Status.INCORRECT: "red", Status.HACK_DETECTED: "magenta",
-                Status.COMPILE_ERROR: "yellow", Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow",
-                Status.UNPARSEABLE: "yellow"}
 
 DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.")
 ProfileOpt = typer.Option("strict", "--profile", help="strict, kernelbench-v0 or cuda-l1.")
@@ -162,31 +155,3 @@ def progress_bar() -> Progress | PlainProgress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                     console=console, transient=False)
-
-
-def fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
-    return "-" if x is None else f"{x:{spec}}{suffix}"
-
-
-def result_table(rows: Iterable[tuple[str, EvalResult]], title: str) -> Table:
-    table = Table(title=title)
-    for col, kw in (("task", {}), ("status", {}), ("speedup", {"justify": "right"}),
-                    ("warm", {"justify": "right"}), ("ref ms", {"justify": "right"}),
-                    ("cand ms", {"justify": "right"}), ("stab.", {"justify": "right"}), ("class", {}),
-                    ("message", {"max_width": 60})):
-        table.add_column(col, **kw)
-    for name, r in rows:
-        style = STATUS_STYLE.get(r.status, "")
-        warm = r.timing.speedup_warm if r.timing else None
-        status = r.status.value + (" (cached)" if r.cached else "")  # a stored result is not a fresh measurement
-        table.add_row(name, f"[{style}]{status}[/{style}]", fmt(r.speedup, ".2f", "x"),
-                      fmt(warm, ".2f", "x"), fmt(r.ref_ms, ".3f"), fmt(r.candidate_ms, ".3f"),
-                      fmt(r.stability, ".1%"), r.kernel_class.value if r.kernel_class else "-",
-                      _first_line(r.message or ""))
-    return table
-
-
-def _first_line(text: str, width: int = 160) -> str:
-    """A message's first line for a table cell, with an ellipsis where it was cut (never a silent cut)."""
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[:width - 1] + "…"

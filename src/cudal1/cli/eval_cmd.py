@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from cudal1.cli import common
+from cudal1.cli import common, verdicts
 from cudal1.core.errors import SourceError
 from cudal1.core.types import EvalResult
 from cudal1.eval import evaluate_candidate
@@ -79,8 +79,13 @@ def eval_command(
                                    on_build=on_build, force=force)
     if store and run_id:
         store.finish_run(run_id, {"n": len(rows), "correct": sum(r.status.is_success for _, r in rows)})
-    if not as_json:
-        common.console.print(common.result_table(rows, f"{len(rows)} candidate(s) on {resolve_device(cfg.device)}"))
+    if as_json:  # stdout stays one JSON object per line; how to read the numbers goes to stderr
+        for note in verdicts.notes(rows):
+            typer.echo(f"note: {note}", err=True)
+    else:
+        n = len(rows)
+        verdicts.print_verdicts(common.console, rows, f"{n} candidate{'s' if n != 1 else ''} on "
+                                f"{resolve_device(cfg.device)}")
 
 
 def _collect(candidate: Path | None, ref: Path | None, task_id: str | None, sources: list[str],

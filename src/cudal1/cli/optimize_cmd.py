@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from cudal1.cli import common
+from cudal1.cli import common, verdicts
 from cudal1.core.errors import ConfigError
 from cudal1.eval.config import EvalConfig
 from cudal1.tasks import Task, find_task
@@ -153,21 +153,27 @@ def _report(result: Any, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table(title=f"{result.task_id}: run {result.run_id}" + (" (resumed)" if result.resumed else ""))
-    for col in ("round", "prompt", "samples", "reused", "gen. errors", "verdicts", "best", "best so far"):
-        table.add_column(col)
+    table = Table(title=f"{result.task_id}: run {result.run_id}" + (" (resumed)" if result.resumed else ""),
+                  title_justify="left")
+    reused = any(h.reused for h in result.history)  # columns with a value in some row only
+    errors = any(h.generation_errors for h in result.history)
+    columns = ["round", "prompt", "samples", *(["reused"] if reused else []),
+               *(["gen. errors"] if errors else []), "verdicts", "best", "best so far"]
+    for col in columns:
+        table.add_column(col, overflow="fold", justify="right" if col.startswith("best") else "left")
     for h in result.history:
-        verdicts = ", ".join(f"{k} {v}" for k, v in sorted(h.statuses.items()))
-        table.add_row(str(h.round), h.prompt_kind + (" +feedback" if h.with_feedback else ""), str(h.samples),
-                      str(h.reused), str(h.generation_errors), verdicts, common.fmt(h.best_speedup, ".2f", "x"),
-                      common.fmt(h.best_so_far, ".2f", "x"))
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(h.statuses.items()))
+        cells = [str(h.round), h.prompt_kind + (" +feedback" if h.with_feedback else ""), str(h.samples),
+                 *([str(h.reused)] if reused else []), *([str(h.generation_errors)] if errors else []), counts,
+                 verdicts.fmt(h.best_speedup, ".2f", "x"), verdicts.fmt(h.best_so_far, ".2f", "x")]
+        table.add_row(*cells)
     common.console.print(table)
     if result.stopped:
         common.console.print(f"stopped early: {result.stopped}")
     if result.best_result is None:
         common.console.print("[red]no correct candidate found[/red]")
         return
-    common.console.print(common.result_table([(result.task_id, result.best_result)], "best verified candidate"))
+    verdicts.print_verdicts(common.console, [(result.task_id, result.best_result)], "best verified candidate")
     if result.best_origin.get("origin") == "store":
         run = result.best_origin.get("run")
         common.console.print("(a candidate the store already knew" + (f", from run {run}" if run else "")

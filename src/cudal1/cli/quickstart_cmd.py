@@ -6,10 +6,12 @@ from pathlib import Path
 
 import typer
 
-from cudal1.cli import common
+from cudal1.cli import common, verdicts
 from cudal1.eval import EvalConfig, evaluate_many
 from cudal1.eval.config import resolve_device
 from cudal1.tasks.sources import example_candidates
+
+FORM_NAMES = {"torch": "PyTorch-level", "cuda": "load_inline CUDA", "raw": "raw-CUDA"}
 
 
 def quickstart_command(
@@ -27,7 +29,7 @@ def quickstart_command(
     cfg = EvalConfig(device=resolved)
     store = common.open_store(store_path, no_store)
     common.console.print(f"Evaluating {len(pairs)} built-in example candidate(s) on {resolved} "
-                         f"(profile strict, sizes {cfg.resolved(resolved).sizes})")
+                         f"(profile strict, sizes {cfg.resolved(resolved).sizes})", highlight=False)
     rows = []
     with common.progress_bar() as bar:
         job = bar.add_task("evaluating", total=len(pairs), best="")
@@ -39,8 +41,12 @@ def quickstart_command(
 
         results = evaluate_many([(t, src) for t, _, src in pairs], cfg, store=store, force=force,
                                 label="quickstart", on_result=on_result)
-    names = [f"{t.id} [{label}]" for t, label, _ in pairs]
-    common.console.print(common.result_table(zip(names, results, strict=False), "cudal1 quickstart"))
+    labels = {label for _, label, _ in pairs}
+    if len(labels) == 1:  # one form: the ids alone (copyable), the form in the title
+        names, title = [t.id for t, _, _ in pairs], f"cudal1 quickstart: {FORM_NAMES.get(*labels, *labels)} examples"
+    else:
+        names, title = [f"{t.id} [{label}]" for t, label, _ in pairs], "cudal1 quickstart"
+    verdicts.print_verdicts(common.console, list(zip(names, results, strict=True)), title)
     correct = sum(r.status.is_success for r in results)
     common.console.print(f"{correct}/{len(results)} correct; results stored in "
-                         f"{store.path if store else 'nowhere (--no-store)'}")
+                         f"{store.path if store else 'nowhere (--no-store)'}", highlight=False)
