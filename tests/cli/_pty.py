@@ -1,4 +1,4 @@
-"""Run a command in a pseudo-terminal of a given width, as a user's terminal would, and read what it showed."""
+"""Run a command in a pseudo-terminal of a given width, as in a user's terminal, and read what it showed."""
 
 from __future__ import annotations
 
@@ -16,15 +16,22 @@ import time
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def run_in_terminal(argv: list[str], columns: int, env: dict[str, str] | None = None,
-                    timeout_s: float = 300) -> tuple[int, str]:
-    """(exit code, the screen's text): ANSI codes removed, and of a line redrawn in place (a progress bar) only
-    its last state kept."""
+def run_in_terminal(
+    argv: list[str], columns: int, env: dict[str, str] | None = None, timeout_s: float = 300
+) -> tuple[int, str]:
+    """(exit code, the screen's text): ANSI codes removed, and of a line redrawn in place (a progress bar)
+    only its last state kept."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     environ = {k: v for k, v in (env or os.environ).items() if k not in ("COLUMNS", "LINES")}
-    proc = subprocess.Popen([sys.executable, "-m", "cudal1.cli.main", *argv], stdin=follower, stdout=follower,
-                            stderr=follower, env=environ, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cudal1.cli.main", *argv],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=environ,
+        close_fds=True,
+    )
     os.close(follower)
     chunks = []
     deadline = time.monotonic() + timeout_s

@@ -16,10 +16,18 @@ LONG_ID = "builtin/level2/gemm_layernorm_swish_with_a_long_name"
 
 
 def _result(status: Status, speedup: float | None = None, message: str = "", cpu: bool = True) -> EvalResult:
-    timing = TimingStats(1.0, 1.0 / speedup, speedup, 0.02, [speedup], speedup_warm=speedup) if speedup else None
-    return EvalResult(status=status, speedup=speedup, timing=timing, message=message,
-                      kernel_class=KernelClass.PYTORCH_ONLY, protocol={"sizes": "small", "sizes_applied": "small"},
-                      environment={"device_type": "cpu" if cpu else "cuda"})
+    timing = (
+        TimingStats(1.0, 1.0 / speedup, speedup, 0.02, [speedup], speedup_warm=speedup) if speedup else None
+    )
+    return EvalResult(
+        status=status,
+        speedup=speedup,
+        timing=timing,
+        message=message,
+        kernel_class=KernelClass.PYTORCH_ONLY,
+        protocol={"sizes": "small", "sizes_applied": "small"},
+        environment={"device_type": "cpu" if cpu else "cuda"},
+    )
 
 
 def _printed(rows, width: int) -> str:
@@ -29,8 +37,13 @@ def _printed(rows, width: int) -> str:
 
 
 def test_at_80_columns_ids_stay_whole_and_messages_wrap_below():
-    rows = [("builtin/level2/gemm_layernorm_swish", _result(Status.CORRECT, 1.5)),
-            ("builtin/level1/x", _result(Status.INCORRECT, message="output 0 (trial 0): 10/10 elements off, " * 4))]
+    rows = [
+        ("builtin/level2/gemm_layernorm_swish", _result(Status.CORRECT, 1.5)),
+        (
+            "builtin/level1/x",
+            _result(Status.INCORRECT, message="output 0 (trial 0): 10/10 elements off, " * 4),
+        ),
+    ]
     text = _printed(rows, 80)
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "│ builtin/level2/gemm_layernorm_swish " in text and "│ builtin/level1/x " in text
@@ -58,9 +71,21 @@ def test_too_narrow_for_a_table_prints_one_block_per_result():
 def test_eval_in_a_terminal_of_80_and_100_columns(tmp_path):
     """Issue #42: at 80 columns `eval` printed `built…` and `incor…`; it did not say it ran at small sizes."""
     store = str(tmp_path / "s.sqlite")
-    argv = ["eval", "--task", "builtin/level1/softmax_manual_lastdim", "--candidate",
-            str(EXAMPLES / "softmax_manual_lastdim__torch.py"), "--device", "cpu", "--trials", "1", "--buckets", "2",
-            "--store", store]
+    argv = [
+        "eval",
+        "--task",
+        "builtin/level1/softmax_manual_lastdim",
+        "--candidate",
+        str(EXAMPLES / "softmax_manual_lastdim__torch.py"),
+        "--device",
+        "cpu",
+        "--trials",
+        "1",
+        "--buckets",
+        "2",
+        "--store",
+        store,
+    ]
     for columns in (80, 100):
         code, screen = run_in_terminal(argv, columns)
         assert code == 0, screen

@@ -62,7 +62,7 @@ def test_bad_or_unsafe_options_are_one_line_errors(capsys, monkeypatch):
     for argv, words in ((["--port", "99999"], "not a TCP port"),
                         (["--insecure-no-auth", "--host", "0.0.0.0"], "loopback"),
                         (["--memory-gb", "0"], "--memory-gb"),
-                        (["--request-timeout-s", "-1"], "request_timeout_s")):
+                        (["--request-timeout-s", "-1"], "--request-timeout-s")):
         assert main(["serve", "--device", "cpu", *argv]) == 2
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err

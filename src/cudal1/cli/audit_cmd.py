@@ -24,7 +24,8 @@ from cudal1.tasks import Task
 _RELEASE_OPT = typer.Argument(None, help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl); optional when "
                                          "--report-only reports a saved audit.json.", show_default=False)
 _PROFILE_OPT = typer.Option(None, "--profile", help="strict (ours, the default) or cuda-l1 (their tolerance).",
-                            show_default=False)
+                            show_default=False, callback=lambda value: None if value is None else
+                            common.check_profile(value))
 _LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")
 _SAMPLE_PER_LEVEL_OPT = typer.Option(None, "--sample-per-level", help="K items per level (seeded).")
 _SEED_OPT = typer.Option(0, "--seed", help="Seed of --sample-per-level.")
@@ -72,7 +73,10 @@ def audit_command(
     from_audit: Path | None = _FROM_AUDIT_OPT,
     compare_to: Path | None = _COMPARE_TO_OPT, tolerance: float = _TOLERANCE_OPT,
 ) -> None:
-    """Verdict, speedup, kernel class and flags next to each published score; which speedups survive."""
+    """Audit a release: which published speedups survive.
+
+    Verdict, speedup, kernel class and flags next to each published score; which speedups survive.
+    """
     earlier = load_audit(compare_to) if compare_to is not None else None  # a bad path fails before any work
     if gpu and not report_only:
         raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
@@ -173,7 +177,10 @@ def audit_compare_command(
     earlier: Path = _EARLIER_ARG, new: Path = _NEW_ARG, tolerance: float = _TOLERANCE_OPT,
     json_out: Path | None = _JSON_OUT_OPT,
 ) -> None:
-    """Does NEW reproduce EARLIER? Verdicts, speedups and baselines of their shared tasks (exit 1 if not)."""
+    """Does NEW reproduce EARLIER? Exit 1 if not.
+
+    Does NEW reproduce EARLIER? Verdicts, speedups and baselines of their shared tasks (exit 1 if not).
+    """
     comparison = compare_audits(load_audit(earlier), load_audit(new), tolerance)
     if json_out is not None:
         common.output_file(json_out).write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")

@@ -25,13 +25,14 @@ def augment_command(
     source: list[str] = SourceOpt,
     task: list[str] = TaskOpt,
     level: list[int] = LevelOpt,
-    max_tasks: int = typer.Option(0, "--max-tasks", help="At most this many tasks (0: all)."),
+    max_tasks: int = typer.Option(0, "--max-tasks", min=0, help="At most this many tasks (0: all)."),
     splits_file: str = typer.Option("", "--splits-file", help="Split JSON written by training: only its train "
                                     "tasks are used (held-out tasks stay out of the SFT data)."),
-    samples: int = typer.Option(4, "--samples", help="Completions per task per model."),
-    keep: int = typer.Option(2, "--keep", help="At most this many examples per task per model."),
-    max_slowdown: float = typer.Option(1000.0, "--max-slowdown", help="Keep only candidates at most this many "
-                                                                      "times slower than the reference."),
+    samples: int = typer.Option(4, "--samples", min=1, help="Completions per task per model."),
+    keep: int = typer.Option(2, "--keep", min=1, help="At most this many examples per task per model."),
+    max_slowdown: float = typer.Option(1000.0, "--max-slowdown", callback=common.positive,
+                                       help="Keep only candidates at most this many times slower than the "
+                                            "reference."),
     form: str = typer.Option("raw_cuda", "--form", help="Candidate form asked for: raw_cuda or load_inline."),
     contrastive: bool = typer.Option(True, "--contrastive/--plain", help="Contrastive prompts once exemplars exist."),
     from_release: list[Path] = FromReleaseOpt,
@@ -40,10 +41,10 @@ def augment_command(
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     eval_set: list[str] = EvalSetOpt,
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
-    max_tokens: int = typer.Option(8192, "--max-tokens", help="Maximum completion tokens per sample."),
-    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight per model."),
-    max_retries: int = typer.Option(5, "--max-retries", help="Retries of a failed request."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
+    concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight per model."),
+    max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),
     seed: int = typer.Option(0, "--seed", help="Seed of exemplar sampling."),
     run_name: str = typer.Option("", "--run-name", help="Run to create or continue (default: from the settings)."),
     fresh: bool = typer.Option(False, "--fresh", help="Start a new run instead of continuing an identical one."),
@@ -51,7 +52,10 @@ def augment_command(
     pool: str = PoolOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
-    """Build stage-1 SFT data: several models write variants per task; keep the executable, correct ones."""
+    """Build stage-1 SFT data from LLMs or releases.
+
+    Build stage-1 SFT data: several models write variants per task; keep the executable, correct ones.
+    """
     from cudal1.loops.augment import AugmentConfig, augment
 
     eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,

@@ -41,7 +41,10 @@ def baseline_command(
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
     peaks: bool = _PEAKS_OPT,
 ) -> None:
-    """Time baselines (eager, torch.compile, CUDA Graph, cuDNN flags) per task and cache them; resumable."""
+    """Time and cache baselines per task (resumable).
+
+    Baselines: eager, torch.compile, CUDA Graph, cuDNN flags; eager also runs the null test.
+    """
     kinds = parse_kinds(kind)
     cfg = common.make_config(device, "strict", trials, sizes, buckets=buckets, timeout_s=timeout_s)
     tasks = _select(source, level, task, limit)

@@ -1,9 +1,10 @@
-"""Shared CLI pieces: evaluation options, the store, output paths, progress bars (verdict tables: verdicts.py)."""
+"""Shared CLI pieces: evaluation options, the store, output paths, progress bars (verdicts.py: tables)."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +20,67 @@ from rich.progress import (
 )
 
 from cudal1.core.errors import SourceError
-from cudal1.eval.config import EvalConfig
+from cudal1.core.names import canonical_profile
+from cudal1.eval.config import PROFILES, EvalConfig
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 180)
 
-DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.")
-ProfileOpt = typer.Option("strict", "--profile", help="strict, kernelbench-v0 or cuda-l1.")
-TrialsOpt = typer.Option(5, "--trials", help="Correctness trials with fresh inputs.")
-SizesOpt = typer.Option("auto", "--sizes", help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
+def check_device(value: str) -> str:
+    """`--device`: auto, cpu, cuda or cuda:N (checked here so that the error names the option)."""
+    value = value.strip()
+    index = value.partition(":")[2]
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and index.isdigit()):
+        return value
+    raise typer.BadParameter(f"{value!r} is not auto, cpu, cuda or cuda:N")
+
+
+def check_profile(value: str) -> str:
+    """`--profile`: a correctness profile, `kernelbench` standing for `kernelbench-v0` (core.names)."""
+    name = canonical_profile(value)
+    if name not in PROFILES:
+        raise typer.BadParameter(f"{value!r} is not one of strict, kernelbench (kernelbench-v0), cuda-l1, "
+                                 "trusted")
+    return name
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    """A callback accepting one of `values` (the error names the option and the values)."""
+    def check(value: str) -> str:
+        if value not in values:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
+        return value
+    return check
+
+
+def positive(value: float | None) -> float | None:
+    """A callback for numbers that must be > 0 (click's ranges cannot exclude their bound)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value:g} is not > 0")
+    return value
+
+
+DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)
+ProfileOpt = typer.Option("strict", "--profile", callback=check_profile,
+                          help="Correctness profile: strict (fp32 1e-4, guards reject), kernelbench "
+                               "(KernelBench's 1e-2; also kernelbench-v0) or cuda-l1. Other harnesses' "
+                               "acceptance rules: --policy.")
+TrialsOpt = typer.Option(5, "--trials", min=1, help="Correctness trials with fresh inputs.")
+SizesOpt = typer.Option("auto", "--sizes", callback=choice("auto", "full", "small"),
+                        help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
 StoreOpt = typer.Option(None, "--store", help="Results database (default: user data dir or $CUDAL1_STORE).")
 NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the results store.")
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
-BucketsOpt = typer.Option(7, "--buckets", help="Timing buckets (their spread is the stability; the speedup "
-                                                "pools all calls unless --estimator buckets).")
-TimeoutOpt = typer.Option(600.0, "--timeout-s", help="Wall-clock limit per candidate (builds excluded).")
-SandboxOpt = typer.Option("auto", "--sandbox", help="auto (the best OS sandbox of this host; strict refuses to run "
-                                                      "without one), required, or none (run unsandboxed: an opt-out "
-                                                      "recorded in every result).")
+BucketsOpt = typer.Option(7, "--buckets", min=1, help="Timing buckets (their spread is the stability; the "
+                                                       "speedup pools all calls unless --estimator buckets).")
+TimeoutOpt = typer.Option(600.0, "--timeout-s", callback=positive,
+                          help="Wall-clock limit per candidate (builds excluded).")
+SandboxOpt = typer.Option("auto", "--sandbox", callback=choice("auto", "required", "none"),
+                          help="auto (the best OS sandbox of this host; strict refuses to run without one), "
+                               "required, or none (run unsandboxed: an opt-out recorded in every result).")
+WorkersOpt = typer.Option("", "--workers", help="Evaluate through an evaluator pool: local (one slot per "
+                                                "GPU), ray:auto or ray://HOST:PORT, or a reward server's "
+                                                "http(s)://HOST:PORT (default: this process).")
 
 
 def read_source(path: Path, what: str) -> str:
@@ -85,7 +129,8 @@ def output_file(path: Path) -> Path:
 
 
 def make_config(device: str, profile: str, trials: int, sizes: str, **extra: Any) -> EvalConfig:
-    return EvalConfig(device=device, profile=profile, correctness_trials=trials, sizes=sizes, **extra)
+    return EvalConfig(device=device, profile=canonical_profile(profile), correctness_trials=trials,
+                      sizes=sizes, **extra)
 
 
 def open_store(path: Path | None, disabled: bool) -> Any:

@@ -35,9 +35,9 @@ def eval_command(
                                "cuda-l1, kernelbench, kernelgym, cuda-agent, kernelbench-hard, sol-execbench, "
                                "or a YAML/JSON file."),
     round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
-    estimator: str = typer.Option("pooled", "--estimator", help="pooled: median of all reference calls over "
-                                  "median of all candidate calls; buckets: median of the buckets' ratios "
-                                  "(CUDA-L1's)."),
+    estimator: str = typer.Option("pooled", "--estimator", callback=common.choice("pooled", "buckets"),
+                                  help="pooled: median of all reference calls over median of all candidate "
+                                       "calls; buckets: median of the buckets' ratios (CUDA-L1's)."),
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
     workers: str = typer.Option("", "--workers", help="Batch: evaluate through an evaluator pool: local (one slot "
@@ -45,7 +45,10 @@ def eval_command(
                                                       "server's http(s)://HOST:PORT (default: this process, "
                                                       "builds first)."),
 ) -> None:
-    """Evaluate candidates: verdict, speedup vs eager (cold and warm L2), stability, flags."""
+    """Evaluate candidates: verdict, speedup, flags.
+
+    The speedup is vs eager PyTorch, with cold and warm L2 caches, with its stability across timing buckets.
+    """
     cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
                              sandbox=sandbox, timeout_s=timeout_s, policy=policy, estimator=estimator)
     pairs = _collect(candidate, ref, task, source, release, candidates_dir)

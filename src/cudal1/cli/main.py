@@ -11,7 +11,10 @@ from rich.markup import escape
 
 from cudal1.core.errors import Cudal1Error
 
-app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False,
+# rich_markup_mode=None: click's plain help, which wraps at the terminal's width; Rich's boxed panels cut
+# examples and option names short at 80 columns (issue #42).
+app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
                   help="CUDA-L1 end to end: make PyTorch modules faster with LLM-written CUDA, verified.")
 err_console = Console(stderr=True)
 
@@ -68,11 +71,34 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # Usage errors come from click or from the click copy that newer typer vendors: same interface.
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
-            return int(exc.exit_code)
-        raise
+            return _usage_error(exc)
+        return _unexpected(exc)
     # Without standalone mode, click returns the code of a `typer.Exit` instead of raising it.
     return rc if isinstance(rc, int) else 0
+
+
+def _usage_error(exc: Exception) -> int:
+    """A bad option or argument: one line naming it and where the help is (`cudal1` alone shows the help)."""
+    if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+        exc.show()  # type: ignore[attr-defined]
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "cudal1"
+    message = " ".join(str(exc.format_message()).split())
+    err_console.print(f"[red]error:[/red] {escape(message)} (see {escape(where)} --help)", highlight=False,
+                      soft_wrap=True)
+    return int(exc.exit_code)  # type: ignore[attr-defined]
+
+
+def _unexpected(exc: Exception) -> int:
+    """An exception no command turned into a user-facing error: a bug of ours, or a library's error we did not
+    foresee. One line, like every error; the traceback with --verbose."""
+    if logging.getLogger().isEnabledFor(logging.INFO):
+        err_console.print_exception()
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    err_console.print(f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(first)} (a bug: please "
+                      "report it; --verbose shows the traceback)", highlight=False, soft_wrap=True)
+    return 2
 
 
 if __name__ == "__main__":

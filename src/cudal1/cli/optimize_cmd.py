@@ -78,8 +78,8 @@ def optimize_command(
     task: str = typer.Argument(..., help="Task id (looked up in --source) or a module file (Model, get_inputs, "
                                           "get_init_inputs)."),
     llm: str = typer.Option(..., "--llm", help="Model: 'openai:MODEL@http://host:port/v1' or 'hf:PATH'."),
-    rounds: int = typer.Option(4, "--rounds", help="Rounds of generate -> evaluate -> update."),
-    samples: int = typer.Option(8, "--samples", help="Completions per round, generated in parallel."),
+    rounds: int = typer.Option(4, "--rounds", min=1, help="Rounds of generate -> evaluate -> update."),
+    samples: int = typer.Option(8, "--samples", min=1, help="Completions per round, generated in parallel."),
     sampler: str = typer.Option("bucket", "--sampler", help="Exemplar sampler: bucket, island or random."),
     form: str = typer.Option("raw_cuda", "--form", help="Candidate form: raw_cuda (fast builds) or load_inline."),
     source: list[str] = SourceOpt,
@@ -96,15 +96,19 @@ def optimize_command(
     seed_from_store: bool = typer.Option(True, "--seed-from-store/--no-seed-from-store",
                                          help="Start from the correct candidates the store already knows."),
     baselines: str = typer.Option("auto", "--baselines", help="Baselines for the header: auto, none or a list."),
-    time_budget_s: float = typer.Option(0.0, "--time-budget-s", help="Stop after this many seconds (0: none)."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
-    max_tokens: int = typer.Option(8192, "--max-tokens", help="Maximum completion tokens per sample."),
-    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight."),
-    max_retries: int = typer.Option(5, "--max-retries", help="Retries of a failed request."),
+    time_budget_s: float = typer.Option(0.0, "--time-budget-s", min=0,
+                                        help="Stop after this many seconds (0: none)."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
+    concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight."),
+    max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),
     pool: str = PoolOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Make one task faster: LLM samples, verified by the evaluator, fed back as scored exemplars."""
+    """Make one task faster with an LLM, verified.
+
+    Make one task faster: LLM samples, verified by the evaluator, fed back as scored exemplars.
+    """
     from cudal1.llm import LLMConfig
     from cudal1.loops.optimize import LLMUnavailableError, OptimizeConfig, optimize
 
@@ -164,7 +168,8 @@ def _report(result: Any, as_json: bool) -> None:
     for h in result.history:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(h.statuses.items()))
         cells = [str(h.round), h.prompt_kind + (" +feedback" if h.with_feedback else ""), str(h.samples),
-                 *([str(h.reused)] if reused else []), *([str(h.generation_errors)] if errors else []), counts,
+                 *([str(h.reused)] if reused else []), *([str(h.generation_errors)] if errors else []),
+                 counts,
                  verdicts.fmt(h.best_speedup, ".2f", "x"), verdicts.fmt(h.best_so_far, ".2f", "x")]
         table.add_row(*cells)
     common.console.print(table)

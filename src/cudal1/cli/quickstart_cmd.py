@@ -19,7 +19,9 @@ def quickstart_command(
     form: list[str] = typer.Option([], "--form", help="Example forms: cuda, torch, raw (default: all runnable)."),
     store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt, force: bool = common.ForceOpt,
 ) -> None:
-    """Evaluate cudal1's example candidates against their built-in tasks and print the verdicts.
+    """Evaluate the built-in examples (no GPU or LLM needed).
+
+    Runs cudal1's example candidates against their built-in tasks and prints the verdicts.
 
     Needs no GPU and no LLM: on a CPU-only machine it evaluates the PyTorch-level examples on the tasks'
     small sizes; with a GPU it evaluates every example (custom CUDA kernels included) at full size.
@@ -43,7 +45,9 @@ def quickstart_command(
                                 label="quickstart", on_result=on_result)
     labels = {label for _, label, _ in pairs}
     if len(labels) == 1:  # one form: the ids alone (copyable), the form in the title
-        names, title = [t.id for t, _, _ in pairs], f"cudal1 quickstart: {FORM_NAMES.get(*labels, *labels)} examples"
+        form = labels.pop()
+        names = [t.id for t, _, _ in pairs]
+        title = f"cudal1 quickstart: {FORM_NAMES.get(form, form)} examples"
     else:
         names, title = [f"{t.id} [{label}]" for t, label, _ in pairs], "cudal1 quickstart"
     verdicts.print_verdicts(common.console, list(zip(names, results, strict=True)), title)

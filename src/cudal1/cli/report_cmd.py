@@ -38,7 +38,10 @@ def report_command(
     plots: bool = _PLOTS_OPT,
     sol: bool = _SOL_OPT,
 ) -> None:
-    """Summaries per level and baseline, verdicts, kernel classes, flags, speed of light, audits, plots."""
+    """Markdown and HTML report of the results store.
+
+    Summaries per level and baseline, verdicts, kernel classes, flags, speed of light, audits, plots.
+    """
     out = common.output_folder(out)
     store = common.open_existing_store(store_path)
     labels = list(label) or stored_labels(store)

@@ -23,9 +23,16 @@ from rich.table import Table
 from cudal1.core.types import EvalResult, Status
 from cudal1.metrics.noise import cpu_noise_note, measured_on_cpu
 
-STATUS_STYLE = {Status.CORRECT: "green", Status.INCORRECT: "red", Status.HACK_DETECTED: "magenta",
-                Status.COMPILE_ERROR: "yellow", Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow",
-                Status.UNPARSEABLE: "yellow", Status.INFRA_ERROR: "yellow"}
+STATUS_STYLE = {
+    Status.CORRECT: "green",
+    Status.INCORRECT: "red",
+    Status.HACK_DETECTED: "magenta",
+    Status.COMPILE_ERROR: "yellow",
+    Status.RUNTIME_ERROR: "red",
+    Status.TIMEOUT: "yellow",
+    Status.UNPARSEABLE: "yellow",
+    Status.INFRA_ERROR: "yellow",
+}
 CACHED_MARK = "*"  # after a status read from the results store instead of measured now
 MIN_MESSAGE_WIDTH = 24  # a narrower message column would wrap every message into a tall row
 MESSAGE_CHARS = 300  # a message's first line, in full up to this (the JSON output has all of it)
@@ -49,17 +56,27 @@ def _warm(r: EvalResult) -> str:
     return fmt(r.timing.speedup_warm if r.timing else None, ".2f", "x")
 
 
-SPEEDUP = Column("speedup", lambda r: fmt(r.speedup, ".2f", "x"),
-                 "speedup: reference time / candidate time, caches flushed (above 1x: faster)")
+SPEEDUP = Column(
+    "speedup",
+    lambda r: fmt(r.speedup, ".2f", "x"),
+    "speedup: reference time / candidate time, caches flushed (above 1x: faster)",
+)
 #: The columns after task, status and speedup, most useful first: kept in this order while they fit.
 OPTIONAL = (
-    Column("stab.", lambda r: fmt(r.stability, ".1%"),
-           "stab.: its spread between timing buckets (IQR/median; lower: steadier)"),
+    Column(
+        "stab.",
+        lambda r: fmt(r.stability, ".1%"),
+        "stab.: its spread between timing buckets (IQR/median; lower: steadier)",
+    ),
     Column("warm", _warm, "warm: the speedup with warm caches"),
     Column("ref ms", lambda r: fmt(r.ref_ms, ".3f"), "ref/cand ms: median time per call"),
     Column("cand ms", lambda r: fmt(r.candidate_ms, ".3f"), ""),
-    Column("class", lambda r: r.kernel_class.value if r.kernel_class else "-",
-           "class: what the candidate is made of", right=False),
+    Column(
+        "class",
+        lambda r: r.kernel_class.value if r.kernel_class else "-",
+        "class: what the candidate is made of",
+        right=False,
+    ),
 )
 
 
@@ -70,7 +87,7 @@ def _status(r: EvalResult) -> str:
 def first_line(text: str, width: int = MESSAGE_CHARS) -> str:
     """A message's first line, with an ellipsis where it was cut (never a silent cut)."""
     line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= width else line[:width - 1] + "…"
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _cost(width: int) -> int:
@@ -80,11 +97,16 @@ def _cost(width: int) -> int:
 
 def plan_columns(rows: Sequence[tuple[str, EvalResult]], width: int) -> tuple[list[Column], list[str], bool]:
     """(optional columns that fit, names of those left out for want of width, whether messages fit inline)."""
+
     def widest(column: Column) -> int:
         return max(len(column.name), *(len(column.cell(r)) for _, r in rows))
 
-    used = 1 + _cost(max(len("task"), *(len(n) for n, _ in rows))) + _cost(
-        max(len("status"), *(len(_status(r)) for _, r in rows))) + _cost(widest(SPEEDUP))
+    used = (
+        1
+        + _cost(max(len("task"), *(len(n) for n, _ in rows)))
+        + _cost(max(len("status"), *(len(_status(r)) for _, r in rows)))
+        + _cost(widest(SPEEDUP))
+    )
     shown, left_out = [], []
     for column in OPTIONAL:
         if all(column.cell(r) == "-" for _, r in rows):
@@ -101,11 +123,18 @@ def plan_columns(rows: Sequence[tuple[str, EvalResult]], width: int) -> tuple[li
 def _fits(rows: Sequence[tuple[str, EvalResult]], width: int) -> bool:
     task = max(len("task"), *(len(n) for n, _ in rows))
     status = max(len("status"), *(len(_status(r)) for _, r in rows))
-    return 1 + _cost(task) + _cost(status) + _cost(max(len(SPEEDUP.name), *(len(SPEEDUP.cell(r)) for _, r in rows))) \
+    return (
+        1
+        + _cost(task)
+        + _cost(status)
+        + _cost(max(len(SPEEDUP.name), *(len(SPEEDUP.cell(r)) for _, r in rows)))
         <= width
+    )
 
 
-def verdict_table(rows: Sequence[tuple[str, EvalResult]], title: str, width: int) -> tuple[Table, list[str], bool]:
+def verdict_table(
+    rows: Sequence[tuple[str, EvalResult]], title: str, width: int
+) -> tuple[Table, list[str], bool]:
     """The table for a terminal of `width` columns, the columns left out, and whether messages are in it."""
     shown, left_out, inline = plan_columns(rows, width)
     messages = any(r.message.strip() for _, r in rows)
@@ -130,11 +159,15 @@ def verdict_table(rows: Sequence[tuple[str, EvalResult]], title: str, width: int
 def notes(rows: Sequence[tuple[str, EvalResult]]) -> list[str]:
     """How the numbers were measured, when a reader could take them for more than they are."""
     out = []
-    small = [n for n, r in rows if str(r.protocol.get("sizes_applied", r.protocol.get("sizes", ""))) == "small"]
+    small = [
+        n for n, r in rows if str(r.protocol.get("sizes_applied", r.protocol.get("sizes", ""))) == "small"
+    ]
     if small:
         which = "every task" if len(small) == len(rows) else f"{len(small)} of {len(rows)} results"
-        out.append(f"Measured at the tasks' small sizes (SMALL_SIZES) for {which}: speedups at full size "
-                   "differ (--sizes full).")
+        out.append(
+            f"Measured at the tasks' small sizes (SMALL_SIZES) for {which}: speedups at full size "
+            "differ (--sizes full)."
+        )
     if any(measured_on_cpu(r) and r.speedup is not None for _, r in rows):
         out.append(cpu_noise_note())
     return out
@@ -143,7 +176,8 @@ def notes(rows: Sequence[tuple[str, EvalResult]]) -> list[str]:
 def legend(rows: Sequence[tuple[str, EvalResult]], columns: Iterable[Column]) -> str:
     """One paragraph explaining the columns shown."""
     parts = ([SPEEDUP.legend] if any(r.speedup is not None for _, r in rows) else []) + [
-        c.legend for c in columns if c.legend]
+        c.legend for c in columns if c.legend
+    ]
     if any(r.cached for _, r in rows):
         parts.append(f"{CACHED_MARK}: read from the results store, not measured now (--force re-measures)")
     return "; ".join(parts) + "." if parts else ""

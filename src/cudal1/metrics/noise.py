@@ -29,6 +29,8 @@ def measured_on_cpu(result: Any) -> bool:
 
 def cpu_noise_note() -> str:
     """The one-line warning shown beside speedups measured on a CPU."""
-    return (f"CPU timings are noisy: a candidate's speedup varied by up to {CPU_RUN_SPREAD:.0%} between runs "
-            f"of a shared machine, the reference against itself read as low as {CPU_NULL_LOW:.2f}x. Take CPU "
-            "speedups as rough; measure on a GPU for numbers you report.")
+    return (
+        f"CPU timings are noisy: a candidate's speedup varied by up to {CPU_RUN_SPREAD:.0%} between runs "
+        f"of a shared machine, the reference against itself read as low as {CPU_NULL_LOW:.2f}x. Take CPU "
+        "speedups as rough; measure on a GPU for numbers you report."
+    )

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import yaml
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.names import canonical_profile
 from cudal1.core.rewards import CORRECT_UNMEASURED
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig, resolve_device
@@ -84,7 +85,8 @@ class CommonTrainConfig:
     time_budget_s: float = _f(0.0, "Stop the stage cleanly after this many seconds (0: no limit).")
     store: str = _f("", "Results store path; empty: the default store; 'none': do not use one.")
     eval_device: str = _f("auto", "Evaluator device: auto, cuda, cuda:N or cpu.")
-    eval_profile: str = _f("strict", "Evaluator correctness profile: strict, kernelbench-v0 or cuda-l1.")
+    eval_profile: str = _f("strict", "Evaluator correctness profile: strict, kernelbench (kernelbench-v0) or "
+                                     "cuda-l1.")
     eval_trials: int = _f(5, "Evaluator correctness trials per candidate.")
     eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
     eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
@@ -140,7 +142,7 @@ class CommonTrainConfig:
         """The evaluator settings of this run as an `EvalConfig`. In a multi-process run (accelerate, torchrun)
         an unnumbered GPU device means the rank's own GPU (`LOCAL_RANK`), so that the ranks do not all time
         their candidates on GPU 0."""
-        return EvalConfig(device=rank_device(self.eval_device), profile=self.eval_profile,
+        return EvalConfig(device=rank_device(self.eval_device), profile=canonical_profile(self.eval_profile),
                           correctness_trials=self.eval_trials,
                           sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets,
                           policy=self.eval_policy)
