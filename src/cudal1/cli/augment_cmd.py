@@ -66,6 +66,9 @@ def augment_command(
                            out_dir=str(out_dir), hf_dataset=not no_hf_dataset, temperature=temperature,
                            max_tokens=max_tokens, concurrency=concurrency, max_retries=max_retries, seed=seed,
                            run_name=run_name, resume=not fresh)
+    from cudal1.loops.augment import ready_backends
+
+    backends = ready_backends(config)  # before any output: a missing extra is the only line printed
     store = common.open_store(store_path, False)
     evaluator_pool = open_pool(pool, eval_cfg, store)
     try:
@@ -75,7 +78,8 @@ def augment_command(
             def on_progress(phase: str, done: int, total: int) -> None:
                 bar.update(job, description=phase, completed=done, total=total)
 
-            result = augment(config, store=store, pool=evaluator_pool, progress=on_progress)
+            result = augment(config, backends=backends, store=store, pool=evaluator_pool,
+                             progress=on_progress)
     finally:
         if evaluator_pool is not None:
             evaluator_pool.close()

@@ -122,6 +122,9 @@ def optimize_command(
         exemplar_db=str(exemplar_db) if exemplar_db else None, seed_from_store=seed_from_store,
         baselines=baselines, time_budget_s=time_budget_s)
     the_task = resolve_task(task, source)
+    from cudal1.llm import make_backend
+
+    backend = make_backend(config.llm)  # before any output: a missing extra is the only line printed
     store = common.open_store(store_path, False)
     evaluator_pool = open_pool(pool, eval_cfg, store)
     try:
@@ -132,7 +135,8 @@ def optimize_command(
                 bar.update(job, advance=1 if event.kind == "sample" else 0,
                            best=f"round {event.round}: {_best_so_far(event)}")
 
-            result = optimize(the_task, config, store=store, pool=evaluator_pool, progress=on_event)
+            result = optimize(the_task, config, backend=backend, store=store, pool=evaluator_pool,
+                              progress=on_event)
     finally:
         if evaluator_pool is not None:
             evaluator_pool.close()

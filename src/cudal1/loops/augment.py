@@ -41,6 +41,7 @@ from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
 from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
+from cudal1.llm.backends import parse_spec
 from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS, SECTION_HEADINGS
 from cudal1.loops.common import (
     RunJournal,
@@ -245,6 +246,16 @@ def select_tasks(config: AugmentConfig, tasks: Sequence[Task] | None) -> list[Ta
     return chosen
 
 
+def ready_backends(config: AugmentConfig, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`given` plus the server backends of `config.llms`, made now: one that cannot work (the `llm` extra
+    missing) fails before a run is journaled. Local (`hf:`) models load in their turn, one at a time."""
+    backends = dict(given or {})
+    for spec in config.llms:
+        if spec not in backends and parse_spec(spec).kind == "openai":
+            backends[spec] = make_backend(config.llm_config(spec))
+    return backends
+
+
 def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backends: dict[str, Any] | None = None,
             store: Any = None, pool: Any = None, progress: ProgressFn | None = None) -> AugmentResult:
     """Generate, evaluate, keep and export stage-1 examples; see the module docstring.
@@ -258,6 +269,7 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
     run_key = config.run_name or stable_hash({k: v for k, v in config.to_dict().items()
                                               if k not in ("out_dir", "hf_dataset", "resume", "run_name")}
                                              | {"tasks": [t.hash for t in chosen]})
+    backends = ready_backends(config, backends)
     journal = RunJournal(store, "augment", run_key, config.to_dict(), resume=config.resume)
     evaluator = make_evaluator("", config.eval, store=store, label=config.label, run_id=journal.run_id, pool=pool)
     rows: list[dict[str, Any]] = []
@@ -266,8 +278,7 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
     try:
         if generator is not None:
             for spec in config.llms:
-                backend = (backends or {}).get(spec)
-                model_rows, model_stats = generator.run_model(spec, backend)
+                model_rows, model_stats = generator.run_model(spec, backends.get(spec))
                 rows += model_rows
                 stats += model_stats
         for path in config.from_release:
@@ -321,7 +332,7 @@ class _Generator:
         if backend is None:
             backend = make_backend(self.config.llm_config(spec))
         keys = [(task, f"{spec}|{task.id}|s{s}") for task in self.tasks for s in range(self.config.samples)]
-        records = {key: self.journal.load(key) for _, key in keys}
+        records = {key: self.journal.reusable(key) for _, key in keys}
         todo = [(task, key) for task, key in keys if records[key] is None]
         if todo:
             prompts = [self._prompt(task, key) for task, key in todo]

@@ -130,6 +130,19 @@ class RunJournal:
             self._memory[item_key] = record
         return record
 
+    def reusable(self, item_key: str) -> SampleRecord | None:
+        """The record an earlier invocation generated, or None when the sample is to be generated now: never
+        generated, or its request failed (a rerun asks again: the server may be up, the extra installed; a
+        failure is no sample, so it never counts as one of a round's)."""
+        record = self.load(item_key)
+        if record is None or record.error is None:
+            return record
+        self._memory.pop(item_key, None)
+        self._done.discard(item_key)
+        if self.store is not None:
+            self.store.mark_undone(self.run_id, item_key)
+        return None
+
     def save(self, record: SampleRecord) -> None:
         """Persist a record (after generation, and again after evaluation)."""
         self._memory[record.key] = record
