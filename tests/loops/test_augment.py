@@ -10,6 +10,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.llm import extract_completion
 from cudal1.llm.extract import SECTION_NAMES
+from cudal1.llm.prompts import TORCH_FORM
 from cudal1.loops.augment import AugmentConfig, augment, is_executable, select_kept, strip_reasoning
 from cudal1.loops.common import SampleRecord
 from tests.helpers.scripted_server import Reply, ScriptedOpenAIServer
@@ -42,13 +43,15 @@ def test_two_models_keep_at_most_m_per_task_and_export_both_formats(tmp_path, st
     assert "<think>" not in kept_b["completion"][0]["content"]
     # model-b was asked after model-a's correct candidates entered the exemplar database
     assert all("Previous implementations" in p for p in b_prompts)
+    # Issue #42: on the CPU the prompts ask for a form that can run there, not raw CUDA
+    assert all(TORCH_FORM in p and "load_kernels" not in p for p in b_prompts)
 
     lines = [json.loads(line) for line in result.jsonl_path.read_text().splitlines()]
     assert len(lines) == 3
     for row in lines:
         assert row["prompt"][0]["role"] == "system" and row["prompt"][-1]["role"] == "user"
         assert row["completion"][0]["role"] == "assistant" and row["task_id"] == task.id
-        assert row["form"] == "raw_cuda" and row["score"] > 1.0
+        assert row["form"] == "torch" and row["score"] > 1.0  # evaluated on the CPU: PyTorch-only asked for
     datasets = pytest.importorskip("datasets")
     loaded = datasets.load_from_disk(str(result.dataset_path))
     assert loaded.num_rows == 3 and {"prompt", "completion", "task_id", "score", "model", "form"} <= set(loaded.column_names)

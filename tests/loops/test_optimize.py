@@ -197,13 +197,29 @@ def test_config_rejects_bad_values(bad):
         OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", **bad)
 
 
+def test_on_the_cpu_it_asks_for_pytorch_and_on_a_gpu_for_raw_cuda(tmp_path, store):
+    """Issue #42: on the CPU, optimize asked for raw CUDA, which cannot run there."""
+    from cudal1.llm.prompts import RAW_CUDA_FORM, TORCH_FORM, resolve_form
+
+    with ScriptedOpenAIServer(lambda index, body: answer("fast")) as server:
+        result = optimize(cpu_task(), _config(server, tmp_path, rounds=1, samples=1, run_name="cpu-form"),
+                          store=store)
+        (prompt,) = [_user_text(r) for r in server.requests]
+    assert TORCH_FORM in prompt and "load_kernels" not in prompt and "custom CUDA kernels" not in prompt
+    assert result.best_result is not None
+    assert OptimizeConfig(llm="openai:m").form == "auto"
+    assert resolve_form("auto", "cuda:0") == "raw_cuda" and resolve_form("auto", "remote") == "raw_cuda"
+    assert resolve_form("raw_cuda", "cpu") == "raw_cuda" and RAW_CUDA_FORM != TORCH_FORM
+
+
 def test_run_key_ignores_rounds_but_not_the_model():
     task = cpu_task()
     a = OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", rounds=2)
     b = OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", rounds=9)
     c = OptimizeConfig(llm="openai:other@http://127.0.0.1:1/v1", rounds=2)
     assert a.run_key(task) == b.run_key(task) != c.run_key(task)
-    assert a.form == "raw_cuda" and a.sampler == "bucket"
+    assert a.form == "auto" and a.sampler == "bucket"
+    assert a.run_key(task, "torch") != a.run_key(task, "raw_cuda")  # the form auto became names the run
     assert baseline_kinds("auto", "cpu") == [] and "cuda_graph" in baseline_kinds("auto", "cuda")
     assert baseline_kinds("eager,torch_compile", "cuda") == ["torch_compile"]
 

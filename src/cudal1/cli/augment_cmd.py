@@ -33,7 +33,7 @@ def augment_command(
     max_slowdown: float = typer.Option(1000.0, "--max-slowdown", callback=common.positive,
                                        help="Keep only candidates at most this many times slower than the "
                                             "reference."),
-    form: str = typer.Option("raw_cuda", "--form", help="Candidate form asked for: raw_cuda or load_inline."),
+    form: str = common.FormOpt,
     contrastive: bool = typer.Option(True, "--contrastive/--plain", help="Contrastive prompts once exemplars exist."),
     from_release: list[Path] = FromReleaseOpt,
     out_dir: Path = OutDirOpt,

@@ -22,6 +22,7 @@ from rich.progress import (
 from cudal1.core.errors import SourceError
 from cudal1.core.names import canonical_profile
 from cudal1.eval.config import PROFILES, EvalConfig
+from cudal1.llm.prompts import FORM_CHOICES
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -78,6 +79,10 @@ TimeoutOpt = typer.Option(600.0, "--timeout-s", callback=positive,
 SandboxOpt = typer.Option("auto", "--sandbox", callback=choice("auto", "required", "none"),
                           help="auto (the best OS sandbox of this host; strict refuses to run without one), "
                                "required, or none (run unsandboxed: an opt-out recorded in every result).")
+FormOpt = typer.Option("auto", "--form", callback=choice(*FORM_CHOICES),
+                       help="Candidate form asked for: auto (raw_cuda where candidates are evaluated on a "
+                            "GPU, torch on a CPU, where CUDA kernels cannot run), raw_cuda (NVRTC, builds in "
+                            "< 1 s), load_inline or torch (PyTorch only).")
 WorkersOpt = typer.Option("", "--workers", help="Evaluate through an evaluator pool: local (one slot per "
                                                 "GPU), ray:auto or ray://HOST:PORT, or a reward server's "
                                                 "http(s)://HOST:PORT (default: this process).")

@@ -81,7 +81,7 @@ def optimize_command(
     rounds: int = typer.Option(4, "--rounds", min=1, help="Rounds of generate -> evaluate -> update."),
     samples: int = typer.Option(8, "--samples", min=1, help="Completions per round, generated in parallel."),
     sampler: str = typer.Option("bucket", "--sampler", help="Exemplar sampler: bucket, island or random."),
-    form: str = typer.Option("raw_cuda", "--form", help="Candidate form: raw_cuda (fast builds) or load_inline."),
+    form: str = common.FormOpt,
     source: list[str] = SourceOpt,
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt,

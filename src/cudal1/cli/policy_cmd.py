@@ -21,7 +21,7 @@ def evaluate_policy_command(
     temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
     max_new_tokens: int = typer.Option(4096, "--max-new-tokens", min=1, help="Longest completion."),
     max_tasks: int = typer.Option(0, "--max-tasks", min=0, help="At most this many tasks (0: all)."),
-    form: str = typer.Option("raw_cuda", "--form", help="raw_cuda (the training default) or load_inline."),
+    form: str = common.FormOpt,
     exemplar_db: str = typer.Option("", "--exemplar-db", help="Exemplar database of stage 3: contrastive prompts "
                                     "(as the policy was trained on) instead of plain ones."),
     eval_workers: int = typer.Option(4, "--eval-workers", min=1,

@@ -12,11 +12,13 @@ from cudal1.eval.config import resolve_device
 from cudal1.tasks.sources import example_candidates
 
 FORM_NAMES = {"torch": "PyTorch-level", "cuda": "load_inline CUDA", "raw": "raw-CUDA"}
+EXAMPLE_FORM_NAMES = {"load_inline": "cuda", "raw_cuda": "raw"}  # --form as optimize and augment name them
 
 
 def quickstart_command(
     device: str = common.DeviceOpt,
-    form: list[str] = typer.Option([], "--form", help="Example forms: cuda, torch, raw (default: all runnable)."),
+    form: list[str] = typer.Option([], "--form", help="Example forms: torch, load_inline (also cuda), "
+                                                      "raw_cuda (also raw); default: all runnable here."),
     store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt, force: bool = common.ForceOpt,
 ) -> None:
     """Evaluate the built-in examples (no GPU or LLM needed).
@@ -27,7 +29,8 @@ def quickstart_command(
     small sizes; with a GPU it evaluates every example (custom CUDA kernels included) at full size.
     """
     resolved = resolve_device(device)
-    pairs = example_candidates(resolved.split(":")[0], form or None)
+    forms = [EXAMPLE_FORM_NAMES.get(f, f) for f in form]  # the names optimize's --form uses, too
+    pairs = example_candidates(resolved.split(":")[0], forms or None)
     cfg = EvalConfig(device=resolved)
     store = common.open_store(store_path, no_store)
     common.console.print(f"Evaluating {len(pairs)} built-in example candidate(s) on {resolved} "

@@ -42,12 +42,19 @@ from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
 from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
 from cudal1.llm.backends import parse_spec
-from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS, SECTION_HEADINGS
+from cudal1.llm.prompts import (
+    DEFAULT_PROMPT_TOKEN_BUDGET,
+    FORM_CHOICES,
+    FORMS,
+    SECTION_HEADINGS,
+    resolve_form,
+)
 from cudal1.loops.common import (
     RunJournal,
     SampleRecord,
     detect_form,
     evaluate_records,
+    evaluation_device,
     generate_records,
     stable_hash,
 )
@@ -84,7 +91,8 @@ class AugmentConfig:
     samples: int = _f(4, "Completions generated per task per model.")
     keep: int = _f(DEFAULT_KEEP_PER_TASK_PER_MODEL, "At most this many examples kept per task per model.")
     max_slowdown: float = _f(DEFAULT_MAX_SLOWDOWN, "Executable rule: candidate time <= this x reference time.")
-    form: str = _f("raw_cuda", "Candidate form asked for: raw_cuda or load_inline.")
+    form: str = _f("auto", "Candidate form asked for: auto (raw_cuda where candidates are evaluated on a "
+                           "GPU, torch on a CPU), raw_cuda, load_inline or torch.")
     contrastive: bool = _f(True, "Use the contrastive prompt once the exemplar database has exemplars.")
     from_release: list[str] = field(default_factory=list, metadata={
         "help": "JSONL releases (CUDA-L1 schema) whose candidates are imported after they pass the evaluator."})
@@ -111,8 +119,8 @@ class AugmentConfig:
             raise ConfigError(f"set samples >= 1 and keep >= 1 (got {self.samples} and {self.keep})")
         if self.max_slowdown <= 0:
             raise ConfigError("max_slowdown must be > 0 (the paper: 1000)")
-        if self.form not in FORMS:
-            raise ConfigError(f"unknown form {self.form!r}: choose one of {', '.join(FORMS)}")
+        if self.form not in FORM_CHOICES:
+            raise ConfigError(f"unknown form {self.form!r}: choose one of {', '.join(FORM_CHOICES)}")
         for spec in self.llms:
             self.llm_config(spec)  # fail early on a malformed spec
 
@@ -263,6 +271,8 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
     `tasks` replaces loading `config.sources`; `backends` maps a spec of `config.llms` to a ready backend
     (default `make_backend`); `store`, `pool` and `progress` ((phase, done, total)) are as in `optimize`.
     """
+    # `auto` becomes the form that runs where the candidates are evaluated (recorded so in the run).
+    config = dataclasses.replace(config, form=resolve_form(config.form, evaluation_device(config.eval, pool)))
     chosen = select_tasks(config, tasks) if config.llms else []
     if config.llms and not chosen:
         raise ConfigError(f"no tasks selected from {', '.join(config.sources)}")

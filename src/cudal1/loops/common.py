@@ -48,6 +48,15 @@ def stable_hash(value: Any, length: int = 16) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def evaluation_device(config: EvalConfig, pool: Any = None) -> str:
+    """Where a loop's candidates are evaluated: this machine's device, a local pool's first device, or
+    `remote` (a Ray pool or another machine), which `resolve_form` takes for a GPU."""
+    if pool is None:
+        return resolve_device(config.device)
+    devices = getattr(pool, "devices", None)
+    return str(devices[0]) if devices else "remote"
+
+
 def detect_form(source: str) -> str:
     """`load_inline`, `raw_cuda` or `torch` (no CUDA of its own) for a candidate source."""
     if "cpp_extension" in source or "load_inline" in source:

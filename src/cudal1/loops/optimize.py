@@ -48,13 +48,14 @@ from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import SAMPLERS, ExemplarDB, ScoredCode, make_sampler
 from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
-from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS
+from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORM_CHOICES, resolve_form
 from cudal1.loops.common import (
     GENERATION_ERROR,
     RunJournal,
     SampleRecord,
     detect_form,
     evaluate_records,
+    evaluation_device,
     feedback_from,
     generate_records,
     stable_hash,
@@ -89,7 +90,9 @@ class OptimizeConfig:
     sampler: str = _f("bucket", "Exemplar sampler of the contrastive prompt: bucket (the paper), island, random.")
     sampler_options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "Settings of the sampler's config (e.g. {'n': 2, 'bucket_width': 0.1, 'temperature': 1.0})."})
-    form: str = _f("raw_cuda", "Candidate form asked for: raw_cuda (NVRTC, builds in < 1 s) or load_inline.")
+    form: str = _f("auto", "Candidate form asked for: auto (raw_cuda where candidates are evaluated on a "
+                           "GPU, torch on a CPU, where CUDA kernels cannot run), raw_cuda (NVRTC, builds in "
+                           "< 1 s), load_inline or torch (PyTorch only).")
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={
         "help": "How candidates are evaluated (device, profile, trials, timing protocol)."})
     feedback: bool = _f(True, "Append the previous round's most informative failure to the next prompts.")
@@ -115,8 +118,8 @@ class OptimizeConfig:
             raise ConfigError(f"set rounds >= 1 and samples >= 1 (got {self.rounds} and {self.samples})")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}: choose one of {', '.join(sorted(SAMPLERS))}")
-        if self.form not in FORMS:
-            raise ConfigError(f"unknown form {self.form!r}: choose one of {', '.join(FORMS)}")
+        if self.form not in FORM_CHOICES:
+            raise ConfigError(f"unknown form {self.form!r}: choose one of {', '.join(FORM_CHOICES)}")
         if self.time_budget_s < 0:
             raise ConfigError("time_budget_s must be >= 0 (0 means no budget)")
         try:
@@ -129,12 +132,14 @@ class OptimizeConfig:
         """The fully resolved config, JSON-ready (stored with the run and in the sidecar)."""
         return dataclasses.asdict(self)
 
-    def run_key(self, task: Task) -> str:
-        """The name of the run this config continues on `task` (see the module docstring)."""
+    def run_key(self, task: Task, form: str | None = None) -> str:
+        """The name of the run this config continues on `task` (see the module docstring); `form` is the
+        form `auto` resolved to."""
         if self.run_name:
             return stable_hash({"name": self.run_name, "task": task.hash})
         assert isinstance(self.llm, LLMConfig)
-        return stable_hash({"task": task.hash, "llm": self.llm.spec, "form": self.form, "samples": self.samples,
+        return stable_hash({"task": task.hash, "llm": self.llm.spec, "form": form or self.form,
+                            "samples": self.samples,
                             "sampler": self.sampler, "sampler_options": self.sampler_options,
                             "feedback": self.feedback, "seed": self.seed, "protocol": self.eval.protocol()})
 
@@ -241,8 +246,10 @@ class _OptimizeLoop:
         self.backend = backend if backend is not None else make_backend(config.llm)
         self.device = resolve_device(config.eval.device)
         self.device_type = self.device.split(":")[0]
+        self.form = resolve_form(config.form, evaluation_device(config.eval, pool))
         self.started_s = time.monotonic()
-        self.journal = RunJournal(store, "optimize", config.run_key(task), config.to_dict(), resume=config.resume)
+        self.journal = RunJournal(store, "optimize", config.run_key(task, self.form),
+                                  {**config.to_dict(), "resolved_form": self.form}, resume=config.resume)
         self._tmp: Any = None
         self.exemplars = ExemplarDB(self._exemplar_path())
         self.sampler = make_sampler(config.sampler, dict(config.sampler_options), rng=config.seed)
@@ -342,15 +349,17 @@ class _OptimizeLoop:
             self.best = (code, result, origin)
 
     def _exemplar_pool(self) -> list[ScoredCode]:
-        """This task's exemplars that fit: same reference source and device type, not the other CUDA form."""
-        other = {"raw_cuda": "load_inline", "load_inline": "raw_cuda"}[self.config.form]
+        """This task's exemplars that fit: same reference source and device type, not a form that cannot be
+        asked for (the other CUDA form; either CUDA form when asking for PyTorch only)."""
+        other = {"raw_cuda": {"load_inline"}, "load_inline": {"raw_cuda"},
+                 "torch": {"raw_cuda", "load_inline"}}[self.form]
         pool = []
         for ex in self.exemplars.list(self.task.id):
             if ex.meta.get("task_hash", self.task.hash) != self.task.hash:
                 continue
             if ex.meta.get("device_type", self.device_type) != self.device_type:
                 continue
-            if detect_form(ex.code) == other:
+            if detect_form(ex.code) in other:
                 continue
             pool.append(ex)
         return pool
@@ -384,7 +393,7 @@ class _OptimizeLoop:
         return done, sent
 
     def _prompt(self, round_: int, sample: int, pool: list[ScoredCode], feedback: str | None) -> list[dict]:
-        form = self.config.form
+        form = self.form
         if not pool:
             return build_plain_prompt(self.task.source, form=form, feedback=feedback)
         self.sampler.rng = random.Random(f"{self.config.seed}:{self.task.id}:{round_}:{sample}")
@@ -478,7 +487,7 @@ class _OptimizeLoop:
                history: list[RoundSummary]) -> tuple[Path, Path]:
         path = Path(self.config.out) if self.config.out else Path(f"{self.task.name}_best.py")
         sidecar = {"run_id": self.journal.run_id, "history": [dataclasses.asdict(h) for h in history],
-                   "config": self.config.to_dict()}
+                   "config": {**self.config.to_dict(), "resolved_form": self.form}}
         return write_candidate(path, self.task, source, best, provenance=origin, sidecar=sidecar)
 
 

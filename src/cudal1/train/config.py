@@ -27,12 +27,12 @@ from cudal1.core.names import canonical_profile
 from cudal1.core.rewards import CORRECT_UNMEASURED
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.llm.prompts import FORM_CHOICES, resolve_form
 from cudal1.service.evaluator import is_evaluator_spec
 
 C = TypeVar("C")
 
 SPLITS = ("train", "test", "all")
-FORMS = ("load_inline", "raw_cuda")
 REPORT_TARGETS = ("tensorboard", "wandb", "none")
 
 
@@ -57,8 +57,11 @@ class CommonTrainConfig:
     test_fraction: float = _f(0.2, "Fraction of each level's tasks held out for testing (new split files).")
     split_seed: int = _f(0, "Seed of the task split hash (new split files).")
     max_tasks: int = _f(0, "Use at most this many tasks of the split (0: all); for smoke runs.")
-    form: str = _f("raw_cuda", "Candidate form asked for in prompts: raw_cuda (NVRTC, builds in < 1 s; what "
-                               "augment and optimize ask for too, so SFT data and RL prompts agree) or load_inline.")
+    form: str = _f("auto", "Candidate form asked for in prompts: auto (raw_cuda where rewards are "
+                           "evaluated on a GPU or by workers, torch where on this machine's CPU; config.yaml "
+                           "records the form it became), raw_cuda (NVRTC, builds in < 1 s), load_inline or "
+                           "torch (PyTorch only). augment and optimize resolve auto alike, so SFT data and "
+                           "RL prompts agree.")
     learning_rate: float = _f(1e-5, "Peak learning rate (AdamW).")
     lr_scheduler_type: str = _f("cosine", "Learning-rate schedule (transformers names: linear, cosine, constant).")
     warmup_ratio: float = _f(0.03, "Fraction of steps spent warming the learning rate up.")
@@ -111,8 +114,8 @@ class CommonTrainConfig:
             raise ConfigError(f"split must be one of {', '.join(SPLITS)}, not {self.split!r}")
         if not 0.0 <= self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
-        if self.form not in FORMS:
-            raise ConfigError(f"form must be one of {', '.join(FORMS)}, not {self.form!r}")
+        if self.form not in FORM_CHOICES:
+            raise ConfigError(f"form must be one of {', '.join(FORM_CHOICES)}, not {self.form!r}")
         if self.use_lora and self.lora_r <= 0:
             raise ConfigError(f"use_lora needs lora_r >= 1 (got {self.lora_r}); or set use_lora=false")
         if self.use_lora and self.lora_alpha <= 0:
@@ -137,6 +140,15 @@ class CommonTrainConfig:
         if not is_evaluator_spec(self.workers):
             raise ConfigError(f"workers must be empty, local, ray:auto, ray://HOST:PORT or http(s)://HOST:PORT, "
                               f"not {self.workers!r}")
+        if self.form == "auto":  # the form that runs where the rewards are computed (so in config.yaml)
+            self.form = resolve_form("auto", self._evaluation_device())
+
+    def _evaluation_device(self) -> str:
+        """Where candidates are evaluated: `remote` for a Ray pool or a reward server, else this machine's
+        evaluator device (a local pool's slots run on it too)."""
+        if self.workers and self.workers != "local":
+            return "remote"
+        return resolve_device("auto") if self.eval_device == "auto" else self.eval_device
 
     def eval_config(self) -> EvalConfig:
         """The evaluator settings of this run as an `EvalConfig`. In a multi-process run (accelerate, torchrun)
