@@ -16,9 +16,10 @@ from cudal1.audit.run import asked_by_runs, collect_audit, measured_on, report_a
 from cudal1.audit.saved import SavedAudit, load_saved_audit, report_saved_audit, saved_audit_path
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
-from cudal1.core.errors import SourceError
+from cudal1.core.errors import MissingDependencyError, SourceError
 from cudal1.core.types import EvalResult
 from cudal1.metrics.rows import ResultRow
+from cudal1.report import plots_available
 from cudal1.tasks import Task
 
 _RELEASE_OPT = typer.Argument(None, help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl); optional when "
@@ -35,7 +36,9 @@ _BASELINES_OPT = typer.Option("", "--baselines", help="Baselines to measure too,
 _OUT_OPT = typer.Option(None, "--out", "-o", help="Report folder (default audit-RELEASE-PROFILE).")
 _TIME_BUDGET_S_OPT = typer.Option(None, "--time-budget-s", help="Stop starting batches after this.")
 _BATCH_SIZE_OPT = typer.Option(16, "--batch-size", help="Items per parallel-build batch.")
-_PLOTS_OPT = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs matplotlib).")
+_PLOTS_OPT = typer.Option(None, "--plots/--no-plots", show_default=False,
+                          help="Draw plots (matplotlib, the report extra); default: when matplotlib is "
+                               "installed.")
 _REPORT_ONLY_OPT = typer.Option(False, "--report-only", help=(
     "Evaluate nothing; report the stored results of the GPU with the most of them (works without a GPU, e.g. "
     "on a store copied from the GPU machine)."))
@@ -69,7 +72,7 @@ def audit_command(
     device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
     buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
-    plots: bool = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
+    plots: bool | None = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
     from_audit: Path | None = _FROM_AUDIT_OPT,
     compare_to: Path | None = _COMPARE_TO_OPT, tolerance: float = _TOLERANCE_OPT,
 ) -> None:
@@ -78,6 +81,9 @@ def audit_command(
     Verdict, speedup, kernel class and flags next to each published score; which speedups survive.
     """
     earlier = load_audit(compare_to) if compare_to is not None else None  # a bad path fails before any work
+    if plots and not plots_available():
+        raise MissingDependencyError("matplotlib", "report", "report plots (or --no-plots)")
+    plots = plots_available() if plots is None else plots
     if gpu and not report_only:
         raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
     if from_audit is not None and not report_only:

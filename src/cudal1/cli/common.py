@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,34 @@ def output_folder(path: Path) -> Path:
     except OSError as exc:
         raise SourceError(f"cannot create output folder {path}: {exc.strerror or exc}") from None
     return path
+
+
+def check_output_folder(path: Path) -> Path:
+    """An output folder to be made later (`writing_into`): `SourceError` now when a file is in the way or the
+    folder it would go in cannot be written."""
+    if path.exists() and not path.is_dir():
+        raise SourceError(f"output folder {path} is a file, not a folder")
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise SourceError(f"cannot create output folder {path}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SourceError(f"cannot create output folder {path}: {existing} is not writable")
+    return path
+
+
+@contextlib.contextmanager
+def writing_into(path: Path) -> Iterator[Path]:
+    """Make the output folder `path` for the block's writes; when the block fails, a folder it made is removed
+    again if still empty, so that a failed command leaves no empty folder behind."""
+    existed = path.exists()
+    output_folder(path)
+    try:
+        yield path
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only an empty folder goes
+        raise
 
 
 def output_file(path: Path) -> Path:

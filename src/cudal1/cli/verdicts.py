@@ -138,7 +138,7 @@ def verdict_table(
     """The table for a terminal of `width` columns, the columns left out, and whether messages are in it."""
     shown, left_out, inline = plan_columns(rows, width)
     messages = any(r.message.strip() for _, r in rows)
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     table.add_column("task", no_wrap=True, min_width=max(len(n) for n, _ in rows))
     table.add_column("status", no_wrap=True)
     table.add_column(SPEEDUP.name, justify="right", no_wrap=True)
@@ -187,7 +187,7 @@ def print_verdicts(console: Console, rows: Sequence[tuple[str, EvalResult]], tit
     """The table of `rows` (name, result) at the console's width, then its messages, legend and notes."""
     rows = list(rows)
     if not rows:
-        console.print(f"{title}: no results")
+        console.print(f"{escape(title)}: no results")
         return
     if not _fits(rows, console.width):
         _print_stacked(console, rows, title)
@@ -208,7 +208,7 @@ def print_verdicts(console: Console, rows: Sequence[tuple[str, EvalResult]], tit
 
 
 def _print_stacked(console: Console, rows: Sequence[tuple[str, EvalResult]], title: str) -> None:
-    console.print(title, style="italic", highlight=False)
+    console.print(escape(title), style="italic", highlight=False)
     for name, r in rows:
         console.print(escape(name), highlight=False, soft_wrap=True)  # one line, whatever the width: copyable
         numbers = ", ".join(f"{c.name} {c.cell(r)}" for c in (SPEEDUP, *OPTIONAL) if c.cell(r) != "-")
