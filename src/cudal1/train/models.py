@@ -15,12 +15,12 @@ Limits: quantized loading (bitsandbytes) is not wired; multi-GPU sharding is lef
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.llm.hf_backend import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -78,25 +78,6 @@ def build_scratch_model(spec: str, seed: int = 0) -> tuple[Any, Any]:
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)
     return model, tok
-
-
-def _is_byte_tokenizer_dir(path: Path) -> bool:
-    cfg = path / "tokenizer_config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        return json.loads(cfg.read_text()).get("tokenizer_class") == "ByteTokenizer"
-    except (OSError, ValueError):
-        return False
-
-
-def load_tokenizer(spec: str) -> Any:
-    """A tokenizer from a path/hub id, or 'byte' for the byte-level tokenizer."""
-    if spec == "byte" or _is_byte_tokenizer_dir(Path(spec)):
-        from cudal1.llm.byte_tokenizer import ByteTokenizer
-
-        return ByteTokenizer()
-    return require_transformers().AutoTokenizer.from_pretrained(spec)
 
 
 def ensure_chat_template(tokenizer: Any) -> Any:
