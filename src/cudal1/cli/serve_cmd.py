@@ -55,9 +55,12 @@ def serve_command(
     eval_config = common.make_config(device, profile, trials, sizes, timeout_s=timeout_s, sandbox=sandbox,
                                      memory_bytes=int(memory_gb * 2**30) if memory_gb else None)
     options = {"cpu_slots": cpu_slots} if workers == "local" else {}
-    common.console.print(f"reward server on http://{host}:{port} (workers {workers}); Ctrl-C stops it")
+    def banner(url: str) -> None:  # once the address is taken and the pool runs: a busy port prints no banner
+        common.console.print(f"reward server on {url} (workers {workers}); Ctrl-C stops it; API: "
+                             "docs/serve.md", highlight=False, markup=False)
+
     serve(config, eval_config, workers=workers, store_path=str(store_path) if store_path else None,
-          recheck=not no_recheck, pool_options=options)
+          recheck=not no_recheck, pool_options=options, on_ready=banner)
 
 
 def register(app: typer.Typer) -> None:

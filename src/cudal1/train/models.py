@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
-from cudal1.llm.hf_backend import load_tokenizer
+from cudal1.core.hub import offline_if_unreachable
+from cudal1.llm.hf_backend import load_tokenizer, unloadable_model_message
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +99,12 @@ def load_policy(spec: str, tokenizer_spec: str = "", *, seed: int = 0, dtype: st
             raise ConfigError("a scratch model uses the byte tokenizer; leave tokenizer empty or 'byte'")
         return model, ensure_chat_template(tok)
     transformers = require_transformers()
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
-        tok = load_tokenizer(tokenizer_spec or spec)
-    except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
-        from cudal1.llm.hf_backend import unloadable_model_message
-
-        raise ConfigError(unloadable_model_message(spec, exc)) from None
+    with offline_if_unreachable(spec) as offline:  # an unknown hub id offline fails in seconds
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+            tok = load_tokenizer(tokenizer_spec or spec)
+        except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
+            raise ConfigError(unloadable_model_message(spec, exc, offline)) from None
     return model, ensure_chat_template(tok)
 
 
