@@ -188,3 +188,11 @@ def test_each_rank_of_a_multi_process_run_times_on_its_own_gpu(monkeypatch):
     assert rank_device("auto") == "auto"  # no GPU here: auto stays the CPU
     cfg = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "eval_device": "cuda"})
     assert cfg.eval_config().device == "cuda:3"
+
+
+def test_log_completions_is_a_setting_of_stages_2_and_3(tmp_path):
+    """Issue #42: `--set log_completions=true` was "unknown RLStageConfig settings"."""
+    for cls in (RLStageConfig, SelfSupervisedConfig):
+        config = load_config(cls, None, ["log_completions=false", "model=scratch", f"output_dir={tmp_path}"])
+        assert config.log_completions is False
+        assert load_config(cls, None, {"model": "scratch", "output_dir": str(tmp_path)}).log_completions

@@ -230,6 +230,9 @@ class SelfSupervisedConfig(CommonTrainConfig):
                           "(0: never).")
     min_improvement: float = _f(0.01, "Improvement of the success rate that resets the patience counter.")
     exemplar_db: str = _f("", "Also add every success to this exemplar database (seeds stage 3); empty: don't.")
+    log_completions: bool = _f(True, "Write every sampled completion, with its verdict and whether it was "
+                                     "kept, to <output_dir>/completions.jsonl (one JSON line each; see "
+                                     "cudal1/train/completions.py); false: write none.")
     max_length: int = _f(8192, "Longest tokenized fine-tuning example.")
     learning_rate: float = _f(1e-5, "Peak learning rate of each round's fine-tuning.")
 
@@ -279,6 +282,9 @@ class RLStageConfig(CommonTrainConfig):
     reward_scope: str = _f("batch", "Normalization scope of the smoothing: batch or group.")
     exemplar_db: str = _f("", "Exemplar database (SQLite); empty: <output_dir>/exemplars.sqlite.")
     exemplar_sampler: str = _f("bucket", "Exemplar selection for contrastive prompts: bucket, island or random.")
+    log_completions: bool = _f(True, "Write every sampled completion, with its verdict and reward, to "
+                                     "<output_dir>/completions.jsonl (one JSON line each; see "
+                                     "cudal1/train/completions.py); false: write none.")
     exemplars_per_prompt: int = _f(2, "Exemplars shown per prompt (the paper: N = 2).")
     bucket_width: float = _f(0.1, "Score bucket width (speedup units) of the bucket sampler. Not published.")
     sampler_temperature: float = _f(1.0, "Softmax temperature tau over bucket means (bucket sampler) or over "
