@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -101,6 +102,18 @@ def test_imports_the_correct_candidates_of_a_release(tmp_path, store):
                                                                   "tiny-release/level1/2": 0}
 
 
+def test_imports_the_builtin_examples_that_run_here(tmp_path, store):
+    """Stage-1 data without an LLM or a release (the README's laptop recipe starts from it)."""
+    config = AugmentConfig(from_examples=True, task_ids=["builtin/level1/softmax_manual_lastdim"],
+                           eval=dataclasses.replace(CPU_EVAL, sizes="small"), out_dir=str(tmp_path / "out"),
+                           hf_dataset=False)
+    result = augment(config, store=store)
+    (example,) = result.examples
+    assert example["task_id"] == "builtin/level1/softmax_manual_lastdim" and example["form"] == "torch"
+    assert example["model"] == "cudal1-examples" and example["origin"] == "release:builtin example (torch)"
+    assert TORCH_FORM in example["prompt"][-1]["content"]
+
+
 def _timed(speedup: float, ref_ms: float = 1.0) -> EvalResult:
     timing = TimingStats(ref_ms=ref_ms, candidate_ms=ref_ms / speedup, speedup=speedup, stability=0.0,
                          bucket_speedups=[speedup])
@@ -126,6 +139,7 @@ def test_config_needs_a_model_or_a_release():
     with pytest.raises(ConfigError):
         AugmentConfig(llms=["openai:m@http://127.0.0.1:1/v1"], keep=0)
     assert AugmentConfig(from_release=["x.jsonl"]).keep == 2
+    assert AugmentConfig(from_examples=True).from_examples
 
 
 def test_a_split_file_keeps_held_out_tasks_out_of_stage_1(tmp_path):

@@ -36,6 +36,10 @@ def augment_command(
     form: str = common.FormOpt,
     contrastive: bool = typer.Option(True, "--contrastive/--plain", help="Contrastive prompts once exemplars exist."),
     from_release: list[Path] = FromReleaseOpt,
+    from_examples: bool = typer.Option(False, "--from-examples",
+                                       help="Import cudal1's example candidates that run here "
+                                            "(PyTorch-level ones on a CPU) once they pass the evaluator: "
+                                            "stage-1 data without an LLM."),
     out_dir: Path = OutDirOpt,
     no_hf_dataset: bool = typer.Option(False, "--no-hf-dataset", help="Write only the JSONL."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
@@ -62,7 +66,8 @@ def augment_command(
                                     buckets=buckets, timeout_s=timeout_s), **parse_eval_sets(eval_set)})
     config = AugmentConfig(llms=list(llm), sources=list(source), task_ids=list(task), levels=list(level),
                            max_tasks=max_tasks, splits_file=splits_file, samples=samples, keep=keep, max_slowdown=max_slowdown, form=form,
-                           contrastive=contrastive, from_release=[str(p) for p in from_release], eval=eval_cfg,
+                           contrastive=contrastive, from_release=[str(p) for p in from_release],
+                           from_examples=from_examples, eval=eval_cfg,
                            out_dir=str(out_dir), hf_dataset=not no_hf_dataset, temperature=temperature,
                            max_tokens=max_tokens, concurrency=concurrency, max_retries=max_retries, seed=seed,
                            run_name=run_name, resume=not fresh)

@@ -7,7 +7,10 @@ at most `max_slowdown` x the reference's: 1000x in the paper); at most `keep` pe
 2), the fastest distinct ones (duplicates up to comments and formatting count once). `from_release`
 imports a JSONL release in CUDA-L1's schema: each published candidate is evaluated here and the correct,
 executable ones become examples whose prompt is the plain prompt for the task (in the candidate's form)
-and whose answer is a well-formed three-section answer (`format_answer`) around the code.
+and whose answer is a well-formed three-section answer (`format_answer`) around the code. `from_examples`
+imports cudal1's own example candidates the same way (those that can run where candidates are evaluated:
+the PyTorch-level ones on a CPU): stage-1 data without an LLM or a release, e.g. to train a tiny model on a
+laptop.
 
 Output (`export_examples`): `sft.jsonl` and a Hugging Face `datasets.Dataset` saved with `save_to_disk`,
 one row per example: `prompt` (chat messages), `completion` (one assistant message), `task_id`, `score`
@@ -60,8 +63,9 @@ from cudal1.loops.common import (
 )
 from cudal1.service.evaluator import Evaluator, make_evaluator
 from cudal1.tasks import load_release, load_tasks
+from cudal1.tasks.sources import example_candidates
 from cudal1.tasks.splits import TaskSplit
-from cudal1.tasks.task import Task
+from cudal1.tasks.task import Candidate, Task
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +100,9 @@ class AugmentConfig:
     contrastive: bool = _f(True, "Use the contrastive prompt once the exemplar database has exemplars.")
     from_release: list[str] = field(default_factory=list, metadata={
         "help": "JSONL releases (CUDA-L1 schema) whose candidates are imported after they pass the evaluator."})
+    from_examples: bool = _f(False, "Import cudal1's built-in example candidates that can run where "
+                                    "candidates are evaluated (PyTorch-level ones on a CPU) after they pass "
+                                    "the evaluator.")
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "How candidates are evaluated."})
     out_dir: str = _f("augment_data", "Output folder: sft.jsonl and dataset/ (datasets.save_to_disk).")
     hf_dataset: bool = _f(True, "Also save a Hugging Face dataset (needs `datasets`).")
@@ -113,8 +120,8 @@ class AugmentConfig:
     def __post_init__(self) -> None:
         if isinstance(self.eval, dict):
             self.eval = EvalConfig.from_dict(self.eval)
-        if not self.llms and not self.from_release:
-            raise ConfigError("augment needs at least one --llm, or --from-release PATH")
+        if not self.llms and not self.from_release and not self.from_examples:
+            raise ConfigError("augment needs at least one --llm, --from-release PATH or --from-examples")
         if self.samples < 1 or self.keep < 1:
             raise ConfigError(f"set samples >= 1 and keep >= 1 (got {self.samples} and {self.keep})")
         if self.max_slowdown <= 0:
@@ -295,6 +302,11 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
             release_rows, release_stats = import_release(path, config, evaluator, progress=progress)
             rows += release_rows
             stats += release_stats
+        if config.from_examples:
+            where = evaluation_device(config.eval, pool)
+            example_rows, example_stats = import_examples(config, evaluator, where, progress=progress)
+            rows += example_rows
+            stats += example_stats
     finally:
         evaluator.close()
         if generator is not None:
@@ -389,9 +401,24 @@ def import_release(path: str | Path, config: AugmentConfig, evaluator: Evaluator
 
     path = Path(path)
     pairs = [(task, cand) for task, cand in load_release(path) if cand is not None]
+    return import_candidates(pairs, path.stem, config, evaluator, progress=progress)
+
+
+def import_examples(config: AugmentConfig, evaluator: Evaluator, device: str, *,
+                    progress: ProgressFn | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """cudal1's example candidates runnable on `device` (PyTorch-level ones on a CPU), as a release's."""
+    found = example_candidates("cpu" if device.startswith("cpu") else "cuda")
+    pairs = [(task, Candidate(task_id=task.id, source=source, origin=f"builtin example ({form})",
+                              label="cudal1-examples")) for task, form, source in found]
+    return import_candidates(pairs, "examples", config, evaluator, progress=progress)
+
+
+def import_candidates(pairs: Sequence[tuple[Task, Candidate]], label: str, config: AugmentConfig,
+                      evaluator: Evaluator, *, progress: ProgressFn | None = None
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Evaluate given candidates; the correct, executable ones become examples (see the module doc)."""
     chosen = {task.id for task in select_tasks(config, [task for task, _ in pairs])}  # --task, --level, --max-tasks
     pairs = [(task, cand) for task, cand in pairs if task.id in chosen]
-    label = path.stem
     total = len(pairs)
     started = time.monotonic()
 
@@ -417,10 +444,10 @@ def import_release(path: str | Path, config: AugmentConfig, evaluator: Evaluator
                                 score=result.speedup, model=cand.label or label, form=form,
                                 origin=f"release:{cand.origin}"))
         entry["kept"] += 1
-    logger.info("release %s: %d of %d candidates kept (%.1f s)", path, len(rows), total,
-                time.monotonic() - started)
+    logger.info("%s: %d of %d candidates kept (%.1f s)", label, len(rows), total, time.monotonic() - started)
     return rows, list(per_task.values())
 
 
 __all__ = ["AugmentConfig", "AugmentResult", "augment", "example_row", "export_examples", "format_answer",
-           "import_release", "is_executable", "keepable", "release_answer", "select_kept", "strip_reasoning"]
+           "import_candidates", "import_examples", "import_release", "is_executable", "keepable",
+           "release_answer", "select_kept", "strip_reasoning"]
