@@ -270,3 +270,18 @@ def test_a_batch_redirected_to_a_file_reports_progress(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "evaluating: 2/2" in done.stderr
+
+
+def test_an_unexpected_exception_is_one_line_and_verbose_shows_the_traceback(monkeypatch, capsys):
+    """Issue #42: no traceback anywhere; a bug says so in one line, --verbose shows where it was."""
+    import cudal1.cli.tasks_cmd as tasks_cmd
+
+    def broken(*args, **kwargs):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(tasks_cmd, "load_tasks", broken)
+    assert main(["tasks", "list"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "unexpected KeyError" in err and "Traceback" not in err
+    assert main(["--verbose", "tasks", "list"]) == 2
+    assert "Traceback" in capsys.readouterr().err

@@ -185,7 +185,7 @@ def audit_compare_command(
 ) -> None:
     """Does NEW reproduce EARLIER? Exit 1 if not.
 
-    Does NEW reproduce EARLIER? Verdicts, speedups and baselines of their shared tasks (exit 1 if not).
+    Compares the verdicts, speedups and baselines of the tasks both audits hold.
     """
     comparison = compare_audits(load_audit(earlier), load_audit(new), tolerance)
     if json_out is not None:

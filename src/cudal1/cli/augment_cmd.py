@@ -94,15 +94,25 @@ def augment_command(
         return
     from rich.table import Table
 
-    table = Table(title=f"augment run {result.run_id}: {len(result.examples)} examples")
-    for col in ("model", "task", "generated", "gen. errors", "correct", "kept"):
-        table.add_column(col)
+    table = Table(title=f"augment run {result.run_id}: {len(result.examples)} examples", title_justify="left")
+    errors = any(row["generation_errors"] for row in result.stats)  # a column with a value in some row only
+    table.add_column("model", overflow="fold")
+    common.add_id_column(table, [row["task_id"] for row in result.stats])
+    for col in ("samples", *(["gen. errors"] if errors else []), "correct", "kept"):
+        table.add_column(col, justify="right")
     for row in result.stats:
-        table.add_row(row["model"], row["task_id"], str(row["generated"]), str(row["generation_errors"]),
+        failed = [str(row["generation_errors"])] if errors else []
+        table.add_row(model_name(row["model"]), row["task_id"], str(row["generated"]), *failed,
                       str(row["correct"]), str(row["kept"]))
     common.console.print(table)
     where = f" and {result.dataset_path}" if result.dataset_path else ""
     common.console.print(f"written to {result.jsonl_path}{where}")
+
+
+def model_name(spec: str) -> str:
+    """The model of a spec (`openai:MODEL@URL` -> MODEL), or a release's or the examples' label as it is."""
+    kind, sep, rest = spec.partition(":")
+    return rest.split("@", 1)[0] if sep and kind in ("openai", "hf") else spec
 
 
 def register(app: typer.Typer) -> None:

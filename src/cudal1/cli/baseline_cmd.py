@@ -87,12 +87,12 @@ def _select(sources: list[str], levels: list[int], ids: list[str], limit: int | 
 def baseline_table(records: list[BaselineRecord], kinds: list[str], title: str) -> Table:
     """One row per task: each kind's time in ms and speedup vs eager, or `failed` (reasons listed below)."""
     table = Table(title=title, caption="ms (speedup vs eager); failures: see the store or --verbose")
-    table.add_column("task")
-    for k in kinds:
-        table.add_column(k, justify="right")
     by_task: dict[str, dict[str, BaselineRecord]] = {}
     for r in records:
         by_task.setdefault(r.task_id, {})[r.name] = r
+    common.add_id_column(table, by_task)
+    for k in kinds:
+        table.add_column(k, justify="right")
     for task_id, row in by_task.items():
         cells = []
         for k in kinds:

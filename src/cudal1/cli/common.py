@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,11 @@ FormOpt = typer.Option("auto", "--form", callback=choice(*FORM_CHOICES),
 WorkersOpt = typer.Option("", "--workers", help="Evaluate through an evaluator pool: local (one slot per "
                                                 "GPU), ray:auto or ray://HOST:PORT, or a reward server's "
                                                 "http(s)://HOST:PORT (default: this process).")
+
+
+def add_id_column(table: Any, ids: Iterable[str], header: str = "task") -> None:
+    """The column of task ids: never cut or wrapped (users copy them), the other columns give way."""
+    table.add_column(header, no_wrap=True, min_width=max([len(header), *(len(i) for i in ids)]))
 
 
 def read_source(path: Path, what: str) -> str:

@@ -17,6 +17,7 @@ app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False, ric
                   pretty_exceptions_enable=False,
                   help="CUDA-L1 end to end: make PyTorch modules faster with LLM-written CUDA, verified.")
 err_console = Console(stderr=True)
+_state = {"verbose": False}  # --verbose of the current invocation: an unexpected error shows its traceback
 
 
 def _register() -> None:
@@ -53,10 +54,12 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progr
           version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _state["verbose"] = verbose
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 failed verdicts where a command says so, 2 user error)."""
+    _state["verbose"] = False
     try:
         rc = app(args=argv, standalone_mode=False)
     except Cudal1Error as exc:
@@ -93,9 +96,12 @@ def _usage_error(exc: Exception) -> int:
 def _unexpected(exc: Exception) -> int:
     """An exception no command turned into a user-facing error: a bug of ours, or a library's error we did not
     foresee. One line, like every error; the traceback with --verbose."""
-    if logging.getLogger().isEnabledFor(logging.INFO):
+    if _state["verbose"]:
         err_console.print_exception()
     first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if isinstance(exc, OSError):  # the machine's answer (disk full, permission denied), not a bug of ours
+        err_console.print(f"[red]error:[/red] {escape(first)}", highlight=False, soft_wrap=True)
+        return 2
     err_console.print(f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(first)} (a bug: please "
                       "report it; --verbose shows the traceback)", highlight=False, soft_wrap=True)
     return 2

@@ -43,7 +43,8 @@ def serve_command(
 ) -> None:
     """Serve evaluations over HTTP (the reward server).
 
-    Serve evaluations over HTTP to trainers on other machines (see `cudal1.service.server`).
+    Serves evaluations to trainers on other machines; the API (endpoints, bodies, auth, errors) is in
+    docs/serve.md.
     """
     from cudal1.service.server import ServerConfig, serve
 
