@@ -157,6 +157,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["eval", "--ref", ref, "--candidate", good, "--no-store", "--device", "gpu"], "'--device'"),
         (["optimize", "x", "--llm", "openai:m", "--rounds", "0"], "'--rounds'"),
         (["serve", "--max-queue", "0"], "'--max-queue'"),
+        (["audit", str(tmp / "nowhere.jsonl"), "--out", str(tmp / "aud"), "--store", str(tmp / "a.sqlite")],
+         "no such release file"),
         (["eval", "--candidates-dir", str(tmp / "nowhere"), "--no-store"], "no such folder"),
         (["eval", "--release", str(tmp / "r.jsonl"), "--limit", "0", "--no-store"], "--limit"),
         (["report", "--out", str(afile), "--store", str(tmp / "s.sqlite")], "is a file, not a folder"),
@@ -182,6 +184,7 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
         assert words in err and "Traceback" not in err, (argv, err)
         assert len(captured.err.strip().splitlines()) == 1, (argv, captured.err)  # issue #42: one line
     assert not (tmp_path / "none.sqlite").exists()  # a report never creates an empty store
+    assert not (tmp_path / "aud").exists()  # a failed audit leaves no empty folder
 
 
 def test_a_mistyped_option_is_one_line_naming_the_option(capsys):

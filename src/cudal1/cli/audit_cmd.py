@@ -97,6 +97,8 @@ def audit_command(
     else:
         if release is None:
             raise SourceError("give the RELEASE file to audit (a JSONL release in CUDA-L1's schema)")
+        if not release.is_file():
+            raise SourceError(f"no such release file: {release}")
         cfg = AuditConfig(
             release=str(release), profile=profile or "strict", levels=tuple(level),
             sample_per_level=sample_per_level, seed=seed, limit=limit, chunk=chunk,
@@ -105,8 +107,9 @@ def audit_command(
             eval_config=common.make_config(device, profile or "strict", trials, sizes, buckets=buckets,
                                            timeout_s=timeout_s, sandbox=sandbox))
         store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)
-        folder = common.output_folder(out or default_out)
-        written = _audit_store(cfg, store, folder, report_only=report_only, gpu=gpu, plots=plots)
+        folder = common.check_output_folder(out or default_out)  # made when written: no empty folder left
+        with common.writing_into(folder):
+            written = _audit_store(cfg, store, folder, report_only=report_only, gpu=gpu, plots=plots)
     if earlier is not None:
         comparison = compare_audits(earlier, load_audit(written["audit.json"]), tolerance)
         (folder / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")

@@ -92,6 +92,9 @@ def load_sft_records(path: str | Path, tasks: Sequence[Task] | None = None, form
             continue
         try:
             records.append(record_from_row(json.loads(line), tasks_by_id, form))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{lineno}: not a line of JSON ({exc.msg}); the dataset is the JSONL "
+                              "that `cudal1 augment` writes (sft.jsonl)") from None
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{path}:{lineno}: {exc}") from None
     if not records:
