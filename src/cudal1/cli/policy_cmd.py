@@ -9,6 +9,8 @@ import typer
 from rich.table import Table
 
 from cudal1.cli import common
+from cudal1.eval.config import resolve_device
+from cudal1.metrics.noise import cpu_noise_note
 
 
 def evaluate_policy_command(
@@ -62,6 +64,8 @@ def evaluate_policy_command(
     for name, value in report.table_rows():
         table.add_row(name, value)
     common.console.print(table)
+    if not workers and resolve_device(eval_cfg.device) == "cpu":  # timed here, on a CPU
+        common.console.print(cpu_noise_note(), style="yellow", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
