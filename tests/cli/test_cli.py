@@ -30,6 +30,24 @@ def test_help_for_every_command(argv, capsys):
     assert "Usage" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv", [[], *_commands()], ids=lambda a: " ".join(a) or "cudal1")
+def test_help_at_80_columns_cuts_nothing(argv, capsys, monkeypatch):
+    """Issue #42: Rich's help panels cut examples (`'openai:MODEL@ht…`) and option names at 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main([*argv, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    body = "\n".join(line for line in out.splitlines() if not line.startswith("Usage:"))  # [ARGS]...
+    assert "…" not in out and "..." not in body, out  # click marks a cut summary with "..."
+
+
+def test_help_in_an_80_column_terminal_keeps_the_llm_example_whole():
+    from tests.cli._pty import run_in_terminal
+
+    code, screen = run_in_terminal(["optimize", "--help"], 80)
+    assert code == 0 and "'openai:MODEL@http://host:port/v1'" in screen, screen
+
+
 def test_tasks_list_builtin_json(capsys):
     assert main(["tasks", "list", "--source", "builtin", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -111,7 +129,8 @@ def test_eval_batch_through_a_local_pool_stores_every_result(tmp_path, capsys):
     assert sorted(r["status"] for r in second) == ["correct", "incorrect"] and all(r["cached"] for r in second)
     assert main([a for a in argv if a != "--json"]) == 0  # the table says which rows come from the store
     table = capsys.readouterr().out
-    assert table.count("(cached)") == 2, table
+    assert "│ correct* " in table and "│ incorrect* " in table, table
+    assert "read from the results store" in " ".join(table.split())
 
 
 def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
@@ -130,7 +149,16 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["check", str(binary)], "is not UTF-8 text"),
         (["eval", "--ref", ref, "--candidate", str(tmp), "--no-store"], "is a folder"),
         (["eval", "--ref", ref, "--candidate", good, "--no-store", "--store", str(tmp / "s.sqlite")], "not both"),
-        (["eval", "--ref", ref, "--candidate", good, "--no-store", "--timeout-s", "-1", *fast], "timeout_s must be > 0"),
+        (["eval", "--ref", ref, "--candidate", good, "--no-store", "--timeout-s", "-1", *fast],
+         "Invalid value for '--timeout-s': -1 is not > 0"),
+        (["eval", "--ref", ref, "--candidate", good, "--no-store", "--trials", "0"], "'--trials'"),
+        (["eval", "--ref", ref, "--candidate", good, "--no-store", "--profile", "kernelbench-v1"],
+         "Invalid value for '--profile'"),
+        (["eval", "--ref", ref, "--candidate", good, "--no-store", "--device", "gpu"], "'--device'"),
+        (["optimize", "x", "--llm", "openai:m", "--rounds", "0"], "'--rounds'"),
+        (["serve", "--max-queue", "0"], "'--max-queue'"),
+        (["audit", str(tmp / "nowhere.jsonl"), "--out", str(tmp / "aud"), "--store", str(tmp / "a.sqlite")],
+         "no such release file"),
         (["eval", "--candidates-dir", str(tmp / "nowhere"), "--no-store"], "no such folder"),
         (["eval", "--release", str(tmp / "r.jsonl"), "--limit", "0", "--no-store"], "--limit"),
         (["report", "--out", str(afile), "--store", str(tmp / "s.sqlite")], "is a file, not a folder"),
@@ -154,7 +182,27 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
         captured = capsys.readouterr()
         err = " ".join((captured.err + captured.out).split())
         assert words in err and "Traceback" not in err, (argv, err)
+        assert len(captured.err.strip().splitlines()) == 1, (argv, captured.err)  # issue #42: one line
     assert not (tmp_path / "none.sqlite").exists()  # a report never creates an empty store
+    assert not (tmp_path / "aud").exists()  # a failed audit leaves no empty folder
+
+
+def test_a_mistyped_option_is_one_line_naming_the_option(capsys):
+    """Issue #42: click's usage errors took four lines; an internal field name stood for the flag."""
+    assert main(["eval", "--trials", "many"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'--trials'" in err and "eval --help" in err
+    assert "correctness_trials" not in err
+
+
+def test_profile_kernelbench_is_the_kernelbench_v0_profile(capsys):
+    """`--profile kernelbench` beside `--policy kernelbench`: the same harness, one name (issue #42)."""
+    argv = ["eval", "--ref", str(FIXTURES / "tasks" / "tiny_scale_add.py"), "--candidate",
+            str(FIXTURES / "eval" / "correct.py"), "--device", "cpu", "--trials", "1", "--buckets", "2",
+            "--profile", "kernelbench", "--policy", "kernelbench", "--json", "--no-store"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["protocol"]["profile"] == "kernelbench-v0" and out["protocol"]["policy"] == "kernelbench"
 
 
 def test_a_broken_reference_is_not_blamed_on_the_candidate(tmp_path, capsys):
@@ -225,3 +273,18 @@ def test_a_batch_redirected_to_a_file_reports_progress(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "evaluating: 2/2" in done.stderr
+
+
+def test_an_unexpected_exception_is_one_line_and_verbose_shows_the_traceback(monkeypatch, capsys):
+    """Issue #42: no traceback anywhere; a bug says so in one line, --verbose shows where it was."""
+    import cudal1.cli.tasks_cmd as tasks_cmd
+
+    def broken(*args, **kwargs):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(tasks_cmd, "load_tasks", broken)
+    assert main(["tasks", "list"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "unexpected KeyError" in err and "Traceback" not in err
+    assert main(["--verbose", "tasks", "list"]) == 2
+    assert "Traceback" in capsys.readouterr().err

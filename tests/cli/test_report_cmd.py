@@ -50,6 +50,58 @@ def test_report_from_a_synthetic_store(tmp_path):
     assert "<table>" in html and "<script" not in html
 
 
+def _one_task_three_evaluations(path):
+    with ResultsStore(path) as store:
+        task = Task(id="x/level1/t", source=REF, level=1)
+        store.put_task(task.id, task.source, level=task.level)
+        for i, speedup in enumerate((1.5, 2.0, None)):
+            digest = store.put_candidate(f"cand {i}", task_id=task.id)
+            timing = TimingStats(1.0, 1.0 / speedup, speedup, 0.0, [speedup]) if speedup else None
+            result = EvalResult(status=Status.CORRECT if speedup else Status.INCORRECT, speedup=speedup,
+                                timing=timing, task_id=task.id, candidate_hash=digest,
+                                environment={"gpu_name": "cpu", "device_type": "cpu"})
+            store.put_evaluation(result, task_hash=task.hash, key=f"k{i}", label="")
+
+
+def test_report_keeps_every_evaluation_and_says_how_it_counts(tmp_path, capsys):
+    """Issue #42: 3 evaluations of one task gave a report of "1 result rows" and nothing else."""
+    store = tmp_path / "s.sqlite"
+    _one_task_three_evaluations(store)
+    assert main(["report", "--store", str(store), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
+    assert capsys.readouterr().out.startswith("3 evaluation(s) of 1 task(s) from 1 label(s)")
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Every evaluation (3)" in md and "1 result rows, one per task and run" in md
+    section = md.split("## Every evaluation (3)")[1]
+    assert section.count("| x/level1/t |") == 3 and "| 2.00 |" in section and "| incorrect |" in section
+    assert "CPU timings are noisy" in md  # the header warns: speedups measured on a CPU
+
+
+def test_report_without_matplotlib_writes_no_plots_and_says_so(tmp_path, capsys, monkeypatch):
+    """Issue #42: `cudal1 report --out report/` failed on a base install and left an empty folder."""
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    store = tmp_path / "s.sqlite"
+    _fill(store)
+    assert main(["report", "--store", str(store), "--out", str(tmp_path / "report")]) == 0
+    assert "No plots: matplotlib is not installed (pip install 'cudal1[report]')" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["report.html", "report.md"]
+    assert main(["report", "--store", str(store), "--out", str(tmp_path / "asked"), "--plots"]) == 2
+    assert "pip install 'cudal1[report]'" in capsys.readouterr().err
+    assert not (tmp_path / "asked").exists()
+
+
+def test_a_failed_report_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+    import cudal1.cli.report_cmd as report_cmd
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report_cmd, "write_report", fail)
+    store = tmp_path / "s.sqlite"
+    _fill(store)
+    assert main(["report", "--store", str(store), "--out", str(tmp_path / "new")]) == 2
+    assert "disk full" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
 def test_unknown_label_is_one_line_error(tmp_path, capsys):
     store = tmp_path / "s.sqlite"
     _fill(store)
@@ -82,3 +134,8 @@ def test_baseline_table_shows_time_speedup_and_the_start_of_a_failure_reason():
     text = console.export_text()
     assert "2.000 (1.00x)" in text and "failed: capture_error: [bad] capture" in text  # brackets kept
     assert text.split("t/a")[1].split("\n")[0].rstrip(" │").endswith("-")  # cudnn: not measured
+    narrow = Console(record=True, width=60)  # issue #42: the task id is cut last, never
+    long_id = "builtin/level2/gemm_layernorm_swish"
+    narrow.print(baseline_table([BaselineRecord(long_id, "h", "eager", "ok", ms=2.0, speedup_vs_eager=1.0)],
+                                ["eager", "torch_compile", "cuda_graph"], "baselines"))
+    assert f"│ {long_id} │" in narrow.export_text()

@@ -428,6 +428,28 @@ def test_a_cuda_build_on_a_machine_without_a_gpu_says_so(task):
     assert not r.status.is_verdict
 
 
+_RAW_COPY = """import torch
+from cudal1.raw_cuda import load_kernels
+
+kernels = load_kernels('extern "C" __global__ void copy(const float* x, float* y, int n) '
+                       '{ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i]; }')
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        kernels.copy(grid=((x.numel() + 255) // 256,), block=(256,), args=(x, y, x.numel()))
+        return y
+"""
+
+
+def test_a_raw_cuda_candidate_on_a_machine_without_a_gpu_says_so(task):
+    """Issue #42: it was stored as the candidate's runtime_error ("CUDA is not available"), unlike load_inline."""
+    r = evaluate_candidate(task, _RAW_COPY, EvalConfig(**FAST))
+    assert r.status is Status.INFRA_ERROR and "needs a GPU" in r.message, r.message
+    assert not r.status.is_verdict
+
+
 def test_verbose_logs_each_evaluation_with_its_phases(task, caplog):
     with caplog.at_level("INFO", logger="cudal1.eval.pipeline"):
         r = run(task, "correct")

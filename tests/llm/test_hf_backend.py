@@ -105,3 +105,16 @@ def test_time_limit_ends_a_batch_early(tiny):
     cut = limited.generate(["a prompt"], n=1)[0][0]
     assert cut.error is None and cut.finish_reason == "length"
     assert 1 <= cut.completion_tokens <= 3 and full.text.startswith(cut.text)
+
+
+def test_a_policy_saved_as_training_saves_it_loads_from_its_folder(tiny, tmp_path):
+    """Issue #42: `--llm hf:runs/rl/final` failed on the byte tokenizer that a trained scratch policy is
+    saved with ("Couldn't instantiate the backend tokenizer from one of: ", cut there), though
+    evaluate-policy loaded it."""
+    model, tok = tiny
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    backend = make_backend(LLMConfig(spec=f"hf:{tmp_path}", max_tokens=4, seed=0), device="cpu")
+    assert isinstance(backend.tokenizer, ByteTokenizer)
+    ((completion,),) = backend.generate(["hello"], n=1)
+    assert completion.ok and completion.completion_tokens >= 1

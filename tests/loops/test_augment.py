@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,6 +11,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.llm import extract_completion
 from cudal1.llm.extract import SECTION_NAMES
+from cudal1.llm.prompts import TORCH_FORM
 from cudal1.loops.augment import AugmentConfig, augment, is_executable, select_kept, strip_reasoning
 from cudal1.loops.common import SampleRecord
 from tests.helpers.scripted_server import Reply, ScriptedOpenAIServer
@@ -42,13 +44,15 @@ def test_two_models_keep_at_most_m_per_task_and_export_both_formats(tmp_path, st
     assert "<think>" not in kept_b["completion"][0]["content"]
     # model-b was asked after model-a's correct candidates entered the exemplar database
     assert all("Previous implementations" in p for p in b_prompts)
+    # Issue #42: on the CPU the prompts ask for a form that can run there, not raw CUDA
+    assert all(TORCH_FORM in p and "load_kernels" not in p for p in b_prompts)
 
     lines = [json.loads(line) for line in result.jsonl_path.read_text().splitlines()]
     assert len(lines) == 3
     for row in lines:
         assert row["prompt"][0]["role"] == "system" and row["prompt"][-1]["role"] == "user"
         assert row["completion"][0]["role"] == "assistant" and row["task_id"] == task.id
-        assert row["form"] == "raw_cuda" and row["score"] > 1.0
+        assert row["form"] == "torch" and row["score"] > 1.0  # evaluated on the CPU: PyTorch-only asked for
     datasets = pytest.importorskip("datasets")
     loaded = datasets.load_from_disk(str(result.dataset_path))
     assert loaded.num_rows == 3 and {"prompt", "completion", "task_id", "score", "model", "form"} <= set(loaded.column_names)
@@ -98,6 +102,18 @@ def test_imports_the_correct_candidates_of_a_release(tmp_path, store):
                                                                   "tiny-release/level1/2": 0}
 
 
+def test_imports_the_builtin_examples_that_run_here(tmp_path, store):
+    """Stage-1 data without an LLM or a release (the README's laptop recipe starts from it)."""
+    config = AugmentConfig(from_examples=True, task_ids=["builtin/level1/softmax_manual_lastdim"],
+                           eval=dataclasses.replace(CPU_EVAL, sizes="small"), out_dir=str(tmp_path / "out"),
+                           hf_dataset=False)
+    result = augment(config, store=store)
+    (example,) = result.examples
+    assert example["task_id"] == "builtin/level1/softmax_manual_lastdim" and example["form"] == "torch"
+    assert example["model"] == "cudal1-examples" and example["origin"] == "release:builtin example (torch)"
+    assert TORCH_FORM in example["prompt"][-1]["content"]
+
+
 def _timed(speedup: float, ref_ms: float = 1.0) -> EvalResult:
     timing = TimingStats(ref_ms=ref_ms, candidate_ms=ref_ms / speedup, speedup=speedup, stability=0.0,
                          bucket_speedups=[speedup])
@@ -123,6 +139,7 @@ def test_config_needs_a_model_or_a_release():
     with pytest.raises(ConfigError):
         AugmentConfig(llms=["openai:m@http://127.0.0.1:1/v1"], keep=0)
     assert AugmentConfig(from_release=["x.jsonl"]).keep == 2
+    assert AugmentConfig(from_examples=True).from_examples
 
 
 def test_a_split_file_keeps_held_out_tasks_out_of_stage_1(tmp_path):

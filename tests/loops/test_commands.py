@@ -106,3 +106,14 @@ def test_optimize_against_an_unreachable_server_fails_and_claims_no_stored_resul
     assert all("(stored earlier)" in line for line in (done.stdout + done.stderr).splitlines() if stored in line)
     with ResultsStore(store_path) as store:
         assert store.query_evaluations() == before
+
+
+def test_optimize_without_the_llm_extra_names_it_in_one_line(tmp_path, monkeypatch, capsys):
+    """Issue #42: the error blamed the server ("failed every request (MissingDependencyError...)")."""
+    monkeypatch.setitem(__import__("sys").modules, "openai", None)
+    argv = ["optimize", "builtin/level1/swish_beta", "--llm", "openai:m@http://127.0.0.1:9/v1", "--store",
+            str(tmp_path / "s.sqlite"), *FAST_EVAL]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    expected = "error: 'openai' is needed for OpenAI-compatible generation: pip install 'cudal1[llm]'"
+    assert captured.err.strip() == expected and captured.out == ""

@@ -119,12 +119,28 @@ def test_stops_after_a_round_in_which_every_request_failed(tmp_path, store):
     assert result.failure.startswith(f"the LLM server at {server.base_url} failed every request (HTTP 401")
     assert result.failure.endswith("no candidate was generated") and result.out_path is None
 
-    # The same run once the server answers (here on another port, so named): round 1's failures stay
-    # journaled, round 2 is generated.
+    # The same run once the server answers (here on another port, so named): round 1's failed requests are
+    # asked again (issue #42: they used to count as round 1), then round 2.
     with ScriptedOpenAIServer(lambda index, body: answer("fast")) as server:
         resumed = optimize(cpu_task(), _config(server, tmp_path, rounds=2, samples=3, run_name="r"), store=store)
-        assert server.request_count == 3
+        assert server.request_count == 6
     assert resumed.resumed and not resumed.stopped and resumed.best_result is not None and not resumed.failure
+    assert [h.generation_errors for h in resumed.history] == [0, 0]
+    assert [h.statuses for h in resumed.history] == [{"correct": 3}, {"correct": 3}]
+
+
+def test_without_the_llm_extra_nothing_is_journaled(tmp_path, store, monkeypatch):
+    """Issue #42: without `openai` every request failed, the error blamed the server, and the rerun (extra
+    installed) counted those failures as its round 1."""
+    from cudal1.core.errors import MissingDependencyError
+
+    monkeypatch.setitem(__import__("sys").modules, "openai", None)  # `import openai` raises ImportError
+    runs = len(store.list_runs("optimize"))
+    config = OptimizeConfig(llm="openai:m@http://127.0.0.1:9/v1", rounds=1, samples=2, eval=CPU_EVAL,
+                            baselines="none", run_name="no-extra", exemplar_db=str(tmp_path / "ex.sqlite"))
+    with pytest.raises(MissingDependencyError, match=r"pip install 'cudal1\[llm\]'"):
+        optimize(cpu_task(), config, store=store)
+    assert len(store.list_runs("optimize")) == runs
 
 
 class _Stop(Exception):
@@ -181,13 +197,29 @@ def test_config_rejects_bad_values(bad):
         OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", **bad)
 
 
+def test_on_the_cpu_it_asks_for_pytorch_and_on_a_gpu_for_raw_cuda(tmp_path, store):
+    """Issue #42: on the CPU, optimize asked for raw CUDA, which cannot run there."""
+    from cudal1.llm.prompts import RAW_CUDA_FORM, TORCH_FORM, resolve_form
+
+    with ScriptedOpenAIServer(lambda index, body: answer("fast")) as server:
+        result = optimize(cpu_task(), _config(server, tmp_path, rounds=1, samples=1, run_name="cpu-form"),
+                          store=store)
+        (prompt,) = [_user_text(r) for r in server.requests]
+    assert TORCH_FORM in prompt and "load_kernels" not in prompt and "custom CUDA kernels" not in prompt
+    assert result.best_result is not None
+    assert OptimizeConfig(llm="openai:m").form == "auto"
+    assert resolve_form("auto", "cuda:0") == "raw_cuda" and resolve_form("auto", "remote") == "raw_cuda"
+    assert resolve_form("raw_cuda", "cpu") == "raw_cuda" and RAW_CUDA_FORM != TORCH_FORM
+
+
 def test_run_key_ignores_rounds_but_not_the_model():
     task = cpu_task()
     a = OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", rounds=2)
     b = OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", rounds=9)
     c = OptimizeConfig(llm="openai:other@http://127.0.0.1:1/v1", rounds=2)
     assert a.run_key(task) == b.run_key(task) != c.run_key(task)
-    assert a.form == "raw_cuda" and a.sampler == "bucket"
+    assert a.form == "auto" and a.sampler == "bucket"
+    assert a.run_key(task, "torch") != a.run_key(task, "raw_cuda")  # the form auto became names the run
     assert baseline_kinds("auto", "cpu") == [] and "cuda_graph" in baseline_kinds("auto", "cuda")
     assert baseline_kinds("eager,torch_compile", "cuda") == ["torch_compile"]
 

@@ -57,12 +57,27 @@ def test_serves_on_loopback(tmp_path):
     assert (tmp_path / "r.sqlite").exists()
 
 
+def test_a_busy_port_is_one_line_before_any_banner(tmp_path):
+    """Issue #42: on a busy port serve printed its banner, then uvicorn's error, and exited 3."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "CUDAL1_SERVER_TOKEN": "tok"}
+        cmd = [sys.executable, "-m", "cudal1.cli.main", "serve", "--port", str(port), "--device", "cpu",
+               "--store", str(tmp_path / "r.sqlite")]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip() == (f"error: cannot serve on 127.0.0.1:{port}: Address already in use "
+                                   "(another server? choose another --port)")
+
+
 def test_bad_or_unsafe_options_are_one_line_errors(capsys, monkeypatch):
     monkeypatch.setenv("CUDAL1_SERVER_TOKEN", "tok")
     for argv, words in ((["--port", "99999"], "not a TCP port"),
                         (["--insecure-no-auth", "--host", "0.0.0.0"], "loopback"),
                         (["--memory-gb", "0"], "--memory-gb"),
-                        (["--request-timeout-s", "-1"], "request_timeout_s")):
+                        (["--request-timeout-s", "-1"], "--request-timeout-s")):
         assert main(["serve", "--device", "cpu", *argv]) == 2
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err

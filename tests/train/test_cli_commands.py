@@ -56,3 +56,26 @@ def test_tiny_sft_run_through_the_cli(tmp_path, tiny_tasks, capsys):
     assert code == 0, capsys.readouterr()
     assert json.loads((out_dir / "summary.json").read_text())["steps"] == 1
     assert (out_dir / "final" / "config.json").is_file()
+
+
+def test_a_max_length_that_truncation_empties_is_one_line(tmp_path, tiny_tasks, capsys):
+    """Issue #42: a 142-line traceback ("num_samples=0") when truncation dropped every record."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "speed this module up " * 20,
+                                               "completion": correct_code(t)} for t in tiny_tasks])
+    code = main(["train", "sft", "--model", "scratch", "-o", str(tmp_path / "run"), "--dataset", str(data),
+                 "--split", "all", "--set", "max_length=64", "--set", "max_steps=1", "--set",
+                 "report_to=none", "--set", "store=none"])
+    captured = capsys.readouterr()
+    assert code == 2 and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert "max_length=64 leaves no answer token" in captured.err and "--set max_length=" in captured.err
+
+
+def test_no_records_in_the_split_says_why(tmp_path, capsys):
+    """Issue #42: "no SFT records in split 'train'" did not say that the task ids were not in --source."""
+    ref = next(FIXTURE_TASKS.rglob("*.py")).read_text()
+    row = {"task_id": "jsonl/level1/7", "ref_code": ref, "code": "x = 1"}
+    data = write_jsonl(tmp_path / "d.jsonl", [row])
+    code = main(["train", "sft", "--model", "scratch", "-o", str(tmp_path / "run"), "--dataset", str(data),
+                 "--source", str(FIXTURE_TASKS), "--set", "report_to=none", "--set", "store=none"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "not in --source" in err and "'jsonl/level1/7'" in err and "--split all" in err

@@ -123,9 +123,18 @@ def test_sft_data_and_rl_prompts_ask_for_the_same_form_by_default():
     from cudal1.train.policy_eval import PolicyEvalConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(RLStageConfig)}
-    assert defaults["form"] == "raw_cuda"
+    assert defaults["form"] == "auto"  # each resolves auto alike (llm.prompts.resolve_form)
     assert {f.default for cls in (AugmentConfig, OptimizeConfig, PolicyEvalConfig)
-            for f in dataclasses.fields(cls) if f.name == "form"} == {"raw_cuda"}
+            for f in dataclasses.fields(cls) if f.name == "form"} == {"auto"}
+
+
+def test_form_auto_becomes_the_form_that_runs_where_rewards_are_evaluated(tmp_path):
+    """Issue #42: on the CPU the stages asked for raw CUDA, which cannot run there."""
+    cpu = RLStageConfig(model="scratch", output_dir=str(tmp_path), eval_device="cpu")
+    remote = RLStageConfig(model="scratch", output_dir=str(tmp_path), eval_device="cpu",
+                           workers="http://127.0.0.1:8765")
+    assert cpu.form == "torch" and remote.form == "raw_cuda"
+    assert RLStageConfig(model="scratch", output_dir=str(tmp_path), form="load_inline").form == "load_inline"
 
 
 def test_a_hub_policy_is_not_copied_for_the_reference_model(tmp_path):
@@ -179,3 +188,11 @@ def test_each_rank_of_a_multi_process_run_times_on_its_own_gpu(monkeypatch):
     assert rank_device("auto") == "auto"  # no GPU here: auto stays the CPU
     cfg = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "eval_device": "cuda"})
     assert cfg.eval_config().device == "cuda:3"
+
+
+def test_log_completions_is_a_setting_of_stages_2_and_3(tmp_path):
+    """Issue #42: `--set log_completions=true` was "unknown RLStageConfig settings"."""
+    for cls in (RLStageConfig, SelfSupervisedConfig):
+        config = load_config(cls, None, ["log_completions=false", "model=scratch", f"output_dir={tmp_path}"])
+        assert config.log_completions is False
+        assert load_config(cls, None, {"model": "scratch", "output_dir": str(tmp_path)}).log_completions

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import torch
@@ -76,6 +77,16 @@ def test_grpo_with_real_generation_and_the_real_evaluator(tmp_path, tiny_tasks, 
     assert "None yet." in by_step[0]  # empty database at the first generation
     assert "### Implementation 1 (speedup" in by_step[1] and "class ModelNew(" in by_step[1]
     assert (tmp_path / "run" / "reward_history.json").is_file()
+    # Issue #42: every completion inspectable, with its verdict and reward; each prompt written once
+    lines = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and [line["step"] for line in lines] == [0, 0, 1, 1]
+    assert sorted(line["status"] for line in lines) == ["correct", "correct", "incorrect", "incorrect"]
+    assert all(line["stage"] == "grpo" and line["task_id"] == task.id for line in lines)
+    assert all("completion" in line for line in lines)
+    assert all(line["reward"] > 0 for line in lines if line["status"] == "correct")
+    assert {"reward_smoothed", "speedup", "message", "code_found"} <= set(lines[0])
+    assert "prompt" in lines[0] and "prompt" not in lines[1]  # a group shares its prompt: written once
+    assert lines[0]["prompt_sha256"] == lines[1]["prompt_sha256"] != lines[2]["prompt_sha256"]
 
 
 def _p_rewarded(model, tok, prompt):

@@ -16,15 +16,17 @@ from cudal1.audit.run import asked_by_runs, collect_audit, measured_on, report_a
 from cudal1.audit.saved import SavedAudit, load_saved_audit, report_saved_audit, saved_audit_path
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
-from cudal1.core.errors import SourceError
+from cudal1.core.errors import MissingDependencyError, SourceError
 from cudal1.core.types import EvalResult
 from cudal1.metrics.rows import ResultRow
+from cudal1.report import plots_available
 from cudal1.tasks import Task
 
 _RELEASE_OPT = typer.Argument(None, help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl); optional when "
                                          "--report-only reports a saved audit.json.", show_default=False)
 _PROFILE_OPT = typer.Option(None, "--profile", help="strict (ours, the default) or cuda-l1 (their tolerance).",
-                            show_default=False)
+                            show_default=False, callback=lambda value: None if value is None else
+                            common.check_profile(value))
 _LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")
 _SAMPLE_PER_LEVEL_OPT = typer.Option(None, "--sample-per-level", help="K items per level (seeded).")
 _SEED_OPT = typer.Option(0, "--seed", help="Seed of --sample-per-level.")
@@ -34,7 +36,9 @@ _BASELINES_OPT = typer.Option("", "--baselines", help="Baselines to measure too,
 _OUT_OPT = typer.Option(None, "--out", "-o", help="Report folder (default audit-RELEASE-PROFILE).")
 _TIME_BUDGET_S_OPT = typer.Option(None, "--time-budget-s", help="Stop starting batches after this.")
 _BATCH_SIZE_OPT = typer.Option(16, "--batch-size", help="Items per parallel-build batch.")
-_PLOTS_OPT = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs matplotlib).")
+_PLOTS_OPT = typer.Option(None, "--plots/--no-plots", show_default=False,
+                          help="Draw plots (matplotlib, the report extra); default: when matplotlib is "
+                               "installed.")
 _REPORT_ONLY_OPT = typer.Option(False, "--report-only", help=(
     "Evaluate nothing; report the stored results of the GPU with the most of them (works without a GPU, e.g. "
     "on a store copied from the GPU machine)."))
@@ -68,12 +72,18 @@ def audit_command(
     device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
     buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
-    plots: bool = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
+    plots: bool | None = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
     from_audit: Path | None = _FROM_AUDIT_OPT,
     compare_to: Path | None = _COMPARE_TO_OPT, tolerance: float = _TOLERANCE_OPT,
 ) -> None:
-    """Verdict, speedup, kernel class and flags next to each published score; which speedups survive."""
+    """Audit a release: which published speedups survive.
+
+    Verdict, speedup, kernel class and flags next to each published score; which speedups survive.
+    """
     earlier = load_audit(compare_to) if compare_to is not None else None  # a bad path fails before any work
+    if plots and not plots_available():
+        raise MissingDependencyError("matplotlib", "report", "report plots (or --no-plots)")
+    plots = plots_available() if plots is None else plots
     if gpu and not report_only:
         raise typer.BadParameter("--gpu chooses whose results a report shows: use it with --report-only")
     if from_audit is not None and not report_only:
@@ -87,6 +97,8 @@ def audit_command(
     else:
         if release is None:
             raise SourceError("give the RELEASE file to audit (a JSONL release in CUDA-L1's schema)")
+        if not release.is_file():
+            raise SourceError(f"no such release file: {release}")
         cfg = AuditConfig(
             release=str(release), profile=profile or "strict", levels=tuple(level),
             sample_per_level=sample_per_level, seed=seed, limit=limit, chunk=chunk,
@@ -95,8 +107,9 @@ def audit_command(
             eval_config=common.make_config(device, profile or "strict", trials, sizes, buckets=buckets,
                                            timeout_s=timeout_s, sandbox=sandbox))
         store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)
-        folder = common.output_folder(out or default_out)
-        written = _audit_store(cfg, store, folder, report_only=report_only, gpu=gpu, plots=plots)
+        folder = common.check_output_folder(out or default_out)  # made when written: no empty folder left
+        with common.writing_into(folder):
+            written = _audit_store(cfg, store, folder, report_only=report_only, gpu=gpu, plots=plots)
     if earlier is not None:
         comparison = compare_audits(earlier, load_audit(written["audit.json"]), tolerance)
         (folder / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
@@ -173,7 +186,10 @@ def audit_compare_command(
     earlier: Path = _EARLIER_ARG, new: Path = _NEW_ARG, tolerance: float = _TOLERANCE_OPT,
     json_out: Path | None = _JSON_OUT_OPT,
 ) -> None:
-    """Does NEW reproduce EARLIER? Verdicts, speedups and baselines of their shared tasks (exit 1 if not)."""
+    """Does NEW reproduce EARLIER? Exit 1 if not.
+
+    Compares the verdicts, speedups and baselines of the tasks both audits hold.
+    """
     comparison = compare_audits(load_audit(earlier), load_audit(new), tolerance)
     if json_out is not None:
         common.output_file(json_out).write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")

@@ -41,7 +41,10 @@ def baseline_command(
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
     peaks: bool = _PEAKS_OPT,
 ) -> None:
-    """Time baselines (eager, torch.compile, CUDA Graph, cuDNN flags) per task and cache them; resumable."""
+    """Time and cache baselines per task (resumable).
+
+    Baselines: eager, torch.compile, CUDA Graph, cuDNN flags; eager also runs the null test.
+    """
     kinds = parse_kinds(kind)
     cfg = common.make_config(device, "strict", trials, sizes, buckets=buckets, timeout_s=timeout_s)
     tasks = _select(source, level, task, limit)
@@ -84,12 +87,12 @@ def _select(sources: list[str], levels: list[int], ids: list[str], limit: int | 
 def baseline_table(records: list[BaselineRecord], kinds: list[str], title: str) -> Table:
     """One row per task: each kind's time in ms and speedup vs eager, or `failed` (reasons listed below)."""
     table = Table(title=title, caption="ms (speedup vs eager); failures: see the store or --verbose")
-    table.add_column("task")
-    for k in kinds:
-        table.add_column(k, justify="right")
     by_task: dict[str, dict[str, BaselineRecord]] = {}
     for r in records:
         by_task.setdefault(r.task_id, {})[r.name] = r
+    common.add_id_column(table, by_task)
+    for k in kinds:
+        table.add_column(k, justify="right")
     for task_id, row in by_task.items():
         cells = []
         for k in kinds:

@@ -8,15 +8,19 @@ from pathlib import Path
 import typer
 
 from cudal1.cli.common import read_source
+from cudal1.core.names import canonical_profile
 
 
 def check_command(
     candidate: Path = typer.Argument(..., help="Candidate module to analyse."),
     ref: Path | None = typer.Option(None, "--ref", help="Reference module, to compare sizes and get_inputs."),
-    preset: str = typer.Option("strict", "--preset", help="strict, cuda-l1 or kernelbench-v0."),
+    preset: str = typer.Option("strict", "--preset", help="strict, cuda-l1 or kernelbench (kernelbench-v0).",
+                               callback=canonical_profile),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Classify a candidate (custom_cuda | triton | pytorch_only | flags_only) and list its flags.
+    """Static analysis of a candidate: class and flags.
+
+    Class: custom_cuda, triton, pytorch_only or flags_only.
 
     Exits 1 when a flag rejects the candidate under the preset, or it does not parse (so it can gate a
     pipeline), else 0.

@@ -1,10 +1,12 @@
-"""Shared CLI pieces: evaluation options, the store, progress bars and result tables."""
+"""Shared CLI pieces: evaluation options, the store, output paths, progress bars (verdicts.py: tables)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,32 +20,79 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
 from cudal1.core.errors import SourceError
-from cudal1.core.types import EvalResult, Status
-from cudal1.eval.config import EvalConfig
+from cudal1.core.names import canonical_profile
+from cudal1.eval.config import PROFILES, EvalConfig
+from cudal1.llm.prompts import FORM_CHOICES
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 180)
 
-STATUS_STYLE = {Status.CORRECT: "green", Status.INCORRECT: "red", Status.HACK_DETECTED: "magenta",
-                Status.COMPILE_ERROR: "yellow", Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow",
-                Status.UNPARSEABLE: "yellow"}
+def check_device(value: str) -> str:
+    """`--device`: auto, cpu, cuda or cuda:N (checked here so that the error names the option)."""
+    value = value.strip()
+    index = value.partition(":")[2]
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and index.isdigit()):
+        return value
+    raise typer.BadParameter(f"{value!r} is not auto, cpu, cuda or cuda:N")
 
-DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.")
-ProfileOpt = typer.Option("strict", "--profile", help="strict, kernelbench-v0 or cuda-l1.")
-TrialsOpt = typer.Option(5, "--trials", help="Correctness trials with fresh inputs.")
-SizesOpt = typer.Option("auto", "--sizes", help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
+
+def check_profile(value: str) -> str:
+    """`--profile`: a correctness profile, `kernelbench` standing for `kernelbench-v0` (core.names)."""
+    name = canonical_profile(value)
+    if name not in PROFILES:
+        raise typer.BadParameter(f"{value!r} is not one of strict, kernelbench (kernelbench-v0), cuda-l1, "
+                                 "trusted")
+    return name
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    """A callback accepting one of `values` (the error names the option and the values)."""
+    def check(value: str) -> str:
+        if value not in values:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
+        return value
+    return check
+
+
+def positive(value: float | None) -> float | None:
+    """A callback for numbers that must be > 0 (click's ranges cannot exclude their bound)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value:g} is not > 0")
+    return value
+
+
+DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)
+ProfileOpt = typer.Option("strict", "--profile", callback=check_profile,
+                          help="Correctness profile: strict (fp32 1e-4, guards reject), kernelbench "
+                               "(KernelBench's 1e-2; also kernelbench-v0) or cuda-l1. Other harnesses' "
+                               "acceptance rules: --policy.")
+TrialsOpt = typer.Option(5, "--trials", min=1, help="Correctness trials with fresh inputs.")
+SizesOpt = typer.Option("auto", "--sizes", callback=choice("auto", "full", "small"),
+                        help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
 StoreOpt = typer.Option(None, "--store", help="Results database (default: user data dir or $CUDAL1_STORE).")
 NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the results store.")
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
-BucketsOpt = typer.Option(7, "--buckets", help="Timing buckets (their spread is the stability; the speedup "
-                                                "pools all calls unless --estimator buckets).")
-TimeoutOpt = typer.Option(600.0, "--timeout-s", help="Wall-clock limit per candidate (builds excluded).")
-SandboxOpt = typer.Option("auto", "--sandbox", help="auto (the best OS sandbox of this host; strict refuses to run "
-                                                      "without one), required, or none (run unsandboxed: an opt-out "
-                                                      "recorded in every result).")
+BucketsOpt = typer.Option(7, "--buckets", min=1, help="Timing buckets (their spread is the stability; the "
+                                                       "speedup pools all calls unless --estimator buckets).")
+TimeoutOpt = typer.Option(600.0, "--timeout-s", callback=positive,
+                          help="Wall-clock limit per candidate (builds excluded).")
+SandboxOpt = typer.Option("auto", "--sandbox", callback=choice("auto", "required", "none"),
+                          help="auto (the best OS sandbox of this host; strict refuses to run without one), "
+                               "required, or none (run unsandboxed: an opt-out recorded in every result).")
+FormOpt = typer.Option("auto", "--form", callback=choice(*FORM_CHOICES),
+                       help="Candidate form asked for: auto (raw_cuda where candidates are evaluated on a "
+                            "GPU, torch on a CPU, where CUDA kernels cannot run), raw_cuda (NVRTC, builds in "
+                            "< 1 s), load_inline or torch (PyTorch only).")
+WorkersOpt = typer.Option("", "--workers", help="Evaluate through an evaluator pool: local (one slot per "
+                                                "GPU), ray:auto or ray://HOST:PORT, or a reward server's "
+                                                "http(s)://HOST:PORT (default: this process).")
+
+
+def add_id_column(table: Any, ids: Iterable[str], header: str = "task") -> None:
+    """The column of task ids: never cut or wrapped (users copy them), the other columns give way."""
+    table.add_column(header, no_wrap=True, min_width=max([len(header), *(len(i) for i in ids)]))
 
 
 def read_source(path: Path, what: str) -> str:
@@ -82,6 +131,34 @@ def output_folder(path: Path) -> Path:
     return path
 
 
+def check_output_folder(path: Path) -> Path:
+    """An output folder to be made later (`writing_into`): `SourceError` now when a file is in the way or the
+    folder it would go in cannot be written."""
+    if path.exists() and not path.is_dir():
+        raise SourceError(f"output folder {path} is a file, not a folder")
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise SourceError(f"cannot create output folder {path}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SourceError(f"cannot create output folder {path}: {existing} is not writable")
+    return path
+
+
+@contextlib.contextmanager
+def writing_into(path: Path) -> Iterator[Path]:
+    """Make the output folder `path` for the block's writes; when the block fails, a folder it made is removed
+    again if still empty, so that a failed command leaves no empty folder behind."""
+    existed = path.exists()
+    output_folder(path)
+    try:
+        yield path
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only an empty folder goes
+        raise
+
+
 def output_file(path: Path) -> Path:
     """An output file's path, its folder created now; `SourceError` when it names a folder or cannot be
     written there."""
@@ -92,7 +169,8 @@ def output_file(path: Path) -> Path:
 
 
 def make_config(device: str, profile: str, trials: int, sizes: str, **extra: Any) -> EvalConfig:
-    return EvalConfig(device=device, profile=profile, correctness_trials=trials, sizes=sizes, **extra)
+    return EvalConfig(device=device, profile=canonical_profile(profile), correctness_trials=trials,
+                      sizes=sizes, **extra)
 
 
 def open_store(path: Path | None, disabled: bool) -> Any:
@@ -162,31 +240,3 @@ def progress_bar() -> Progress | PlainProgress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                     console=console, transient=False)
-
-
-def fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
-    return "-" if x is None else f"{x:{spec}}{suffix}"
-
-
-def result_table(rows: Iterable[tuple[str, EvalResult]], title: str) -> Table:
-    table = Table(title=title)
-    for col, kw in (("task", {}), ("status", {}), ("speedup", {"justify": "right"}),
-                    ("warm", {"justify": "right"}), ("ref ms", {"justify": "right"}),
-                    ("cand ms", {"justify": "right"}), ("stab.", {"justify": "right"}), ("class", {}),
-                    ("message", {"max_width": 60})):
-        table.add_column(col, **kw)
-    for name, r in rows:
-        style = STATUS_STYLE.get(r.status, "")
-        warm = r.timing.speedup_warm if r.timing else None
-        status = r.status.value + (" (cached)" if r.cached else "")  # a stored result is not a fresh measurement
-        table.add_row(name, f"[{style}]{status}[/{style}]", fmt(r.speedup, ".2f", "x"),
-                      fmt(warm, ".2f", "x"), fmt(r.ref_ms, ".3f"), fmt(r.candidate_ms, ".3f"),
-                      fmt(r.stability, ".1%"), r.kernel_class.value if r.kernel_class else "-",
-                      _first_line(r.message or ""))
-    return table
-
-
-def _first_line(text: str, width: int = 160) -> str:
-    """A message's first line for a table cell, with an ellipsis where it was cut (never a silent cut)."""
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[:width - 1] + "…"

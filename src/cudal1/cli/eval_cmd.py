@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from cudal1.cli import common
+from cudal1.cli import common, verdicts
 from cudal1.core.errors import SourceError
 from cudal1.core.types import EvalResult
 from cudal1.eval import evaluate_candidate
@@ -35,9 +35,9 @@ def eval_command(
                                "cuda-l1, kernelbench, kernelgym, cuda-agent, kernelbench-hard, sol-execbench, "
                                "or a YAML/JSON file."),
     round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
-    estimator: str = typer.Option("pooled", "--estimator", help="pooled: median of all reference calls over "
-                                  "median of all candidate calls; buckets: median of the buckets' ratios "
-                                  "(CUDA-L1's)."),
+    estimator: str = typer.Option("pooled", "--estimator", callback=common.choice("pooled", "buckets"),
+                                  help="pooled: median of all reference calls over median of all candidate "
+                                       "calls; buckets: median of the buckets' ratios (CUDA-L1's)."),
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
     workers: str = typer.Option("", "--workers", help="Batch: evaluate through an evaluator pool: local (one slot "
@@ -45,7 +45,10 @@ def eval_command(
                                                       "server's http(s)://HOST:PORT (default: this process, "
                                                       "builds first)."),
 ) -> None:
-    """Evaluate candidates: verdict, speedup vs eager (cold and warm L2), stability, flags."""
+    """Evaluate candidates: verdict, speedup, flags.
+
+    The speedup is vs eager PyTorch, with cold and warm L2 caches, with its stability across timing buckets.
+    """
     cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
                              sandbox=sandbox, timeout_s=timeout_s, policy=policy, estimator=estimator)
     pairs = _collect(candidate, ref, task, source, release, candidates_dir)
@@ -79,8 +82,13 @@ def eval_command(
                                    on_build=on_build, force=force)
     if store and run_id:
         store.finish_run(run_id, {"n": len(rows), "correct": sum(r.status.is_success for _, r in rows)})
-    if not as_json:
-        common.console.print(common.result_table(rows, f"{len(rows)} candidate(s) on {resolve_device(cfg.device)}"))
+    if as_json:  # stdout stays one JSON object per line; how to read the numbers goes to stderr
+        for note in verdicts.notes(rows):
+            typer.echo(f"note: {note}", err=True)
+    else:
+        n = len(rows)
+        verdicts.print_verdicts(common.console, rows, f"{n} candidate{'s' if n != 1 else ''} on "
+                                f"{resolve_device(cfg.device)}")
 
 
 def _collect(candidate: Path | None, ref: Path | None, task_id: str | None, sources: list[str],

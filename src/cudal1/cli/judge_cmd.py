@@ -18,7 +18,8 @@ import typer
 from cudal1.cli import common
 from cudal1.core.errors import ConfigError, SourceError
 
-hacks_app = typer.Typer(no_args_is_help=True, help="The database of known reward-hack cases.")
+hacks_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="The database of known reward-hack cases.")
 
 StoreOpt = typer.Option(None, "--store", help="Results database holding the cases (default: user data dir "
                                               "or $CUDAL1_STORE).")
@@ -54,7 +55,9 @@ def judge_command(
     prompt_only: bool = typer.Option(False, "--prompt-only", help="Print the judge's prompt; ask no LLM."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
 ) -> None:
-    """Ask an LLM judge whether a candidate cheats, with similar known hack cases as context.
+    """Ask an LLM judge whether a candidate cheats.
+
+    Ask an LLM judge whether a candidate cheats, with similar known hack cases as context.
 
     Exit code 1 when the judge says it cheats.
     """

@@ -11,9 +11,13 @@ from rich.markup import escape
 
 from cudal1.core.errors import Cudal1Error
 
-app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False,
+# rich_markup_mode=None: click's plain help, which wraps at the terminal's width; Rich's boxed panels cut
+# examples and option names short at 80 columns (issue #42).
+app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
                   help="CUDA-L1 end to end: make PyTorch modules faster with LLM-written CUDA, verified.")
 err_console = Console(stderr=True)
+_state = {"verbose": False}  # --verbose of the current invocation: an unexpected error shows its traceback
 
 
 def _register() -> None:
@@ -50,10 +54,12 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progr
           version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _state["verbose"] = verbose
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 failed verdicts where a command says so, 2 user error)."""
+    _state["verbose"] = False
     try:
         rc = app(args=argv, standalone_mode=False)
     except Cudal1Error as exc:
@@ -68,11 +74,37 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # Usage errors come from click or from the click copy that newer typer vendors: same interface.
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
-            return int(exc.exit_code)
-        raise
+            return _usage_error(exc)
+        return _unexpected(exc)
     # Without standalone mode, click returns the code of a `typer.Exit` instead of raising it.
     return rc if isinstance(rc, int) else 0
+
+
+def _usage_error(exc: Exception) -> int:
+    """A bad option or argument: one line naming it and where the help is (`cudal1` alone shows the help)."""
+    if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+        exc.show()  # type: ignore[attr-defined]
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "cudal1"
+    message = " ".join(str(exc.format_message()).split())
+    err_console.print(f"[red]error:[/red] {escape(message)} (see {escape(where)} --help)", highlight=False,
+                      soft_wrap=True)
+    return int(exc.exit_code)  # type: ignore[attr-defined]
+
+
+def _unexpected(exc: Exception) -> int:
+    """An exception no command turned into a user-facing error: a bug of ours, or a library's error we did not
+    foresee. One line, like every error; the traceback with --verbose."""
+    if _state["verbose"]:
+        err_console.print_exception()
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if isinstance(exc, OSError):  # the machine's answer (disk full, permission denied), not a bug of ours
+        err_console.print(f"[red]error:[/red] {escape(first)}", highlight=False, soft_wrap=True)
+        return 2
+    err_console.print(f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(first)} (a bug: please "
+                      "report it; --verbose shows the traceback)", highlight=False, soft_wrap=True)
+    return 2
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from cudal1.cli import common
+from cudal1.cli import common, verdicts
 from cudal1.core.errors import ConfigError
 from cudal1.eval.config import EvalConfig
 from cudal1.tasks import Task, find_task
@@ -78,10 +78,10 @@ def optimize_command(
     task: str = typer.Argument(..., help="Task id (looked up in --source) or a module file (Model, get_inputs, "
                                           "get_init_inputs)."),
     llm: str = typer.Option(..., "--llm", help="Model: 'openai:MODEL@http://host:port/v1' or 'hf:PATH'."),
-    rounds: int = typer.Option(4, "--rounds", help="Rounds of generate -> evaluate -> update."),
-    samples: int = typer.Option(8, "--samples", help="Completions per round, generated in parallel."),
+    rounds: int = typer.Option(4, "--rounds", min=1, help="Rounds of generate -> evaluate -> update."),
+    samples: int = typer.Option(8, "--samples", min=1, help="Completions per round, generated in parallel."),
     sampler: str = typer.Option("bucket", "--sampler", help="Exemplar sampler: bucket, island or random."),
-    form: str = typer.Option("raw_cuda", "--form", help="Candidate form: raw_cuda (fast builds) or load_inline."),
+    form: str = common.FormOpt,
     source: list[str] = SourceOpt,
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt,
@@ -96,15 +96,19 @@ def optimize_command(
     seed_from_store: bool = typer.Option(True, "--seed-from-store/--no-seed-from-store",
                                          help="Start from the correct candidates the store already knows."),
     baselines: str = typer.Option("auto", "--baselines", help="Baselines for the header: auto, none or a list."),
-    time_budget_s: float = typer.Option(0.0, "--time-budget-s", help="Stop after this many seconds (0: none)."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
-    max_tokens: int = typer.Option(8192, "--max-tokens", help="Maximum completion tokens per sample."),
-    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight."),
-    max_retries: int = typer.Option(5, "--max-retries", help="Retries of a failed request."),
+    time_budget_s: float = typer.Option(0.0, "--time-budget-s", min=0,
+                                        help="Stop after this many seconds (0: none)."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
+    concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight."),
+    max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),
     pool: str = PoolOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Make one task faster: LLM samples, verified by the evaluator, fed back as scored exemplars."""
+    """Make one task faster with an LLM, verified.
+
+    Make one task faster: LLM samples, verified by the evaluator, fed back as scored exemplars.
+    """
     from cudal1.llm import LLMConfig
     from cudal1.loops.optimize import LLMUnavailableError, OptimizeConfig, optimize
 
@@ -118,6 +122,9 @@ def optimize_command(
         exemplar_db=str(exemplar_db) if exemplar_db else None, seed_from_store=seed_from_store,
         baselines=baselines, time_budget_s=time_budget_s)
     the_task = resolve_task(task, source)
+    from cudal1.llm import make_backend
+
+    backend = make_backend(config.llm)  # before any output: a missing extra is the only line printed
     store = common.open_store(store_path, False)
     evaluator_pool = open_pool(pool, eval_cfg, store)
     try:
@@ -128,7 +135,8 @@ def optimize_command(
                 bar.update(job, advance=1 if event.kind == "sample" else 0,
                            best=f"round {event.round}: {_best_so_far(event)}")
 
-            result = optimize(the_task, config, store=store, pool=evaluator_pool, progress=on_event)
+            result = optimize(the_task, config, backend=backend, store=store, pool=evaluator_pool,
+                              progress=on_event)
     finally:
         if evaluator_pool is not None:
             evaluator_pool.close()
@@ -153,21 +161,28 @@ def _report(result: Any, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table(title=f"{result.task_id}: run {result.run_id}" + (" (resumed)" if result.resumed else ""))
-    for col in ("round", "prompt", "samples", "reused", "gen. errors", "verdicts", "best", "best so far"):
-        table.add_column(col)
+    table = Table(title=f"{result.task_id}: run {result.run_id}" + (" (resumed)" if result.resumed else ""),
+                  title_justify="left")
+    reused = any(h.reused for h in result.history)  # columns with a value in some row only
+    errors = any(h.generation_errors for h in result.history)
+    columns = ["round", "prompt", "samples", *(["reused"] if reused else []),
+               *(["gen. errors"] if errors else []), "verdicts", "best", "best so far"]
+    for col in columns:
+        table.add_column(col, overflow="fold", justify="right" if col.startswith("best") else "left")
     for h in result.history:
-        verdicts = ", ".join(f"{k} {v}" for k, v in sorted(h.statuses.items()))
-        table.add_row(str(h.round), h.prompt_kind + (" +feedback" if h.with_feedback else ""), str(h.samples),
-                      str(h.reused), str(h.generation_errors), verdicts, common.fmt(h.best_speedup, ".2f", "x"),
-                      common.fmt(h.best_so_far, ".2f", "x"))
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(h.statuses.items()))
+        cells = [str(h.round), h.prompt_kind + (" +feedback" if h.with_feedback else ""), str(h.samples),
+                 *([str(h.reused)] if reused else []), *([str(h.generation_errors)] if errors else []),
+                 counts,
+                 verdicts.fmt(h.best_speedup, ".2f", "x"), verdicts.fmt(h.best_so_far, ".2f", "x")]
+        table.add_row(*cells)
     common.console.print(table)
     if result.stopped:
         common.console.print(f"stopped early: {result.stopped}")
     if result.best_result is None:
         common.console.print("[red]no correct candidate found[/red]")
         return
-    common.console.print(common.result_table([(result.task_id, result.best_result)], "best verified candidate"))
+    verdicts.print_verdicts(common.console, [(result.task_id, result.best_result)], "best verified candidate")
     if result.best_origin.get("origin") == "store":
         run = result.best_origin.get("run")
         common.console.print("(a candidate the store already knew" + (f", from run {run}" if run else "")

@@ -9,6 +9,8 @@ import typer
 from rich.table import Table
 
 from cudal1.cli import common
+from cudal1.eval.config import resolve_device
+from cudal1.metrics.noise import cpu_noise_note
 
 
 def evaluate_policy_command(
@@ -17,29 +19,42 @@ def evaluate_policy_command(
     source: str = typer.Option("builtin", "--source", "-s", help="Task source."),
     split: str = typer.Option("test", "--split", help="train, test or all."),
     splits_file: str = typer.Option("", "--splits-file", help="Split JSON written by training (splits.json)."),
-    samples: int = typer.Option(8, "--samples", "-k", help="Completions per task."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
-    max_new_tokens: int = typer.Option(4096, "--max-new-tokens", help="Longest completion."),
-    max_tasks: int = typer.Option(0, "--max-tasks", help="At most this many tasks (0: all)."),
-    form: str = typer.Option("raw_cuda", "--form", help="raw_cuda (the training default) or load_inline."),
+    samples: int = typer.Option(8, "--samples", "-k", min=1, help="Completions per task."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    max_new_tokens: int = typer.Option(4096, "--max-new-tokens", min=1, help="Longest completion."),
+    max_tasks: int = typer.Option(0, "--max-tasks", min=0, help="At most this many tasks (0: all)."),
+    form: str = common.FormOpt,
     exemplar_db: str = typer.Option("", "--exemplar-db", help="Exemplar database of stage 3: contrastive prompts "
                                     "(as the policy was trained on) instead of plain ones."),
-    workers: int = typer.Option(4, "--workers", help="Candidates evaluated in parallel."),
+    eval_workers: int = typer.Option(4, "--eval-workers", min=1,
+                                     help="Candidates evaluated in parallel (as eval_workers in training)."),
+    workers: str = common.WorkersOpt,
     output: str = typer.Option("", "--output", help="Write the JSON report here."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Sample k completions per task of a split, evaluate them, report pass@k and speedups (paper format)."""
+    """Score a policy on a task split: pass@k, speedups.
+
+    Sample k completions per task of a split, evaluate them, report pass@k and speedups (paper format).
+    """
     from cudal1.train.policy_eval import PolicyEvalConfig, evaluate_policy
 
     cfg = PolicyEvalConfig(checkpoint=checkpoint, llm=llm, source=source, split=split, splits_file=splits_file,
                            samples=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                            max_tasks=max_tasks, form=form, exemplar_db=exemplar_db,
                            output=str(common.output_file(Path(output))) if output else "")
+    if workers.isdigit():  # before 2026-12 `--workers N` counted parallel candidates here, unlike elsewhere
+        typer.echo(f"note: --workers {workers} is read as --eval-workers {workers}; --workers names an "
+                   "evaluator pool, as in eval, optimize and serve", err=True)
+        eval_workers, workers = int(workers), ""
     eval_cfg = common.make_config(device, profile, trials, sizes)
-    report = evaluate_policy(cfg, eval_config=eval_cfg, store=common.open_store(store_path, no_store),
-                             workers=workers)
+    store = common.open_store(store_path, no_store)
+    from cudal1.service.evaluator import make_evaluator
+
+    with make_evaluator(workers, eval_cfg, store=store, label=f"policy:{checkpoint or llm}") as evaluator:
+        report = evaluate_policy(cfg, eval_config=eval_cfg, store=store, workers=eval_workers,
+                                 evaluator=evaluator)
     if as_json:
         common.console.print(json.dumps(report.to_dict(), indent=1, default=str), markup=False, highlight=False)
         return
@@ -49,6 +64,8 @@ def evaluate_policy_command(
     for name, value in report.table_rows():
         table.add_row(name, value)
     common.console.print(table)
+    if not workers and resolve_device(eval_cfg.device) == "cpu":  # timed here, on a CPU
+        common.console.print(cpu_noise_note(), style="yellow", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

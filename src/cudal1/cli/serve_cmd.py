@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 
 from cudal1.cli import common
-from cudal1.core.errors import ConfigError
 
 TokenFileOpt = typer.Option(None, "--token-file", help="File with the bearer token (default: $CUDAL1_SERVER_TOKEN).")
 SourceOpt = typer.Option(["builtin"], "--source", "-s", help="Task sources resolving task ids.")
@@ -24,22 +23,29 @@ def serve_command(
     allow_reference_source: bool = typer.Option(
         False, "--allow-reference-source", help="Accept a reference module in requests (run sandboxed, stored "
                                                 "under request/<task_id>)."),
-    max_body_bytes: int = typer.Option(8 * 2**20, "--max-body-bytes", help="Largest request body (413 beyond)."),
-    max_queue: int = typer.Option(256, "--max-queue", help="Items admitted at once (429 beyond)."),
-    max_batch_items: int = typer.Option(64, "--max-batch-items", help="Items per evaluate_batch request."),
-    request_timeout_s: float = typer.Option(1800.0, "--request-timeout-s",
+    max_body_bytes: int = typer.Option(8 * 2**20, "--max-body-bytes", min=1024,
+                                       help="Largest request body (413 beyond)."),
+    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Items admitted at once (429 beyond)."),
+    max_batch_items: int = typer.Option(64, "--max-batch-items", min=1,
+                                        help="Items per evaluate_batch request."),
+    request_timeout_s: float = typer.Option(1800.0, "--request-timeout-s", callback=common.positive,
                                             help="A request's answer within this (504 beyond)."),
-    shutdown_grace_s: float = typer.Option(30.0, "--shutdown-grace-s",
+    shutdown_grace_s: float = typer.Option(30.0, "--shutdown-grace-s", min=0,
                                            help="On SIGTERM, how long running requests may finish."),
-    cpu_slots: int = typer.Option(1, "--cpu-slots",
+    cpu_slots: int = typer.Option(1, "--cpu-slots", min=1,
                                   help="Local pool evaluating on cpu (--device cpu, or no GPU): parallel slots."),
     no_recheck: bool = typer.Option(False, "--no-recheck", help="Do not re-check outlier speedups on a 2nd GPU."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
-    memory_gb: float | None = typer.Option(None, "--memory-gb", help="Host memory limit of each candidate's "
-                                                                     "sandbox (default: from the task's data)."),
+    memory_gb: float | None = typer.Option(None, "--memory-gb", callback=common.positive,
+                                           help="Host memory limit of each candidate's sandbox (default: "
+                                                "from the task's data)."),
 ) -> None:
-    """Serve evaluations over HTTP to trainers on other machines (see `cudal1.service.server`)."""
+    """Serve evaluations over HTTP (the reward server).
+
+    Serves evaluations to trainers on other machines; the API (endpoints, bodies, auth, errors) is in
+    docs/serve.md.
+    """
     from cudal1.service.server import ServerConfig, serve
 
     config = ServerConfig(host=host, port=port, token_file=str(token_file) if token_file else None,
@@ -47,14 +53,15 @@ def serve_command(
                           max_batch_items=max_batch_items, sources=tuple(source),
                           allow_reference_source=allow_reference_source, request_timeout_s=request_timeout_s,
                           shutdown_grace_s=shutdown_grace_s)
-    if memory_gb is not None and memory_gb <= 0:
-        raise ConfigError("--memory-gb must be positive")
     eval_config = common.make_config(device, profile, trials, sizes, timeout_s=timeout_s, sandbox=sandbox,
                                      memory_bytes=int(memory_gb * 2**30) if memory_gb else None)
     options = {"cpu_slots": cpu_slots} if workers == "local" else {}
-    common.console.print(f"reward server on http://{host}:{port} (workers {workers}); Ctrl-C stops it")
+    def banner(url: str) -> None:  # once the address is taken and the pool runs: a busy port prints no banner
+        common.console.print(f"reward server on {url} (workers {workers}); Ctrl-C stops it; API: "
+                             "docs/serve.md", highlight=False, markup=False)
+
     serve(config, eval_config, workers=workers, store_path=str(store_path) if store_path else None,
-          recheck=not no_recheck, pool_options=options)
+          recheck=not no_recheck, pool_options=options, on_ready=banner)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ from cudal1.core.errors import TaskError
 from cudal1.tasks import find_task, load_tasks
 from cudal1.tasks.inspect import inspect_task
 
-app = typer.Typer(help="List, validate and describe tasks.", no_args_is_help=True)
+app = typer.Typer(help="List, validate and describe tasks.", no_args_is_help=True, rich_markup_mode=None)
 console = Console()
 
 SOURCE_HELP = "builtin, a KernelBench folder, hf:NAME_OR_FILE[:SPLIT], jsonl:PATH or FILE.py."
@@ -25,7 +25,10 @@ def list_tasks(
                                                            "if any task is invalid."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
 ) -> None:
-    """List the tasks of a source (with their candidates' presence for releases)."""
+    """List the tasks of a source.
+
+    List the tasks of a source (with their candidates' presence for releases).
+    """
     from cudal1.tasks.sources import load_candidates
 
     is_release = source.startswith("jsonl:") or source.endswith(".jsonl")
@@ -81,7 +84,10 @@ def show_task(
     code: bool = typer.Option(False, "--code", help="Also print the reference source."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Show a task: where it comes from, its sizes, input and output shapes."""
+    """Show a task: origin, sizes, input and output shapes.
+
+    Show a task: where it comes from, its sizes, input and output shapes.
+    """
     task = find_task(task_id, source)
     info = inspect_task(task, sizes=sizes)
     if as_json:

@@ -16,7 +16,8 @@ import typer
 from cudal1.cli.common import console
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="Stage YAML (see cudal1/configs/ or --print-config).")
-ModelOpt = typer.Option(None, "--model", help="Model path or hub id, or 'scratch[:...]' (random init).")
+ModelOpt = typer.Option(None, "--model", help="Model path or hub id, or scratch (a random tiny Llama; sized "
+                                              "by e.g. scratch:hidden=64,layers=4).")
 OutOpt = typer.Option(None, "--output-dir", "-o", help="Run directory.")
 SourceOpt = typer.Option(None, "--source", help="Task source (builtin, folder, hf:NAME, jsonl:PATH).")
 SplitOpt = typer.Option(None, "--split", help="train, test or all.")
@@ -60,17 +61,25 @@ def sft_command(config: Path | None = ConfigOpt, model: str | None = ModelOpt, o
                 dataset: str | None = typer.Option(None, "--dataset", help="JSONL exported by `cudal1 augment`."),
                 source: str | None = SourceOpt, split: str | None = SplitOpt, resume: str | None = ResumeOpt,
                 sets: list[str] = SetOpt, print_config: bool = PrintOpt) -> None:
-    """Stage 1: supervised fine-tuning (TRL SFTTrainer) on correct candidates."""
+    """Stage 1: supervised fine-tuning (TRL SFTTrainer).
+
+    Trains on correct candidates (the JSONL `cudal1 augment` writes).
+    """
     _run("sft", config, _overrides(model, output_dir, source, split, resume, sets, dataset=dataset), print_config)
 
 
 def self_supervised_command(config: Path | None = ConfigOpt, model: str | None = ModelOpt,
                             output_dir: str | None = OutOpt, source: str | None = SourceOpt,
                             split: str | None = SplitOpt, resume: str | None = ResumeOpt,
-                            rounds: int | None = typer.Option(None, "--rounds", help="Maximum rounds."),
-                            samples: int | None = typer.Option(None, "--samples", help="Samples per task per round."),
+                            rounds: int | None = typer.Option(None, "--rounds", min=1,
+                                                              help="Maximum rounds."),
+                            samples: int | None = typer.Option(None, "--samples", min=1,
+                                                               help="Samples per task per round."),
                             sets: list[str] = SetOpt, print_config: bool = PrintOpt) -> None:
-    """Stage 2: rounds of sample -> evaluate -> keep successes -> fine-tune."""
+    """Stage 2: sample, evaluate, keep successes, fine-tune.
+
+    Rounds of sample -> evaluate -> keep successes -> fine-tune.
+    """
     _run("self_supervised", config, _overrides(model, output_dir, source, split, resume, sets, rounds=rounds,
                                                samples_per_task=samples), print_config)
 
@@ -79,14 +88,18 @@ def rl_command(config: Path | None = ConfigOpt, model: str | None = ModelOpt, ou
                source: str | None = SourceOpt, split: str | None = SplitOpt, resume: str | None = ResumeOpt,
                exemplar_db: str | None = typer.Option(None, "--exemplar-db", help="Exemplar database (SQLite)."),
                sets: list[str] = SetOpt, print_config: bool = PrintOpt) -> None:
-    """Stage 3: contrastive GRPO (TRL GRPOTrainer) rewarded by the hardened evaluator."""
+    """Stage 3: contrastive GRPO rewarded by the evaluator.
+
+    Stage 3: contrastive GRPO (TRL GRPOTrainer) rewarded by the hardened evaluator.
+    """
     _run("rl", config, _overrides(model, output_dir, source, split, resume, sets, exemplar_db=exemplar_db),
          print_config)
 
 
 def register(app: typer.Typer) -> None:
     """Add `cudal1 train sft|self-supervised|rl`."""
-    train = typer.Typer(no_args_is_help=True, help="Train a policy: sft, self-supervised, rl (GRPO).")
+    train = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Train a policy: sft, self-supervised, rl (GRPO).")
     train.command("sft")(sft_command)
     train.command("self-supervised")(self_supervised_command)
     train.command("rl")(rl_command)

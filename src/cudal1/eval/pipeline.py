@@ -42,9 +42,13 @@ _NO_CUDA = re.compile(r"CUDA_HOME|Torch not compiled with CUDA|No CUDA (runtime|
 
 def needs_a_gpu(result: EvalResult, source: str, cfg: EvalConfig) -> bool:
     """Whether a failure on a machine without a GPU only says that CUDA is missing (the candidate's own build
-    errors, found before a compiler runs, stay its `compile_error`)."""
-    if cfg.device.startswith("cuda") or not builds_cuda(source):
+    errors, found before a compiler runs, stay its `compile_error`). A raw-CUDA candidate's kernels launch on
+    a GPU only, so whatever it raised while running on the CPU says nothing about it."""
+    raw = launches_raw_cuda(source)
+    if cfg.device.startswith("cuda") or not (raw or builds_cuda(source)):
         return False
+    if raw and result.status is Status.RUNTIME_ERROR:
+        return True
     failed = result.status in (Status.COMPILE_ERROR, Status.RUNTIME_ERROR)
     return failed and _NO_CUDA.search(f"{result.message}\n{result.compile_log or ''}") is not None
 
@@ -53,6 +57,11 @@ def builds_cuda(source: str) -> bool:
     """Whether the candidate compiles CUDA code (`load_inline(cuda_sources=...)`, `.cu` files): it cannot run
     without a GPU."""
     return uses_load_inline(source) and _CUDA_BUILD.search(source) is not None
+
+
+def launches_raw_cuda(source: str) -> bool:
+    """Whether the candidate is in cudal1's raw-CUDA form (`cudal1.raw_cuda.load_kernels`)."""
+    return "load_kernels" in source or "cudal1.raw_cuda" in source
 
 
 def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:

@@ -15,12 +15,14 @@ global RNG once, at the first generation; a per-call `seed=` reseeds it for that
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.core.hub import offline_if_unreachable
 from cudal1.llm.backends import (
     Completion,
     LLMConfig,
@@ -164,10 +166,42 @@ def _as_id_set(value: Any) -> set[int]:
     return {int(value)}
 
 
-def unloadable_model_message(spec: str, exc: BaseException) -> str:
-    """One line on why `from_pretrained(spec)` failed, saying whether a local folder of that name exists."""
+def unloadable_model_message(spec: str, exc: BaseException, offline: str | None = None) -> str:
+    """One line on why `from_pretrained(spec)` failed, saying whether a local folder of that name exists
+    (`offline`: why the hub could not be asked, from `core.hub.offline_if_unreachable`)."""
+    if offline:
+        return (f"cannot load model {spec!r}: no such local folder, not in the Hugging Face cache, and "
+                f"{offline} (give a local folder, or load it once where the hub can be reached)")
     where = "" if Path(spec).exists() else " (no such local folder, and not a model id the hub could give)"
-    return f"cannot load model {spec!r}{where}: {str(exc).splitlines()[0][:200]}"
+    why = " ".join(str(exc).split())  # the whole message on one line: its first line can stop mid-sentence
+    return f"cannot load model {spec!r}{where}: {why[:300]}{'...' if len(why) > 300 else ''}"
+
+
+def is_byte_tokenizer_dir(path: Path) -> bool:
+    """Whether `path` holds a tokenizer saved by cudal1's `ByteTokenizer` (a `scratch` model's, as the
+    training stages save it), which `AutoTokenizer` does not know."""
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("tokenizer_class") == "ByteTokenizer"
+    except (OSError, ValueError):
+        return False
+
+
+def load_tokenizer(spec: str) -> Any:
+    """A tokenizer from a path or hub id; `byte`, or a folder saved with the byte tokenizer, gives
+    `ByteTokenizer`. The one loader of the training stages and of `hf:` generation, so a trained policy
+    loads the same way in both."""
+    if spec == "byte" or is_byte_tokenizer_dir(Path(spec)):
+        from cudal1.llm.byte_tokenizer import ByteTokenizer
+
+        return ByteTokenizer()
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError("transformers", "train", "local model generation") from exc
+    return transformers.AutoTokenizer.from_pretrained(spec)
 
 
 def _load(path_or_id: str, model: Any, tokenizer: Any, device: str | None) -> tuple[Any, Any]:
@@ -177,13 +211,14 @@ def _load(path_or_id: str, model: Any, tokenizer: Any, device: str | None) -> tu
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingDependencyError("transformers", "train", "local model generation") from exc
     loads_model = model is None
-    try:
-        if tokenizer is None:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path_or_id)
-        if loads_model:
-            model = transformers.AutoModelForCausalLM.from_pretrained(path_or_id, dtype="auto")
-    except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
-        raise ConfigError(unloadable_model_message(path_or_id, exc)) from None
+    with offline_if_unreachable(path_or_id) as offline:
+        try:
+            if tokenizer is None:
+                tokenizer = load_tokenizer(path_or_id)
+            if loads_model:
+                model = transformers.AutoModelForCausalLM.from_pretrained(path_or_id, dtype="auto")
+        except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
+            raise ConfigError(unloadable_model_message(path_or_id, exc, offline)) from None
     if loads_model:
         if device is not None:
             model = model.to(device)

@@ -109,6 +109,8 @@ class OpenAIBackend:
         self.base_url = spec.base_url  # None: the client reads OPENAI_BASE_URL or uses its default
         self.usage = UsageStats()
         self._client_factory = client_factory
+        if client_factory is None:
+            _import_openai()  # without the extra, fail here, before a caller journals failed requests
         self._rng = random.Random(config.seed)  # jitter only
         self._semaphores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._seed_counter = 0

@@ -3,8 +3,10 @@
 The contrastive prompt (design section 5) shows the task, the reference code, previous implementations
 each with its speedup, asks for three sections with fixed headings (`## Performance Analysis`,
 `## Algorithm Design`, `## Code`) and states the restrictions. `form` selects the instructions for
-KernelBench `load_inline` candidates or for cudal1's raw-CUDA form; each form's text lives in one constant
-(`FORM_INSTRUCTIONS`) so it is updated in one place.
+KernelBench `load_inline` candidates, for cudal1's raw-CUDA form, or for a PyTorch-only rewrite (`torch`:
+what can run where candidates are evaluated on a CPU); each form's text lives in one constant
+(`FORM_INSTRUCTIONS`) so it is updated in one place. `resolve_form("auto", device)` picks the form for
+where candidates are evaluated.
 
 Token budgeting: tokens are counted with a tokenizer when one is given (an object with `encode`, or a
 callable returning a count), else estimated at ~4 characters per token. Over budget, exemplars are trimmed
@@ -27,7 +29,8 @@ from cudal1.exemplars.db import ScoredCode, comment_columns
 
 logger = logging.getLogger(__name__)
 
-FORMS = ("load_inline", "raw_cuda")
+FORMS = ("load_inline", "raw_cuda", "torch")
+FORM_CHOICES = ("auto", *FORMS)  # what users may set: auto resolves by the evaluation device
 DEFAULT_PROMPT_TOKEN_BUDGET = 16384  # leaves room for an 8k completion in a 32k-context model
 MIN_EXEMPLAR_TOKENS = 200  # below this an exemplar is no longer worth showing; drop one instead
 CHARS_PER_TOKEN = 4  # rough average for code with English prose (BPE tokenizers)
@@ -36,6 +39,8 @@ SECTION_HEADINGS = ("## Performance Analysis", "## Algorithm Design", "## Code")
 SYSTEM_MESSAGE = ("You are an expert in CUDA programming and GPU performance optimization. You rewrite "
                   "PyTorch modules with custom CUDA kernels so that they run faster and compute exactly "
                   "the same results.")
+TORCH_SYSTEM_MESSAGE = ("You are an expert in PyTorch performance optimization. You rewrite PyTorch modules "
+                        "so that they run faster and compute exactly the same results.")
 
 LOAD_INLINE_FORM = """\
 Implementation form: KernelBench `load_inline`.
@@ -60,7 +65,26 @@ Implementation form: cudal1 raw CUDA (compiles in under a second).
   run on torch's current CUDA stream.
 - Do not use `torch.utils.cpp_extension` (`load_inline` takes about a minute per build)."""
 
-FORM_INSTRUCTIONS = {"load_inline": LOAD_INLINE_FORM, "raw_cuda": RAW_CUDA_FORM}
+TORCH_FORM = """\
+Implementation form: PyTorch only (candidates are evaluated on a CPU here, where CUDA kernels cannot run).
+- Write `ModelNew` with PyTorch operations: fewer passes over memory, fused or cheaper equivalent operations,
+  intermediates updated in place, no redundant copies or allocations.
+- Do not compile or load C++ or CUDA code (no `torch.utils.cpp_extension`, no `cudal1.raw_cuda`) and do not
+  use `torch.compile`."""
+
+FORM_INSTRUCTIONS = {"load_inline": LOAD_INLINE_FORM, "raw_cuda": RAW_CUDA_FORM, "torch": TORCH_FORM}
+
+
+def resolve_form(form: str, device: str) -> str:
+    """The candidate form to ask for: `form` itself, or for `auto` the one that runs where candidates are
+    evaluated: `torch` on a CPU (`device` "cpu"), `raw_cuda` on a GPU or elsewhere (a pool, a server)."""
+    if form != "auto":
+        return form
+    return "torch" if device.startswith("cpu") else "raw_cuda"
+
+
+def _system(form: str) -> dict[str, str]:
+    return {"role": "system", "content": TORCH_SYSTEM_MESSAGE if form == "torch" else SYSTEM_MESSAGE}
 
 RESTRICTIONS = (
     "Identical function: ModelNew must return the same outputs as Model (within floating-point tolerance) "
@@ -134,17 +158,17 @@ def _fence(code: str) -> str:
 
 def build_plain_prompt(task_source: str, *, form: str = "load_inline", feedback: str | None = None) -> list[dict]:
     """System + user messages asking for a faster `ModelNew` for the reference module `task_source`."""
+    how = "" if form == "torch" else ", using custom CUDA kernels where they help"
     parts = [
-        "Task: write a faster implementation of the PyTorch module below, using custom CUDA kernels where they "
-        "help. Name the new module `ModelNew`.",
+        f"Task: write a faster implementation of the PyTorch module below{how}. Name the new module "
+        "`ModelNew`.",
         "## Reference implementation\n" + _fence(task_source),
         _form_text(form),
         _restrictions_text(),
         _feedback_text(feedback),
         OUTPUT_FORMAT,
     ]
-    return [{"role": "system", "content": SYSTEM_MESSAGE},
-            {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+    return [_system(form), {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
 
 
 def format_exemplar(index: int, exemplar: ScoredCode) -> str:
@@ -171,8 +195,7 @@ def _contrastive_messages(task_source: str, exemplars: Sequence[ScoredCode], for
         _feedback_text(feedback),
         CONTRASTIVE_SECTIONS,
     ]
-    return [{"role": "system", "content": SYSTEM_MESSAGE},
-            {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+    return [_system(form), {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
 
 
 def build_contrastive_prompt(task_source: str, exemplars: Sequence[ScoredCode], *, form: str = "load_inline",

@@ -7,7 +7,10 @@ at most `max_slowdown` x the reference's: 1000x in the paper); at most `keep` pe
 2), the fastest distinct ones (duplicates up to comments and formatting count once). `from_release`
 imports a JSONL release in CUDA-L1's schema: each published candidate is evaluated here and the correct,
 executable ones become examples whose prompt is the plain prompt for the task (in the candidate's form)
-and whose answer is a well-formed three-section answer (`format_answer`) around the code.
+and whose answer is a well-formed three-section answer (`format_answer`) around the code. `from_examples`
+imports cudal1's own example candidates the same way (those that can run where candidates are evaluated:
+the PyTorch-level ones on a CPU): stage-1 data without an LLM or a release, e.g. to train a tiny model on a
+laptop.
 
 Output (`export_examples`): `sft.jsonl` and a Hugging Face `datasets.Dataset` saved with `save_to_disk`,
 one row per example: `prompt` (chat messages), `completion` (one assistant message), `task_id`, `score`
@@ -41,19 +44,28 @@ from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
 from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
-from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORMS, SECTION_HEADINGS
+from cudal1.llm.backends import parse_spec
+from cudal1.llm.prompts import (
+    DEFAULT_PROMPT_TOKEN_BUDGET,
+    FORM_CHOICES,
+    FORMS,
+    SECTION_HEADINGS,
+    resolve_form,
+)
 from cudal1.loops.common import (
     RunJournal,
     SampleRecord,
     detect_form,
     evaluate_records,
+    evaluation_device,
     generate_records,
     stable_hash,
 )
 from cudal1.service.evaluator import Evaluator, make_evaluator
 from cudal1.tasks import load_release, load_tasks
+from cudal1.tasks.sources import example_candidates
 from cudal1.tasks.splits import TaskSplit
-from cudal1.tasks.task import Task
+from cudal1.tasks.task import Candidate, Task
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +95,14 @@ class AugmentConfig:
     samples: int = _f(4, "Completions generated per task per model.")
     keep: int = _f(DEFAULT_KEEP_PER_TASK_PER_MODEL, "At most this many examples kept per task per model.")
     max_slowdown: float = _f(DEFAULT_MAX_SLOWDOWN, "Executable rule: candidate time <= this x reference time.")
-    form: str = _f("raw_cuda", "Candidate form asked for: raw_cuda or load_inline.")
+    form: str = _f("auto", "Candidate form asked for: auto (raw_cuda where candidates are evaluated on a "
+                           "GPU, torch on a CPU), raw_cuda, load_inline or torch.")
     contrastive: bool = _f(True, "Use the contrastive prompt once the exemplar database has exemplars.")
     from_release: list[str] = field(default_factory=list, metadata={
         "help": "JSONL releases (CUDA-L1 schema) whose candidates are imported after they pass the evaluator."})
+    from_examples: bool = _f(False, "Import cudal1's built-in example candidates that can run where "
+                                    "candidates are evaluated (PyTorch-level ones on a CPU) after they pass "
+                                    "the evaluator.")
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "How candidates are evaluated."})
     out_dir: str = _f("augment_data", "Output folder: sft.jsonl and dataset/ (datasets.save_to_disk).")
     hf_dataset: bool = _f(True, "Also save a Hugging Face dataset (needs `datasets`).")
@@ -104,14 +120,14 @@ class AugmentConfig:
     def __post_init__(self) -> None:
         if isinstance(self.eval, dict):
             self.eval = EvalConfig.from_dict(self.eval)
-        if not self.llms and not self.from_release:
-            raise ConfigError("augment needs at least one --llm, or --from-release PATH")
+        if not self.llms and not self.from_release and not self.from_examples:
+            raise ConfigError("augment needs at least one --llm, --from-release PATH or --from-examples")
         if self.samples < 1 or self.keep < 1:
             raise ConfigError(f"set samples >= 1 and keep >= 1 (got {self.samples} and {self.keep})")
         if self.max_slowdown <= 0:
             raise ConfigError("max_slowdown must be > 0 (the paper: 1000)")
-        if self.form not in FORMS:
-            raise ConfigError(f"unknown form {self.form!r}: choose one of {', '.join(FORMS)}")
+        if self.form not in FORM_CHOICES:
+            raise ConfigError(f"unknown form {self.form!r}: choose one of {', '.join(FORM_CHOICES)}")
         for spec in self.llms:
             self.llm_config(spec)  # fail early on a malformed spec
 
@@ -245,6 +261,16 @@ def select_tasks(config: AugmentConfig, tasks: Sequence[Task] | None) -> list[Ta
     return chosen
 
 
+def ready_backends(config: AugmentConfig, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`given` plus the server backends of `config.llms`, made now: one that cannot work (the `llm` extra
+    missing) fails before a run is journaled. Local (`hf:`) models load in their turn, one at a time."""
+    backends = dict(given or {})
+    for spec in config.llms:
+        if spec not in backends and parse_spec(spec).kind == "openai":
+            backends[spec] = make_backend(config.llm_config(spec))
+    return backends
+
+
 def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backends: dict[str, Any] | None = None,
             store: Any = None, pool: Any = None, progress: ProgressFn | None = None) -> AugmentResult:
     """Generate, evaluate, keep and export stage-1 examples; see the module docstring.
@@ -252,12 +278,15 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
     `tasks` replaces loading `config.sources`; `backends` maps a spec of `config.llms` to a ready backend
     (default `make_backend`); `store`, `pool` and `progress` ((phase, done, total)) are as in `optimize`.
     """
+    # `auto` becomes the form that runs where the candidates are evaluated (recorded so in the run).
+    config = dataclasses.replace(config, form=resolve_form(config.form, evaluation_device(config.eval, pool)))
     chosen = select_tasks(config, tasks) if config.llms else []
     if config.llms and not chosen:
         raise ConfigError(f"no tasks selected from {', '.join(config.sources)}")
     run_key = config.run_name or stable_hash({k: v for k, v in config.to_dict().items()
                                               if k not in ("out_dir", "hf_dataset", "resume", "run_name")}
                                              | {"tasks": [t.hash for t in chosen]})
+    backends = ready_backends(config, backends)
     journal = RunJournal(store, "augment", run_key, config.to_dict(), resume=config.resume)
     evaluator = make_evaluator("", config.eval, store=store, label=config.label, run_id=journal.run_id, pool=pool)
     rows: list[dict[str, Any]] = []
@@ -266,14 +295,18 @@ def augment(config: AugmentConfig, *, tasks: Sequence[Task] | None = None, backe
     try:
         if generator is not None:
             for spec in config.llms:
-                backend = (backends or {}).get(spec)
-                model_rows, model_stats = generator.run_model(spec, backend)
+                model_rows, model_stats = generator.run_model(spec, backends.get(spec))
                 rows += model_rows
                 stats += model_stats
         for path in config.from_release:
             release_rows, release_stats = import_release(path, config, evaluator, progress=progress)
             rows += release_rows
             stats += release_stats
+        if config.from_examples:
+            where = evaluation_device(config.eval, pool)
+            example_rows, example_stats = import_examples(config, evaluator, where, progress=progress)
+            rows += example_rows
+            stats += example_stats
     finally:
         evaluator.close()
         if generator is not None:
@@ -321,7 +354,7 @@ class _Generator:
         if backend is None:
             backend = make_backend(self.config.llm_config(spec))
         keys = [(task, f"{spec}|{task.id}|s{s}") for task in self.tasks for s in range(self.config.samples)]
-        records = {key: self.journal.load(key) for _, key in keys}
+        records = {key: self.journal.reusable(key) for _, key in keys}
         todo = [(task, key) for task, key in keys if records[key] is None]
         if todo:
             prompts = [self._prompt(task, key) for task, key in todo]
@@ -368,9 +401,24 @@ def import_release(path: str | Path, config: AugmentConfig, evaluator: Evaluator
 
     path = Path(path)
     pairs = [(task, cand) for task, cand in load_release(path) if cand is not None]
+    return import_candidates(pairs, path.stem, config, evaluator, progress=progress)
+
+
+def import_examples(config: AugmentConfig, evaluator: Evaluator, device: str, *,
+                    progress: ProgressFn | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """cudal1's example candidates runnable on `device` (PyTorch-level ones on a CPU), as a release's."""
+    found = example_candidates("cpu" if device.startswith("cpu") else "cuda")
+    pairs = [(task, Candidate(task_id=task.id, source=source, origin=f"builtin example ({form})",
+                              label="cudal1-examples")) for task, form, source in found]
+    return import_candidates(pairs, "examples", config, evaluator, progress=progress)
+
+
+def import_candidates(pairs: Sequence[tuple[Task, Candidate]], label: str, config: AugmentConfig,
+                      evaluator: Evaluator, *, progress: ProgressFn | None = None
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Evaluate given candidates; the correct, executable ones become examples (see the module doc)."""
     chosen = {task.id for task in select_tasks(config, [task for task, _ in pairs])}  # --task, --level, --max-tasks
     pairs = [(task, cand) for task, cand in pairs if task.id in chosen]
-    label = path.stem
     total = len(pairs)
     started = time.monotonic()
 
@@ -396,10 +444,10 @@ def import_release(path: str | Path, config: AugmentConfig, evaluator: Evaluator
                                 score=result.speedup, model=cand.label or label, form=form,
                                 origin=f"release:{cand.origin}"))
         entry["kept"] += 1
-    logger.info("release %s: %d of %d candidates kept (%.1f s)", path, len(rows), total,
-                time.monotonic() - started)
+    logger.info("%s: %d of %d candidates kept (%.1f s)", label, len(rows), total, time.monotonic() - started)
     return rows, list(per_task.values())
 
 
 __all__ = ["AugmentConfig", "AugmentResult", "augment", "example_row", "export_examples", "format_answer",
-           "import_release", "is_executable", "keepable", "release_answer", "select_kept", "strip_reasoning"]
+           "import_candidates", "import_examples", "import_release", "is_executable", "keepable",
+           "release_answer", "select_kept", "strip_reasoning"]

@@ -48,6 +48,15 @@ def stable_hash(value: Any, length: int = 16) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def evaluation_device(config: EvalConfig, pool: Any = None) -> str:
+    """Where a loop's candidates are evaluated: this machine's device, a local pool's first device, or
+    `remote` (a Ray pool or another machine), which `resolve_form` takes for a GPU."""
+    if pool is None:
+        return resolve_device(config.device)
+    devices = getattr(pool, "devices", None)
+    return str(devices[0]) if devices else "remote"
+
+
 def detect_form(source: str) -> str:
     """`load_inline`, `raw_cuda` or `torch` (no CUDA of its own) for a candidate source."""
     if "cpp_extension" in source or "load_inline" in source:
@@ -129,6 +138,19 @@ class RunJournal:
         if record is not None:
             self._memory[item_key] = record
         return record
+
+    def reusable(self, item_key: str) -> SampleRecord | None:
+        """The record an earlier invocation generated, or None when the sample is to be generated now: never
+        generated, or its request failed (a rerun asks again: the server may be up, the extra installed; a
+        failure is no sample, so it never counts as one of a round's)."""
+        record = self.load(item_key)
+        if record is None or record.error is None:
+            return record
+        self._memory.pop(item_key, None)
+        self._done.discard(item_key)
+        if self.store is not None:
+            self.store.mark_undone(self.run_id, item_key)
+        return None
 
     def save(self, record: SampleRecord) -> None:
         """Persist a record (after generation, and again after evaluation)."""

@@ -4,14 +4,16 @@
 return the text; `render_plots` returns the PNGs (needs matplotlib, extra `report`).
 """
 
-from cudal1.report.document import build_document
-from cudal1.report.plots import PlotSpec, planned_plots, render_plots
+from cudal1.report.document import build_document, evaluations_section
+from cudal1.report.plots import PlotSpec, planned_plots, plots_available, render_plots
 from cudal1.report.render import render_html, render_markdown, write_report
 
 __all__ = [
     "PlotSpec",
     "build_document",
+    "evaluations_section",
     "planned_plots",
+    "plots_available",
     "render_html",
     "render_markdown",
     "render_plots",

@@ -288,6 +288,24 @@ def _audit_task_table(rows: Sequence[ResultRow], fraction: float) -> list[Block]
             Table(header, body, numeric)]
 
 
+def evaluations_section(evaluations: Sequence[Mapping[str, Any]]) -> list[Block]:
+    """A table of every stored evaluation (rows as `ResultsStore.query_evaluations` returns them), oldest
+    first: the summaries above count one row per task, this keeps each candidate and each re-evaluation."""
+    if not evaluations:
+        return []
+    multi = len({e.get("label") or "" for e in evaluations}) > 1
+    header = (["Run"] if multi else []) + ["Task", "Candidate", "Verdict", "Speedup", "Warm", "Device",
+                                           "Measured"]
+    body = [([e.get("label") or "unlabelled"] if multi else []) + [
+        str(e["task_id"]), str(e.get("candidate_hash") or "")[:12], str(e["status"]), fmt_x(e.get("speedup")),
+        fmt_x(e.get("speedup_warm")), str(e.get("gpu_name") or MISSING), str(e.get("created_at") or MISSING)]
+        for e in evaluations]
+    return [Heading(f"Every evaluation ({len(evaluations)})", 2),
+            Paragraph("Each stored evaluation, oldest first: several candidates of a task, and "
+                      "re-evaluations of one, each have their row here."),
+            Table(header, body, [h in {"Speedup", "Warm"} for h in header])]
+
+
 def build_document(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str, Any],
                    plots: Sequence[PlotSpec] = (), failures_as: float | None = 1.0,
                    survive_fraction: float = 0.9) -> list[Block]:
@@ -297,7 +315,8 @@ def build_document(rows: Sequence[ResultRow], *, title: str, meta: Mapping[str, 
         blocks.append(Table(["Setting", "Value"], [[str(k), _fmt_meta(v)] for k, v in meta.items()]))
     labels = sorted({r.label for r in rows})
     runs = ", ".join(label or "unlabelled" for label in labels) or "none"
-    blocks += [Paragraph(f"{len(rows)} result rows; runs: {runs}."), _conventions(failures_as)]
+    blocks += [Paragraph(f"{len(rows)} result rows, one per task and run (its best correct evaluation, else "
+                         f"its newest); runs: {runs}."), _conventions(failures_as)]
     if not rows:
         return blocks + [Paragraph("No results to report.")]
     blocks += _summary_section(rows, failures_as)

@@ -58,6 +58,15 @@ def planned_plots(rows: Sequence[ResultRow]) -> list[PlotSpec]:
     return specs
 
 
+def plots_available() -> bool:
+    """Whether matplotlib (the `report` extra) is installed and imports."""
+    try:
+        _require_matplotlib()
+    except MissingDependencyError:
+        return False
+    return True
+
+
 def _require_matplotlib() -> Any:
     try:
         import matplotlib

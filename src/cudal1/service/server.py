@@ -29,17 +29,21 @@ SIGTERM stops accepting, lets running requests finish for `shutdown_grace_s`, th
 
 Limits: no TLS (put it behind a reverse proxy, or keep it on 127.0.0.1 / an SSH tunnel); one shared token,
 no per-user quotas; a request waits for its result on an open connection (clients set long timeouts).
+
+The API for users (bodies, every error status, curl examples) is docs/serve.md; keep it in step with this.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import ipaddress
 import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -517,27 +521,55 @@ def create_app(config: ServerConfig, pool: Any, store: Any = None, *,
     return app
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's listening address, taken now: a port in use is a one-line `ConfigError` before any work
+    (uvicorn would find out only when it starts, after the pool did)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = " (another server? choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(config: ServerConfig, eval_config: EvalConfig, *, workers: str = "local", store_path: str | None = None,
-          recheck: bool = True, pool_options: dict[str, Any] | None = None) -> None:
-    """Open the store, start the pool (re-checking outliers when it has two devices) and serve until stopped."""
+          recheck: bool = True, pool_options: dict[str, Any] | None = None,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Take the address, open the store, start the pool (re-checking outliers when it has two devices) and
+    serve until stopped; `on_ready(url)` is called once all that worked, before the first request."""
     try:
         import uvicorn
     except ImportError:
         raise MissingDependencyError("uvicorn", "dist", "the reward server") from None
 
     config.resolve_token()  # fail before starting workers
-    reap_once()  # what a killed earlier run left (runner folders, control groups), before serving again
-    store = ResultsStore(store_path)
-    pool: Any = make_pool(workers, eval_config, store=store, **(pool_options or {}))
+    sock = bind_socket(config.host, config.port)
+    try:
+        reap_once()  # what a killed earlier run left (runner folders, control groups), before serving again
+        store = ResultsStore(store_path)
+        pool: Any = make_pool(workers, eval_config, store=store, **(pool_options or {}))
+    except BaseException:
+        sock.close()
+        raise
     if recheck:
         pool = RecheckingPool(pool, store=store)
     try:
         app = create_app(config, pool, store, eval_config=eval_config)
-        logger.info("reward server on http://%s:%d (%d device(s), store %s)", config.host, config.port,
+        port = sock.getsockname()[1]
+        logger.info("reward server on http://%s:%d (%d device(s), store %s)", config.host, port,
                     pool.n_devices, store.path)
+        if on_ready is not None:
+            on_ready(f"http://{config.host}:{port}")
         # SIGTERM (uvicorn's handler): stop accepting, let running requests finish for the grace, then stop.
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
-                    timeout_graceful_shutdown=int(math.ceil(config.shutdown_grace_s)))
+        grace_s = int(math.ceil(config.shutdown_grace_s))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace_s))
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         pool.close()
         store.close()

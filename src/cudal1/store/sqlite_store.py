@@ -389,6 +389,10 @@ class ResultsStore:
         self._write("INSERT OR IGNORE INTO run_progress (run_id, item_key, done_at) VALUES (?, ?, ?)",
                     (run_id, item_key, utc_now_iso()))
 
+    def mark_undone(self, run_id: str, item_key: str) -> None:
+        """Forget that `item_key` of `run_id` was finished, so that a resumed run does it again."""
+        self._write("DELETE FROM run_progress WHERE run_id = ? AND item_key = ?", (run_id, item_key))
+
     def done_items(self, run_id: str) -> set[str]:
         """Return the item keys already marked done for `run_id`."""
         return {r["item_key"] for r in self._read("SELECT item_key FROM run_progress WHERE run_id = ?",

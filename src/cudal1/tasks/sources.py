@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cudal1.core.errors import MissingDependencyError, SourceError, TaskError
+from cudal1.core.hub import offline_if_unreachable
 from cudal1.tasks.builtin import BUILTIN_DIR
 from cudal1.tasks.task import Candidate, Task, check_syntax, text_problem
 
@@ -102,19 +103,23 @@ def load_hf(name: str = HF_DEFAULT_DATASET, split: str | None = None) -> list[Ta
     except ImportError:
         raise MissingDependencyError("datasets", "train", "Hugging Face datasets") from None
     local = Path(name)
-    try:
-        if local.is_file():
-            kind = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}.get(local.suffix)
-            if kind is None:
-                raise SourceError(f"{name}: unsupported data file (use .parquet, .json, .jsonl or .csv)")
-            data = datasets.load_dataset(kind, data_files=str(local))
-        else:
-            data = datasets.load_dataset(name)
-    except SourceError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - datasets raises many types for "offline"/"not found"
-        raise SourceError(f"cannot load dataset {name!r} ({type(exc).__name__}: {str(exc)[:200]}); "
-                          "without network, pass a local file: hf:PATH.parquet") from None
+    with offline_if_unreachable(name) as offline:  # offline, an uncached dataset fails in seconds
+        try:
+            if local.is_file():
+                kind = {".parquet": "parquet", ".json": "json", ".jsonl": "json",
+                        ".csv": "csv"}.get(local.suffix)
+                if kind is None:
+                    raise SourceError(f"{name}: unsupported data file (use .parquet, .json, .jsonl or .csv)")
+                data = datasets.load_dataset(kind, data_files=str(local))
+            else:
+                data = datasets.load_dataset(name)
+        except SourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - datasets raises many types for "offline"/"not found"
+            why = f"not in the Hugging Face cache, and {offline}" if offline else \
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            raise SourceError(f"cannot load dataset {name!r} ({why}); without network, pass a local file: "
+                              "hf:PATH.parquet") from None
     splits = [split] if split else sorted(data.keys())
     tasks: list[Task] = []
     for s in splits:

@@ -159,6 +159,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+def process_rank() -> int:
+    """This process's rank in a multi-process run (0 alone)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
 def is_main_process() -> bool:
     """Whether this process writes the run's files (rank 0 of a multi-process run, or the only process)."""
     return int(os.environ.get("RANK", "0") or 0) == 0

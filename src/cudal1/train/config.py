@@ -23,15 +23,16 @@ from typing import Any, TypeVar
 import yaml
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.names import canonical_profile
 from cudal1.core.rewards import CORRECT_UNMEASURED
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.llm.prompts import FORM_CHOICES, resolve_form
 from cudal1.service.evaluator import is_evaluator_spec
 
 C = TypeVar("C")
 
 SPLITS = ("train", "test", "all")
-FORMS = ("load_inline", "raw_cuda")
 REPORT_TARGETS = ("tensorboard", "wandb", "none")
 
 
@@ -56,8 +57,11 @@ class CommonTrainConfig:
     test_fraction: float = _f(0.2, "Fraction of each level's tasks held out for testing (new split files).")
     split_seed: int = _f(0, "Seed of the task split hash (new split files).")
     max_tasks: int = _f(0, "Use at most this many tasks of the split (0: all); for smoke runs.")
-    form: str = _f("raw_cuda", "Candidate form asked for in prompts: raw_cuda (NVRTC, builds in < 1 s; what "
-                               "augment and optimize ask for too, so SFT data and RL prompts agree) or load_inline.")
+    form: str = _f("auto", "Candidate form asked for in prompts: auto (raw_cuda where rewards are "
+                           "evaluated on a GPU or by workers, torch where on this machine's CPU; config.yaml "
+                           "records the form it became), raw_cuda (NVRTC, builds in < 1 s), load_inline or "
+                           "torch (PyTorch only). augment and optimize resolve auto alike, so SFT data and "
+                           "RL prompts agree.")
     learning_rate: float = _f(1e-5, "Peak learning rate (AdamW).")
     lr_scheduler_type: str = _f("cosine", "Learning-rate schedule (transformers names: linear, cosine, constant).")
     warmup_ratio: float = _f(0.03, "Fraction of steps spent warming the learning rate up.")
@@ -84,7 +88,8 @@ class CommonTrainConfig:
     time_budget_s: float = _f(0.0, "Stop the stage cleanly after this many seconds (0: no limit).")
     store: str = _f("", "Results store path; empty: the default store; 'none': do not use one.")
     eval_device: str = _f("auto", "Evaluator device: auto, cuda, cuda:N or cpu.")
-    eval_profile: str = _f("strict", "Evaluator correctness profile: strict, kernelbench-v0 or cuda-l1.")
+    eval_profile: str = _f("strict", "Evaluator correctness profile: strict, kernelbench (kernelbench-v0) or "
+                                     "cuda-l1.")
     eval_trials: int = _f(5, "Evaluator correctness trials per candidate.")
     eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
     eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
@@ -109,8 +114,8 @@ class CommonTrainConfig:
             raise ConfigError(f"split must be one of {', '.join(SPLITS)}, not {self.split!r}")
         if not 0.0 <= self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
-        if self.form not in FORMS:
-            raise ConfigError(f"form must be one of {', '.join(FORMS)}, not {self.form!r}")
+        if self.form not in FORM_CHOICES:
+            raise ConfigError(f"form must be one of {', '.join(FORM_CHOICES)}, not {self.form!r}")
         if self.use_lora and self.lora_r <= 0:
             raise ConfigError(f"use_lora needs lora_r >= 1 (got {self.lora_r}); or set use_lora=false")
         if self.use_lora and self.lora_alpha <= 0:
@@ -135,12 +140,21 @@ class CommonTrainConfig:
         if not is_evaluator_spec(self.workers):
             raise ConfigError(f"workers must be empty, local, ray:auto, ray://HOST:PORT or http(s)://HOST:PORT, "
                               f"not {self.workers!r}")
+        if self.form == "auto":  # the form that runs where the rewards are computed (so in config.yaml)
+            self.form = resolve_form("auto", self._evaluation_device())
+
+    def _evaluation_device(self) -> str:
+        """Where candidates are evaluated: `remote` for a Ray pool or a reward server, else this machine's
+        evaluator device (a local pool's slots run on it too)."""
+        if self.workers and self.workers != "local":
+            return "remote"
+        return resolve_device("auto") if self.eval_device == "auto" else self.eval_device
 
     def eval_config(self) -> EvalConfig:
         """The evaluator settings of this run as an `EvalConfig`. In a multi-process run (accelerate, torchrun)
         an unnumbered GPU device means the rank's own GPU (`LOCAL_RANK`), so that the ranks do not all time
         their candidates on GPU 0."""
-        return EvalConfig(device=rank_device(self.eval_device), profile=self.eval_profile,
+        return EvalConfig(device=rank_device(self.eval_device), profile=canonical_profile(self.eval_profile),
                           correctness_trials=self.eval_trials,
                           sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets,
                           policy=self.eval_policy)
@@ -216,6 +230,9 @@ class SelfSupervisedConfig(CommonTrainConfig):
                           "(0: never).")
     min_improvement: float = _f(0.01, "Improvement of the success rate that resets the patience counter.")
     exemplar_db: str = _f("", "Also add every success to this exemplar database (seeds stage 3); empty: don't.")
+    log_completions: bool = _f(True, "Write every sampled completion, with its verdict and whether it was "
+                                     "kept, to <output_dir>/completions.jsonl (one JSON line each; see "
+                                     "cudal1/train/completions.py); false: write none.")
     max_length: int = _f(8192, "Longest tokenized fine-tuning example.")
     learning_rate: float = _f(1e-5, "Peak learning rate of each round's fine-tuning.")
 
@@ -265,6 +282,9 @@ class RLStageConfig(CommonTrainConfig):
     reward_scope: str = _f("batch", "Normalization scope of the smoothing: batch or group.")
     exemplar_db: str = _f("", "Exemplar database (SQLite); empty: <output_dir>/exemplars.sqlite.")
     exemplar_sampler: str = _f("bucket", "Exemplar selection for contrastive prompts: bucket, island or random.")
+    log_completions: bool = _f(True, "Write every sampled completion, with its verdict and reward, to "
+                                     "<output_dir>/completions.jsonl (one JSON line each; see "
+                                     "cudal1/train/completions.py); false: write none.")
     exemplars_per_prompt: int = _f(2, "Exemplars shown per prompt (the paper: N = 2).")
     bucket_width: float = _f(0.1, "Score bucket width (speedup units) of the bucket sampler. Not published.")
     sampler_temperature: float = _f(1.0, "Softmax temperature tau over bucket means (bucket sampler) or over "

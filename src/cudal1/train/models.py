@@ -15,12 +15,13 @@ Limits: quantized loading (bitsandbytes) is not wired; multi-GPU sharding is lef
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.core.hub import offline_if_unreachable
+from cudal1.llm.hf_backend import load_tokenizer, unloadable_model_message
 
 logger = logging.getLogger(__name__)
 
@@ -80,25 +81,6 @@ def build_scratch_model(spec: str, seed: int = 0) -> tuple[Any, Any]:
     return model, tok
 
 
-def _is_byte_tokenizer_dir(path: Path) -> bool:
-    cfg = path / "tokenizer_config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        return json.loads(cfg.read_text()).get("tokenizer_class") == "ByteTokenizer"
-    except (OSError, ValueError):
-        return False
-
-
-def load_tokenizer(spec: str) -> Any:
-    """A tokenizer from a path/hub id, or 'byte' for the byte-level tokenizer."""
-    if spec == "byte" or _is_byte_tokenizer_dir(Path(spec)):
-        from cudal1.llm.byte_tokenizer import ByteTokenizer
-
-        return ByteTokenizer()
-    return require_transformers().AutoTokenizer.from_pretrained(spec)
-
-
 def ensure_chat_template(tokenizer: Any) -> Any:
     """Give a tokenizer without a chat template a ChatML one; make sure it has a pad token."""
     if not getattr(tokenizer, "chat_template", None):
@@ -117,13 +99,12 @@ def load_policy(spec: str, tokenizer_spec: str = "", *, seed: int = 0, dtype: st
             raise ConfigError("a scratch model uses the byte tokenizer; leave tokenizer empty or 'byte'")
         return model, ensure_chat_template(tok)
     transformers = require_transformers()
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
-        tok = load_tokenizer(tokenizer_spec or spec)
-    except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
-        from cudal1.llm.hf_backend import unloadable_model_message
-
-        raise ConfigError(unloadable_model_message(spec, exc)) from None
+    with offline_if_unreachable(spec) as offline:  # an unknown hub id offline fails in seconds
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+            tok = load_tokenizer(tokenizer_spec or spec)
+        except (OSError, ValueError) as exc:  # ValueError: the hub's check of a repo id that is not one
+            raise ConfigError(unloadable_model_message(spec, exc, offline)) from None
     return model, ensure_chat_template(tok)
 
 

@@ -24,11 +24,11 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
-from cudal1.eval.config import EvalConfig
+from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import ExemplarDB
 from cudal1.llm import LLMConfig, make_backend
 from cudal1.llm.extract import extract_completion
-from cudal1.llm.prompts import build_plain_prompt
+from cudal1.llm.prompts import build_plain_prompt, resolve_form
 from cudal1.metrics import summarize
 from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks import load_tasks
@@ -66,7 +66,9 @@ class PolicyEvalConfig:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     max_new_tokens: int = field(default=4096, metadata={"help": "Longest completion."})
     batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch."})
-    form: str = field(default="raw_cuda", metadata={"help": "Candidate form asked for (the training stages' default)."})
+    form: str = field(default="auto", metadata={
+        "help": "Candidate form asked for: auto (torch when candidates are evaluated on this machine's CPU, "
+                "else raw_cuda, as in training), raw_cuda, load_inline or torch."})
     exemplar_db: str = field(default="", metadata={"help": "Exemplar database (as stage 3 writes it): prompts are "
                                                            "then CUDA-L1's contrastive prompt, the distribution a "
                                                            "contrastively trained policy learnt on; empty: plain."})
@@ -192,11 +194,12 @@ def _backend(config: PolicyEvalConfig) -> Any:
     return make_backend(llm_cfg)
 
 
-def _prompts(config: PolicyEvalConfig, tasks: Sequence[Task]) -> list[list[dict[str, str]]]:
+def _prompts(config: PolicyEvalConfig, tasks: Sequence[Task], device: str) -> list[list[dict[str, str]]]:
     """Plain prompts, or with `exemplar_db` the contrastive prompts stage 3 builds (same sampler and seed)."""
+    form = resolve_form(config.form, device)
     if not config.exemplar_db:
-        return [build_plain_prompt(t.source, form=config.form) for t in tasks]
-    builder = ContrastivePromptBuilder(ExemplarDB(config.exemplar_db), form=config.form, seed=config.seed)
+        return [build_plain_prompt(t.source, form=form) for t in tasks]
+    builder = ContrastivePromptBuilder(ExemplarDB(config.exemplar_db), form=form, seed=config.seed)
     return [builder.build(t) for t in tasks]
 
 
@@ -215,7 +218,9 @@ def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None 
     if evaluator is None:
         evaluator = make_evaluator("", eval_config or EvalConfig(), store=store,
                                    label=f"policy:{config.checkpoint or config.llm}")
-    prompts = _prompts(config, chosen)
+    remote = str(getattr(evaluator, "spec", "")).startswith(("ray", "http"))  # candidates run elsewhere
+    where = "remote" if remote else resolve_device((eval_config or EvalConfig()).device)
+    prompts = _prompts(config, chosen, where)
     groups = backend.generate(prompts, n=config.samples)
     items = [(task, extract_completion(c.text).code if c.ok else None)
              for task, group in zip(chosen, groups, strict=True) for c in group]

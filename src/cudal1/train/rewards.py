@@ -74,7 +74,7 @@ class KernelReward:
 
     def __init__(self, tasks: Sequence[Task], evaluator: Evaluator, config: RewardConfig | None = None, *,
                  exemplar_db: Any = None, judge: Judge | None = None, model_name: str = "",
-                 extract: Callable[[str], str | None] | None = None):
+                 extract: Callable[[str], str | None] | None = None, completion_log: Any = None):
         self.tasks = {t.id: t for t in tasks}
         # completion text -> the candidate handed to the evaluator (None: unparseable); default: the
         # `ModelNew` code of the answer. Other candidate formats (a kernel recipe, a patch) plug in here.
@@ -84,6 +84,7 @@ class KernelReward:
         self.exemplar_db = exemplar_db
         self.judge = judge
         self.model_name = model_name
+        self.completion_log = completion_log  # a `CompletionLog`: each completion, its verdict and reward
         self.history: list[dict[str, Any]] = []
         self._best: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -94,13 +95,19 @@ class KernelReward:
         if missing:
             raise KeyError(f"reward asked for unknown task ids {missing[:3]}")
         tasks = [self.tasks[t] for t in task_id]
-        codes = [self.extract(completion_text(c)) for c in completions]
+        texts = [completion_text(c) for c in completions]
+        codes = [self.extract(text) for text in texts]
         results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_workers)
         raws = [float(reward_of(r, self.config.failure_rewards) or 0.0) for r in results]
         vetoed = self._judge_and_record(tasks, codes, results, raws)
         group = self.config.group_size if self.config.scope == "group" else None
         smoothed = smooth_rewards(raws, normalize=self.config.normalize, clip_k=self.config.clip_k, group_size=group)
         self._log(results, raws, smoothed, vetoed, kwargs)
+        if self.completion_log is not None:
+            state = kwargs.get("trainer_state")
+            self.completion_log.write(stage="grpo", tasks=tasks, texts=texts, codes=codes, results=results,
+                                      prompts=kwargs.get("prompts"), reward=raws, reward_smoothed=smoothed,
+                                      step=int(getattr(state, "global_step", 0)))
         return smoothed
 
     def _judge_and_record(self, tasks: list[Task], codes: list[str | None], results: list[EvalResult],

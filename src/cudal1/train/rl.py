@@ -11,6 +11,8 @@ processes of a multi-GPU run in step.
 
 Rewards come from `KernelReward` (see `rewards.py`): every correct candidate enters the database, so the
 next batch's prompts can show it. The candidates of one batch are evaluated in parallel (`eval_workers`).
+Every completion, with its verdict and reward, goes to `<output_dir>/completions.jsonl` (`log_completions`,
+see `completions.py`); the exemplar database is `<output_dir>/exemplars.sqlite` unless `exemplar_db` is set.
 
 Limits: TRL's loop is synchronous, so the evaluation of a batch overlaps with itself (parallel workers)
 but not with the generation of the next batch. `_generate_and_score_completions` is a private TRL method
@@ -44,11 +46,13 @@ from cudal1.train.common import (
     is_main_process,
     make_training_args,
     open_store,
+    process_rank,
     resolve_resume,
     resolve_tasks,
     time_budget_callback,
     world_size,
 )
+from cudal1.train.completions import CompletionLog
 from cudal1.train.config import RLStageConfig
 from cudal1.train.models import load_policy, lora_config, save_policy, save_trained
 from cudal1.train.rewards import Judge, KernelReward, RewardConfig
@@ -270,7 +274,8 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
                                                                      label=f"grpo:{config.model}")
         evaluator = evaluator or made
         reward = KernelReward(tasks, evaluator, reward_cfg, exemplar_db=db,
-                              judge=judge or load_judge(config.judge), model_name=config.model)
+                              judge=judge or load_judge(config.judge), model_name=config.model,
+                              completion_log=CompletionLog.for_run(config, rank=process_rank()))
         reward_funcs = [reward]
     builder = prompt_builder or ContrastivePromptBuilder(
         db, sampler=config.exemplar_sampler, sampler_config=sampler_config(config), form=config.form,

@@ -8,6 +8,8 @@ fine-tuned on them (or on all rounds' successes with `accumulate`).
 
 Logged per round (into `<output_dir>/rounds.json`, the log, TensorBoard through the SFT trainer): sample
 success rate, task success rate, mean speedup of the successes, examples kept, and the fine-tuning loss.
+Every completion, with its verdict and whether it was kept: `<output_dir>/completions.jsonl`
+(`log_completions`, see `completions.py`).
 Stopping rule: `rounds` at most; earlier when the sample success rate reaches `target_success_rate`, or
 after `patience` rounds without an improvement of `min_improvement`, or when `time_budget_s` is spent. With a
 budget, each round's sampling gets at most `SAMPLING_SHARE` of what is left (a generation batch that runs
@@ -52,6 +54,7 @@ from cudal1.train.common import (
     training_device,
     world_size,
 )
+from cudal1.train.completions import CompletionLog
 from cudal1.train.config import SelfSupervisedConfig
 from cudal1.train.models import load_policy, save_policy
 from cudal1.train.sft import Record, fit_sft, loss_curve
@@ -122,19 +125,22 @@ def keep_successes(tasks: Sequence[Task], codes: Sequence[str | None], results: 
 
 
 def sample_and_evaluate(tasks: Sequence[Task], sampler: CompletionSampler, evaluator: Evaluator,
-                        config: SelfSupervisedConfig) -> tuple[list[Task], list[str | None], list[EvalResult], list]:
-    """Sample `samples_per_task` completions per task and evaluate them all; returns the flat lists."""
+                        config: SelfSupervisedConfig
+                        ) -> tuple[list[Task], list[str | None], list[EvalResult], list, list[str]]:
+    """Sample `samples_per_task` completions per task and evaluate them all; returns the flat lists (tasks,
+    codes, verdicts, prompts, completion texts)."""
 
     prompts = [build_plain_prompt(t.source, form=config.form) for t in tasks]
     texts = sampler.sample(prompts, config.samples_per_task)
-    flat_tasks, codes, flat_prompts = [], [], []
+    flat_tasks, codes, flat_prompts, flat_texts = [], [], [], []
     for task, prompt, group in zip(tasks, prompts, texts, strict=True):
         for text in group:
             flat_tasks.append(task)
             codes.append(extract_completion(text).code)
             flat_prompts.append(prompt)
+            flat_texts.append(text)
     results = evaluate_batch(evaluator, list(zip(flat_tasks, codes, strict=True)), config.eval_workers)
-    return flat_tasks, codes, results, flat_prompts
+    return flat_tasks, codes, results, flat_prompts, flat_texts
 
 
 def _round_stats(index: int, tasks: Sequence[Task], flat_tasks: list[Task], results: list[EvalResult],
@@ -205,12 +211,19 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         db = ExemplarDB(config.exemplar_db)
     all_kept: list[Record] = []
     log: list[dict[str, Any]] = []
+    completions = CompletionLog.for_run(config)  # stage 2 runs in one process
     reason = should_stop(history, config, deadline)
     while reason is None:
         index = len(history)
         round_sampler = sampler or PolicySampler(model, tokenizer, config, _batch_time_s(config, len(tasks), deadline))
-        flat_tasks, codes, results, prompts = sample_and_evaluate(tasks, round_sampler, evaluator, config)
+        flat_tasks, codes, results, prompts, texts = sample_and_evaluate(tasks, round_sampler, evaluator,
+                                                                         config)
         kept = keep_successes(flat_tasks, codes, results, config.max_kept_per_task)
+        if completions is not None:
+            kept_codes = {(t.id, code) for t, code, _ in kept}
+            kept_flags = [(t.id, code) in kept_codes for t, code in zip(flat_tasks, codes, strict=True)]
+            completions.write(stage="self_supervised", tasks=flat_tasks, texts=texts, codes=codes,
+                              results=results, prompts=prompts, round=index, kept=kept_flags)
         stats = _round_stats(index, tasks, flat_tasks, results, len(kept))
         prompt_of = {t.id: p for t, p in zip(flat_tasks, prompts, strict=True)}
         records = [{"prompt": prompt_of[t.id], "completion": [{"role": "assistant", "content": fenced(code)}],

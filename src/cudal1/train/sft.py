@@ -12,7 +12,8 @@ and the loss covers the completion only (`completion_only_loss`). A deterministi
 
 Run: `cudal1 train sft --config sft.yaml --model PATH --output-dir runs/sft --set dataset=sft.jsonl`.
 Limits: rows longer than `max_length` tokens are truncated from the right; one whose completion is cut
-away entirely is dropped by TRL (no loss left), so set `max_length` above the longest prompt.
+away entirely (its prompt alone fills `max_length`) would be dropped by TRL (no loss left): it is left out
+before training with a warning, and a run that would keep none is a one-line error naming `max_length`.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def load_sft_records(path: str | Path, tasks: Sequence[Task] | None = None, form
             continue
         try:
             records.append(record_from_row(json.loads(line), tasks_by_id, form))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{lineno}: not a line of JSON ({exc.msg}); the dataset is the JSONL "
+                              "that `cudal1 augment` writes (sft.jsonl)") from None
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{path}:{lineno}: {exc}") from None
     if not records:
@@ -137,6 +141,9 @@ def fit_sft(model: Any, tokenizer: Any, train: Sequence[Record], held: Sequence[
         from trl import SFTConfig, SFTTrainer
     except ImportError:
         raise MissingDependencyError("trl", "train", "supervised fine-tuning") from None
+    if getattr(config, "completion_only_loss", True):
+        train = records_that_fit(train, tokenizer, max_length, "training")
+        held = records_that_fit(held, tokenizer, max_length, "evaluation", allow_none=True)
     eval_steps = getattr(config, "eval_steps", 0)
     extra = {"max_length": max_length, "completion_only_loss": getattr(config, "completion_only_loss", True),
              "packing": getattr(config, "packing", False), "dataset_num_proc": None,
@@ -153,6 +160,35 @@ def fit_sft(model: Any, tokenizer: Any, train: Sequence[Record], held: Sequence[
     if held:
         trainer.evaluate()  # logs eval_loss into state.log_history
     return trainer
+
+
+def prompt_tokens(record: Record, tokenizer: Any) -> int:
+    """Tokens of a record's prompt as the chat template renders it, up to where the answer starts."""
+    text = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def records_that_fit(records: Sequence[Record], tokenizer: Any, max_length: int, what: str, *,
+                     allow_none: bool = False) -> list[Record]:
+    """The records whose answer starts within `max_length` tokens (TRL would drop the others after truncation:
+    no answer token left to learn from); a warning names how many went, `ConfigError` when none is left."""
+    lengths = [prompt_tokens(r, tokenizer) for r in records]
+    kept = [r for r, n in zip(records, lengths, strict=True) if n < max_length]
+    if len(kept) < len(records):
+        shortest = min(n for n in lengths if n >= max_length)
+        if not kept and not allow_none:
+            raise ConfigError(f"max_length={max_length} leaves no answer token in any of the {len(records)} "
+                              f"SFT {what} examples (the shortest prompt alone is {shortest} tokens): set "
+                              f"max_length above that, e.g. --set max_length={_roomy(max(lengths))}")
+        logger.warning("SFT: %d of %d %s examples left out: their prompts alone fill max_length=%d tokens "
+                       "(raise max_length to keep them)", len(records) - len(kept), len(records), what,
+                       max_length)
+    return kept
+
+
+def _roomy(prompt_tokens_: int) -> int:
+    """A max_length that fits a prompt and leaves room for an answer: a power of two over twice its length."""
+    return 1 << (2 * prompt_tokens_).bit_length()
 
 
 def _with_output_dir(config: Any, output_dir: str) -> Any:
@@ -205,8 +241,22 @@ def records_of_split(records: Sequence[Record], config: SFTStageConfig, tasks: S
     if unplaced:
         logger.warning("SFT: %d records name no task_id; kept, though the split cannot be checked for them", unplaced)
     if not kept:
-        raise ConfigError(f"no SFT records in split {config.split!r} (split file {path})")
+        raise ConfigError(_why_no_records(records, config, split.ids("all"), path))
     return kept
+
+
+def _why_no_records(records: Sequence[Record], config: SFTStageConfig, known: set[str], path: str) -> str:
+    """Why no record is in the run's split: ids that --source does not hold, or all in the other split."""
+    ids = sorted({r["task_id"] for r in records})
+    unknown = [i for i in ids if i not in known]
+    head = (f"no SFT records in split {config.split!r}: the dataset's {len(records)} records name {len(ids)} "
+            "task(s)")
+    if unknown:
+        return (f"{head}, {len(unknown)} of them not in --source {config.source} (e.g. {unknown[0]!r}): pass "
+                "the --source the dataset was made from, or --split all to train on every record")
+    other = "test" if config.split == "train" else "train"
+    return (f"{head}, all in the {other} split of {path}: use --split all, or another splits_file or "
+            "split_seed")
 
 
 def _needs_tasks(path: str) -> bool:
