@@ -31,6 +31,11 @@ enough to be measured exhaustively, so the best possible speedup of every task i
 4. `recheck` evaluates a random sample of the table's (task, recipe) pairs again through the real evaluator
    and writes `recheck.json`: each pair's speedup then and now, and the rank agreement of the sample.
 
+The reward (`DEMO_REWARD`, stated in the summary's protocol): a candidate's raw speedup (failures 0), not
+normalized and not clipped; GRPO's group-normalized advantage is the only scaling. Runs committed before
+2026-12-04 paid min(speedup, 1.5) instead (the smoothing's clip was applied to raw speedups, issue #40):
+28 of gelu_2p24's 36 recipes earned the same reward there.
+
 Per step and arm: the raw mean speedup of the batch (failures count 0), the fraction of the best possible
 (each candidate's speedup over its task's best, averaged), the correct rate. Needs: a GPU for `measure`
 (144 evaluations, about 4 s each on an H200: 9-10 minutes; `--measure-budget-s` stops it and a
@@ -506,6 +511,11 @@ def held_out_db(table: Table, path: Path, tasks: list[Task], seed: int, n: int =
     return db
 
 
+def demo_reward(failure_rewards: dict[str, float], generations: int) -> RewardConfig:
+    """The demo's reward: raw speedups (failures 0), not normalized and not clipped."""
+    return RewardConfig(failure_rewards=failure_rewards, normalize=False, group_size=generations, eval_workers=1)
+
+
 class RecordingReward:
     """The project's `KernelReward`, remembering which recipe each completion named (for the step metrics)."""
 
@@ -538,8 +548,7 @@ def run_grpo_arm(arm: str, table: Table, start: Path, out_dir: Path, train: list
         per_device_train_batch_size=budget.per_step(len(train)), max_steps=budget.steps, max_completion_length=18,
         learning_rate=args.lr, beta=0.0, temperature=1.0, top_p=1.0, vllm="transformers"))
     reward = RecordingReward(KernelReward(
-        train, as_evaluator(table.result), RewardConfig(failure_rewards=config.failure_rewards, normalize=False,
-                                                        group_size=budget.generations, eval_workers=1),
+        train, as_evaluator(table.result), demo_reward(config.failure_rewards, budget.generations),
         exemplar_db=db, extract=parse_recipe))
     run_rl(config, model=model, tokenizer=tok, tasks=train, reward_funcs=[reward], exemplar_db=db,
            prompt_builder=RecipePromptBuilder(db, sampler, args.exemplars, seed))
@@ -644,6 +653,7 @@ def summarize(table: Table, runs: dict[str, list[dict[str, Any]]], train: list[T
                          "generations_per_task": budget.generations, "train_tasks": [t.id for t in train],
                          "held_out_tasks": [t.id for t in held], "recipes": len(SPACE), "model": MODEL_SPEC,
                          "learning_rate": args.lr, "exemplars_per_prompt": args.exemplars,
+                         "reward": demo_reward({}, budget.generations).describe(),
                          "sft_records": args.sft_records, "sft_epochs": args.sft_epochs,
                          "held_out_samples": args.held_out_samples,
                          "table": {"profile": table.data["protocol"].get("profile"),

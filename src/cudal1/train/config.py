@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import yaml
 
 from cudal1.core.errors import ConfigError
-from cudal1.core.rewards import CORRECT_UNMEASURED
+from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.service.evaluator import is_evaluator_spec
@@ -260,9 +260,18 @@ class RLStageConfig(CommonTrainConfig):
     max_steps: int = _f(200, "GRPO optimizer steps.")
     failure_rewards: dict = _f(DEFAULT_FAILURE_REWARDS, "Raw reward of each failure status (correct candidates earn "
                                                        "their speedup). The paper: 0 for every failure.")
-    reward_normalize: bool = _f(True, "Reward smoothing: normalize raw rewards (mean/std) before clipping.")
-    reward_clip_k: float = _f(1.5, "Reward smoothing: clip normalized rewards to [-k, k] (the paper: k = 1.5).")
-    reward_scope: str = _f("batch", "Normalization scope of the smoothing: batch or group.")
+    reward_transform: str = _f("speedup", "Raw reward -> reward before smoothing: speedup (as it is, the paper's), "
+                                          "log (ln of max(raw, reward_log_floor): relative gains count the same at "
+                                          "every speed) or bounded (clipped to [0, reward_bound], Dr.Kernel's).")
+    reward_bound: float = _f(3.0, "reward_transform=bounded: the cap on a reward (Dr.Kernel: 3).")
+    reward_log_floor: float = _f(0.1, "reward_transform=log: rewards below this (a failure's 0) are taken as this.")
+    reward_normalize: bool = _f(True, "Reward smoothing: normalize rewards (mean/std), then clip them to "
+                                      "[-reward_clip_k, reward_clip_k]; off: rewards pass unnormalized and unclipped.")
+    reward_clip_k: float = _f(1.5, "Reward smoothing: clip normalized rewards to [-k, k] (the paper: k = 1.5); not "
+                                   "applied without reward_normalize.")
+    reward_scope: str = _f("group", "Normalization scope of the smoothing: group (each prompt's num_generations "
+                                    "completions on their own, so one task's large speedups do not compress "
+                                    "another's) or batch.")
     exemplar_db: str = _f("", "Exemplar database (SQLite); empty: <output_dir>/exemplars.sqlite.")
     exemplar_sampler: str = _f("bucket", "Exemplar selection for contrastive prompts: bucket, island or random.")
     exemplars_per_prompt: int = _f(2, "Exemplars shown per prompt (the paper: N = 2).")
@@ -301,6 +310,11 @@ class RLStageConfig(CommonTrainConfig):
             raise ConfigError(f"reward_clip_k must be > 0, got {self.reward_clip_k}")
         if self.reward_scope not in ("batch", "group"):
             raise ConfigError(f"reward_scope must be batch or group, not {self.reward_scope!r}")
+        if self.reward_transform not in REWARD_TRANSFORMS:
+            raise ConfigError(f"reward_transform must be one of {', '.join(REWARD_TRANSFORMS)}, "
+                              f"not {self.reward_transform!r}")
+        if self.reward_bound <= 0 or self.reward_log_floor <= 0:
+            raise ConfigError("reward_bound and reward_log_floor must be > 0")
         if self.beta < 0 or self.epsilon <= 0:
             raise ConfigError("need beta >= 0 and epsilon > 0")
         if self.loss_type not in ("grpo", "dapo", "dr_grpo", "bnpo"):

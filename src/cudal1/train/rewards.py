@@ -2,9 +2,14 @@
 
 Per completion: extract the `ModelNew` code; evaluate it (a batch runs in parallel, each candidate in its own
 isolated process); the raw reward (`cudal1.core.rewards.reward_of`) is the speedup for a CORRECT candidate
-and `failure_rewards[status]` (default 0.0, the paper's) for any failure. Then reward smoothing
-(`cudal1.core.rewards.smooth_rewards`, design section 5): normalize over the batch (or within each group of
-`num_generations`) by mean and standard deviation, and clip to [-k, k] (k = 1.5 by default). GRPO then forms the group-normalized advantage from these values.
+and `failure_rewards[status]` (default 0.0, the paper's) for any failure; then the configured transform
+(`transform`: `speedup` as it is, `log`, or `bounded` to [0, 3]; `cudal1.core.rewards.transform_reward`).
+Then reward smoothing (`cudal1.core.rewards.smooth_rewards`, design section 5), when `normalize` is set:
+normalize within each group of `group_size` completions of one prompt (`scope=group`, the default: one
+task's large speedups cannot set the scale of another task's rewards) or over the whole batch
+(`scope=batch`), and clip the normalized values to [-k, k] (k = 1.5). Without `normalize` the transformed
+rewards pass unchanged: the clip belongs to the smoothing and never caps raw speedups (a cap on raw
+speedups is `transform=bounded`). GRPO then forms the group-normalized advantage from these values.
 
 Side effects, by design:
 - every CORRECT candidate enters the exemplar database with its speedup as score (the contrastive prompts
@@ -28,7 +33,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cudal1.core.rewards import failure_reward, reward_of, smooth_rewards
+from cudal1.core.rewards import (
+    DEFAULT_LOG_FLOOR,
+    DEFAULT_REWARD_BOUND,
+    REWARD_TRANSFORMS,
+    failure_reward,
+    reward_of,
+    smooth_rewards,
+    transform_reward,
+)
 from cudal1.core.types import EvalResult, Status
 from cudal1.llm.extract import extract_completion
 from cudal1.tasks.task import Task
@@ -52,9 +65,18 @@ class RewardConfig:
 
     failure_rewards: dict[str, float] = field(default_factory=dict, metadata={
         "help": "Raw reward per failure status (missing statuses: 0.0)."})
-    normalize: bool = field(default=True, metadata={"help": "Normalize raw rewards by mean/std before clipping."})
-    clip_k: float = field(default=1.5, metadata={"help": "Clip smoothed rewards to [-k, k]."})
-    scope: str = field(default="batch", metadata={"help": "Normalization scope: batch or group."})
+    transform: str = field(default="speedup", metadata={
+        "help": "Raw reward -> reward: speedup (as it is, the paper's), log (ln of max(raw, log_floor)) or "
+                "bounded (clipped to [0, bound], Dr.Kernel's [0, 3])."})
+    bound: float = field(default=DEFAULT_REWARD_BOUND, metadata={"help": "transform=bounded: the cap."})
+    log_floor: float = field(default=DEFAULT_LOG_FLOOR, metadata={
+        "help": "transform=log: raw rewards below this (failures' 0) are taken as this before the logarithm."})
+    normalize: bool = field(default=True, metadata={
+        "help": "Reward smoothing: normalize rewards by mean/std (then clip to [-clip_k, clip_k]); off: the "
+                "transformed rewards pass unchanged, unclipped."})
+    clip_k: float = field(default=1.5, metadata={"help": "Clip normalized rewards to [-k, k] (only with normalize)."})
+    scope: str = field(default="group", metadata={
+        "help": "Normalization scope: group (each prompt's group_size completions on their own) or batch."})
     group_size: int = field(default=1, metadata={"help": "Completions per prompt (scope=group)."})
     judge_jump_factor: float = field(default=3.0, metadata={
         "help": "Ask the judge above this factor x the task's best speedup so far."})
@@ -65,6 +87,22 @@ class RewardConfig:
             raise ValueError("clip_k must be > 0")
         if self.scope not in ("batch", "group"):
             raise ValueError("scope must be batch or group")
+        if self.normalize and self.scope == "group" and self.group_size < 2:
+            raise ValueError("scope=group normalizes each prompt's completions: set group_size >= 2 (TRL's "
+                             "num_generations), or scope=batch, or normalize=False")
+        if self.transform not in REWARD_TRANSFORMS:
+            raise ValueError(f"transform must be one of {', '.join(REWARD_TRANSFORMS)}, not {self.transform!r}")
+        if self.bound <= 0 or self.log_floor <= 0:
+            raise ValueError("bound and log_floor must be > 0")
+
+    def describe(self) -> str:
+        """The reward in one line, as a report states it (e.g. 'raw speedup, unnormalized, unclipped')."""
+        kind = {"speedup": "raw speedup", "log": f"ln(max(speedup, {self.log_floor:g}))",
+                "bounded": f"speedup clipped to [0, {self.bound:g}]"}[self.transform]
+        if not self.normalize:
+            return f"{kind} (failures: their failure reward), not normalized, not clipped"
+        where = f"per group of {self.group_size}" if self.scope == "group" else "over the batch"
+        return f"{kind}, normalized {where}, clipped to [-{self.clip_k:g}, {self.clip_k:g}]"
 
 
 class KernelReward:
@@ -98,8 +136,11 @@ class KernelReward:
         results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_workers)
         raws = [float(reward_of(r, self.config.failure_rewards) or 0.0) for r in results]
         vetoed = self._judge_and_record(tasks, codes, results, raws)
-        group = self.config.group_size if self.config.scope == "group" else None
-        smoothed = smooth_rewards(raws, normalize=self.config.normalize, clip_k=self.config.clip_k, group_size=group)
+        cfg = self.config
+        rewards = [transform_reward(v, cfg.transform, bound=cfg.bound, floor=cfg.log_floor) for v in raws]
+        group = cfg.group_size if cfg.scope == "group" else None
+        smoothed = smooth_rewards(rewards, normalize=cfg.normalize, clip_k=cfg.clip_k if cfg.normalize else None,
+                                  group_size=group)
         self._log(results, raws, smoothed, vetoed, kwargs)
         return smoothed
 

@@ -262,8 +262,10 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
                                    max_per_task=config.max_exemplars_per_task)
     reward = made = None
     if reward_funcs is None:
-        reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, normalize=config.reward_normalize,
-                                  clip_k=config.reward_clip_k, scope=config.reward_scope,
+        reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, transform=config.reward_transform,
+                                  bound=config.reward_bound, log_floor=config.reward_log_floor,
+                                  normalize=config.reward_normalize, clip_k=config.reward_clip_k,
+                                  scope=config.reward_scope,
                                   group_size=config.num_generations, judge_jump_factor=config.judge_jump_factor,
                                   eval_workers=config.eval_workers)
         made = None if evaluator is not None else default_evaluator(config, store, recorder.run_id,
