@@ -294,6 +294,10 @@ class RLStageConfig(CommonTrainConfig):
     judge: str = _f("", "LLM judge for suspicious reward jumps (an import path 'module:factory'); empty: none.")
     judge_jump_factor: float = _f(3.0, "Ask the judge when a speedup exceeds this factor x the task's best so far "
                                        "(the paper re-checks results above 3x).")
+    judge_on_error: str = _f("closed", "When the judge raises or gives no verdict: closed (the candidate is flagged, "
+                                       "kept out of the exemplar database and paid at most the task's best verified "
+                                       "speedup, or INFRA_ERROR's reward when there is none) or open (keep the "
+                                       "evaluator's verdict).")
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -336,6 +340,8 @@ class RLStageConfig(CommonTrainConfig):
             raise ConfigError("need exemplars_per_prompt >= 1, bucket_width > 0 and sampler_temperature > 0")
         if self.islands < 1 or self.island_migrate_every < 0 or self.island_reset_every < 0:
             raise ConfigError("need islands >= 1, island_migrate_every >= 0 and island_reset_every >= 0")
+        if self.judge_on_error not in ("closed", "open"):
+            raise ConfigError(f"judge_on_error must be closed or open, not {self.judge_on_error!r}")
         if self.judge_jump_factor <= 1.0:
             raise ConfigError(f"judge_jump_factor must be > 1, got {self.judge_jump_factor}")
         if self.max_steps < 1:

@@ -267,6 +267,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
                                   normalize=config.reward_normalize, clip_k=config.reward_clip_k,
                                   scope=config.reward_scope,
                                   group_size=config.num_generations, judge_jump_factor=config.judge_jump_factor,
+                                  judge_on_error=config.judge_on_error,
                                   eval_workers=config.eval_workers)
         made = None if evaluator is not None else default_evaluator(config, store, recorder.run_id,
                                                                      label=f"grpo:{config.model}")
