@@ -284,6 +284,9 @@ class RLStageConfig(CommonTrainConfig):
     island_reset_every: int = _f(0, "Island sampler: every R new codes the worst half of the islands is reseeded "
                                     "from the survivors (FunSearch's reset); 0: no resets.")
     max_exemplars_per_task: int = _f(256, "Exemplar database size per task; lowest scores evicted first.")
+    exemplar_statistic: str = _f("median", "An exemplar's score from every evaluation of its source: median (robust "
+                                           "to evaluation noise), mean, or max (a winner's curse: scores drift up "
+                                           "each time a source is evaluated again).")
     prompt_token_budget: int = _f(16384, "Prompt token budget; exemplars are trimmed to fit.")
     vllm: str = _f("auto", "Generation through vLLM (TRL's use_vllm): auto (colocate where vllm is installed and a "
                            "GPU is used, else the transformers path), colocate, server (a `trl vllm-serve` at "
@@ -336,6 +339,8 @@ class RLStageConfig(CommonTrainConfig):
         self.failure_rewards = {**DEFAULT_FAILURE_REWARDS, **{k: float(v) for k, v in self.failure_rewards.items()}}
         if self.exemplar_sampler not in ("bucket", "island", "random"):
             raise ConfigError(f"exemplar_sampler must be bucket, island or random, not {self.exemplar_sampler!r}")
+        if self.exemplar_statistic not in ("median", "mean", "max"):
+            raise ConfigError(f"exemplar_statistic must be median, mean or max, not {self.exemplar_statistic!r}")
         if self.exemplars_per_prompt < 1 or self.bucket_width <= 0 or self.sampler_temperature <= 0:
             raise ConfigError("need exemplars_per_prompt >= 1, bucket_width > 0 and sampler_temperature > 0")
         if self.islands < 1 or self.island_migrate_every < 0 or self.island_reset_every < 0:

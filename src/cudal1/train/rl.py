@@ -259,7 +259,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     args = grpo_args(config)  # first: its state also starts a multi-process run's process group
     _reference_path(model, config, tokenizer)
     db = exemplar_db or ExemplarDB(config.exemplar_db or Path(config.output_dir) / "exemplars.sqlite",
-                                   max_per_task=config.max_exemplars_per_task)
+                                   max_per_task=config.max_exemplars_per_task, statistic=config.exemplar_statistic)
     reward = made = None
     if reward_funcs is None:
         reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, transform=config.reward_transform,
