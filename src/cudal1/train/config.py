@@ -215,7 +215,9 @@ class SelfSupervisedConfig(CommonTrainConfig):
     patience: int = _f(0, "Stop after this many rounds without the success rate improving by min_improvement "
                           "(0: never).")
     min_improvement: float = _f(0.01, "Improvement of the success rate that resets the patience counter.")
-    exemplar_db: str = _f("", "Also add every success to this exemplar database (seeds stage 3); empty: don't.")
+    exemplar_db: str = _f("auto", "Add every correct candidate, with each evaluation's speedup, to this exemplar "
+                                  "database: auto is <output_dir>/exemplars.sqlite, which stage 3 started from this "
+                                  "stage's policy (<output_dir>/final) seeds its own database from; none: don't.")
     max_length: int = _f(8192, "Longest tokenized fine-tuning example.")
     learning_rate: float = _f(1e-5, "Peak learning rate of each round's fine-tuning.")
 
@@ -273,6 +275,13 @@ class RLStageConfig(CommonTrainConfig):
                                     "completions on their own, so one task's large speedups do not compress "
                                     "another's) or batch.")
     exemplar_db: str = _f("", "Exemplar database (SQLite); empty: <output_dir>/exemplars.sqlite.")
+    exemplar_seed: str = _f("auto", "Exemplars the database starts with, for tasks it has none of: auto is the "
+                                    "exemplars.sqlite beside the model's folder (stage 2 writes <output_dir>/final "
+                                    "and <output_dir>/exemplars.sqlite) when there is one; a path: that database; "
+                                    "none: start empty (the first prompts then say 'None yet').")
+    exemplar_seed_store: bool = _f(False, "Also seed each task, where the database has none of it, from the results "
+                                          "store's correct candidates of that task version (each scored by the "
+                                          "median of its stored evaluations).")
     exemplar_sampler: str = _f("bucket", "Exemplar selection for contrastive prompts: bucket, island or random.")
     exemplars_per_prompt: int = _f(2, "Exemplars shown per prompt (the paper: N = 2).")
     bucket_width: float = _f(0.1, "Score bucket width (speedup units) of the bucket sampler. Not published.")
