@@ -179,9 +179,15 @@ class SFTStageConfig(CommonTrainConfig):
     packing: bool = _f(False, "Pack several examples into one sequence.")
     num_train_epochs: float = _f(3.0, "Epochs over the data (ignored when max_steps > 0).")
     learning_rate: float = _f(2e-5, "Peak learning rate (AdamW).")
+    contrastive_fraction: float = _f(0.0, "Share of the examples with a score (the augment export's speedup) shown "
+                                          "with stage 3's contrastive prompt: lower-scored examples of the same task "
+                                          "as exemplars, the answer in three sections. 0: plain prompts only.")
+    exemplars_per_prompt: int = _f(2, "Contrastive examples: exemplars shown per prompt (the paper: N = 2).")
 
     def __post_init__(self) -> None:
         self._check_common()
+        if not 0.0 <= self.contrastive_fraction <= 1.0 or self.exemplars_per_prompt < 1:
+            raise ConfigError("need contrastive_fraction in [0, 1] and exemplars_per_prompt >= 1")
         if not self.dataset:
             raise ConfigError("set dataset: the JSONL that `cudal1 augment` exported (e.g. --dataset sft.jsonl)")
         if not 0.0 <= self.eval_fraction < 1.0:
