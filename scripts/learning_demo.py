@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from cudal1.core.types import EvalResult, Status  # noqa: E402
 from cudal1.exemplars import ExemplarDB  # noqa: E402
 from cudal1.service.evaluator import as_evaluator  # noqa: E402
+from cudal1.study.stats import prediction_interval, spearman  # noqa: E402
 from cudal1.tasks.task import Task  # noqa: E402
 from cudal1.train.common import completion_text  # noqa: E402
 from cudal1.train.rewards import KernelReward, RewardConfig  # noqa: E402
@@ -298,44 +299,6 @@ def recheck(table_path: Path, out_dir: Path, *, n: int, seed: int, profile: str,
                "rows": rows}
     (out_dir / "recheck.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(xs: list[float]) -> list[float]:
-        order = sorted(range(len(xs)), key=xs.__getitem__)
-        out = [0.0] * len(xs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return cov / var if var else 0.0
-
-
-#: Two-sided 95 % quantiles of Student's t by degrees of freedom (beyond the table: the normal's 1.96 plus
-#: a margin, conservative for df > 10).
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def prediction_interval(values: list[float]) -> tuple[float, float]:
-    """Where one more seed should land with 95 % probability, from the committed seeds' mean and spread
-    (mean +- t x s x sqrt(1 + 1/n)). The committed seeds' minimum and maximum would not do: a new draw from
-    the same distribution falls outside the range of 3 earlier ones half of the time."""
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n < 2:
-        return mean, mean
-    half = T_975.get(n - 1, 2.2) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
-    return mean - half, mean + half
 
 
 def against(runs: dict[str, list[dict[str, Any]]], committed: dict[str, list[dict[str, Any]]],

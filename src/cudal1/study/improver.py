@@ -55,18 +55,20 @@ def build_improver(size: ImproverSize | None = None, seed: int = 0) -> tuple[Any
     return LlamaForCausalLM(config), tok
 
 
-def pretrain_records(n: int, seed: int) -> list[dict[str, str]]:
-    """`n` synthetic (prompt, answer) examples (see `landscapes.improver_example`)."""
+def pretrain_records(n: int, seed: int, k_choices: tuple[int, ...] | None = None) -> list[dict[str, str]]:
+    """`n` synthetic (prompt, answer) examples (see `landscapes.improver_example`; `k_choices`: the numbers of
+    exemplars drawn from, default its own)."""
     rng = random.Random(seed)
     records = []
     for _ in range(n):
-        land, shown, target = improver_example(rng)
+        land, shown, target = improver_example(rng, k_choices) if k_choices else improver_example(rng)
         records.append({"prompt": prompt_text(land.features, shown), "completion": " " + target})
     return records
 
 
 def pretrain(out_dir: Path, *, seed: int = 0, examples: int = 40000, epochs: float = 1.0, batch: int = 64,
-             learning_rate: float = 2e-3, size: ImproverSize | None = None) -> Path:
+             learning_rate: float = 2e-3, size: ImproverSize | None = None,
+             k_choices: tuple[int, ...] | None = None) -> Path:
     """Pre-train an improver with the project's SFT stage; returns the saved policy's folder (reused when it
     exists: `out_dir/final`)."""
     from cudal1.train.config import SFTStageConfig, load_config
@@ -84,7 +86,7 @@ def pretrain(out_dir: Path, *, seed: int = 0, examples: int = 40000, epochs: flo
         "lr_scheduler_type": "cosine", "warmup_ratio": 0.02, "num_train_epochs": epochs,
         "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1, "logging_steps": 50,
         "save_steps": 10**9, "eval_fraction": 0.0, "max_length": size.max_positions})
-    trainer = fit_sft(model, tok, pretrain_records(examples, seed), [], config, output_dir=str(out_dir),
+    trainer = fit_sft(model, tok, pretrain_records(examples, seed, k_choices), [], config, output_dir=str(out_dir),
                       max_length=size.max_positions, extra_args={"save_strategy": "no"})
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     logger.info("improver pre-trained: %d steps, loss %.3f -> %.3f", trainer.state.global_step,
@@ -108,3 +110,41 @@ def sample(model: Any, tok: Any, prompts: Sequence[str], n: int, seed: int,
     texts = tok.batch_decode(out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
     parsed = [parse_recipe(t) for t in texts]
     return [parsed[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def exemplar_reading(model: Any, tok: Any, *, landscapes: int = 60, samples: int = 16, k: int = 4,
+                     seed: int = 1234) -> dict[str, Any]:
+    """Does the improver read exemplars? On fresh SYNTHETIC landscapes (never trained on), the mean fraction of
+    the best of its answers given k scored exemplars (`true`), the same exemplars with their scores permuted
+    among them (`shuffled`, shown in the permuted order), and of random recipes (`random`, the landscape's
+    mean); with the paired differences per landscape."""
+    import statistics
+
+    from cudal1.study.landscapes import draw_exemplars, generate
+
+    rng = random.Random(seed)
+    lands, true_prompts, shuffled_prompts = [], [], []
+    for _ in range(landscapes):
+        land = generate(rng)
+        shown = draw_exemplars(land, k, rng)
+        scores = [s for _, s in shown]
+        permuted = list(scores)
+        while permuted == scores and len(set(scores)) > 1:
+            rng.shuffle(permuted)
+        shuffled = sorted(((r, s) for (r, _), s in zip(shown, permuted, strict=True)), key=lambda e: e[1])
+        lands.append(land)
+        true_prompts.append(prompt_text(land.features, shown))
+        shuffled_prompts.append(prompt_text(land.features, shuffled))
+    values: dict[str, list[float]] = {}
+    for name, prompts in (("true", true_prompts), ("shuffled", shuffled_prompts)):
+        answers = sample(model, tok, prompts, samples, seed)
+        values[name] = [statistics.fmean(land.speedups.get(a or "", 0.0) / land.best for a in out)
+                        for land, out in zip(lands, answers, strict=True)]
+    values["random"] = [statistics.fmean(land.speedups.values()) / land.best for land in lands]
+    out: dict[str, Any] = {name: round(statistics.fmean(v), 4) for name, v in values.items()}
+    for a, b in (("true", "shuffled"), ("true", "random")):
+        diffs = [x - y for x, y in zip(values[a], values[b], strict=True)]
+        out[f"{a}_minus_{b}"] = {"mean": round(statistics.fmean(diffs), 4),
+                                 "se": round(statistics.stdev(diffs) / len(diffs) ** 0.5, 4),
+                                 "wins": sum(d > 0 for d in diffs), "landscapes": len(diffs)}
+    return out

@@ -12,8 +12,8 @@ better ones share) and to propose a recipe likely to beat the best shown.
 
 Pre-training examples (`improver_example`): a landscape's features, k exemplars (uniformly drawn, or drawn
 toward the good ones as a search would find them), their scores with 2 % noise, ascending; the target a
-recipe better than the best shown, drawn with weight exp(gain / 0.25) among better ones anywhere (half the
-time) or within two fields of the best two shown (the other half). Without exemplars the target is drawn
+recipe better than the best shown, drawn with weight exp(gain / 0.25) among better ones within two fields
+of the best shown (60 % of the time, `LOCAL_SHARE`) or anywhere (the rest). Without exemplars the target is drawn
 from the landscape's top decile.
 """
 
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from cudal1.study.recipes import BY_TEXT, FIELDS, SPACE, distance, field_values
 
 _FIELD_NAMES = tuple(FIELDS)
+#: Share of pre-training targets drawn near the best exemplar shown (the rest: better recipes anywhere).
+LOCAL_SHARE = 0.6
 
 
 @dataclass
@@ -132,9 +134,9 @@ def draw_target(land: Landscape, shown: list[tuple[str, float]], rng: random.Ran
     better = [r for r in correct if land.speedups[r] > best]
     if not better:
         return max(shown, key=lambda e: land.speedups[e[0]])[0]
-    if rng.random() < 0.5:
-        top = [BY_TEXT[r] for r, _ in sorted(shown, key=lambda e: -e[1])[:2]]
-        near = [r for r in better if min(distance(BY_TEXT[r], t) for t in top) <= 2]
+    if rng.random() < LOCAL_SHARE:
+        top = BY_TEXT[max(shown, key=lambda e: e[1])[0]]  # the best as shown (scores are noisy)
+        near = [r for r in better if distance(BY_TEXT[r], top) <= 2]
         better = near or better
     weights = [math.exp(math.log(land.speedups[r] / best) / 0.25) for r in better]
     return rng.choices(better, weights=weights)[0]

@@ -1,7 +1,8 @@
 """`measure`: the study's table on one GPU within a time budget, in worker processes that may crash.
 
 The compiles run first (`bench.compile_all`, every CPU core; NVRTC results are cached on disk). Then a
-worker process measures the tasks in order (`bench.run_worker`), writing the table after each. A kernel
+worker process measures the tasks (`bench.run_worker`; every family's smallest size first, then the next
+sizes, so a run cut short still covers every family), writing the table after each. A kernel
 that kills the CUDA context (an illegal address) kills the worker, not the run: the worker names the cell
 it is about to launch first (`progress.json`), and the next worker, started for the tasks left, records
 that cell as a `runtime_error` and measures the rest. A run stopped by its budget leaves a valid partial
@@ -49,7 +50,7 @@ def measure(out_dir: Path, *, budget_s: float = 230.0, reps: int = 5, tasks: str
     deadline = started + budget_s
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "table.json"
-    chosen = [t for t in study_tasks() if fnmatch.fnmatch(t.id, tasks) or fnmatch.fnmatch(t.family.name, tasks)]
+    chosen = [t for t in measure_order() if fnmatch.fnmatch(t.id, tasks) or fnmatch.fnmatch(t.family.name, tasks)]
     if path.is_file():
         data = load_table(path)
     else:
@@ -94,10 +95,20 @@ def measure(out_dir: Path, *, budget_s: float = 230.0, reps: int = 5, tasks: str
     return path
 
 
+def measure_order() -> list[Any]:
+    """Every family's smallest task first, then every family's next size...: a run cut short by its budget
+    still has every family, held-out ones too."""
+    tasks = study_tasks()
+    rank = {t.id: [u.id for u in tasks if u.family is t.family].index(t.id) for t in tasks}
+    return sorted(tasks, key=lambda t: (rank[t.id], t.family.name))
+
+
 def _compile_families(data: dict[str, Any], families: dict[str, Any]) -> None:
     """Compile every recipe of each family not compiled yet; errors into `data["compile_errors"]`."""
     done = set(data.setdefault("compiled_families", []))
     todo = [(name, task) for name, task in families.items() if name not in done]
+    if not todo:
+        return
     keys, sources = [], []
     for name, task in todo:
         for recipe in SPACE:

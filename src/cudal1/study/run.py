@@ -102,9 +102,15 @@ def run_study(out_dir: Path, table_path: Path, seeds: list[int], *, arms: list[s
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     start = pretrain(out_dir / "pretrain", seed=0, examples=pretrain_examples, size=size)
-    (out_dir / "protocol.json").write_text(json.dumps({"protocol": asdict(protocol), "improver": asdict(size),
-                                                       "pretrain_examples": pretrain_examples,
-                                                       "table": str(table_path), "table_kind": table.kind}, indent=1))
+    record_path = out_dir / "protocol.json"
+    if not record_path.is_file():  # once: the pre-trained improver's check on synthetic landscapes
+        from cudal1.study.improver import exemplar_reading
+        from cudal1.train.models import load_policy
+
+        record_path.write_text(json.dumps({
+            "protocol": asdict(protocol), "improver": asdict(size), "pretrain_examples": pretrain_examples,
+            "table": str(table_path), "table_kind": table.kind,
+            "improver_exemplar_reading_synthetic": exemplar_reading(*load_policy(str(start)))}, indent=1))
     logger.info("pre-trained improver ready (%.0f s)", time.monotonic() - started)
     for seed in seeds:
         run_seed(out_dir, table, seed, arms=arms or list(ARMS), protocol=protocol, start=start)
