@@ -15,7 +15,7 @@ spread; `cudal1/study/bench.py`), writing `OUT_DIR/table.json` as it goes (a tim
 running it again measures what is missing). `spotcheck` evaluates a stratified sample of >= 50 cells through
 the project's evaluator and writes the agreement to `OUT_DIR/spotcheck.json`.
 
-The policy: a 0.5 M-parameter Llama over a word-level vocabulary, pre-trained on the CPU with the project's
+The policy: a 0.35 M-parameter Llama over a word-level vocabulary, pre-trained on the CPU with the project's
 SFT stage as an in-context improver on SYNTHETIC landscapes only (input: task features and k scored recipes;
 output: a better recipe; `cudal1/study/landscapes.py`), once per study (seed 0; the seeds below vary
 everything after it). RL arms then train it with the project's stage 3 (`run_rl`: TRL's GRPO, `KernelReward`,
@@ -25,9 +25,11 @@ Held out: 14 tasks, whole families of every kind (mish, logsumexp, rmsnorm, tran
 a task only through features it shares with training tasks (`cudal1/study/ops.py`).
 
 Arms, at an equal evaluation budget on the held-out tasks (every arm: the same 4 random correct recipes per
-task seeded per seed, counted as its first 4 evaluations, then proposals in rounds of 8 up to 64; every
-proposal counts, repeats and unparseable ones too). RL arms also spend the same training budget (100 GRPO
-steps x 8 tasks x 8 completions = 6,400 evaluations on training tasks).
+task seeded per seed, counted as its first 4 evaluations, then proposals in rounds of 8 up to 64 evaluations.
+An evaluation is a distinct recipe, as the results store makes it: a repeat is served from the store and an
+unparseable answer is never evaluated; both spend samples, at most 256 per task, after which a policy that
+keeps repeating itself stops short of 64). RL arms also spend the same training budget (100 GRPO steps x 8
+tasks x 8 completions = 6,400 evaluations on training tasks).
 - `grpo-bucket`: contrastive GRPO, exemplars by CUDA-L1's bucket sampler; searches with bucket prompts;
 - `grpo-random`: contrastive GRPO, exemplars drawn uniformly;
 - `grpo-shuffled`: contrastive GRPO whose exemplars' scores are permuted among them (and shown in the order
@@ -46,7 +48,8 @@ fraction of its best speedup in the table, failures 0):
    found after all 64 (it saturates: on these landscapes many recipes are within a few % of the best).
 2. `one_shot_fraction_of_best`: the mean of 32 answers sampled with the 4 seeded exemplars in the prompt
    (the arm's own prompt style; random-search: the mean over all recipes); `one_shot_correct_rate`.
-3. `held_out_correct_rate`: the share of the 64 evaluations that are correct.
+3. `held_out_correct_rate`: the share of the evaluations that are correct; `held_out_samples`: the samples
+   drawn per task to spend the budget (64 - 4 for i.i.d.-like proposals, more for a policy that repeats).
 4. RL arms: the fraction of the best of each training batch (`train_curve`), first and last 10 % of steps.
 Each arm: mean and 95 % t interval over >= 10 seeds; contrasts: paired by seed (`cudal1/study/run.py`).
 

@@ -37,6 +37,10 @@ def test_every_arm_runs_resumes_and_summarizes(table_path, tmp_path, monkeypatch
         assert len(record["held_out"]) == 14 and all(len(e["curve"]) == 3 for e in record["held_out"].values())
         assert ("training" in record) == arm.startswith("grpo")
     assert len(seed["arms"]["grpo-bucket"]["training"]["steps"]) == 2
+    # random *exemplars* (a prompt style) are not random *proposals*: grpo-random samples its policy
+    assert "distinct" in next(iter(seed["arms"]["grpo-random"]["one_shot"].values()))
+    assert "distinct" not in next(iter(seed["arms"]["random-search"]["one_shot"].values()))
+    assert all(e["samples"] == 6 and e["evaluations"] == 8 for e in seed["arms"]["random-search"]["held_out"].values())
     monkeypatch.setattr(run_module, "run_arm", lambda *a, **k: pytest.fail("a finished arm ran again"))
     run_module.run_study(out, table_path, [0], protocol=TINY, pretrain_examples=128, allow_surrogate=True)
     summary = run_module.summarize(out, table_path)

@@ -30,3 +30,37 @@ def test_agreement_statistics():
     found = agreement(rows)
     assert found["evaluated"] == 4 and found["status_agreement"] == 1.0 and found["spearman"] == pytest.approx(1.0)
     assert found["within_1_25x"] == 1.0 and found["median_ratio_by_kind"] == {"ew": 0.9}
+
+
+def test_spotcheck_records_as_it_goes_and_a_second_run_does_the_rest(tmp_path, monkeypatch):
+    """The evaluator is a stand-in here (the real one needs a GPU for raw-CUDA candidates)."""
+    import json
+
+    import cudal1.service.evaluator as service
+    from cudal1.core.types import EvalResult, Status
+    from cudal1.study.spotcheck import spotcheck
+    from cudal1.study.table import write_table
+
+    table_path = tmp_path / "table.json"
+    write_table(table_path, surrogate_table())
+    seen = []
+
+    class FakeEvaluator:
+        def __init__(self, limit):
+            self.limit = limit
+
+        def evaluate(self, pairs, *, on_result, force, should_stop):
+            for i, (task, source) in enumerate(pairs[: self.limit]):
+                seen.append(task.id)
+                assert "class ModelNew" in source and force
+                on_result(i, EvalResult(Status.CORRECT, task_id=task.id, speedup=1.0))
+
+        def close(self):
+            pass
+
+    limits = iter([10, 100])
+    monkeypatch.setattr(service, "make_evaluator", lambda spec, config, **kw: FakeEvaluator(next(limits)))
+    first = spotcheck(table_path, tmp_path, n=50)
+    assert first["evaluated"] == 10 and json.loads((tmp_path / "spotcheck.json").read_text())["evaluated"] == 10
+    second = spotcheck(table_path, tmp_path, n=50)
+    assert second["evaluated"] == 50 and len(seen) == 50 and second["cells"] == 50

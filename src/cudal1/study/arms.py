@@ -4,10 +4,13 @@ Every arm is scored on the held-out tasks in the same way (`search`): a task's e
 the same k0 random correct recipes in every arm (they count as its first k0 evaluations), then the arm
 proposes recipes in rounds of `round_size` per task until `budget` evaluations: the improver sampled with
 the arm's prompt style, each correct proposal entering the database that later prompts draw from (with
-`plain` prompts the database is never shown: i.i.d. samples, best-of-N); `random` proposes recipes it has
-not proposed yet, uniformly. Every proposal counts, repeats and unparseable answers too (a policy that
-repeats itself wastes its budget). `sampled_with_exemplars` draws n answers per task to the prompt built
-from the same k0 seeded recipes (the policy's one-shot skill with exemplars).
+`plain` prompts the database is never shown: i.i.d. samples, best-of-N); `uniform` (random search) proposes
+recipes not evaluated yet, uniformly. An evaluation is a distinct recipe, as the results store makes it: a
+repeated proposal is served from the store and an unparseable answer is never evaluated, so neither spends
+the budget; they spend samples, at most `sample_cap` x `budget` per task (a policy that keeps repeating itself
+stops there with fewer evaluations, its curve flat from its last one). `sampled_with_exemplars` draws n
+answers per task to the prompt built from the same k0 seeded recipes (the policy's one-shot skill with
+exemplars).
 
 RL arms first train with the project's stage 3 (`run_rl`: TRL's GRPO, `KernelReward` over the table, the
 exemplar database, the arm's prompt builder) on the training tasks, from the pre-trained improver.
@@ -33,14 +36,14 @@ from cudal1.tasks.task import Task
 from cudal1.train.common import completion_text
 from cudal1.train.rewards import KernelReward, RewardConfig
 
-#: arm -> (how it trains: "grpo" or None, the prompt style it proposes with: a `prompting.STYLES` or "random")
+#: arm -> (how it trains: "grpo" or None, how it proposes: a prompt style of `prompting.STYLES`, or "uniform")
 ARMS: dict[str, tuple[str | None, str]] = {
     "grpo-bucket": ("grpo", "bucket"),
     "grpo-random": ("grpo", "random"),
     "grpo-shuffled": ("grpo", "shuffled"),
     "grpo-plain": ("grpo", "plain"),
     "evolution": (None, "bucket"),
-    "random-search": (None, "random"),
+    "random-search": (None, "uniform"),
     "sft-only": (None, "plain"),
 }
 
@@ -58,6 +61,7 @@ class Protocol:
     generations: int = 8  # completions per prompt (a GRPO group)
     learning_rate: float = 2e-4
     checkpoints: tuple[int, ...] = (4, 8, 16, 32, 64)  # evaluations at which held-out curves are reported
+    sample_cap: int = 4  # samples per held-out task at most, in units of `budget`
 
 
 def sub_seed(*parts: Any) -> int:
@@ -77,50 +81,68 @@ def fill_db(db: ExemplarDB, table: Table, recipes: dict[str, list[str]]) -> Exem
     return db
 
 
-def curve(table: Table, task_id: str, proposals: Sequence[str | None], checkpoints: Sequence[int]) -> list[float]:
-    """The best speedup found after each checkpoint's number of evaluations, as a fraction of the task's best."""
-    best, out, found = table.best(task_id), [], 0.0
-    for i, recipe in enumerate(proposals, 1):
-        found = max(found, table.speedup(task_id, recipe))
-        if i in checkpoints:
-            out.append(round(found / best, 5))
-    return out
+def curve(table: Table, task_id: str, evaluated: Sequence[str], checkpoints: Sequence[int]) -> list[float]:
+    """The best speedup found within each checkpoint's number of evaluations, as a fraction of the task's best
+    (past the last evaluation, the best found)."""
+    best = table.best(task_id)
+    values = [table.speedup(task_id, r) for r in evaluated]
+    return [round(max(values[:n], default=0.0) / best, 5) for n in checkpoints]
+
+
+@dataclass
+class Search:
+    """One held-out task's search: the distinct recipes evaluated, in order, and the samples drawn."""
+
+    evaluated: list[str]
+    samples: int = 0
 
 
 def search(table: Table, tasks: dict[str, Task], features: dict[str, list[str]], style: str, protocol: Protocol,
-           seed: int, work_dir: Path, policy: Any = None) -> dict[str, list[str | None]]:
-    """Every held-out task's proposals in order, seeds first (module docstring)."""
+           seed: int, work_dir: Path, policy: Any = None) -> dict[str, Search]:
+    """Every held-out task's search, seeds first (module docstring)."""
     seeds = seed_recipes(table, list(tasks), protocol.exemplars, seed)
-    proposals: dict[str, list[str | None]] = {tid: list(chosen) for tid, chosen in seeds.items()}
-    if style == "random":
-        for tid in tasks:
+    runs = {tid: Search(list(chosen)) for tid, chosen in seeds.items()}
+    if style == "uniform":
+        for tid, run in runs.items():
             rest = [r.text for r in SPACE if r.text not in seeds[tid]]
-            proposals[tid] += random.Random(sub_seed("random-search", seed, tid)).sample(
+            run.evaluated += random.Random(sub_seed("random-search", seed, tid)).sample(
                 rest, protocol.budget - protocol.exemplars)
-        return proposals
+            run.samples = protocol.budget - protocol.exemplars
+        return runs
     model, tok = policy
     db = fill_db(ExemplarDB(work_dir / "held_out.sqlite"), table, seeds)
     builder = StudyPromptBuilder(db, style, protocol.exemplars, features, seed=sub_seed("builder", seed))
+    cap = protocol.sample_cap * protocol.budget
+
+    def going(run: Search) -> bool:
+        return len(run.evaluated) < protocol.budget and run.samples < cap
+
     step = 0
-    while any(len(p) < protocol.budget for p in proposals.values()):
-        todo = [tid for tid in tasks if len(proposals[tid]) < protocol.budget]
+    while any(going(r) for r in runs.values()):
+        todo = [tid for tid, run in runs.items() if going(run)]
         prompts = [builder.build(tasks[tid], step) for tid in todo]
         for tid, answers in zip(todo, sample(model, tok, prompts, protocol.round_size, sub_seed("round", seed, step)),
                                 strict=True):
-            for recipe in answers[: protocol.budget - len(proposals[tid])]:
-                proposals[tid].append(recipe)
+            run = runs[tid]
+            for recipe in answers:
+                if not going(run):
+                    break
+                run.samples += 1
+                if recipe is None or recipe in run.evaluated:
+                    continue  # never evaluated, or served by the store
+                run.evaluated.append(recipe)
                 if table.speedup(tid, recipe) > 0:
                     db.add(tid, recipe, table.speedup(tid, recipe), {"source": "search", "round": step})
         step += 1
-    return proposals
+    return runs
 
 
 def sampled_with_exemplars(table: Table, tasks: dict[str, Task], features: dict[str, list[str]], style: str,
                            protocol: Protocol, seed: int, work_dir: Path, policy: Any = None) -> dict[str, dict]:
     """Per held-out task: mean fraction of the best and correct rate of `samples` answers to the prompt built
-    from the k0 seeded recipes (random proposals: the expectation over the whole space)."""
+    from the k0 seeded recipes (uniform proposals: the expectation over the whole space)."""
     out = {}
-    if style == "random":
+    if style == "uniform":
         for tid in tasks:
             values = [table.speedup(tid, r.text) for r in SPACE]
             out[tid] = {"fraction_of_best": round(statistics.fmean(values) / table.best(tid), 5),
@@ -174,7 +196,7 @@ def train_grpo(start: Path, table: Table, tasks: dict[str, Task], features: dict
         "store": "none", "split": "all", "seed": seed, "num_generations": g,
         "per_device_train_batch_size": g * protocol.tasks_per_step, "gradient_accumulation_steps": 1,
         "max_steps": protocol.steps, "max_completion_length": 7, "learning_rate": protocol.learning_rate,
-        "beta": 0.0, "temperature": 1.0, "top_p": 1.0, "vllm": "transformers", "logging_steps": 10,
+        "beta": 0.0, "temperature": 1.0, "top_p": 1.0, "vllm": "transformers", "logging_steps": 50,
         "save_steps": 10**9, "warmup_ratio": 0.0, "lr_scheduler_type": "constant", "exemplar_seed": "none",
         "exemplars_per_prompt": protocol.exemplars})
     reward_config = RewardConfig(failure_rewards=config.failure_rewards, group_size=g, eval_workers=1)

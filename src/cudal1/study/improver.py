@@ -1,7 +1,7 @@
 """The study's policy: a small Llama that reads scored recipes and writes a better one, pre-trained on the CPU.
 
 No pretrained code model can be had on these machines, so the study brings a policy that can learn to read
-exemplars: a 3-layer, 128-wide Llama (about 0.5 M parameters) over the study's word-level vocabulary
+exemplars: a 2-layer, 128-wide Llama (about 0.35 M parameters) over the study's word-level vocabulary
 (`prompting.py`), pre-trained with the project's stage-1 fine-tuning (`train.sft.fit_sft`, TRL's
 `SFTTrainer`, loss on the answer only) on SYNTHETIC landscapes (`landscapes.py`): given a task's features
 and k scored recipes, write one that beats them. The measured table is never seen in pre-training.
@@ -32,7 +32,7 @@ class ImproverSize:
     """The policy's size (a Llama)."""
 
     hidden: int = 128
-    layers: int = 3
+    layers: int = 2
     heads: int = 4
     intermediate: int = 256
     max_positions: int = 96

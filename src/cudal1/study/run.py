@@ -53,13 +53,14 @@ def run_arm(arm: str, table: Table, start: Path, protocol: Protocol, seed: int, 
         model, tok, record["training"] = train_grpo(start, table, train, features, style, protocol, seed,
                                                     work_dir / "train")
         policy = (model, tok)
-    elif style != "random":
+    elif style != "uniform":
         policy = load_policy(str(start))
-    proposals = search(table, held, features, style, protocol, seed, work_dir, policy)
-    record["held_out"] = {tid: {"curve": curve(table, tid, p, protocol.checkpoints),
-                                "distinct": len(set(p)), "unparseable": sum(r is None for r in p),
-                                "correct_rate": round(statistics.fmean(table.speedup(tid, r) > 0 for r in p), 5)}
-                          for tid, p in proposals.items()}
+    runs = search(table, held, features, style, protocol, seed, work_dir, policy)
+    record["held_out"] = {tid: {"curve": curve(table, tid, run.evaluated, protocol.checkpoints),
+                                "evaluations": len(run.evaluated), "samples": run.samples,
+                                "correct_rate": round(statistics.fmean(table.speedup(tid, r) > 0
+                                                                       for r in run.evaluated), 5)}
+                          for tid, run in runs.items()}
     record["one_shot"] = sampled_with_exemplars(table, held, features, style, protocol, seed, work_dir, policy)
     record["seconds"] = round(time.monotonic() - started, 1)
     return record
@@ -130,6 +131,8 @@ def seed_metrics(record: dict[str, Any]) -> dict[str, Any]:
     out = {"held_out_curve": mean_curve, "held_out_best_at_budget": mean_curve[-1],
            PRIMARY: round(statistics.fmean(mean_curve[1:]), 5),  # the checkpoints after the seeded evaluations
            "held_out_correct_rate": round(statistics.fmean(e["correct_rate"] for e in held.values()), 5),
+           "held_out_samples": round(statistics.fmean(e["samples"] for e in held.values()), 2),
+           "held_out_evaluations": round(statistics.fmean(e["evaluations"] for e in held.values()), 2),
            "one_shot_fraction_of_best": round(statistics.fmean(e["fraction_of_best"] for e in one), 5),
            "one_shot_correct_rate": round(statistics.fmean(e["correct_rate"] for e in one), 5)}
     if "training" in record:
@@ -147,8 +150,9 @@ def summarize(out_dir: Path, table_path: Path) -> dict[str, Any]:
     seeds = [json.loads(p.read_text()) for p in sorted((out_dir / "seeds").glob("seed*.json"))]
     arms = [a for a in ARMS if all(a in s["arms"] for s in seeds)]
     per_seed = {arm: {s["seed"]: seed_metrics(s["arms"][arm]) for s in seeds} for arm in arms}
-    scalars = ("held_out_best_at_budget", "held_out_auc", "held_out_correct_rate", "one_shot_fraction_of_best",
-               "one_shot_correct_rate", "train_fraction_of_best_last")
+    scalars = ("held_out_best_at_budget", "held_out_auc", "held_out_correct_rate", "held_out_samples",
+               "held_out_evaluations", "one_shot_fraction_of_best", "one_shot_correct_rate",
+               "train_fraction_of_best_last")
     results: dict[str, Any] = {}
     for arm in arms:
         values = list(per_seed[arm].values())
