@@ -59,7 +59,8 @@ class Protocol:
     steps: int = 100  # GRPO steps
     tasks_per_step: int = 8  # prompts per GRPO step
     generations: int = 8  # completions per prompt (a GRPO group)
-    learning_rate: float = 2e-4
+    learning_rate: float = 1e-4
+    beta: float = 0.01  # KL weight to the pre-trained policy (stage 3's default): keeps some diversity
     checkpoints: tuple[int, ...] = (4, 8, 16, 32, 64)  # evaluations at which held-out curves are reported
     sample_cap: int = 4  # samples per held-out task at most, in units of `budget`
 
@@ -196,7 +197,7 @@ def train_grpo(start: Path, table: Table, tasks: dict[str, Task], features: dict
         "store": "none", "split": "all", "seed": seed, "num_generations": g,
         "per_device_train_batch_size": g * protocol.tasks_per_step, "gradient_accumulation_steps": 1,
         "max_steps": protocol.steps, "max_completion_length": 7, "learning_rate": protocol.learning_rate,
-        "beta": 0.0, "temperature": 1.0, "top_p": 1.0, "vllm": "transformers", "logging_steps": 50,
+        "beta": protocol.beta, "temperature": 1.0, "top_p": 1.0, "vllm": "transformers", "logging_steps": 50,
         "save_steps": 10**9, "warmup_ratio": 0.0, "lr_scheduler_type": "constant", "exemplar_seed": "none",
         "exemplars_per_prompt": protocol.exemplars})
     reward_config = RewardConfig(failure_rewards=config.failure_rewards, group_size=g, eval_workers=1)
