@@ -4,6 +4,8 @@
     PYTHONPATH=src python scripts/contrastive_study.py spotcheck OUT_DIR [--budget-s 240]   # GPU: vs the evaluator
     PYTHONPATH=src python scripts/contrastive_study.py run OUT_DIR --table T --seeds 0-9   # CPU: the arms
     PYTHONPATH=src python scripts/contrastive_study.py summarize OUT_DIR --table T         # CPU: CIs, results
+    PYTHONPATH=src python scripts/contrastive_study.py run OUT_DIR --table T --seeds 0 \
+        --against docs/results/contrastive_study.json      # one seed again, against the committed seeds' spread
     PYTHONPATH=src python scripts/contrastive_study.py surrogate OUT_DIR   # CPU: a SURROGATE table (tests only)
 
 The table (`cudal1.study`): 42 tasks of 12 op families in three kinds (elementwise chains, row reductions
@@ -94,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arms", nargs="+", help="run: a subset of the arms (default: all seven).")
     p.add_argument("--allow-surrogate", action="store_true", help="run: accept a surrogate table (tests only).")
     p.add_argument("--pretrain-examples", type=int, default=40000)
+    p.add_argument("--against", type=Path, help="run/summarize: a committed contrastive_study.json to compare with.")
     args = p.parse_args(argv)
     if args.command == "measure" and args.reps < 5:
         p.error("--reps must be >= 5")
@@ -133,9 +136,18 @@ def main(argv: list[str] | None = None) -> int:
         run_study(args.out_dir, table, parse_seeds(args.seeds), arms=args.arms,
                   pretrain_examples=args.pretrain_examples, allow_surrogate=args.allow_surrogate)
     if args.command in ("run", "summarize"):
-        from cudal1.study.run import markdown_table, summarize
+        import json
 
-        print(markdown_table(summarize(args.out_dir, table)))
+        from cudal1.study.run import against, markdown_table, summarize
+
+        summary = summarize(args.out_dir, table)
+        print(markdown_table(summary))
+        if args.against:
+            found = against(summary, json.loads(args.against.read_text()))
+            (args.out_dir / "against.json").write_text(json.dumps(found, indent=1))
+            for arm, entry in found.items():
+                print(f"{arm:14s} {entry['now']} vs the {entry['committed_seeds']} committed seeds' 95 % interval "
+                      f"{entry['interval']}: {'inside' if entry['inside'] else 'OUTSIDE'}")
     return 0
 
 

@@ -28,3 +28,14 @@ def test_prediction_interval_and_spearman():
     assert lo == pytest.approx(0.86 - 0.0994, abs=1e-4) and hi == pytest.approx(0.86 + 0.0994, abs=1e-4)
     assert spearman([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
     assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254, rel=1e-6)
+
+
+def test_a_rerun_is_placed_against_the_committed_seeds():
+    from cudal1.study.run import against
+
+    committed = {"per_seed": {"grpo-plain": {s: {"held_out_auc": v} for s, v in enumerate([0.90, 0.92, 0.91, 0.93])}}}
+    now = {"per_seed": {"grpo-plain": {0: {"held_out_auc": 0.915}}, "evolution": {0: {"held_out_auc": 0.5}}}}
+    found = against(now, committed)
+    assert set(found) == {"grpo-plain"} and found["grpo-plain"]["inside"] is True
+    now["per_seed"]["grpo-plain"][0]["held_out_auc"] = 0.5
+    assert against(now, committed)["grpo-plain"]["inside"] is False

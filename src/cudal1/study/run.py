@@ -20,7 +20,7 @@ from typing import Any
 from cudal1.study.arms import ARMS, Protocol, curve, sampled_with_exemplars, search, train_grpo
 from cudal1.study.improver import ImproverSize, pretrain
 from cudal1.study.ops import task_by_id
-from cudal1.study.stats import mean_ci, paired_ci
+from cudal1.study.stats import mean_ci, paired_ci, prediction_interval
 from cudal1.study.table import Table
 
 logger = logging.getLogger(__name__)
@@ -198,3 +198,20 @@ def markdown_table(summary: dict[str, Any]) -> str:
         lines.append(f"| {name} | {fmt(c['held_out_best_at_budget'])} | {fmt(c['held_out_auc'])} | "
                      f"{fmt(c['one_shot_fraction_of_best'])} |")
     return "\n".join(lines)
+
+
+def against(summary: dict[str, Any], committed: dict[str, Any], metric: str = PRIMARY) -> dict[str, Any]:
+    """Each arm's `metric` in this run, per seed, against the 95 % prediction interval of the committed
+    study's seeds (`stats.prediction_interval`). A seed re-runs bit for bit only on the same machine and
+    libraries; elsewhere the pre-training and GRPO numerics differ, so it is a new draw from the same spread."""
+    out: dict[str, Any] = {}
+    for arm, seeds in summary["per_seed"].items():
+        earlier = committed.get("per_seed", {}).get(arm)
+        if not earlier:
+            continue
+        spread = [v[metric] for v in earlier.values()]
+        lo, hi = prediction_interval(spread)
+        now = [v[metric] for v in seeds.values()]
+        out[arm] = {"now": now, "committed_seeds": len(spread), "interval": [round(lo, 4), round(hi, 4)],
+                    "inside": all(lo <= v <= hi for v in now)}
+    return out
