@@ -96,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arms", nargs="+", help="run: a subset of the arms (default: all seven).")
     p.add_argument("--allow-surrogate", action="store_true", help="run: accept a surrogate table (tests only).")
     p.add_argument("--pretrain-examples", type=int, default=40000)
+    p.add_argument("--spotcheck", type=Path, help="summarize: the spot-check's spotcheck.json (default: beside "
+                                                  "the table).")
     p.add_argument("--against", type=Path, help="run/summarize: a committed contrastive_study.json to compare with.")
     args = p.parse_args(argv)
     if args.command == "measure" and args.reps < 5:
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from cudal1.study.run import against, markdown_table, summarize
 
-        summary = summarize(args.out_dir, table)
+        summary = summarize(args.out_dir, table, args.spotcheck)
         print(markdown_table(summary))
         if args.against:
             found = against(summary, json.loads(args.against.read_text()))

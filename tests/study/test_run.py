@@ -43,7 +43,9 @@ def test_every_arm_runs_resumes_and_summarizes(table_path, tmp_path, monkeypatch
     assert all(e["samples"] == 6 and e["evaluations"] == 8 for e in seed["arms"]["random-search"]["held_out"].values())
     monkeypatch.setattr(run_module, "run_arm", lambda *a, **k: pytest.fail("a finished arm ran again"))
     run_module.run_study(out, table_path, [0], protocol=TINY, pretrain_examples=128, allow_surrogate=True)
+    (table_path.parent / "spotcheck.json").write_text(json.dumps({"evaluated": 60, "spearman": 0.9, "rows": []}))
     summary = run_module.summarize(out, table_path)
+    assert summary["table"]["spotcheck"]["spearman"] == 0.9
     assert summary["table_kind"] == "surrogate" and summary["seeds"] == [0] and len(summary["split"]["held_out"]) == 14
     assert set(summary["arms"]) == set(ARMS) and summary["arms"]["random-search"]["held_out_auc"]["n"] == 1
     assert "grpo-bucket - grpo-plain" in summary["contrasts"]

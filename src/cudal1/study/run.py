@@ -4,7 +4,8 @@
 interrupted study resumes where it stopped). `summarize` reads every seed file and writes the results: per
 arm and seed the held-out curve (fraction of each task's best found after 4 ... 64 evaluations, mean over
 held-out tasks), the one-shot metrics, the training curves of the RL arms, 95 % CIs over seeds per arm and
-paired by seed for the contrasts, the task split and the table's provenance (with the table itself).
+paired by seed for the contrasts, the task split and the table's provenance (with the table itself and the
+spot-check's agreement with the evaluator).
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ def seed_metrics(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def summarize(out_dir: Path, table_path: Path) -> dict[str, Any]:
-    """Every seed file into the study's results (module docstring); written to OUT/contrastive_study.json."""
+def summarize(out_dir: Path, table_path: Path, spotcheck_path: Path | None = None) -> dict[str, Any]:
+    """Every seed file into the study's results (module docstring); written to OUT/contrastive_study.json,
+    with the spot-check's agreement (`spotcheck.json` beside the table, or `spotcheck_path`) when there is one."""
     table = Table.load(table_path)
     seeds = [json.loads(p.read_text()) for p in sorted((out_dir / "seeds").glob("seed*.json"))]
     arms = [a for a in ARMS if all(a in s["arms"] for s in seeds)]
@@ -175,6 +177,9 @@ def summarize(out_dir: Path, table_path: Path) -> dict[str, Any]:
                "landscapes": {tid: table.landscape(tid) for tid in table.tasks},
                "table": {"provenance": table.data.get("provenance", {}), "path": str(table_path),
                          "cells": table.data}}
+    spotcheck_path = spotcheck_path or Path(table_path).parent / "spotcheck.json"
+    if spotcheck_path.is_file():
+        summary["table"]["spotcheck"] = json.loads(spotcheck_path.read_text())
     (out_dir / "contrastive_study.json").write_text(json.dumps(summary, indent=1))
     return summary
 
