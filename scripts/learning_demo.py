@@ -31,6 +31,11 @@ enough to be measured exhaustively, so the best possible speedup of every task i
 4. `recheck` evaluates a random sample of the table's (task, recipe) pairs again through the real evaluator
    and writes `recheck.json`: each pair's speedup then and now, and the rank agreement of the sample.
 
+The reward (`DEMO_REWARD`, stated in the summary's protocol): a candidate's raw speedup (failures 0), not
+normalized and not clipped; GRPO's group-normalized advantage is the only scaling. Runs committed before
+2026-12-04 paid min(speedup, 1.5) instead (the smoothing's clip was applied to raw speedups, issue #40):
+28 of gelu_2p24's 36 recipes earned the same reward there.
+
 Per step and arm: the raw mean speedup of the batch (failures count 0), the fraction of the best possible
 (each candidate's speedup over its task's best, averaged), the correct rate. Needs: a GPU for `measure`
 (144 evaluations, about 4 s each on an H200: 9-10 minutes; `--measure-budget-s` stops it and a
@@ -61,6 +66,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from cudal1.core.types import EvalResult, Status  # noqa: E402
 from cudal1.exemplars import ExemplarDB  # noqa: E402
 from cudal1.service.evaluator import as_evaluator  # noqa: E402
+from cudal1.study.stats import prediction_interval, spearman  # noqa: E402
 from cudal1.tasks.task import Task  # noqa: E402
 from cudal1.train.common import completion_text  # noqa: E402
 from cudal1.train.rewards import KernelReward, RewardConfig  # noqa: E402
@@ -295,44 +301,6 @@ def recheck(table_path: Path, out_dir: Path, *, n: int, seed: int, profile: str,
     return summary
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(xs: list[float]) -> list[float]:
-        order = sorted(range(len(xs)), key=xs.__getitem__)
-        out = [0.0] * len(xs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return cov / var if var else 0.0
-
-
-#: Two-sided 95 % quantiles of Student's t by degrees of freedom (beyond the table: the normal's 1.96 plus
-#: a margin, conservative for df > 10).
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def prediction_interval(values: list[float]) -> tuple[float, float]:
-    """Where one more seed should land with 95 % probability, from the committed seeds' mean and spread
-    (mean +- t x s x sqrt(1 + 1/n)). The committed seeds' minimum and maximum would not do: a new draw from
-    the same distribution falls outside the range of 3 earlier ones half of the time."""
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n < 2:
-        return mean, mean
-    half = T_975.get(n - 1, 2.2) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
-    return mean - half, mean + half
-
-
 def against(runs: dict[str, list[dict[str, Any]]], committed: dict[str, list[dict[str, Any]]],
             window: int = 15) -> dict[str, Any]:
     """Each arm's fraction of the best over its last `window` steps, per seed of this run, against the 95 %
@@ -506,6 +474,11 @@ def held_out_db(table: Table, path: Path, tasks: list[Task], seed: int, n: int =
     return db
 
 
+def demo_reward(failure_rewards: dict[str, float], generations: int) -> RewardConfig:
+    """The demo's reward: raw speedups (failures 0), not normalized and not clipped."""
+    return RewardConfig(failure_rewards=failure_rewards, normalize=False, group_size=generations, eval_workers=1)
+
+
 class RecordingReward:
     """The project's `KernelReward`, remembering which recipe each completion named (for the step metrics)."""
 
@@ -538,8 +511,7 @@ def run_grpo_arm(arm: str, table: Table, start: Path, out_dir: Path, train: list
         per_device_train_batch_size=budget.per_step(len(train)), max_steps=budget.steps, max_completion_length=18,
         learning_rate=args.lr, beta=0.0, temperature=1.0, top_p=1.0, vllm="transformers"))
     reward = RecordingReward(KernelReward(
-        train, as_evaluator(table.result), RewardConfig(failure_rewards=config.failure_rewards, normalize=False,
-                                                        group_size=budget.generations, eval_workers=1),
+        train, as_evaluator(table.result), demo_reward(config.failure_rewards, budget.generations),
         exemplar_db=db, extract=parse_recipe))
     run_rl(config, model=model, tokenizer=tok, tasks=train, reward_funcs=[reward], exemplar_db=db,
            prompt_builder=RecipePromptBuilder(db, sampler, args.exemplars, seed))
@@ -644,6 +616,7 @@ def summarize(table: Table, runs: dict[str, list[dict[str, Any]]], train: list[T
                          "generations_per_task": budget.generations, "train_tasks": [t.id for t in train],
                          "held_out_tasks": [t.id for t in held], "recipes": len(SPACE), "model": MODEL_SPEC,
                          "learning_rate": args.lr, "exemplars_per_prompt": args.exemplars,
+                         "reward": demo_reward({}, budget.generations).describe(),
                          "sft_records": args.sft_records, "sft_epochs": args.sft_epochs,
                          "held_out_samples": args.held_out_samples,
                          "table": {"profile": table.data["protocol"].get("profile"),

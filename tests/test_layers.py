@@ -11,6 +11,7 @@ Floors, lowest first (a package may import only packages on lower floors):
     baselines judge service                           built on the evaluator
     audit loops integrations                          whole jobs
     train                                             the three training stages
+    study                                             the contrastive study (tasks, kernels, arms) on them
     cli                                               the command line
     (top-level modules: __main__, config_docs)
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis"], ["exemplars"], ["tasks", "llm", "report", "policy"],
-          ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["cli"]]
+          ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["study"], ["cli"]]
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/
 

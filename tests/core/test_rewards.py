@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from cudal1.core.rewards import CORRECT_UNMEASURED, failure_reward, reward_of, smooth_rewards
+from cudal1.core.rewards import (
+    CORRECT_UNMEASURED,
+    failure_reward,
+    reward_of,
+    smooth_rewards,
+    transform_reward,
+)
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 
 FAILURES = [s for s in Status if s is not Status.CORRECT]
@@ -62,8 +68,20 @@ def test_smoothing_over_the_batch_normalizes_then_clips():
     assert smooth_rewards([1.0, 3.0], clip_k=10) == pytest.approx([-1.0, 1.0], abs=1e-5)
     assert smooth_rewards([1.0, 3.0, 10.0, 10.0], clip_k=10) == pytest.approx(
         [-1.2309, -0.7385, 0.9847, 0.9847], abs=1e-3)  # one mean and std over all four
-    assert smooth_rewards([5.0, -5.0], normalize=False, clip_k=1.5) == [1.5, -1.5]
+    assert smooth_rewards([5.0, -5.0], normalize=False, clip_k=1.5) == [1.5, -1.5]  # asked for: clipped
+    assert smooth_rewards([5.0, -5.0], normalize=False, clip_k=None) == [5.0, -5.0]
     assert smooth_rewards([]) == []
+
+
+def test_reward_transforms_speedup_log_and_bounded():
+    assert transform_reward(3.7) == 3.7
+    assert transform_reward(4.0, "log") == pytest.approx(math.log(4.0))
+    assert transform_reward(0.0, "log") == pytest.approx(math.log(0.1))  # a failure, below any 0.1x candidate
+    assert transform_reward(-1.0, "log", floor=0.5) == pytest.approx(math.log(0.5))
+    assert transform_reward(50.0, "bounded") == 3.0 and transform_reward(2.5, "bounded") == 2.5
+    assert transform_reward(-1.0, "bounded", bound=5.0) == 0.0
+    with pytest.raises(ValueError, match="unknown reward transform"):
+        transform_reward(1.0, "sqrt")
 
 
 def test_smoothing_by_group_normalizes_each_group_on_its_own():

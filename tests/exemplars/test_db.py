@@ -55,14 +55,51 @@ def test_add_list_best_count_and_meta(tmp_path):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_duplicate_keeps_the_best_score(tmp_path):
+def test_a_duplicate_is_one_more_evaluation_and_the_score_is_their_median(tmp_path):
+    """Issue #40: a duplicate kept the best score ever seen, a winner's curse under evaluation noise (a recheck
+    moved a 3.05x exemplar to 1.48x). The score is now the median of every evaluation of that source."""
     db = ExemplarDB(tmp_path / "db.sqlite")
     assert db.add("t", CODE, 1.2, {"model": "a"}) is AddResult.INSERTED
-    assert db.add("t", SAME_NORMALISED, 1.1, {"model": "b"}) is AddResult.DUPLICATE
-    assert db.list("t")[0].score == 1.2 and db.list("t")[0].code == CODE
-    assert db.add("t", SAME_NORMALISED, 1.7, {"model": "b"}) is AddResult.IMPROVED
+    assert db.add("t", SAME_NORMALISED, 1.0, {"model": "b"}) is AddResult.LOWERED
+    assert db.list("t")[0].score == pytest.approx(1.1) and db.list("t")[0].code == CODE
+    assert db.add("t", SAME_NORMALISED, 3.05, {"model": "b"}) is AddResult.IMPROVED  # one lucky draw
     (only,) = db.list("t")
-    assert only.score == 1.7 and only.code == SAME_NORMALISED and only.meta["model"] == "b"
+    assert only.score == 1.2 and only.code == CODE and only.meta["model"] == "a"  # median of 1.0, 1.2, 3.05
+    assert only.meta["scores"] == [1.2, 1.0, 3.05] and only.meta["evaluations"] == 3
+    assert db.add("t", CODE, [1.2]) is AddResult.DUPLICATE  # median of 1.0, 1.2, 1.2, 3.05 is 1.2
+    old = ExemplarDB(tmp_path / "max.sqlite", statistic="max")
+    for score in (1.2, 1.0, 3.05):
+        old.add("t", CODE, score)
+    assert old.best("t").score == 3.05
+
+
+def test_scores_kept_are_bounded_and_copied_with_their_history(tmp_path):
+    from cudal1.exemplars.db import MAX_SCORES_KEPT
+
+    db = ExemplarDB(tmp_path / "a.sqlite")
+    db.add("t", CODE, [1.0] * (MAX_SCORES_KEPT + 5) + [2.0])
+    assert db.best("t").meta["evaluations"] == MAX_SCORES_KEPT and db.best("t").meta["scores"][-1] == 2.0
+    db.add("t", DIFFERENT, 2.5, {"model": "m"})
+    copy = ExemplarDB(tmp_path / "b.sqlite")
+    assert copy.copy_from(db, ["t", "absent"], seeded_from="a") == 2
+    rows = {r.code: r for r in copy.list("t")}
+    assert rows[CODE].meta["evaluations"] == MAX_SCORES_KEPT and rows[CODE].score == 1.0
+    assert rows[DIFFERENT].meta["model"] == "m" and rows[DIFFERENT].meta["seeded_from"] == "a"
+
+
+def test_a_file_written_before_scores_were_kept_still_opens(tmp_path):
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE exemplars(id INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL, "
+                     "norm_hash TEXT NOT NULL, source_hash TEXT NOT NULL, code TEXT NOT NULL, score REAL NOT NULL, "
+                     "model TEXT NOT NULL DEFAULT '', meta_json TEXT NOT NULL DEFAULT '{}', created_s REAL NOT NULL, "
+                     "updated_s REAL NOT NULL, UNIQUE(task_id, norm_hash))")
+        conn.execute("INSERT INTO exemplars(task_id, norm_hash, source_hash, code, score, created_s, updated_s) "
+                     "VALUES ('t', ?, 'h', ?, 3.0, 0, 0)", (normalized_hash(CODE), CODE))
+    db = ExemplarDB(path)
+    assert db.best("t").meta["scores"] == [3.0]
+    db.add("t", CODE, 1.0)
+    assert db.best("t").score == 2.0 and db.best("t").meta["scores"] == [3.0, 1.0]
 
 
 def test_eviction_drops_lowest_scores(tmp_path):
@@ -99,8 +136,10 @@ def test_concurrent_writers_from_threads_and_two_handles(tmp_path):
         t.join()
     rows = handles[0].list("t")
     assert len(rows) == 20  # 20 distinct normalised sources
-    best = {r.code: r.score for r in rows}
-    assert best["v = 4\n"] == 324.0  # writer 3, i = 24: the best score for that source won
+    by_code = {r.code: r for r in rows}
+    # "v = 4" was written by every writer at i = 4 and 24 (k * 100 + i): no evaluation lost, median of all 8.
+    assert sorted(by_code["v = 4\n"].meta["scores"]) == [4.0, 24.0, 104.0, 124.0, 204.0, 224.0, 304.0, 324.0]
+    assert by_code["v = 4\n"].score == 164.0
 
 
 def _open_and_add(path: str, start: float, k: int) -> None:

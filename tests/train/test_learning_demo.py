@@ -132,3 +132,17 @@ def test_spearman_ranks_with_ties(demo):
     assert demo.spearman([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
     assert demo.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert demo.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254, rel=1e-6)
+
+
+def test_the_demo_pays_raw_speedups_and_states_its_reward(demo):
+    """Issue #40: the demo's reward was min(speedup, 1.5) (the smoothing's clip applied to raw speedups), so
+    28 of gelu_2p24's 36 recipes earned the same; now it is the raw speedup, and the summary says so."""
+    from cudal1.service.evaluator import as_evaluator
+    from cudal1.train.rewards import KernelReward
+
+    table = demo.Table(synthetic_table(demo))
+    task = demo.all_tasks()[0][0]
+    reward = KernelReward([task], as_evaluator(table.result), demo.demo_reward({}, 2), extract=demo.parse_recipe)
+    completions = [[{"role": "assistant", "content": r}] for r in ("T256 V4 U4 C", "T64 V1 U1 C")]
+    assert reward(completions, task_id=[task.id] * 2) == pytest.approx([3.0, 2.0])
+    assert demo.demo_reward({}, 2).describe() == "raw speedup (failures: their failure reward), not normalized, not clipped"

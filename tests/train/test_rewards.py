@@ -93,3 +93,115 @@ def test_the_project_s_llm_judge_plugs_in_and_sees_a_task_s_first_success(tmp_pa
                               exemplar_db=ExemplarDB(tmp_path / "ex.sqlite"), judge=judge)
         out = reward([_completion(correct_code(task))], task_id=[task.id])
     assert out == [-1.0] and len(srv.requests) == 1 and reward.history[-1]["judge_vetoes"] == 1
+
+
+def test_an_unnormalized_reward_is_the_raw_speedup_never_clipped(tmp_path, tiny_tasks):
+    """Issue #40: `RewardConfig(normalize=False)` paid min(speedup, 1.5): the default clip of the smoothing was
+    applied to raw speedups, so a 3.7x candidate earned what a 1.5x one did."""
+    task = tiny_tasks[0]
+    speedups = iter([3.7, 1.6])
+
+    def evaluator(t, source):
+        return EvalResult(status=Status.CORRECT, speedup=next(speedups), task_id=t.id)
+
+    reward = KernelReward(tiny_tasks, evaluator, RewardConfig(normalize=False))
+    assert reward([_completion(correct_code(task)), _completion(correct_code(task) + "\n# b\n")],
+                  task_id=[task.id] * 2) == [3.7, 1.6]
+    assert "not normalized, not clipped" in RewardConfig(normalize=False).describe()
+
+
+def test_group_scope_is_the_default_and_keeps_one_task_from_setting_another_s_scale(tiny_tasks):
+    """Issue #40: batch-scoped normalization let one task's large speedups set sigma for every task."""
+    a, b = tiny_tasks[0], tiny_tasks[1]
+    table = {"a1": 1.0, "a2": 1.2, "b1": 20.0, "b2": 40.0}
+
+    def evaluator(t, source):
+        return EvalResult(status=Status.CORRECT, speedup=table[source.split("# ")[-1].strip()], task_id=t.id)
+
+    config = RewardConfig(group_size=2)
+    assert config.scope == "group"
+    reward = KernelReward(tiny_tasks, evaluator, config)
+    out = reward([_completion(correct_code(a) + f"\n# {k}\n") for k in table], task_id=[a.id, a.id, b.id, b.id])
+    assert out == pytest.approx([-1.0, 1.0, -1.0, 1.0], abs=1e-4)  # a's small gap counts as much as b's
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        RewardConfig(group_size=1)  # a group of one would normalize to nothing
+
+
+@pytest.mark.parametrize(("transform", "expected"), [("log", [1.3083, -2.3026]), ("bounded", [3.0, 0.0])])
+def test_log_and_bounded_rewards(tiny_tasks, transform, expected):
+    task = tiny_tasks[0]
+
+    def evaluator(t, source):
+        if "# bad" in source:
+            return EvalResult(status=Status.INCORRECT, task_id=t.id)
+        return EvalResult(status=Status.CORRECT, speedup=3.7, task_id=t.id)
+
+    reward = KernelReward(tiny_tasks, evaluator, RewardConfig(normalize=False, transform=transform))
+    out = reward([_completion(correct_code(task)), _completion(correct_code(task) + "\n# bad\n")],
+                 task_id=[task.id] * 2)
+    assert out == pytest.approx(expected, abs=1e-4)
+    assert reward.history[-1]["raw_reward_mean"] == pytest.approx(3.7 / 2)  # logged in speedup units
+
+
+class _RaisingJudge:
+    def check(self, task, source, result):
+        raise ImportError("No module named 'openai'")
+
+
+def _fifty_x(t, source):
+    return EvalResult(status=Status.CORRECT, speedup=50.0 if "# fast" in source else 2.0, task_id=t.id)
+
+
+def test_a_judge_that_raises_does_not_keep_a_50x_reward(tmp_path, tiny_tasks):
+    """Issue #40: any exception in the judge kept the evaluator's verdict (without `openai` installed a 50x
+    candidate kept its reward of 50). Now the judge fails closed: the candidate pays at most the task's best
+    verified speedup, is flagged and stays out of the exemplar database."""
+    task = tiny_tasks[0]
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    db.add(task.id, "class ModelNew: pass  # verified earlier", 1.2)
+    cfg = RewardConfig(normalize=False, judge_jump_factor=3.0)
+    reward = KernelReward(tiny_tasks, _fifty_x, cfg, exemplar_db=db, judge=_RaisingJudge())
+    out = reward([_completion(correct_code(task) + "\n# fast\n"), _completion(correct_code(task))],
+                 task_id=[task.id, task.id])
+    assert out == [1.2, 2.0]  # capped at the best verified speedup; the unsuspicious 2x is paid
+    assert db.best(task.id).score == 2.0 and db.count(task.id) == 2  # the 50x stayed out
+    assert reward.history[-1]["judge_errors"] == 1 and reward.history[-1]["judge_vetoes"] == 0
+
+
+def test_a_judge_error_with_nothing_verified_is_an_infra_error(tiny_tasks):
+    task = tiny_tasks[0]
+
+    class FirstSuccessJudge(_RaisingJudge):
+        def should_check(self, result, best):
+            return True
+
+    reward = KernelReward(tiny_tasks, _fifty_x, RewardConfig(normalize=False, failure_rewards={"infra_error": -0.5}),
+                          judge=FirstSuccessJudge())
+    assert reward([_completion(correct_code(task) + "\n# fast\n")], task_id=[task.id]) == [-0.5]
+    assert reward.history[-1]["statuses"] == {"infra_error": 1}
+
+
+def test_a_judge_may_fail_open_when_the_user_says_so(tmp_path, tiny_tasks):
+    task = tiny_tasks[0]
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    db.add(task.id, "class ModelNew: pass  # verified earlier", 1.2)
+    reward = KernelReward(tiny_tasks, _fifty_x, RewardConfig(normalize=False, judge_on_error="open"),
+                          exemplar_db=db, judge=_RaisingJudge())
+    assert reward([_completion(correct_code(task) + "\n# fast\n")], task_id=[task.id]) == [50.0]
+
+
+def test_the_llm_judge_without_a_verdict_fails_closed(tmp_path, tiny_tasks):
+    """An answer the judge's parser cannot read is no verdict: `LLMJudge.check` returns None, not True."""
+    from cudal1.judge import HackCaseDB
+    from cudal1.judge.judge import JudgeConfig, make_judge
+    from tests.helpers.scripted_server import ScriptedOpenAIServer
+
+    task = tiny_tasks[0]
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    db.add(task.id, "class ModelNew: pass  # verified earlier", 1.2)
+    with ScriptedOpenAIServer(["I am not sure."]) as srv:
+        judge = make_judge(JudgeConfig(llm=f"openai:judge@{srv.base_url}", max_retries=0, timeout_s=10.0),
+                           HackCaseDB(tmp_path / "cases.sqlite"))
+        reward = KernelReward(tiny_tasks, _fifty_x, RewardConfig(normalize=False), exemplar_db=db, judge=judge)
+        out = reward([_completion(correct_code(task) + "\n# fast\n")], task_id=[task.id])
+    assert out == [1.2] and reward.history[-1]["judge_errors"] == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -106,3 +107,30 @@ def test_sft_trains_only_on_the_split_the_later_stages_read(tmp_path, tiny_tasks
     assert test_ids and not any(r["task_id"] in test_ids for r in kept)
     assert sum(1 for r in kept if not r["task_id"]) == 2  # rows without a task id cannot be placed: kept
     assert {t.id for t in resolve_tasks(cfg, tiny_tasks)} == set(split["train"])  # the same file, stage 3
+
+
+def test_sft_can_teach_the_contrastive_format(tmp_path, tiny_tasks):
+    """Issue #40: SFT taught only the plain prompt, while stage 3 prompts with scored exemplars."""
+    task = tiny_tasks[0]
+    codes = [correct_code(task) + f"\n# variant {i}\n" + "x = 1\n" * i for i in range(4)]
+    scores = (1.0, 1.5, 2.0, 3.0)
+    rows = [{"task_id": task.id, "code": code, "score": score} for code, score in zip(codes, scores, strict=True)]
+    rows.append({"prompt": "speed up x+1", "completion": "```python\nclass ModelNew: pass\n```"})  # no score
+    path = write_jsonl(tmp_path / "sft.jsonl", rows)
+    plain = load_sft_records(path, tiny_tasks)
+    assert all("Previous implementations" not in r["prompt"][-1]["content"] for r in plain)
+    records = load_sft_records(path, tiny_tasks, contrastive_fraction=1.0, exemplars_per_prompt=2)
+    by_score = {r.get("score"): r for r in records}
+    best = by_score[3.0]["prompt"][-1]["content"]
+    assert "## Previous implementations" in best and best.count("### Implementation") == 2
+    shown = [float(x) for x in re.findall(r"speedup ([0-9.]+)x over the reference", best)]
+    assert shown == sorted(shown) and all(v < 3.0 for v in shown)  # only slower ones, best last
+    answer = by_score[3.0]["completion"][0]["content"]
+    assert answer.startswith("## Performance Analysis") and "## Code\n```python\n" in answer
+    assert "3.00x" in answer
+    assert "None yet." in by_score[1.0]["prompt"][-1]["content"]  # nothing slower: the first round's prompt
+    assert by_score[None]["prompt"] == [{"role": "user", "content": "speed up x+1"}]  # cannot be: unchanged
+    half = load_sft_records(path, tiny_tasks, contrastive_fraction=0.5)
+    assert half == load_sft_records(path, tiny_tasks, contrastive_fraction=0.5)  # stable choice
+    with pytest.raises(ConfigError, match="contrastive_fraction"):
+        load_config(SFTStageConfig, None, common_overrides(tmp_path, dataset=str(path), contrastive_fraction=2.0))

@@ -12,6 +12,14 @@ positive speedup; a configured value for everything else, default 0.0 (the paper
 A failure table may be keyed by `Status` or by the status's string value (`"hack_detected"`), so both the
 trainer's YAML configs and the adapters' Python tables work. A value of None (TRL: ignore this sample for
 this reward function) passes through as None.
+
+Reward transforms (`transform_reward`, applied to the raw reward before any smoothing; `REWARD_TRANSFORMS`):
+- `speedup` (default, the paper's): the raw reward as it is;
+- `log`: ln(max(raw, floor)), floor 0.1 by default: relative improvements count the same at every speed
+  (2x -> 4x earns what 1x -> 2x does), and a failure's 0 lands at ln(0.1) = -2.3, below any candidate
+  faster than a tenth of the reference;
+- `bounded`: min(max(raw, 0), bound), bound 3 by default (Dr.Kernel clips speedups to [0, 3]): a very
+  large (and often suspicious) speedup earns no more than `bound`.
 """
 
 from __future__ import annotations
@@ -22,6 +30,11 @@ from collections.abc import Mapping, Sequence
 from cudal1.core.types import EvalResult, Status
 
 DEFAULT_FAILURE_REWARD = 0.0
+REWARD_TRANSFORMS = ("speedup", "log", "bounded")
+#: `bounded`: Dr.Kernel's cap on a speedup reward ([0, 3]).
+DEFAULT_REWARD_BOUND = 3.0
+#: `log`: the smallest raw reward taken before the logarithm (a failure's 0 maps to ln(0.1)).
+DEFAULT_LOG_FLOOR = 0.1
 #: The failure-table key for a CORRECT candidate without a usable speedup.
 CORRECT_UNMEASURED = "correct_unmeasured"
 
@@ -53,12 +66,26 @@ def reward_of(result: EvalResult, failure_rewards: FailureRewards | None = None)
     return failure_reward(result.status, failure_rewards)
 
 
-def smooth_rewards(values: Sequence[float], *, normalize: bool = True, clip_k: float = 1.5,
+def transform_reward(value: float, transform: str = "speedup", *, bound: float = DEFAULT_REWARD_BOUND,
+                     floor: float = DEFAULT_LOG_FLOOR) -> float:
+    """One raw reward through a transform of `REWARD_TRANSFORMS` (see the module docstring)."""
+    if transform == "speedup":
+        return float(value)
+    if transform == "log":
+        return math.log(max(float(value), floor))
+    if transform == "bounded":
+        return min(max(float(value), 0.0), bound)
+    raise ValueError(f"unknown reward transform {transform!r}; choose one of {', '.join(REWARD_TRANSFORMS)}")
+
+
+def smooth_rewards(values: Sequence[float], *, normalize: bool = True, clip_k: float | None = 1.5,
                    group_size: int | None = None, eps: float = 1e-6) -> list[float]:
-    """Reward smoothing: (optionally) normalize by mean/std, then clip to [-clip_k, clip_k].
+    """Reward smoothing: (optionally) normalize by mean/std, then clip to [-clip_k, clip_k] (None: no clip).
 
     `group_size` normalizes within consecutive groups of that many values instead of the whole batch. A set
-    whose values are all equal normalizes to zeros (no preference among them).
+    whose values are all equal normalizes to zeros (no preference among them). The clip applies to whatever
+    comes out of the normalization; callers that do not normalize pass `clip_k=None` unless they mean to
+    clip raw values (the trainer's `RewardConfig` clips normalized rewards only).
     """
     vals = [float(v) for v in values]
     if not vals:
@@ -72,4 +99,6 @@ def smooth_rewards(values: Sequence[float], *, normalize: bool = True, clip_k: f
             std = math.sqrt(sum((v - mean) ** 2 for v in chunk) / len(chunk))
             out.extend((v - mean) / (std + eps) if std > eps else 0.0 for v in chunk)
         vals = out
+    if clip_k is None:
+        return vals
     return [max(-clip_k, min(clip_k, v)) for v in vals]

@@ -1,10 +1,14 @@
 """The per-task exemplar database of contrastive RL: every successful candidate with its score.
 
 Stored in SQLite (normally the results-store database file; this module owns only the `exemplars`
-table). Each row is one distinct candidate per task: code, score (speedup over the reference), model,
-creation time and hashes. Candidates are deduplicated by their *normalised* source (docstrings,
-comments, blank lines and formatting removed through `ast.unparse` when the code parses, else comment and
-blank-line stripping), and a duplicate keeps the best score seen. At most `max_per_task` rows are kept
+table). Each row is one distinct candidate per task: code, score (speedup over the reference), every
+evaluation's score, model, creation time and hashes. Candidates are deduplicated by their *normalised*
+source (docstrings, comments, blank lines and formatting removed through `ast.unparse` when the code
+parses, else comment and blank-line stripping); a duplicate is one more evaluation of the same source: its
+score joins the row's scores and the row's score becomes their `statistic` (the median by default; the
+most recent `MAX_SCORES_KEPT` count). The maximum of every evaluation ever seen (`statistic="max"`, the
+behaviour before issue #40) is a winner's curse: with evaluation noise a source's score drifts upward each
+time it is evaluated again (a recheck moved a 3.05x exemplar to 1.48x). At most `max_per_task` rows are kept
 per task (default 256; design section 5 leaves the size open): the lowest scores are evicted first,
 the oldest first among equal scores.
 
@@ -25,9 +29,10 @@ import json
 import logging
 import math
 import sqlite3
+import statistics
 import time
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +44,10 @@ from cudal1.store.connection import open_connection, write_transaction
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_PER_TASK = 256
+#: The evaluations whose scores a row keeps (the most recent): enough for a stable median, bounded in size.
+MAX_SCORES_KEPT = 64
+#: How a row's score is made from its evaluations' scores.
+STATISTICS = {"median": statistics.median, "mean": statistics.fmean, "max": max}
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS exemplars(
@@ -50,6 +59,7 @@ _SCHEMA = (
         score REAL NOT NULL,
         model TEXT NOT NULL DEFAULT '',
         meta_json TEXT NOT NULL DEFAULT '{}',
+        scores_json TEXT NOT NULL DEFAULT '[]',
         created_s REAL NOT NULL,
         updated_s REAL NOT NULL,
         UNIQUE(task_id, norm_hash)
@@ -71,8 +81,9 @@ class AddResult(str, enum.Enum):
     """What `ExemplarDB.add` did."""
 
     INSERTED = "inserted"  # a new distinct candidate
-    IMPROVED = "improved"  # a duplicate with a better score replaced the stored one
-    DUPLICATE = "duplicate"  # a duplicate with a score no better than the stored one: nothing changed
+    IMPROVED = "improved"  # a duplicate whose score raised the row's statistic
+    LOWERED = "lowered"  # a duplicate whose score lowered the row's statistic
+    DUPLICATE = "duplicate"  # a duplicate that left the row's statistic as it was
     EVICTED = "evicted"  # inserted, then evicted at once because the task is full of better ones
 
 
@@ -134,17 +145,23 @@ def normalized_hash(code: str) -> str:
 class ExemplarDB:
     """Scored candidates per task in an SQLite file (see the module docstring)."""
 
-    def __init__(self, path: str | Path, *, max_per_task: int = DEFAULT_MAX_PER_TASK):
+    def __init__(self, path: str | Path, *, max_per_task: int = DEFAULT_MAX_PER_TASK, statistic: str = "median"):
         if str(path) == ":memory:" or not str(path):
             raise ValueError("ExemplarDB needs a database file path (each call opens its own connection)")
         if max_per_task < 1:
             raise ValueError(f"max_per_task must be >= 1, got {max_per_task}")
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
         self.path = Path(path)
         self.max_per_task = max_per_task
+        self.statistic = statistic
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as conn, write_transaction(conn):
             for statement in _SCHEMA:
                 conn.execute(statement)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(exemplars)")}
+            if "scores_json" not in columns:  # a file written before scores were kept: each row's score is one
+                conn.execute("ALTER TABLE exemplars ADD COLUMN scores_json TEXT NOT NULL DEFAULT '[]'")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -154,35 +171,47 @@ class ExemplarDB:
         finally:
             conn.close()
 
-    def add(self, task_id: str, code: str, score: float, meta: dict[str, Any] | None = None) -> AddResult:
-        """Store a successful candidate; a duplicate (same normalised source) keeps the best score.
+    def add(self, task_id: str, code: str, score: float | Sequence[float],
+            meta: dict[str, Any] | None = None) -> AddResult:
+        """Store one evaluation of a successful candidate (or several: a sequence of scores). A duplicate (same
+        normalised source) adds its score to the row's, whose score becomes their statistic; the row keeps
+        the code and metadata it was first stored with.
 
         `meta` is stored as JSON; its "model" key also fills the model column.
         """
-        score = float(score)
-        if not math.isfinite(score):
-            raise ValueError(f"exemplar score must be finite, got {score}")
+        scores = [float(v) for v in (score if isinstance(score, Sequence) else [score])]
+        if not scores or not all(math.isfinite(v) for v in scores):
+            raise ValueError(f"exemplar scores must be finite (and at least one), got {score}")
         meta = dict(meta or {})
         norm = normalized_hash(code)
         now_s = time.time()
-        row = (task_id, norm, source_hash(code), code, score, str(meta.get("model", "")),
+        row = (task_id, norm, source_hash(code), code, scores, str(meta.get("model", "")),
                json.dumps(meta, sort_keys=True, default=str), now_s, now_s)
         # One write transaction: the read-then-write must not interleave with another writer.
         with self._connect() as conn, write_transaction(conn):
             return self._add_locked(conn, row)
 
+    def _score(self, scores: Sequence[float]) -> float:
+        return float(STATISTICS[self.statistic](scores))
+
     def _add_locked(self, conn: sqlite3.Connection, row: tuple[Any, ...]) -> AddResult:
-        task_id, norm, _, _, score = row[:5]
-        existing = conn.execute("SELECT id, score FROM exemplars WHERE task_id = ? AND norm_hash = ?",
+        task_id, norm, src_hash, code, new_scores, model, meta_json, created_s, now_s = row
+        existing = conn.execute("SELECT id, score, scores_json FROM exemplars WHERE task_id = ? AND norm_hash = ?",
                                 (task_id, norm)).fetchone()
         if existing is not None:
-            if score <= existing[1]:
-                return AddResult.DUPLICATE
-            conn.execute("UPDATE exemplars SET source_hash = ?, code = ?, score = ?, model = ?, meta_json = ?, "
-                         "updated_s = ? WHERE id = ?", (*row[2:7], row[8], existing[0]))
-            return AddResult.IMPROVED
-        cursor = conn.execute("INSERT INTO exemplars(task_id, norm_hash, source_hash, code, score, model, "
-                              "meta_json, created_s, updated_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            scores = (json.loads(existing[2]) or [existing[1]]) + new_scores
+            scores = scores[-MAX_SCORES_KEPT:]
+            score = self._score(scores)
+            conn.execute("UPDATE exemplars SET score = ?, scores_json = ?, updated_s = ? WHERE id = ?",
+                         (score, json.dumps(scores), now_s, existing[0]))
+            if score > existing[1]:
+                return AddResult.IMPROVED
+            return AddResult.LOWERED if score < existing[1] else AddResult.DUPLICATE
+        scores = new_scores[-MAX_SCORES_KEPT:]
+        cursor = conn.execute("INSERT INTO exemplars(task_id, norm_hash, source_hash, code, score, scores_json, "
+                              "model, meta_json, created_s, updated_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              (task_id, norm, src_hash, code, self._score(scores), json.dumps(scores), model,
+                               meta_json, created_s, now_s))
         new_id = cursor.lastrowid
         evicted = self._evict(conn, task_id)
         return AddResult.EVICTED if new_id in evicted else AddResult.INSERTED
@@ -200,12 +229,24 @@ class ExemplarDB:
         return set(doomed)
 
     def list(self, task_id: str) -> list[ScoredCode]:
-        """All exemplars of a task, best score first (ties: oldest first)."""
+        """All exemplars of a task, best score first (ties: oldest first). Each one's `meta["scores"]` holds
+        the scores of its evaluations (most recent last)."""
         with self._connect() as conn:
-            rows = conn.execute("SELECT id, code, score, model, meta_json, created_s, source_hash, norm_hash "
-                                "FROM exemplars WHERE task_id = ? ORDER BY score DESC, id ASC",
+            rows = conn.execute("SELECT id, code, score, model, meta_json, created_s, source_hash, norm_hash, "
+                                "scores_json FROM exemplars WHERE task_id = ? ORDER BY score DESC, id ASC",
                                 (task_id,)).fetchall()
         return [_row_to_scored(task_id, r) for r in rows]
+
+    def copy_from(self, other: ExemplarDB, task_ids: Sequence[str], **meta: Any) -> int:
+        """Add every exemplar of `other` for `task_ids`, with all its evaluations' scores (and `meta`);
+        returns how many rows were added or rescored."""
+        added = 0
+        for task_id in task_ids:
+            for row in other.list(task_id):
+                keep = {k: v for k, v in row.meta.items() if k not in _ROW_KEYS}
+                self.add(task_id, row.code, row.meta["scores"], {**keep, **meta})
+                added += 1
+        return added
 
     def best(self, task_id: str) -> ScoredCode | None:
         """The best-scored exemplar of a task, or None when it has none."""
@@ -223,9 +264,14 @@ class ExemplarDB:
             return [r[0] for r in conn.execute("SELECT DISTINCT task_id FROM exemplars ORDER BY task_id")]
 
 
+#: The keys `list` fills in from the row itself (not the stored metadata).
+_ROW_KEYS = ("id", "task_id", "created_s", "source_hash", "norm_hash", "scores", "evaluations")
+
+
 def _row_to_scored(task_id: str, row: tuple[Any, ...]) -> ScoredCode:
-    row_id, code, score, model, meta_json, created_s, src_hash, norm = row
+    row_id, code, score, model, meta_json, created_s, src_hash, norm, scores_json = row
+    scores = json.loads(scores_json or "[]") or [float(score)]
     meta = json.loads(meta_json or "{}")
     meta.update({"id": row_id, "task_id": task_id, "model": model, "created_s": created_s,
-                 "source_hash": src_hash, "norm_hash": norm})
+                 "source_hash": src_hash, "norm_hash": norm, "scores": scores, "evaluations": len(scores)})
     return ScoredCode(code=code, score=float(score), meta=meta)

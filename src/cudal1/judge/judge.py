@@ -12,7 +12,8 @@ into an `EvalResult` (a `judge.cheats` flag; HACK_DETECTED when `reject_on_cheat
 The judge is optional and off without an endpoint: `make_judge(JudgeConfig())` returns None.
 
 Limits: an LLM's opinion, not proof; it sees only the source and the evidence given, not the run. An
-unparseable or failed answer gives `cheats=None` (inconclusive), never a rejection.
+unparseable or failed answer gives `cheats=None` (inconclusive), never a rejection by `apply`; the RL reward
+(`check` returns None) fails closed on it by default (`cudal1.train.rewards`).
 """
 
 from __future__ import annotations
@@ -352,10 +353,11 @@ class LLMJudge:
                                   message=f"{flag.rule}: {flag.message}")
         return result.replace(flags=flags)
 
-    def check(self, task: Any, source: str, result: EvalResult) -> bool:
-        """The RL reward's question (`train.rewards.Judge`): False only when the judge says `source` cheats
-        on `task` (an inconclusive or failed answer keeps the evaluator's verdict)."""
-        return self.judge(task.source, source, result).cheats is not True
+    def check(self, task: Any, source: str, result: EvalResult) -> bool | None:
+        """The RL reward's question (`train.rewards.Judge`): False when the judge says `source` cheats on
+        `task`, True when it says it does not, None when there is no verdict (a failed request, an answer
+        not understood): the reward then fails closed unless told to fail open."""
+        return _legit(self.judge(task.source, source, result).cheats)
 
     def review(self, task_source: str, candidate_source: str, result: EvalResult,
                best_so_far: float | None = None) -> tuple[EvalResult, JudgeVerdict | None]:
@@ -364,6 +366,10 @@ class LLMJudge:
             return result, None
         verdict = self.judge(task_source, candidate_source, result)
         return self.apply(result, verdict), verdict
+
+
+def _legit(cheats: bool | None) -> bool | None:
+    return None if cheats is None else not cheats
 
 
 def make_judge(config: JudgeConfig | None = None, db: HackCaseDB | None = None,

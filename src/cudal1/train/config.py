@@ -24,7 +24,7 @@ import yaml
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.names import canonical_profile
-from cudal1.core.rewards import CORRECT_UNMEASURED
+from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.llm.prompts import FORM_CHOICES, resolve_form
@@ -193,9 +193,15 @@ class SFTStageConfig(CommonTrainConfig):
     packing: bool = _f(False, "Pack several examples into one sequence.")
     num_train_epochs: float = _f(3.0, "Epochs over the data (ignored when max_steps > 0).")
     learning_rate: float = _f(2e-5, "Peak learning rate (AdamW).")
+    contrastive_fraction: float = _f(0.0, "Share of the examples with a score (the augment export's speedup) shown "
+                                          "with stage 3's contrastive prompt: lower-scored examples of the same task "
+                                          "as exemplars, the answer in three sections. 0: plain prompts only.")
+    exemplars_per_prompt: int = _f(2, "Contrastive examples: exemplars shown per prompt (the paper: N = 2).")
 
     def __post_init__(self) -> None:
         self._check_common()
+        if not 0.0 <= self.contrastive_fraction <= 1.0 or self.exemplars_per_prompt < 1:
+            raise ConfigError("need contrastive_fraction in [0, 1] and exemplars_per_prompt >= 1")
         if not self.dataset:
             raise ConfigError("set dataset: the JSONL that `cudal1 augment` exported (e.g. --dataset sft.jsonl)")
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -229,7 +235,9 @@ class SelfSupervisedConfig(CommonTrainConfig):
     patience: int = _f(0, "Stop after this many rounds without the success rate improving by min_improvement "
                           "(0: never).")
     min_improvement: float = _f(0.01, "Improvement of the success rate that resets the patience counter.")
-    exemplar_db: str = _f("", "Also add every success to this exemplar database (seeds stage 3); empty: don't.")
+    exemplar_db: str = _f("auto", "Add every correct candidate, with each evaluation's speedup, to this exemplar "
+                                  "database: auto is <output_dir>/exemplars.sqlite, which stage 3 started from this "
+                                  "stage's policy (<output_dir>/final) seeds its own database from; none: don't.")
     log_completions: bool = _f(True, "Write every sampled completion, with its verdict and whether it was "
                                      "kept, to <output_dir>/completions.jsonl (one JSON line each; see "
                                      "cudal1/train/completions.py); false: write none.")
@@ -277,10 +285,26 @@ class RLStageConfig(CommonTrainConfig):
     max_steps: int = _f(200, "GRPO optimizer steps.")
     failure_rewards: dict = _f(DEFAULT_FAILURE_REWARDS, "Raw reward of each failure status (correct candidates earn "
                                                        "their speedup). The paper: 0 for every failure.")
-    reward_normalize: bool = _f(True, "Reward smoothing: normalize raw rewards (mean/std) before clipping.")
-    reward_clip_k: float = _f(1.5, "Reward smoothing: clip normalized rewards to [-k, k] (the paper: k = 1.5).")
-    reward_scope: str = _f("batch", "Normalization scope of the smoothing: batch or group.")
+    reward_transform: str = _f("speedup", "Raw reward -> reward before smoothing: speedup (as it is, the paper's), "
+                                          "log (ln of max(raw, reward_log_floor): relative gains count the same at "
+                                          "every speed) or bounded (clipped to [0, reward_bound], Dr.Kernel's).")
+    reward_bound: float = _f(3.0, "reward_transform=bounded: the cap on a reward (Dr.Kernel: 3).")
+    reward_log_floor: float = _f(0.1, "reward_transform=log: rewards below this (a failure's 0) are taken as this.")
+    reward_normalize: bool = _f(True, "Reward smoothing: normalize rewards (mean/std), then clip them to "
+                                      "[-reward_clip_k, reward_clip_k]; off: rewards pass unnormalized and unclipped.")
+    reward_clip_k: float = _f(1.5, "Reward smoothing: clip normalized rewards to [-k, k] (the paper: k = 1.5); not "
+                                   "applied without reward_normalize.")
+    reward_scope: str = _f("group", "Normalization scope of the smoothing: group (each prompt's num_generations "
+                                    "completions on their own, so one task's large speedups do not compress "
+                                    "another's) or batch.")
     exemplar_db: str = _f("", "Exemplar database (SQLite); empty: <output_dir>/exemplars.sqlite.")
+    exemplar_seed: str = _f("auto", "Exemplars the database starts with, for tasks it has none of: auto is the "
+                                    "exemplars.sqlite beside the model's folder (stage 2 writes <output_dir>/final "
+                                    "and <output_dir>/exemplars.sqlite) when there is one; a path: that database; "
+                                    "none: start empty (the first prompts then say 'None yet').")
+    exemplar_seed_store: bool = _f(False, "Also seed each task, where the database has none of it, from the results "
+                                          "store's correct candidates of that task version (each scored by the "
+                                          "median of its stored evaluations).")
     exemplar_sampler: str = _f("bucket", "Exemplar selection for contrastive prompts: bucket, island or random.")
     log_completions: bool = _f(True, "Write every sampled completion, with its verdict and reward, to "
                                      "<output_dir>/completions.jsonl (one JSON line each; see "
@@ -295,6 +319,9 @@ class RLStageConfig(CommonTrainConfig):
     island_reset_every: int = _f(0, "Island sampler: every R new codes the worst half of the islands is reseeded "
                                     "from the survivors (FunSearch's reset); 0: no resets.")
     max_exemplars_per_task: int = _f(256, "Exemplar database size per task; lowest scores evicted first.")
+    exemplar_statistic: str = _f("median", "An exemplar's score from every evaluation of its source: median (robust "
+                                           "to evaluation noise), mean, or max (a winner's curse: scores drift up "
+                                           "each time a source is evaluated again).")
     prompt_token_budget: int = _f(16384, "Prompt token budget; exemplars are trimmed to fit.")
     vllm: str = _f("auto", "Generation through vLLM (TRL's use_vllm): auto (colocate where vllm is installed and a "
                            "GPU is used, else the transformers path), colocate, server (a `trl vllm-serve` at "
@@ -305,6 +332,10 @@ class RLStageConfig(CommonTrainConfig):
     judge: str = _f("", "LLM judge for suspicious reward jumps (an import path 'module:factory'); empty: none.")
     judge_jump_factor: float = _f(3.0, "Ask the judge when a speedup exceeds this factor x the task's best so far "
                                        "(the paper re-checks results above 3x).")
+    judge_on_error: str = _f("closed", "When the judge raises or gives no verdict: closed (the candidate is flagged, "
+                                       "kept out of the exemplar database and paid at most the task's best verified "
+                                       "speedup, or INFRA_ERROR's reward when there is none) or open (keep the "
+                                       "evaluator's verdict).")
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -321,6 +352,11 @@ class RLStageConfig(CommonTrainConfig):
             raise ConfigError(f"reward_clip_k must be > 0, got {self.reward_clip_k}")
         if self.reward_scope not in ("batch", "group"):
             raise ConfigError(f"reward_scope must be batch or group, not {self.reward_scope!r}")
+        if self.reward_transform not in REWARD_TRANSFORMS:
+            raise ConfigError(f"reward_transform must be one of {', '.join(REWARD_TRANSFORMS)}, "
+                              f"not {self.reward_transform!r}")
+        if self.reward_bound <= 0 or self.reward_log_floor <= 0:
+            raise ConfigError("reward_bound and reward_log_floor must be > 0")
         if self.beta < 0 or self.epsilon <= 0:
             raise ConfigError("need beta >= 0 and epsilon > 0")
         if self.loss_type not in ("grpo", "dapo", "dr_grpo", "bnpo"):
@@ -338,10 +374,14 @@ class RLStageConfig(CommonTrainConfig):
         self.failure_rewards = {**DEFAULT_FAILURE_REWARDS, **{k: float(v) for k, v in self.failure_rewards.items()}}
         if self.exemplar_sampler not in ("bucket", "island", "random"):
             raise ConfigError(f"exemplar_sampler must be bucket, island or random, not {self.exemplar_sampler!r}")
+        if self.exemplar_statistic not in ("median", "mean", "max"):
+            raise ConfigError(f"exemplar_statistic must be median, mean or max, not {self.exemplar_statistic!r}")
         if self.exemplars_per_prompt < 1 or self.bucket_width <= 0 or self.sampler_temperature <= 0:
             raise ConfigError("need exemplars_per_prompt >= 1, bucket_width > 0 and sampler_temperature > 0")
         if self.islands < 1 or self.island_migrate_every < 0 or self.island_reset_every < 0:
             raise ConfigError("need islands >= 1, island_migrate_every >= 0 and island_reset_every >= 0")
+        if self.judge_on_error not in ("closed", "open"):
+            raise ConfigError(f"judge_on_error must be closed or open, not {self.judge_on_error!r}")
         if self.judge_jump_factor <= 1.0:
             raise ConfigError(f"judge_jump_factor must be > 1, got {self.judge_jump_factor}")
         if self.max_steps < 1:

@@ -2,16 +2,26 @@
 
 Per completion: extract the `ModelNew` code; evaluate it (a batch runs in parallel, each candidate in its own
 isolated process); the raw reward (`cudal1.core.rewards.reward_of`) is the speedup for a CORRECT candidate
-and `failure_rewards[status]` (default 0.0, the paper's) for any failure. Then reward smoothing
-(`cudal1.core.rewards.smooth_rewards`, design section 5): normalize over the batch (or within each group of
-`num_generations`) by mean and standard deviation, and clip to [-k, k] (k = 1.5 by default). GRPO then forms the group-normalized advantage from these values.
+and `failure_rewards[status]` (default 0.0, the paper's) for any failure; then the configured transform
+(`transform`: `speedup` as it is, `log`, or `bounded` to [0, 3]; `cudal1.core.rewards.transform_reward`).
+Then reward smoothing (`cudal1.core.rewards.smooth_rewards`, design section 5), when `normalize` is set:
+normalize within each group of `group_size` completions of one prompt (`scope=group`, the default: one
+task's large speedups cannot set the scale of another task's rewards) or over the whole batch
+(`scope=batch`), and clip the normalized values to [-k, k] (k = 1.5). Without `normalize` the transformed
+rewards pass unchanged: the clip belongs to the smoothing and never caps raw speedups (a cap on raw
+speedups is `transform=bounded`). GRPO then forms the group-normalized advantage from these values.
 
 Side effects, by design:
 - every CORRECT candidate enters the exemplar database with its speedup as score (the contrastive prompts
   built afterwards can show it);
-- an optional judge (`Judge.check(task, source, result) -> bool`, True = legitimate) is asked about a
-  speedup above `judge_jump_factor` x the task's best so far; a "cheat" verdict sets the reward to the
-  HACK_DETECTED failure value and keeps the candidate out of the database;
+- an optional judge (`Judge.check(task, source, result) -> bool | None`, True = legitimate, None = no
+  verdict) is asked about a speedup above `judge_jump_factor` x the task's best so far; a "cheat" verdict
+  sets the reward to the HACK_DETECTED failure value and keeps the candidate out of the database;
+- a judge that raises or gives no verdict *fails closed* by default (`judge_on_error="closed"`): the
+  candidate is flagged `judge.error`, stays out of the database, and pays no more than the task's best
+  verified speedup so far; with no verified speedup yet it is an INFRA_ERROR (its failure reward), since
+  nothing vouches for it. `judge_on_error="open"` keeps the evaluator's verdict instead (a judge outage then
+  lets a cheat through: without `openai` installed a 50x cheat kept its 50);
 - metrics: TRL logs this function's smoothed output as `rewards/kernel_reward/mean`; the raw speedups,
   success rate and judge vetoes go through TRL's `log_metric` hook when present, and into `self.history`.
 
@@ -28,8 +38,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cudal1.core.rewards import failure_reward, reward_of, smooth_rewards
-from cudal1.core.types import EvalResult, Status
+from cudal1.core.rewards import (
+    DEFAULT_LOG_FLOOR,
+    DEFAULT_REWARD_BOUND,
+    REWARD_TRANSFORMS,
+    failure_reward,
+    reward_of,
+    smooth_rewards,
+    transform_reward,
+)
+from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.llm.extract import extract_completion
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, completion_text, evaluate_batch, first_failure
@@ -41,9 +59,13 @@ logger = logging.getLogger(__name__)
 class Judge(Protocol):
     """Second opinion on a suspicious speedup: True when the candidate looks legitimate, False for a cheat."""
 
-    def check(self, task: Task, source: str, result: EvalResult) -> bool:
-        """Inspect one candidate and its verdict."""
+    def check(self, task: Task, source: str, result: EvalResult) -> bool | None:
+        """Inspect one candidate and its verdict: True legitimate, False a cheat, None no verdict."""
         ...
+
+
+#: What a judge's failure does to a candidate's reward (`RewardConfig.judge_on_error`).
+JUDGE_ON_ERROR = ("closed", "open")
 
 
 @dataclass
@@ -52,12 +74,26 @@ class RewardConfig:
 
     failure_rewards: dict[str, float] = field(default_factory=dict, metadata={
         "help": "Raw reward per failure status (missing statuses: 0.0)."})
-    normalize: bool = field(default=True, metadata={"help": "Normalize raw rewards by mean/std before clipping."})
-    clip_k: float = field(default=1.5, metadata={"help": "Clip smoothed rewards to [-k, k]."})
-    scope: str = field(default="batch", metadata={"help": "Normalization scope: batch or group."})
-    group_size: int = field(default=1, metadata={"help": "Completions per prompt (scope=group)."})
+    transform: str = field(default="speedup", metadata={
+        "help": "Raw reward -> reward: speedup (as it is, the paper's), log (ln of max(raw, log_floor)) or "
+                "bounded (clipped to [0, bound], Dr.Kernel's [0, 3])."})
+    bound: float = field(default=DEFAULT_REWARD_BOUND, metadata={"help": "transform=bounded: the cap."})
+    log_floor: float = field(default=DEFAULT_LOG_FLOOR, metadata={
+        "help": "transform=log: raw rewards below this (failures' 0) are taken as this before the logarithm."})
+    normalize: bool = field(default=True, metadata={
+        "help": "Reward smoothing: normalize rewards by mean/std (then clip to [-clip_k, clip_k]); off: the "
+                "transformed rewards pass unchanged, unclipped."})
+    clip_k: float = field(default=1.5, metadata={"help": "Clip normalized rewards to [-k, k] (only with normalize)."})
+    scope: str = field(default="group", metadata={
+        "help": "Normalization scope: group (each prompt's group_size completions on their own) or batch."})
+    group_size: int = field(default=8, metadata={
+        "help": "Completions per prompt (scope=group): TRL's num_generations (8 by default, as stage 3's)."})
     judge_jump_factor: float = field(default=3.0, metadata={
         "help": "Ask the judge above this factor x the task's best speedup so far."})
+    judge_on_error: str = field(default="closed", metadata={
+        "help": "When the judge raises or gives no verdict: closed (flag the candidate, keep it out of the "
+                "exemplar database, pay at most the task's best verified speedup, or INFRA_ERROR's reward when "
+                "there is none) or open (keep the evaluator's verdict)."})
     eval_workers: int = field(default=4, metadata={"help": "Candidates evaluated in parallel."})
 
     def __post_init__(self) -> None:
@@ -65,6 +101,24 @@ class RewardConfig:
             raise ValueError("clip_k must be > 0")
         if self.scope not in ("batch", "group"):
             raise ValueError("scope must be batch or group")
+        if self.normalize and self.scope == "group" and self.group_size < 2:
+            raise ValueError("scope=group normalizes each prompt's completions: set group_size >= 2 (TRL's "
+                             "num_generations), or scope=batch, or normalize=False")
+        if self.transform not in REWARD_TRANSFORMS:
+            raise ValueError(f"transform must be one of {', '.join(REWARD_TRANSFORMS)}, not {self.transform!r}")
+        if self.bound <= 0 or self.log_floor <= 0:
+            raise ValueError("bound and log_floor must be > 0")
+        if self.judge_on_error not in JUDGE_ON_ERROR:
+            raise ValueError(f"judge_on_error must be closed or open, not {self.judge_on_error!r}")
+
+    def describe(self) -> str:
+        """The reward in one line, as a report states it (e.g. 'raw speedup, unnormalized, unclipped')."""
+        kind = {"speedup": "raw speedup", "log": f"ln(max(speedup, {self.log_floor:g}))",
+                "bounded": f"speedup clipped to [0, {self.bound:g}]"}[self.transform]
+        if not self.normalize:
+            return f"{kind} (failures: their failure reward), not normalized, not clipped"
+        where = f"per group of {self.group_size}" if self.scope == "group" else "over the batch"
+        return f"{kind}, normalized {where}, clipped to [-{self.clip_k:g}, {self.clip_k:g}]"
 
 
 class KernelReward:
@@ -99,10 +153,13 @@ class KernelReward:
         codes = [self.extract(text) for text in texts]
         results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_workers)
         raws = [float(reward_of(r, self.config.failure_rewards) or 0.0) for r in results]
-        vetoed = self._judge_and_record(tasks, codes, results, raws)
-        group = self.config.group_size if self.config.scope == "group" else None
-        smoothed = smooth_rewards(raws, normalize=self.config.normalize, clip_k=self.config.clip_k, group_size=group)
-        self._log(results, raws, smoothed, vetoed, kwargs)
+        vetoed, judge_errors = self._judge_and_record(tasks, codes, results, raws)
+        cfg = self.config
+        rewards = [transform_reward(v, cfg.transform, bound=cfg.bound, floor=cfg.log_floor) for v in raws]
+        group = cfg.group_size if cfg.scope == "group" else None
+        smoothed = smooth_rewards(rewards, normalize=cfg.normalize, clip_k=cfg.clip_k if cfg.normalize else None,
+                                  group_size=group)
+        self._log(results, raws, smoothed, vetoed, kwargs, judge_errors)
         if self.completion_log is not None:
             state = kwargs.get("trainer_state")
             self.completion_log.write(stage="grpo", tasks=tasks, texts=texts, codes=codes, results=results,
@@ -111,9 +168,11 @@ class KernelReward:
         return smoothed
 
     def _judge_and_record(self, tasks: list[Task], codes: list[str | None], results: list[EvalResult],
-                          raws: list[float]) -> int:
-        """Ask the judge about suspicious jumps, add successes to the exemplar DB; returns the veto count."""
-        vetoed = 0
+                          raws: list[float]) -> tuple[int, int]:
+        """Ask the judge about suspicious jumps, add successes to the exemplar DB; returns the counts of vetoes
+        and of judge errors. A judge error fails closed unless `judge_on_error="open"` (module docstring):
+        `results[i]` is then flagged (or turned into INFRA_ERROR) and `raws[i]` capped."""
+        vetoed = errors = 0
         hack_value = float(failure_reward(Status.HACK_DETECTED, self.config.failure_rewards) or 0.0)
         for i, (task, code, result) in enumerate(zip(tasks, codes, results, strict=True)):
             speedup = result.speedup
@@ -122,12 +181,16 @@ class KernelReward:
             with self._lock:
                 best = self._best_so_far(task.id)
             if self.judge is not None and self._suspicious(result, best):
-                legit = self._ask_judge(task, code, result)
-                if not legit:
+                legit, why = self._ask_judge(task, code, result)
+                if legit is False:
                     vetoed += 1
                     raws[i] = hack_value
                     logger.warning("judge vetoed a %.2fx candidate for %s (best so far %.2fx)",
                                    result.speedup, task.id, best)
+                    continue
+                if legit is None and self.config.judge_on_error == "closed":
+                    errors += 1
+                    results[i], raws[i] = self._fail_closed(result, raws[i], best, why)
                     continue
             with self._lock:
                 self._best[task.id] = max(self._best.get(task.id, 0.0), float(result.speedup))
@@ -135,7 +198,7 @@ class KernelReward:
                 meta = {"model": self.model_name, "kernel_class": result.kernel_class.value if result.kernel_class
                         else None, "candidate_hash": result.candidate_hash, "source": "grpo"}
                 self.exemplar_db.add(task.id, code, float(result.speedup), meta)
-        return vetoed
+        return vetoed, errors
 
     def _suspicious(self, result: EvalResult, best: float) -> bool:
         """Whether to ask the judge: its own rule when it has one (`LLMJudge.should_check`, which also sees a
@@ -151,15 +214,34 @@ class KernelReward:
             self._best[task_id] = best.score if best is not None else 0.0
         return self._best.get(task_id, 0.0)
 
-    def _ask_judge(self, task: Task, code: str, result: EvalResult) -> bool:
+    def _ask_judge(self, task: Task, code: str, result: EvalResult) -> tuple[bool | None, str]:
+        """(True legitimate / False cheat / None no verdict, why there is none)."""
         try:
-            return bool(self.judge.check(task, code, result))  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001 - a broken judge must not stop training; trust the evaluator
-            logger.warning("judge failed; keeping the evaluator's verdict", exc_info=True)
-            return True
+            verdict = self.judge.check(task, code, result)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - a broken judge must not stop training: the caller decides
+            logger.warning("judge failed on a %.2fx candidate for %s (judge_on_error=%s)", result.speedup or 0.0,
+                           task.id, self.config.judge_on_error, exc_info=True)
+            return None, f"the judge raised {type(exc).__name__}: {exc}"[:300]
+        if verdict is None:
+            logger.warning("judge gave no verdict on a %.2fx candidate for %s (judge_on_error=%s)",
+                           result.speedup or 0.0, task.id, self.config.judge_on_error)
+            return None, "the judge gave no verdict"
+        return bool(verdict), ""
+
+    def _fail_closed(self, result: EvalResult, raw: float, best: float, why: str) -> tuple[EvalResult, float]:
+        """A candidate the judge could not clear: flagged, paid at most `best` (the task's best verified
+        speedup), or an INFRA_ERROR when nothing is verified yet."""
+        flag = Flag("judge.error", Severity.WARNING, f"{why}; reward capped at the best verified speedup",
+                    source="judge")
+        if best > 0:
+            return result.replace(flags=[*result.flags, flag]), min(raw, best)
+        message = f"{why}; no verified speedup for this task yet, so nothing vouches for this one"
+        failed = result.replace(status=Status.INFRA_ERROR, speedup=None, message=message,
+                                flags=[*result.flags, flag])
+        return failed, float(failure_reward(Status.INFRA_ERROR, self.config.failure_rewards) or 0.0)
 
     def _log(self, results: list[EvalResult], raws: list[float], smoothed: list[float], vetoed: int,
-             kwargs: dict[str, Any]) -> None:
+             kwargs: dict[str, Any], judge_errors: int = 0) -> None:
         n = len(results)
         speedups = [r.speedup for r in results if r.status is Status.CORRECT and r.speedup is not None]
         statuses: dict[str, int] = {}
@@ -170,7 +252,7 @@ class KernelReward:
                  "max_speedup": max(speedups) if speedups else None,
                  "raw_reward_mean": sum(raws) / n if n else 0.0,
                  "smoothed_reward_mean": sum(smoothed) / n if n else 0.0,
-                 "judge_vetoes": vetoed, "statuses": statuses}
+                 "judge_vetoes": vetoed, "judge_errors": judge_errors, "statuses": statuses}
         state = kwargs.get("trainer_state")
         if state is not None:
             entry["step"] = int(getattr(state, "global_step", 0))
@@ -181,6 +263,7 @@ class KernelReward:
             log_metric("kernel/raw_reward_mean", entry["raw_reward_mean"])
             log_metric("kernel/mean_speedup", entry["mean_speedup"] or 0.0)
             log_metric("kernel/judge_vetoes", float(vetoed))
+            log_metric("kernel/judge_errors", float(judge_errors))
         logger.info("reward batch: %d candidates, %.0f%% correct, raw mean %.3f, statuses %s%s",
                     n, 100 * entry["success_rate"], entry["raw_reward_mean"], statuses,
                     f"; first failure {why}" if (why := first_failure(results)) else "")

@@ -10,9 +10,11 @@ prompt): the sampler's random generator is seeded from (seed, task id, global st
 processes of a multi-GPU run in step.
 
 Rewards come from `KernelReward` (see `rewards.py`): every correct candidate enters the database, so the
-next batch's prompts can show it. The candidates of one batch are evaluated in parallel (`eval_workers`).
-Every completion, with its verdict and reward, goes to `<output_dir>/completions.jsonl` (`log_completions`,
-see `completions.py`); the exemplar database is `<output_dir>/exemplars.sqlite` unless `exemplar_db` is set.
+next batch's prompts can show it. The database starts with stage 2's successes by default (`exemplar_seed`,
+`exemplar_seed.py`), so the first prompts already show scored kernels. The candidates of one batch are
+evaluated in parallel (`eval_workers`). Every completion, with its verdict and reward, goes to
+`<output_dir>/completions.jsonl` (`log_completions`, see `completions.py`); the exemplar database is
+`<output_dir>/exemplars.sqlite` unless `exemplar_db` is set.
 
 Limits: TRL's loop is synchronous, so the evaluation of a batch overlaps with itself (parallel workers)
 but not with the generation of the next batch. `_generate_and_score_completions` is a private TRL method
@@ -54,6 +56,7 @@ from cudal1.train.common import (
 )
 from cudal1.train.completions import CompletionLog
 from cudal1.train.config import RLStageConfig
+from cudal1.train.exemplar_seed import seed_exemplars
 from cudal1.train.models import load_policy, lora_config, save_policy, save_trained
 from cudal1.train.rewards import Judge, KernelReward, RewardConfig
 
@@ -263,12 +266,16 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     args = grpo_args(config)  # first: its state also starts a multi-process run's process group
     _reference_path(model, config, tokenizer)
     db = exemplar_db or ExemplarDB(config.exemplar_db or Path(config.output_dir) / "exemplars.sqlite",
-                                   max_per_task=config.max_exemplars_per_task)
+                                   max_per_task=config.max_exemplars_per_task, statistic=config.exemplar_statistic)
+    seeded = seed_exemplars(db, config, tasks, store)
     reward = made = None
     if reward_funcs is None:
-        reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, normalize=config.reward_normalize,
-                                  clip_k=config.reward_clip_k, scope=config.reward_scope,
+        reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, transform=config.reward_transform,
+                                  bound=config.reward_bound, log_floor=config.reward_log_floor,
+                                  normalize=config.reward_normalize, clip_k=config.reward_clip_k,
+                                  scope=config.reward_scope,
                                   group_size=config.num_generations, judge_jump_factor=config.judge_jump_factor,
+                                  judge_on_error=config.judge_on_error,
                                   eval_workers=config.eval_workers)
         made = None if evaluator is not None else default_evaluator(config, store, recorder.run_id,
                                                                      label=f"grpo:{config.model}")
@@ -298,7 +305,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
                                "smoothed_reward_first": rewards[0] if rewards else None,
                                "smoothed_reward_last": rewards[-1] if rewards else None,
                                "prompts_built": builder.built, "stopped_by_time_budget": budget.stopped_early,
-                               "exemplars": {t.id: db.count(t.id) for t in tasks}}
+                               "exemplars_seeded": seeded, "exemplars": {t.id: db.count(t.id) for t in tasks}}
     if reward is not None:
         raw = [b["raw_reward_mean"] for b in reward.history]
         summary.update(raw_reward_first=raw[0] if raw else None, raw_reward_last=raw[-1] if raw else None)

@@ -6,6 +6,10 @@ completions of the plain prompt; each is evaluated by the hardened evaluator (in
 `max_kept_per_task` distinct correct candidates per task (fastest first) become SFT examples; the policy is
 fine-tuned on them (or on all rounds' successes with `accumulate`).
 
+Every correct candidate of every round, with its speedup, also goes into the stage's exemplar database
+(`exemplar_db`, by default `<output_dir>/exemplars.sqlite`), which stage 3 started from this stage's policy
+seeds its contrastive prompts from.
+
 Logged per round (into `<output_dir>/rounds.json`, the log, TensorBoard through the SFT trainer): sample
 success rate, task success rate, mean speedup of the successes, examples kept, and the fine-tuning loss.
 Every completion, with its verdict and whether it was kept: `<output_dir>/completions.jsonl`
@@ -61,6 +65,8 @@ from cudal1.train.sft import Record, fit_sft, loss_curve
 
 logger = logging.getLogger(__name__)
 
+#: The file a stage keeps its exemplars in, under its output directory (stage 3 looks for it beside a model).
+EXEMPLARS_FILE = "exemplars.sqlite"
 SAMPLING_SHARE = 0.4  # of the stage's remaining time budget, per round; evaluation and fine-tuning get the rest
 
 
@@ -143,6 +149,25 @@ def sample_and_evaluate(tasks: Sequence[Task], sampler: CompletionSampler, evalu
     return flat_tasks, codes, results, flat_prompts, flat_texts
 
 
+def stage_exemplar_path(config: SelfSupervisedConfig) -> Path:
+    """The stage's exemplar database: `exemplar_db`, or `<output_dir>/exemplars.sqlite` for auto."""
+    if config.exemplar_db == "auto":
+        return Path(config.output_dir) / EXEMPLARS_FILE
+    return Path(config.exemplar_db)
+
+
+def record_successes(db: ExemplarDB, tasks: Sequence[Task], codes: Sequence[str | None],
+                     results: Sequence[EvalResult], meta: dict[str, Any]) -> int:
+    """Every correct candidate with a finite speedup into the exemplar database; returns how many."""
+    added = 0
+    for task, code, result in zip(tasks, codes, results, strict=True):
+        speedup = result.speedup
+        if result.status is Status.CORRECT and code is not None and speedup is not None and math.isfinite(speedup):
+            db.add(task.id, code, float(speedup), meta)
+            added += 1
+    return added
+
+
 def _round_stats(index: int, tasks: Sequence[Task], flat_tasks: list[Task], results: list[EvalResult],
                  kept: int) -> RoundStats:
     correct = [(t, r) for t, r in zip(flat_tasks, results, strict=True) if r.status is Status.CORRECT]
@@ -207,8 +232,8 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
                                                                  label=f"self_supervised:{config.model}")
     evaluator = evaluator or made
     db = None
-    if config.exemplar_db:
-        db = ExemplarDB(config.exemplar_db)
+    if config.exemplar_db not in ("", "none"):
+        db = ExemplarDB(stage_exemplar_path(config))
     all_kept: list[Record] = []
     log: list[dict[str, Any]] = []
     completions = CompletionLog.for_run(config)  # stage 2 runs in one process
@@ -228,9 +253,8 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
         prompt_of = {t.id: p for t, p in zip(flat_tasks, prompts, strict=True)}
         records = [{"prompt": prompt_of[t.id], "completion": [{"role": "assistant", "content": fenced(code)}],
                     "task_id": t.id} for t, code, _ in kept]
-        if db is not None:
-            for t, code, speedup in kept:
-                db.add(t.id, code, speedup, {"model": config.model, "source": f"self_supervised:{index}"})
+        if db is not None:  # every correct evaluation: its score joins the source's (stage 3's exemplars)
+            record_successes(db, flat_tasks, codes, results, {"model": config.model, "source": f"self_supervised:{index}"})
         all_kept.extend(records)
         train_on = all_kept if config.accumulate else records
         round_dir = Path(config.output_dir) / f"round_{index}"

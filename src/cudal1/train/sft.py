@@ -7,7 +7,14 @@ Input: a JSONL file (what `cudal1 augment` exports), one example per line, in an
   (`build_plain_prompt`) for the task's reference (from `ref_code`, else the task looked up in `source`),
   the answer is the code in a python block.
 Every example becomes a conversational prompt/completion pair, so the tokenizer's chat template renders it
-and the loss covers the completion only (`completion_only_loss`). A deterministic hash of each row sends
+and the loss covers the completion only (`completion_only_loss`).
+
+Contrastive format (`contrastive_fraction` > 0): stage 3 prompts with CUDA-L1's contrastive prompt, which a
+model fine-tuned on plain prompts alone has never seen. A share of the examples that carry a `score` (the
+augment export's speedup) and whose task reference is known is shown instead with the contrastive prompt:
+up to `exemplars_per_prompt` other examples of the same task that scored *lower*, with their scores (drawn by
+the bucket sampler of stage 3), so the target answer is the one that beats them; an answer without the three
+sections is wrapped in them (`format_answer`, written from the measured scores). A deterministic hash of each row sends
 `eval_fraction` of them to an evaluation split (the evaluation loss is logged).
 
 Run: `cudal1 train sft --config sft.yaml --model PATH --output-dir runs/sft --set dataset=sft.jsonl`.
@@ -26,7 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
-from cudal1.llm.prompts import build_plain_prompt
+from cudal1.exemplars import ScoredCode, make_sampler, normalized_hash
+from cudal1.llm.extract import extract_completion
+from cudal1.llm.prompts import SECTION_HEADINGS, build_contrastive_prompt, build_plain_prompt
+from cudal1.loops.augment import format_answer
 from cudal1.tasks import load_tasks
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
@@ -44,7 +54,9 @@ from cudal1.train.models import load_policy, lora_config, save_trained
 
 logger = logging.getLogger(__name__)
 
-Record = dict[str, Any]  # {"prompt": [messages], "completion": [one assistant message], "task_id": str}
+# {"prompt": [messages], "completion": [one assistant message], "task_id": str}, plus what the contrastive
+# format needs where a row gives it: "code", "score", "ref" (the task's reference source).
+Record = dict[str, Any]
 
 
 def _as_messages(value: Any, role: str) -> list[dict[str, str]]:
@@ -59,28 +71,32 @@ def record_from_row(row: dict[str, Any], tasks_by_id: dict[str, Task] | None = N
                     form: str = "load_inline") -> Record:
     """One SFT record from one exported row (see the module docstring for the accepted shapes)."""
     task_id = str(row.get("task_id", ""))
+    task = (tasks_by_id or {}).get(task_id)
+    ref = row.get("ref_code") or row.get("task_source") or (task.source if task is not None else None)
+    score = row.get("score")
+    extra = {"score": float(score) if score is not None else None, "ref": ref}
     if "messages" in row:
         messages = _as_messages(row["messages"], "user")
         if len(messages) < 2 or messages[-1]["role"] != "assistant":
             raise ValueError("`messages` must end with an assistant message after at least one prompt message")
         return {"prompt": messages[:-1], "completion": messages[-1:], "task_id": task_id}
     if "prompt" in row and "completion" in row:
-        return {"prompt": _as_messages(row["prompt"], "user"),
-                "completion": _as_messages(row["completion"], "assistant"), "task_id": task_id}
+        completion = _as_messages(row["completion"], "assistant")
+        return {"prompt": _as_messages(row["prompt"], "user"), "completion": completion, "task_id": task_id,
+                "code": extract_completion(completion[-1]["content"]).code, **extra}
     if "code" in row and task_id:
-        ref = row.get("ref_code") or row.get("task_source")
         if not ref:
-            task = (tasks_by_id or {}).get(task_id)
-            if task is None:
-                raise ValueError(f"task {task_id!r} has no ref_code and is not in the task source")
-            ref = task.source
+            raise ValueError(f"task {task_id!r} has no ref_code and is not in the task source")
         return {"prompt": build_plain_prompt(ref, form=form),
-                "completion": [{"role": "assistant", "content": fenced(row["code"])}], "task_id": task_id}
+                "completion": [{"role": "assistant", "content": fenced(row["code"])}], "task_id": task_id,
+                "code": row["code"], **extra}
     raise ValueError("a row needs `messages`, `prompt` + `completion`, or `task_id` + `code`")
 
 
-def load_sft_records(path: str | Path, tasks: Sequence[Task] | None = None, form: str = "load_inline") -> list[Record]:
-    """All records of a JSONL file; `ConfigError` naming the line of the first bad row."""
+def load_sft_records(path: str | Path, tasks: Sequence[Task] | None = None, form: str = "load_inline", *,
+                     contrastive_fraction: float = 0.0, exemplars_per_prompt: int = 2) -> list[Record]:
+    """All records of a JSONL file (a share of them in the contrastive format, see the module docstring);
+    `ConfigError` naming the line of the first bad row."""
     tasks_by_id = {t.id: t for t in tasks or []}
     records = []
     try:
@@ -99,7 +115,55 @@ def load_sft_records(path: str | Path, tasks: Sequence[Task] | None = None, form
             raise ConfigError(f"{path}:{lineno}: {exc}") from None
     if not records:
         raise ConfigError(f"SFT dataset {path} has no examples")
+    if contrastive_fraction > 0:
+        records = contrastive_records(records, contrastive_fraction, exemplars_per_prompt, form)
     return records
+
+
+def _hash_fraction(*parts: Any) -> float:
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return int(digest[:8], 16) / 16**8
+
+
+def contrastive_records(records: Sequence[Record], fraction: float, n: int, form: str) -> list[Record]:
+    """`records` with a `fraction` of those that can be (a code, a score and a reference) shown with the
+    contrastive prompt: up to `n` lower-scored examples of the same task as exemplars (module docstring)."""
+    by_task: dict[str, list[Record]] = {}
+    for r in records:
+        if r.get("code") and r.get("score") is not None and r.get("ref"):
+            by_task.setdefault(r["task_id"], []).append(r)
+    out = []
+    for r in records:
+        pick = _hash_fraction(r.get("task_id"), r.get("code")) < fraction
+        if not pick or r not in by_task.get(r.get("task_id", ""), []):
+            out.append(r)
+            continue
+        pool, seen = [], {normalized_hash(r["code"])}
+        for other in by_task[r["task_id"]]:
+            key = normalized_hash(other["code"])
+            if other["score"] < r["score"] and key not in seen:
+                seen.add(key)
+                pool.append(ScoredCode(other["code"], other["score"]))
+        rng = int(_hash_fraction("exemplars", r["task_id"], r["code"]) * 2**31)
+        shown = make_sampler("bucket", {"n": n}, rng=rng).sample(pool) if pool else []
+        out.append({**r, "prompt": build_contrastive_prompt(r["ref"], shown, form=form),
+                    "completion": [{"role": "assistant", "content": contrastive_answer(r, shown)}]})
+    return out
+
+
+def contrastive_answer(record: Record, shown: Sequence[ScoredCode]) -> str:
+    """The record's answer with the three sections; an answer that has them already is kept."""
+    answer = record["completion"][-1]["content"]
+    if all(heading in answer for heading in SECTION_HEADINGS):
+        return answer
+    analysis = "There is no previous implementation to compare with."
+    if shown:
+        best = max(shown, key=lambda e: e.score)
+        others = ", ".join(f"{e.score:.2f}x" for e in shown if e is not best)
+        analysis = (f"The fastest previous implementation reaches {best.score:.2f}x the reference's speed"
+                    + (f"; the others shown reach {others}." if others else "."))
+    design = f"The implementation below was measured at {record['score']:.2f}x the reference's speed."
+    return format_answer(record["code"], analysis=analysis, design=design)
 
 
 def split_records(records: Sequence[Record], eval_fraction: float) -> tuple[list[Record], list[Record]]:
@@ -122,7 +186,7 @@ def split_records(records: Sequence[Record], eval_fraction: float) -> tuple[list
 
 
 def to_dataset(records: Sequence[Record]) -> Any:
-    """A `datasets.Dataset` of prompt/completion columns (task ids dropped: SFTTrainer needs none)."""
+    """A `datasets.Dataset` of prompt/completion columns (task ids and the rest dropped: SFTTrainer needs none)."""
     try:
         from datasets import Dataset
     except ImportError:
@@ -207,9 +271,10 @@ def run_sft(config: SFTStageConfig, *, model: Any = None, tokenizer: Any = None,
     """Stage 1 end to end: load data and model, fine-tune, save `<output_dir>/final`, record the run."""
     store = open_store(config.store)
     recorder = RunRecorder("sft", config, store)
-    if tasks is None and (config.split != "all" or _needs_tasks(config.dataset)):
+    if tasks is None and (config.split != "all" or config.contrastive_fraction > 0 or _needs_tasks(config.dataset)):
         tasks = load_tasks(config.source)
-    records = load_sft_records(config.dataset, tasks, config.form)
+    records = load_sft_records(config.dataset, tasks, config.form, contrastive_fraction=config.contrastive_fraction,
+                               exemplars_per_prompt=config.exemplars_per_prompt)
     if config.split != "all":
         records = records_of_split(records, config, tasks or [])
     train, held = split_records(records, config.eval_fraction)

@@ -1,0 +1,157 @@
+"""Does contrastive RL help? A controlled ablation of CUDA-L1's contrastive prompts on a measured task table.
+
+    PYTHONPATH=src python scripts/contrastive_study.py measure OUT_DIR [--budget-s 230]     # GPU: the table
+    PYTHONPATH=src python scripts/contrastive_study.py spotcheck OUT_DIR [--budget-s 240]   # GPU: vs the evaluator
+    PYTHONPATH=src python scripts/contrastive_study.py run OUT_DIR --table T --seeds 0-9   # CPU: the arms
+    PYTHONPATH=src python scripts/contrastive_study.py summarize OUT_DIR --table T         # CPU: CIs, results
+    PYTHONPATH=src python scripts/contrastive_study.py run OUT_DIR --table T --seeds 0 \
+        --against docs/results/contrastive_study.json      # one seed again, against the committed seeds' spread
+    PYTHONPATH=src python scripts/contrastive_study.py surrogate OUT_DIR   # CPU: a SURROGATE table (tests only)
+
+The table (`cudal1.study`): 42 tasks of 12 op families in three kinds (elementwise chains, row reductions
+and normalizations, transposes fused with an op), 3-4 sizes each, none launch-bound (each moves >= 512 MB);
+a recipe grammar of 480 recipes (threads, vector width, items per thread, one-shot or grid-stride, shared-
+memory staging, work mapping: `cudal1/study/recipes.py`) that templates turn into raw-CUDA kernels. `measure`
+compiles, checks and times every cell on one GPU (CUDA events, L2 flushed, >= 5 timings per cell, median and
+spread; `cudal1/study/bench.py`), writing `OUT_DIR/table.json` as it goes (a timeout keeps what was measured;
+running it again measures what is missing). `spotcheck` evaluates a stratified sample of >= 50 cells through
+the project's evaluator and writes the agreement to `OUT_DIR/spotcheck.json`.
+
+The policy: a 0.35 M-parameter Llama over a word-level vocabulary, pre-trained on the CPU with the project's
+SFT stage as an in-context improver on SYNTHETIC landscapes only (input: task features and k scored recipes;
+output: a better recipe; `cudal1/study/landscapes.py`), once per study (seed 0; the seeds below vary
+everything after it). RL arms then train it with the project's stage 3 (`run_rl`: TRL's GRPO, `KernelReward`,
+the exemplar database, default reward smoothing) on the 28 training tasks.
+
+Held out: 14 tasks, whole families of every kind (mish, logsumexp, rmsnorm, transpose_gelu); a policy sees
+a task only through features it shares with training tasks (`cudal1/study/ops.py`).
+
+Arms, at an equal evaluation budget on the held-out tasks (every arm: the same 4 random correct recipes per
+task seeded per seed, counted as its first 4 evaluations, then proposals in rounds of 8 up to 64 evaluations.
+An evaluation is a distinct recipe, as the results store makes it: a repeat is served from the store and an
+unparseable answer is never evaluated; both spend samples, at most 256 per task, after which a policy that
+keeps repeating itself stops short of 64). RL arms also spend the same training budget (100 GRPO steps x 8
+tasks x 8 completions = 6,400 evaluations on training tasks).
+- `grpo-bucket`: contrastive GRPO, exemplars by CUDA-L1's bucket sampler; searches with bucket prompts;
+- `grpo-random`: contrastive GRPO, exemplars drawn uniformly;
+- `grpo-shuffled`: contrastive GRPO whose exemplars' scores are permuted among them (and shown in the order
+  of the permuted scores): do the scores matter, or only the code text?
+- `grpo-plain`: GRPO with the plain prompt (no exemplars); held-out: best-of-N samples;
+- `evolution`: contrastive prompting without RL: the pre-trained improver iterated with the database;
+- `random-search`: uniform proposals without repeats (best-of-N at random);
+- `sft-only`: the pre-trained improver with the plain prompt (best-of-N).
+
+Metrics (fixed before the runs; per arm and seed, means over the 14 held-out tasks, each task's values as a
+fraction of its best speedup in the table, failures 0):
+1. PRIMARY `held_out_auc`: the best speedup found against evaluations spent, summarized: the best found after
+   8, 16, 32 and 64 evaluations (`held_out_curve`, which also has 4: the seeds alone), averaged over those
+   four budgets. The study's question is the paired difference grpo-bucket - grpo-plain over seeds (95 % t
+   interval); grpo-bucket - grpo-shuffled asks whether the scores matter. `held_out_best_at_budget`: the best
+   found after all 64 (it saturates: on these landscapes many recipes are within a few % of the best).
+2. `one_shot_fraction_of_best`: the mean of 32 answers sampled with the 4 seeded exemplars in the prompt
+   (the arm's own prompt style; random-search: the mean over all recipes); `one_shot_correct_rate`.
+3. `held_out_correct_rate`: the share of the evaluations that are correct; `held_out_samples`: the samples
+   drawn per task to spend the budget (64 - 4 for i.i.d.-like proposals, more for a policy that repeats).
+4. RL arms: the fraction of the best of each training batch (`train_curve`), first and last 10 % of steps.
+Each arm: mean and 95 % t interval over >= 10 seeds; contrasts: paired by seed (`cudal1/study/run.py`).
+
+Costs: `measure` about 3-4 minutes on one H200 (16 cores compile in parallel), `spotcheck` 4 minutes by its
+budget; `run` about 5-6 minutes per seed (all 7 arms) on one CPU core after a 3-5 minute pre-training.
+`run` is resumable per seed and per arm (`--seeds 3` or `--seeds 0-9`). A table whose `kind` is
+`surrogate` (an analytic model, `cudal1/study/surrogate.py`) is only for testing the pipeline: `run` refuses
+it without `--allow-surrogate`, and its results are never published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'3', '0-9' or '0,2,5' -> seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        seeds += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return seeds
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=("measure", "spotcheck", "run", "summarize", "surrogate"))
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--table", type=Path, help="The table (default OUT_DIR/table.json).")
+    p.add_argument("--budget-s", type=float, help="measure: 230 s; spotcheck: 240 s.")
+    p.add_argument("--reps", type=int, default=5, help="measure: timings per cell (>= 5).")
+    p.add_argument("--tasks", default="*", help="measure: a glob over task ids or family names.")
+    p.add_argument("--cells", type=int, default=60, help="spotcheck: cells evaluated (>= 50).")
+    p.add_argument("--profile", default="cuda-l1", help="spotcheck: the evaluator's profile.")
+    p.add_argument("--seeds", default="0-9", help="run: '3', '0-9' or '0,2,5'.")
+    p.add_argument("--arms", nargs="+", help="run: a subset of the arms (default: all seven).")
+    p.add_argument("--allow-surrogate", action="store_true", help="run: accept a surrogate table (tests only).")
+    p.add_argument("--pretrain-examples", type=int, default=40000)
+    p.add_argument("--spotcheck", type=Path, help="summarize: the spot-check's spotcheck.json (default: beside "
+                                                  "the table).")
+    p.add_argument("--against", type=Path, help="run/summarize: a committed contrastive_study.json to compare with.")
+    args = p.parse_args(argv)
+    if args.command == "measure" and args.reps < 5:
+        p.error("--reps must be >= 5")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("httpx", "transformers", "trl", "cudal1.train", "cudal1.exemplars", "datasets"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    table = args.table or args.out_dir / "table.json"
+    if args.command == "measure":
+        from cudal1.study.measure import measure
+        from cudal1.study.table import Table
+
+        path = measure(args.out_dir, budget_s=args.budget_s or 230.0, reps=args.reps, tasks=args.tasks)
+        t = Table.load(path)
+        print(f"{path}: {len(t.tasks)} tasks measured; problems: {t.problems()[:5] or 'none'}")
+        for tid in t.tasks:
+            print(f"  {tid:30s} {t.landscape(tid)}")
+    elif args.command == "spotcheck":
+        from cudal1.study.spotcheck import spotcheck
+
+        found = spotcheck(table, args.out_dir, n=args.cells, budget_s=args.budget_s or 240.0, profile=args.profile)
+        print({k: v for k, v in found.items() if k != "rows"})
+    elif args.command == "surrogate":
+        from cudal1.study.surrogate import surrogate_table
+        from cudal1.study.table import write_table
+
+        write_table(args.out_dir / "table.json", surrogate_table())
+        print(f"{args.out_dir / 'table.json'}: a SURROGATE table (analytic model, not measured)")
+    elif args.command == "run":
+        from cudal1.study.run import run_study
+
+        run_study(args.out_dir, table, parse_seeds(args.seeds), arms=args.arms,
+                  pretrain_examples=args.pretrain_examples, allow_surrogate=args.allow_surrogate)
+    if args.command in ("run", "summarize"):
+        import json
+
+        from cudal1.study.run import against, markdown_table, summarize
+
+        summary = summarize(args.out_dir, table, args.spotcheck)
+        print(markdown_table(summary))
+        if args.against:
+            found = against(summary, json.loads(args.against.read_text()))
+            (args.out_dir / "against.json").write_text(json.dumps(found, indent=1))
+            for arm, entry in found.items():
+                print(f"{arm:14s} {entry['now']} vs the {entry['committed_seeds']} committed seeds' 95 % interval "
+                      f"{entry['interval']}: {'inside' if entry['inside'] else 'OUTSIDE'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Confidence intervals and ranks of the study (cudal1.study.stats)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal1.study.stats import mean_ci, paired_ci, prediction_interval, spearman
+
+
+def test_mean_ci_uses_student_t():
+    ci = mean_ci([1.0, 2.0, 3.0])  # mean 2, s 1, t(2) 4.303
+    assert ci["mean"] == 2.0 and ci["lo"] == pytest.approx(2 - 4.303 / 3 ** 0.5, abs=1e-4)
+    assert mean_ci([]) == {"n": 0, "mean": None, "lo": None, "hi": None}
+    assert mean_ci([0.5])["lo"] is None
+
+
+def test_paired_ci_is_over_differences_and_says_whether_it_excludes_zero():
+    a = [0.80, 0.82, 0.85, 0.79, 0.81]
+    assert paired_ci(a, [x - 0.05 for x in a])["excludes_zero"] is True  # a constant gap: a zero-width interval
+    noisy = paired_ci([0.8, 0.7, 0.9, 0.6], [0.7, 0.8, 0.6, 0.9])
+    assert noisy["excludes_zero"] is False and noisy["mean"] == pytest.approx(0.0)
+    with pytest.raises(ValueError):
+        paired_ci([1.0], [1.0, 2.0])
+
+
+def test_prediction_interval_and_spearman():
+    lo, hi = prediction_interval([0.84, 0.86, 0.88])
+    assert lo == pytest.approx(0.86 - 0.0994, abs=1e-4) and hi == pytest.approx(0.86 + 0.0994, abs=1e-4)
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254, rel=1e-6)
+
+
+def test_a_rerun_is_placed_against_the_committed_seeds():
+    from cudal1.study.run import against
+
+    committed = {"per_seed": {"grpo-plain": {s: {"held_out_auc": v} for s, v in enumerate([0.90, 0.92, 0.91, 0.93])}}}
+    now = {"per_seed": {"grpo-plain": {0: {"held_out_auc": 0.915}}, "evolution": {0: {"held_out_auc": 0.5}}}}
+    found = against(now, committed)
+    assert set(found) == {"grpo-plain"} and found["grpo-plain"]["inside"] is True
+    now["per_seed"]["grpo-plain"][0]["held_out_auc"] = 0.5
+    assert against(now, committed)["grpo-plain"]["inside"] is False
