@@ -227,8 +227,11 @@ def fit_sft(model: Any, tokenizer: Any, train: Sequence[Record], held: Sequence[
 
 
 def prompt_tokens(record: Record, tokenizer: Any) -> int:
-    """Tokens of a record's prompt as the chat template renders it, up to where the answer starts."""
-    text = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
+    """Tokens of a record's prompt up to where the answer starts: as the chat template renders it for a
+    conversational record, as it is for a plain-text one (TRL's prompt-completion format)."""
+    prompt = record["prompt"]
+    text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False,
+                                                                               add_generation_prompt=True)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
