@@ -33,7 +33,7 @@ enough to be measured exhaustively, so the best possible speedup of every task i
 
 The reward (`DEMO_REWARD`, stated in the summary's protocol): a candidate's raw speedup (failures 0), not
 normalized and not clipped; GRPO's group-normalized advantage is the only scaling. Runs committed before
-2026-12-04 paid min(speedup, 1.5) instead (the smoothing's clip was applied to raw speedups, issue #40):
+2026-12-04 paid min(speedup, 1.5) instead (the smoothing's clip was applied to raw speedups):
 28 of gelu_2p24's 36 recipes earned the same reward there.
 
 Per step and arm: the raw mean speedup of the batch (failures count 0), the fraction of the best possible

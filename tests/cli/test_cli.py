@@ -182,7 +182,7 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
         captured = capsys.readouterr()
         err = " ".join((captured.err + captured.out).split())
         assert words in err and "Traceback" not in err, (argv, err)
-        assert len(captured.err.strip().splitlines()) == 1, (argv, captured.err)  # issue #42: one line
+        assert len(captured.err.strip().splitlines()) == 1, (argv, captured.err)  # one line
     assert not (tmp_path / "none.sqlite").exists()  # a report never creates an empty store
     assert not (tmp_path / "aud").exists()  # a failed audit leaves no empty folder
 
@@ -196,7 +196,7 @@ def test_a_mistyped_option_is_one_line_naming_the_option(capsys):
 
 
 def test_profile_kernelbench_is_the_kernelbench_v0_profile(capsys):
-    """`--profile kernelbench` beside `--policy kernelbench`: the same harness, one name (issue #42)."""
+    """`--profile kernelbench` beside `--policy kernelbench`: the same harness, one name."""
     argv = ["eval", "--ref", str(FIXTURES / "tasks" / "tiny_scale_add.py"), "--candidate",
             str(FIXTURES / "eval" / "correct.py"), "--device", "cpu", "--trials", "1", "--buckets", "2",
             "--profile", "kernelbench", "--policy", "kernelbench", "--json", "--no-store"]

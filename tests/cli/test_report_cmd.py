@@ -134,7 +134,7 @@ def test_baseline_table_shows_time_speedup_and_the_start_of_a_failure_reason():
     text = console.export_text()
     assert "2.000 (1.00x)" in text and "failed: capture_error: [bad] capture" in text  # brackets kept
     assert text.split("t/a")[1].split("\n")[0].rstrip(" │").endswith("-")  # cudnn: not measured
-    narrow = Console(record=True, width=60)  # issue #42: the task id is cut last, never
+    narrow = Console(record=True, width=60)  # the task id is cut last, never
     long_id = "builtin/level2/gemm_layernorm_swish"
     narrow.print(baseline_table([BaselineRecord(long_id, "h", "eager", "ok", ms=2.0, speedup_vs_eager=1.0)],
                                 ["eager", "torch_compile", "cuda_graph"], "baselines"))

@@ -120,7 +120,7 @@ def test_stops_after_a_round_in_which_every_request_failed(tmp_path, store):
     assert result.failure.endswith("no candidate was generated") and result.out_path is None
 
     # The same run once the server answers (here on another port, so named): round 1's failed requests are
-    # asked again (issue #42: they used to count as round 1), then round 2.
+    # asked again (they used to count as round 1), then round 2.
     with ScriptedOpenAIServer(lambda index, body: answer("fast")) as server:
         resumed = optimize(cpu_task(), _config(server, tmp_path, rounds=2, samples=3, run_name="r"), store=store)
         assert server.request_count == 6

@@ -12,7 +12,7 @@ from rich.markup import escape
 from cudal1.core.errors import Cudal1Error
 
 # rich_markup_mode=None: click's plain help, which wraps at the terminal's width; Rich's boxed panels cut
-# examples and option names short at 80 columns (issue #42).
+# examples and option names short at 80 columns.
 app = typer.Typer(name="cudal1", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False,
                   help="CUDA-L1 end to end: make PyTorch modules faster with LLM-written CUDA, verified.")

@@ -7,7 +7,7 @@ source (docstrings, comments, blank lines and formatting removed through `ast.un
 parses, else comment and blank-line stripping); a duplicate is one more evaluation of the same source: its
 score joins the row's scores and the row's score becomes their `statistic` (the median by default; the
 most recent `MAX_SCORES_KEPT` count). The maximum of every evaluation ever seen (`statistic="max"`, the
-behaviour before issue #40) is a winner's curse: with evaluation noise a source's score drifts upward each
+behaviour before 2026-12-04) is a winner's curse: with evaluation noise a source's score drifts upward each
 time it is evaluated again (a recheck moved a 3.05x exemplar to 1.48x). At most `max_per_task` rows are kept
 per task (default 256; design section 5 leaves the size open): the lowest scores are evicted first,
 the oldest first among equal scores.

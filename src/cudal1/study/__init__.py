@@ -1,4 +1,4 @@
-"""The contrastive study (issue #40): does putting scored exemplars in the prompt make RL learn better?
+"""The contrastive study: does putting scored exemplars in the prompt make RL learn better?
 
 One module per job: `recipes` (the recipe grammar), `ops` (tasks, features, split), `kernels` (recipe ->
 CUDA, launch, candidate module), `bench` + `measure` (the GPU table), `spotcheck` (the table against the
