@@ -1,5 +1,5 @@
 """The README's commands are exact: every `cudal1 ...` line parses (its options exist), the laptop recipe
-runs as written (slow: on request), and CI runs the quick start and ruff. Issue #42."""
+runs as written (slow: on request), and CI runs the quick start and ruff."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def test_help_for_every_command(argv, capsys):
 
 @pytest.mark.parametrize("argv", [[], *_commands()], ids=lambda a: " ".join(a) or "cudal1")
 def test_help_at_80_columns_cuts_nothing(argv, capsys, monkeypatch):
-    """Issue #42: Rich's help panels cut examples (`'openai:MODEL@ht…`) and option names at 80 columns."""
+    """Rich's help panels cut examples (`'openai:MODEL@ht…`) and option names at 80 columns."""
     monkeypatch.setenv("COLUMNS", "80")
     assert main([*argv, "--help"]) == 0
     out = capsys.readouterr().out
@@ -188,7 +188,7 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
 
 
 def test_a_mistyped_option_is_one_line_naming_the_option(capsys):
-    """Issue #42: click's usage errors took four lines; an internal field name stood for the flag."""
+    """click's usage errors took four lines; an internal field name stood for the flag."""
     assert main(["eval", "--trials", "many"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "'--trials'" in err and "eval --help" in err
@@ -276,7 +276,7 @@ def test_a_batch_redirected_to_a_file_reports_progress(tmp_path):
 
 
 def test_an_unexpected_exception_is_one_line_and_verbose_shows_the_traceback(monkeypatch, capsys):
-    """Issue #42: no traceback anywhere; a bug says so in one line, --verbose shows where it was."""
+    """no traceback anywhere; a bug says so in one line, --verbose shows where it was."""
     import cudal1.cli.tasks_cmd as tasks_cmd
 
     def broken(*args, **kwargs):

@@ -64,7 +64,7 @@ def _one_task_three_evaluations(path):
 
 
 def test_report_keeps_every_evaluation_and_says_how_it_counts(tmp_path, capsys):
-    """Issue #42: 3 evaluations of one task gave a report of "1 result rows" and nothing else."""
+    """3 evaluations of one task gave a report of "1 result rows" and nothing else."""
     store = tmp_path / "s.sqlite"
     _one_task_three_evaluations(store)
     assert main(["report", "--store", str(store), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
@@ -77,7 +77,7 @@ def test_report_keeps_every_evaluation_and_says_how_it_counts(tmp_path, capsys):
 
 
 def test_report_without_matplotlib_writes_no_plots_and_says_so(tmp_path, capsys, monkeypatch):
-    """Issue #42: `cudal1 report --out report/` failed on a base install and left an empty folder."""
+    """`cudal1 report --out report/` failed on a base install and left an empty folder."""
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     store = tmp_path / "s.sqlite"
     _fill(store)

@@ -69,7 +69,7 @@ def test_too_narrow_for_a_table_prints_one_block_per_result():
 
 
 def test_eval_in_a_terminal_of_80_and_100_columns(tmp_path):
-    """Issue #42: at 80 columns `eval` printed `built…` and `incor…`; it did not say it ran at small sizes."""
+    """at 80 columns `eval` printed `built…` and `incor…`; it did not say it ran at small sizes."""
     store = str(tmp_path / "s.sqlite")
     argv = [
         "eval",

@@ -45,7 +45,7 @@ def test_loads_in_the_block_run_offline_and_the_setting_comes_back(monkeypatch, 
 
 
 def test_an_unknown_hub_id_offline_fails_in_seconds_with_one_line(monkeypatch, no_proxy, capsys):
-    """Issue #42: 49 s and 45 retry warnings before the error."""
+    """49 s and 45 retry warnings before the error."""
     pytest.importorskip("datasets")
     from cudal1.cli.main import main
 

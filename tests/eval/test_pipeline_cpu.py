@@ -444,7 +444,7 @@ class ModelNew(torch.nn.Module):
 
 
 def test_a_raw_cuda_candidate_on_a_machine_without_a_gpu_says_so(task):
-    """Issue #42: it was stored as the candidate's runtime_error ("CUDA is not available"), unlike load_inline."""
+    """it was stored as the candidate's runtime_error ("CUDA is not available"), unlike load_inline."""
     r = evaluate_candidate(task, _RAW_COPY, EvalConfig(**FAST))
     assert r.status is Status.INFRA_ERROR and "needs a GPU" in r.message, r.message
     assert not r.status.is_verdict

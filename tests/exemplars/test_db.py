@@ -56,7 +56,7 @@ def test_add_list_best_count_and_meta(tmp_path):
 
 
 def test_a_duplicate_is_one_more_evaluation_and_the_score_is_their_median(tmp_path):
-    """Issue #40: a duplicate kept the best score ever seen, a winner's curse under evaluation noise (a recheck
+    """a duplicate kept the best score ever seen, a winner's curse under evaluation noise (a recheck
     moved a 3.05x exemplar to 1.48x). The score is now the median of every evaluation of that source."""
     db = ExemplarDB(tmp_path / "db.sqlite")
     assert db.add("t", CODE, 1.2, {"model": "a"}) is AddResult.INSERTED

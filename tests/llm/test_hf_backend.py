@@ -108,7 +108,7 @@ def test_time_limit_ends_a_batch_early(tiny):
 
 
 def test_a_policy_saved_as_training_saves_it_loads_from_its_folder(tiny, tmp_path):
-    """Issue #42: `--llm hf:runs/rl/final` failed on the byte tokenizer that a trained scratch policy is
+    """`--llm hf:runs/rl/final` failed on the byte tokenizer that a trained scratch policy is
     saved with ("Couldn't instantiate the backend tokenizer from one of: ", cut there), though
     evaluate-policy loaded it."""
     model, tok = tiny

@@ -109,7 +109,7 @@ def test_optimize_against_an_unreachable_server_fails_and_claims_no_stored_resul
 
 
 def test_optimize_without_the_llm_extra_names_it_in_one_line(tmp_path, monkeypatch, capsys):
-    """Issue #42: the error blamed the server ("failed every request (MissingDependencyError...)")."""
+    """the error blamed the server ("failed every request (MissingDependencyError...)")."""
     monkeypatch.setitem(__import__("sys").modules, "openai", None)
     argv = ["optimize", "builtin/level1/swish_beta", "--llm", "openai:m@http://127.0.0.1:9/v1", "--store",
             str(tmp_path / "s.sqlite"), *FAST_EVAL]

@@ -130,7 +130,7 @@ def test_stops_after_a_round_in_which_every_request_failed(tmp_path, store):
 
 
 def test_without_the_llm_extra_nothing_is_journaled(tmp_path, store, monkeypatch):
-    """Issue #42: without `openai` every request failed, the error blamed the server, and the rerun (extra
+    """without `openai` every request failed, the error blamed the server, and the rerun (extra
     installed) counted those failures as its round 1."""
     from cudal1.core.errors import MissingDependencyError
 
@@ -198,7 +198,7 @@ def test_config_rejects_bad_values(bad):
 
 
 def test_on_the_cpu_it_asks_for_pytorch_and_on_a_gpu_for_raw_cuda(tmp_path, store):
-    """Issue #42: on the CPU, optimize asked for raw CUDA, which cannot run there."""
+    """on the CPU, optimize asked for raw CUDA, which cannot run there."""
     from cudal1.llm.prompts import RAW_CUDA_FORM, TORCH_FORM, resolve_form
 
     with ScriptedOpenAIServer(lambda index, body: answer("fast")) as server:

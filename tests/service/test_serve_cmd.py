@@ -58,7 +58,7 @@ def test_serves_on_loopback(tmp_path):
 
 
 def test_a_busy_port_is_one_line_before_any_banner(tmp_path):
-    """Issue #42: on a busy port serve printed its banner, then uvicorn's error, and exited 3."""
+    """on a busy port serve printed its banner, then uvicorn's error, and exited 3."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

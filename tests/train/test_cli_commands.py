@@ -59,7 +59,7 @@ def test_tiny_sft_run_through_the_cli(tmp_path, tiny_tasks, capsys):
 
 
 def test_a_max_length_that_truncation_empties_is_one_line(tmp_path, tiny_tasks, capsys):
-    """Issue #42: a 142-line traceback ("num_samples=0") when truncation dropped every record."""
+    """a 142-line traceback ("num_samples=0") when truncation dropped every record."""
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "speed this module up " * 20,
                                                "completion": correct_code(t)} for t in tiny_tasks])
     code = main(["train", "sft", "--model", "scratch", "-o", str(tmp_path / "run"), "--dataset", str(data),
@@ -71,7 +71,7 @@ def test_a_max_length_that_truncation_empties_is_one_line(tmp_path, tiny_tasks, 
 
 
 def test_no_records_in_the_split_says_why(tmp_path, capsys):
-    """Issue #42: "no SFT records in split 'train'" did not say that the task ids were not in --source."""
+    """"no SFT records in split 'train'" did not say that the task ids were not in --source."""
     ref = next(FIXTURE_TASKS.rglob("*.py")).read_text()
     row = {"task_id": "jsonl/level1/7", "ref_code": ref, "code": "x = 1"}
     data = write_jsonl(tmp_path / "d.jsonl", [row])

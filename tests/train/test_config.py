@@ -129,7 +129,7 @@ def test_sft_data_and_rl_prompts_ask_for_the_same_form_by_default():
 
 
 def test_form_auto_becomes_the_form_that_runs_where_rewards_are_evaluated(tmp_path):
-    """Issue #42: on the CPU the stages asked for raw CUDA, which cannot run there."""
+    """on the CPU the stages asked for raw CUDA, which cannot run there."""
     cpu = RLStageConfig(model="scratch", output_dir=str(tmp_path), eval_device="cpu")
     remote = RLStageConfig(model="scratch", output_dir=str(tmp_path), eval_device="cpu",
                            workers="http://127.0.0.1:8765")
@@ -191,7 +191,7 @@ def test_each_rank_of_a_multi_process_run_times_on_its_own_gpu(monkeypatch):
 
 
 def test_log_completions_is_a_setting_of_stages_2_and_3(tmp_path):
-    """Issue #42: `--set log_completions=true` was "unknown RLStageConfig settings"."""
+    """`--set log_completions=true` was "unknown RLStageConfig settings"."""
     for cls in (RLStageConfig, SelfSupervisedConfig):
         config = load_config(cls, None, ["log_completions=false", "model=scratch", f"output_dir={tmp_path}"])
         assert config.log_completions is False

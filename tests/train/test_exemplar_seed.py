@@ -43,7 +43,7 @@ def test_stage_2_keeps_every_correct_evaluation_in_its_database_by_default(tmp_p
 
 
 def test_stage_3_started_from_stage_2_s_policy_seeds_from_its_database(tmp_path, tiny_tasks):
-    """Issue #40: stage 3 started with an empty database unless the user named one; its first prompts said
+    """stage 3 started with an empty database unless the user named one; its first prompts said
     'None yet' although stage 2 had verified kernels of the same tasks."""
     tasks = tiny_tasks[:2]
     stage2 = _stage2_folder(tmp_path, tasks)

@@ -135,7 +135,7 @@ def test_spearman_ranks_with_ties(demo):
 
 
 def test_the_demo_pays_raw_speedups_and_states_its_reward(demo):
-    """Issue #40: the demo's reward was min(speedup, 1.5) (the smoothing's clip applied to raw speedups), so
+    """the demo's reward was min(speedup, 1.5) (the smoothing's clip applied to raw speedups), so
     28 of gelu_2p24's 36 recipes earned the same; now it is the raw speedup, and the summary says so."""
     from cudal1.service.evaluator import as_evaluator
     from cudal1.train.rewards import KernelReward

@@ -96,7 +96,7 @@ def test_the_project_s_llm_judge_plugs_in_and_sees_a_task_s_first_success(tmp_pa
 
 
 def test_an_unnormalized_reward_is_the_raw_speedup_never_clipped(tmp_path, tiny_tasks):
-    """Issue #40: `RewardConfig(normalize=False)` paid min(speedup, 1.5): the default clip of the smoothing was
+    """`RewardConfig(normalize=False)` paid min(speedup, 1.5): the default clip of the smoothing was
     applied to raw speedups, so a 3.7x candidate earned what a 1.5x one did."""
     task = tiny_tasks[0]
     speedups = iter([3.7, 1.6])
@@ -111,7 +111,7 @@ def test_an_unnormalized_reward_is_the_raw_speedup_never_clipped(tmp_path, tiny_
 
 
 def test_group_scope_is_the_default_and_keeps_one_task_from_setting_another_s_scale(tiny_tasks):
-    """Issue #40: batch-scoped normalization let one task's large speedups set sigma for every task."""
+    """batch-scoped normalization let one task's large speedups set sigma for every task."""
     a, b = tiny_tasks[0], tiny_tasks[1]
     table = {"a1": 1.0, "a2": 1.2, "b1": 20.0, "b2": 40.0}
 
@@ -153,7 +153,7 @@ def _fifty_x(t, source):
 
 
 def test_a_judge_that_raises_does_not_keep_a_50x_reward(tmp_path, tiny_tasks):
-    """Issue #40: any exception in the judge kept the evaluator's verdict (without `openai` installed a 50x
+    """any exception in the judge kept the evaluator's verdict (without `openai` installed a 50x
     candidate kept its reward of 50). Now the judge fails closed: the candidate pays at most the task's best
     verified speedup, is flagged and stays out of the exemplar database."""
     task = tiny_tasks[0]

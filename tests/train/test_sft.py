@@ -110,7 +110,7 @@ def test_sft_trains_only_on_the_split_the_later_stages_read(tmp_path, tiny_tasks
 
 
 def test_sft_can_teach_the_contrastive_format(tmp_path, tiny_tasks):
-    """Issue #40: SFT taught only the plain prompt, while stage 3 prompts with scored exemplars."""
+    """SFT taught only the plain prompt, while stage 3 prompts with scored exemplars."""
     task = tiny_tasks[0]
     codes = [correct_code(task) + f"\n# variant {i}\n" + "x = 1\n" * i for i in range(4)]
     scores = (1.0, 1.5, 2.0, 3.0)
