@@ -1,5 +1,5 @@
 """Verdict tables (cudal1/cli/verdicts.py) at a terminal's width: ids whole, empty columns gone, a legend,
-how the numbers were measured. Issue #42, item 1 and item 7."""
+how the numbers were measured."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def test_two_models_keep_at_most_m_per_task_and_export_both_formats(tmp_path, st
     assert "<think>" not in kept_b["completion"][0]["content"]
     # model-b was asked after model-a's correct candidates entered the exemplar database
     assert all("Previous implementations" in p for p in b_prompts)
-    # Issue #42: on the CPU the prompts ask for a form that can run there, not raw CUDA
+    # on the CPU the prompts ask for a form that can run there, not raw CUDA
     assert all(TORCH_FORM in p and "load_kernels" not in p for p in b_prompts)
 
     lines = [json.loads(line) for line in result.jsonl_path.read_text().splitlines()]

@@ -77,7 +77,7 @@ def test_grpo_with_real_generation_and_the_real_evaluator(tmp_path, tiny_tasks, 
     assert "None yet." in by_step[0]  # empty database at the first generation
     assert "### Implementation 1 (speedup" in by_step[1] and "class ModelNew(" in by_step[1]
     assert (tmp_path / "run" / "reward_history.json").is_file()
-    # Issue #42: every completion inspectable, with its verdict and reward; each prompt written once
+    # every completion inspectable, with its verdict and reward; each prompt written once
     lines = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and [line["step"] for line in lines] == [0, 0, 1, 1]
     assert sorted(line["status"] for line in lines) == ["correct", "correct", "incorrect", "incorrect"]

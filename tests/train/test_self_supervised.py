@@ -54,7 +54,7 @@ def test_one_round_keeps_successes_and_fine_tunes(tmp_path, tiny_tasks, real_eva
     assert {t.id: ExemplarDB(db_path).count(t.id) for t in tasks} == {t.id: 1 for t in tasks}
     rounds = json.loads((tmp_path / "run" / "rounds.json").read_text())
     assert rounds[0]["model_dir"].endswith("round_0/model")
-    # Issue #42: every completion inspectable, with its verdict and whether it was kept
+    # every completion inspectable, with its verdict and whether it was kept
     lines = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert len(lines) == 6 and {line["round"] for line in lines} == {0}
     assert sum(line["status"] == "correct" for line in lines) == 4
