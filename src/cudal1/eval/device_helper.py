@@ -63,7 +63,7 @@ class DeviceHelper:
             raise InfraFailure(f"the device helper could not start: {exc}") from None
         #: The fill's write bandwidth (GB/s), which the physical floor of a task's time uses.
         self.bandwidth_gbps = max(rates) if rates else None
-        self._in_bracket: int | None = None
+        self._armed: Bracket | None = None  # the bracket the helper is in
         self._seq = 0  # bracket numbers: increasing over the helper's life, whatever the session
 
     def alive(self) -> bool:
@@ -125,20 +125,20 @@ class DeviceHelper:
         request = dataclasses.replace(request, seq=self._seq)
         try:
             self.runner.send(request)
-            self._in_bracket = request.seq
+            self._armed = request
             self.doorbell.wait(ARMED, request.seq, timeout_s, tick=self._tick)
         except (RunnerFailed, DoorbellTimeout) as exc:
             reason = str(exc)
             if "answered" in reason:
                 reply = self.runner.reply(request, 10.0)
                 reason = getattr(reply, "message", reason)
-            self._in_bracket = None
+            self._armed = None
             raise InfraFailure(f"the device helper did not arm: {reason}") from None
 
     def ring(self, phase: int, timeout_s: float) -> float:
         """Ring phase `phase` (0: stage, 1: end probe) of the armed bracket; the clock reading when done."""
-        assert self._in_bracket is not None, "no bracket armed"
-        value = 2 * self._in_bracket + phase
+        assert self._armed is not None, "no bracket armed"
+        value = 2 * self._armed.seq + phase
         self.doorbell.ring(GO, value)
         try:
             return self.doorbell.wait(DONE, value, timeout_s, tick=self._tick)
@@ -147,14 +147,13 @@ class DeviceHelper:
 
     def finish(self, timeout_s: float) -> Bracketed:
         """The helper's reply to the bracket; a bracket left half-way (the model failed) is rung to its end."""
-        seq, self._in_bracket = self._in_bracket, None
-        assert seq is not None, "no bracket armed"
-        for value in (2 * seq, 2 * seq + 1):  # harmless when already rung
+        request, self._armed = self._armed, None
+        assert request is not None, "no bracket armed"
+        for value in (2 * request.seq, 2 * request.seq + 1):  # harmless when already rung
             if self.doorbell.read(GO) < value:
                 self.doorbell.ring(GO, value)
         try:
-            reply = self.runner.reply(Bracket(sid="", seq=seq, who="", slot=0, tree={}, flush=False,
-                                              snapshot_bytes=0), timeout_s)
+            reply = self.runner.reply(request, timeout_s)
         except RunnerFailed as failure:
             raise InfraFailure(f"the device helper failed in a bracket: {failure.reason}") from None
         if not isinstance(reply, Bracketed):
@@ -164,8 +163,8 @@ class DeviceHelper:
     def _tick(self) -> None:
         if not self.alive():
             raise DoorbellTimeout("the device helper exited")
-        if select.select([self.runner.channel.sock], [], [], 0)[0] and self._in_bracket is not None \
-                and self.doorbell.read(ARMED) < self._in_bracket:  # it failed before arming: its reply says why
+        if select.select([self.runner.channel.sock], [], [], 0)[0] and self._armed is not None \
+                and self.doorbell.read(ARMED) < self._armed.seq:  # it failed before arming: its reply says why
             raise DoorbellTimeout("the device helper answered before it armed")
 
     def close(self) -> None:

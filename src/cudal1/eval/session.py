@@ -315,12 +315,12 @@ class Session:
             flush_ms = self._cpu_flush(who, runner, timeout) if flush and self.helper is None else None
             cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
             runner.send(request)
-            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request)
+            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what)
             t0 = time.perf_counter()
             plane.stage(who, slot, stage_tree, timeout)
             t_go = time.perf_counter()
             bell.ring(GO, seq)
-            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request)
+            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what)
             plane.end(who, timeout)
             t1 = time.perf_counter()
             bracket_done = True
@@ -336,10 +336,7 @@ class Session:
             if not bracket_done:
                 self.last = ""
         if isinstance(reply, ErrorReply):
-            if who == "ref":
-                raise Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}): {reply.message}"
-                              + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
-            raise call_verdict(reply, what)
+            raise self._call_failed(who, reply, what)
         assert isinstance(reply, Called)
         self.note_memory("reference" if who == "ref" else "candidate", reply.memory)
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
@@ -360,7 +357,7 @@ class Session:
         return (time.perf_counter() - t0) * 1e3
 
     def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, timeout: float,
-                     request: Call) -> float:
+                     request: Call, what: str) -> float:
         """Spin until the runner rings `word` for `seq`; a runner that answers on its socket instead (it
         failed before arming) or dies ends the wait with its failure."""
         def tick() -> None:
@@ -376,11 +373,15 @@ class Session:
         except _EarlyReply:
             reply = runner.reply(request, timeout)
             if isinstance(reply, ErrorReply):
-                if who == "ref":
-                    raise Verdict(Status.RUNTIME_ERROR, f"the reference failed: {reply.message}"
-                                  + self._not_the_candidate(), flag=F.REFERENCE_ERROR) from None
-                raise call_verdict(reply, "a call") from None
+                raise self._call_failed(who, reply, what) from None
             raise RunnerFailed("the runner answered before its call was rung", malformed=True) from None
+
+    def _call_failed(self, who: str, reply: ErrorReply, what: str) -> Verdict:
+        """The verdict for a call its runner says failed: the reference's own failure, or the candidate's."""
+        if who == "ref":
+            return Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}): {reply.message}"
+                           + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
+        return call_verdict(reply, what)
 
     # ------------------------------------------------------------------ correctness
 

@@ -130,18 +130,6 @@ def round_toward_one(speedup: float) -> float:
     return (math.floor(scaled + 1e-9) if speedup >= 1 else math.ceil(scaled - 1e-9)) / 100
 
 
-def _robust_sigma(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    med = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - med) for v in values)
-
-
-def median_se(values: list[float]) -> float:
-    """Standard error of a median (normal approximation with a robust spread)."""
-    return 1.2533 * _robust_sigma(values) / math.sqrt(max(len(values), 1))
-
-
 def quantile_se(values: list[float], q: float) -> float:
     """Standard error of the `q` quantile, distribution-free: the order statistics that bracket it with 95 %
     confidence (binomial ranks q n +- 1.96 sqrt(q (1 - q) n)) span about 2 x 1.96 standard errors."""

@@ -199,9 +199,10 @@ class ModelSide:
         never waits past the call; a failure is then the reply."""
         assert self.arena is not None and self.doorbell is not None, "no arena attached"
         bell = self.doorbell
-        views = self.arena.unpack(request.inputs, device=self.arena.bytes_tensor().device, copy=False)
+        where = self.arena.bytes_tensor().device
+        views = self.arena.unpack(request.inputs, device=where, copy=False)
         views = list(views) if isinstance(views, (list, tuple)) else [views]
-        host_to_device = self.device.type == "cuda" and not self.arena.bytes_tensor().is_cuda
+        host_to_device = self.device.type == "cuda" and where.type != "cuda"
         gc.disable()  # a collection inside the bracket would be harness time the reference need not pay
         try:
             bell.ring(ARMED, request.seq)

@@ -305,8 +305,7 @@ class Arena(TensorArena):
 
     def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
         """As `TensorArena.copy_from`; between host arenas by memmove (no thread pool inside a bracket)."""
-        if not isinstance(source, (Arena, RegionCopy)) or (isinstance(source, RegionCopy) and not source.host) \
-                or self.map is None:
+        if self.map is None or source.bytes_tensor().device.type != "cpu":
             return super().copy_from(source, tree, region, offset)
         placed, used = self.place(tree, region, offset)
         for src, dst in zip(tree_tensors(tree), tree_tensors(placed), strict=True):

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 
 PAGE = 4096
-#: Word offsets (int64), one 64-byte cache line apart: the parent writes GO and ARG, the runner ARMED and DONE.
-GO, ARG, ARMED, DONE = 0, 1, 8, 16
+#: Word offsets (int64), one 64-byte cache line apart: the parent writes GO, the runner ARMED and DONE.
+GO, ARMED, DONE = 0, 8, 16
 #: A waiting side spins this many times before it yields its core at every turn (`sched_yield`: nothing is
 #: lost where the core is its own, and a machine with more waiting processes than cores still makes progress)...
 SPIN_TURNS = 512
@@ -81,7 +81,7 @@ class Doorbell:
     def ring(self, word: int, value: int) -> None:
         self.words[word] = value
         if self.events is not None:
-            os.eventfd_write(self.events[0] if word in (GO, ARG) else self.events[1], 1)
+            os.eventfd_write(self.events[0] if word == GO else self.events[1], 1)
 
     def read(self, word: int) -> int:
         return int(self.words[word])
@@ -117,7 +117,7 @@ class Doorbell:
 
     def _block(self, word: int, value: int, timeout_s: float, tick: Callable[[], None] | None) -> float:
         assert self.events is not None
-        event = self.events[0] if word in (GO, ARG) else self.events[1]
+        event = self.events[0] if word == GO else self.events[1]
         deadline = time.perf_counter() + timeout_s
         while True:
             if self.words[word] >= value:

@@ -19,9 +19,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-#: Largest reply the parent accepts (bytes of JSON); `channel.MAX_MESSAGE_BYTES` enforces it on the socket.
-MAX_REPLY_BYTES = 4 * 2**20
-
 
 class MalformedMessage(ValueError):
     """A message that is not one of the protocol's (unknown op, wrong or missing field)."""
