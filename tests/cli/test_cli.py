@@ -213,8 +213,9 @@ def test_a_broken_reference_is_not_blamed_on_the_candidate(tmp_path, capsys):
             "--trials", "2", "--buckets", "2", "--json", "--no-store"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["status"] == "runtime_error"
-    assert out["message"] == "the reference failed (get_inputs): ValueError: bad ref, not the candidate"
+    assert out["status"] == "infra_error"  # no verdict on the candidate, and nothing stored
+    assert out["message"] == ("the reference failed (get_inputs): ValueError: bad ref "
+                              "(the reference's failure, not the candidate's)")
     assert [f["rule"] for f in out["flags"]] == ["reference_error"]
 
 

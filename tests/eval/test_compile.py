@@ -409,6 +409,17 @@ def test_prepare_cpp_syntax_error_is_trimmed(tmp_path):
     assert len(log.splitlines()) <= 20
 
 
+@needs_gxx
+def test_a_failed_build_the_candidate_catches_is_a_fallback_not_a_verdict(tmp_path):
+    """The compile service's result says the import ran anyway (`fallback`), so the evaluation goes on to judge
+    what runs; a candidate whose import fails with its build is no fallback."""
+    [caught] = build_candidates([CPP_SYNTAX_ERROR_FAST], arch="9.0", device="cpu", cache_dir=str(tmp_path))
+    assert not caught.ok and caught.fallback and "error: expected" in caught.log
+    uncaught = CPP_SYNTAX_ERROR_FAST.replace("except Exception as exc:", "except ImportError as exc:")
+    [failed] = build_candidates([uncaught], arch="9.0", device="cpu", cache_dir=str(tmp_path))
+    assert not failed.ok and not failed.fallback
+
+
 @pytest.mark.slow
 @needs_gxx
 def test_prepare_cpp_build_succeeds_and_is_reused(tmp_path):

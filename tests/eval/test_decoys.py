@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cudal1.analysis import StaticReport, analyze_source
-from cudal1.core.types import KernelClass, Severity
+from cudal1.core.types import Flag, KernelClass, Severity
 from cudal1.eval.decoys import decoy_flags, own_kernel_names, own_kernel_share, reclassify
 from cudal1.eval.inside.profiling import profile_call, profile_from_events
 from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat, kernel_matches, split_kernel_name
@@ -127,6 +127,17 @@ def test_decoy_when_none_of_the_defined_kernels_ran():
     assert reclassify("triton", flags) is KernelClass.PYTORCH_ONLY
     assert reclassify(KernelClass.CUSTOM_CUDA, []) is KernelClass.CUSTOM_CUDA
     assert reclassify(None, flags) is None
+
+
+def test_cuda_that_never_built_counts_as_what_ran():
+    """Every extension build failed and the candidate ran its fallback: not custom, whatever the source says."""
+    failed, built = [{"name": "ext", "ok": False}], [{"name": "ext", "ok": False}, {"name": "other", "ok": True}]
+    assert reclassify(KernelClass.CUSTOM_CUDA, [], builds=failed) is KernelClass.PYTORCH_ONLY
+    assert reclassify(KernelClass.CUSTOM_CUDA, [], builds=built) is KernelClass.CUSTOM_CUDA
+    assert reclassify(KernelClass.CUSTOM_CUDA, [], builds=failed, own_launcher=True) is KernelClass.CUSTOM_CUDA
+    assert reclassify(KernelClass.TRITON, [], builds=failed) is KernelClass.TRITON
+    sets_tf32 = [Flag("global_backend_flags", Severity.ERROR, "sets torch.backends.cuda.matmul.allow_tf32")]
+    assert reclassify(KernelClass.CUSTOM_CUDA, sets_tf32, builds=failed) is KernelClass.FLAGS_ONLY
 
 
 def test_low_share_is_info_and_the_threshold_is_configurable():

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from cudal1.core.types import KernelClass
 from cudal1.eval import EvalConfig, Status, evaluate_candidate
 from cudal1.eval.supply import CoreSplit
 from cudal1.store import ResultsStore
@@ -112,6 +113,18 @@ def test_unbindable_extension_fails_at_once_with_the_compiler_s_verdict(task):
     assert r.message.startswith("CUDA build failed: main.cpp: error: 'scale_add' was not declared in this scope")
     assert "declare it there" in r.message and "declare it there" in r.compile_log
     assert r.protocol["phase_s"]["run"] < 30  # no compiler ran (a g++ build of main.cpp alone: ~20 s)
+
+
+def test_a_build_failure_the_candidate_catches_is_reported_beside_the_verdict_for_what_runs(task):
+    """Not `compile_error`: the module runs (its fallback), so it gets the verdict and time of what runs, and
+    the result says that its CUDA never built (flag, compile log, class by what ran)."""
+    r = run(task, "fallback_duplicate_module")
+    assert r.status is Status.CORRECT, r.message
+    assert [f.severity.value for f in r.flags if f.rule == "runtime.custom_build_failed"] == ["warning"]
+    assert "redefinition of 'PyObject* PyInit_dup_scale_add()'" in r.compile_log
+    assert r.protocol["builds"] == [{"name": "dup_scale_add", "ok": False}]
+    assert r.kernel_class is KernelClass.PYTORCH_ONLY  # the static view (custom_cuda) corrected by what ran
+    assert r.speedup is not None
 
 
 @pytest.mark.parametrize("name, rule", [

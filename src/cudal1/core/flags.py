@@ -45,6 +45,7 @@ BELOW_FLOOR = "timing.below_floor"
 INTERFERENCE = "timing.interference"
 NOISY = "timing.noisy"
 SIZE_CONSTANTS = "runtime.size_constants"
+CUSTOM_BUILD_FAILED = "runtime.custom_build_failed"
 
 # -- re-checks and the judge --------------------------------------------------------------------------------
 RECHECK_AGREE = "recheck.agree"
@@ -103,6 +104,8 @@ RUNTIME_FLAGS: dict[str, FlagKind] = {
     NOISY: FlagKind("the bucket speedups scattered beyond the stability threshold: measured twice, both shown", INFO),
     SIZE_CONSTANTS: FlagKind("the candidate's size constants differ from the reference's and ModelNew uses them",
                              ERR, always_rejects=True),
+    CUSTOM_BUILD_FAILED: FlagKind("an extension the candidate builds failed to build; its own code caught the "
+                                  "failure and runs what it falls back to (the verdict is for that)", WARN),
     RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
     RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", WARN),
     RECHECK_FAILED: FlagKind("the re-measurement failed", WARN),

@@ -296,10 +296,13 @@ class BuildResult:
     seconds: float  # wall time of the build child, and of the warm-up child if one ran (0.0 when cached)
     log: str  # trimmed compiler log or one-line import error; "" when ok
     builds: tuple[ExtensionBuild, ...] = ()
+    #: Not ok, yet the import (and construction) succeeded: the candidate's own code caught a failed build
+    #: (a compiler's verdict, not a lack of resources) and falls back to code that runs without it.
+    fallback: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "ok": self.ok, "cached": self.cached, "seconds": self.seconds,
-                "log": self.log, "builds": [b.to_dict() for b in self.builds]}
+                "log": self.log, "builds": [b.to_dict() for b in self.builds], "fallback": self.fallback}
 
 
 ProgressCallback = Callable[[int, int, BuildResult], None]  # (done, total, result of the one just done)
@@ -498,8 +501,11 @@ class CompileService:
             lazy, warm_s = self._warm_lazy_builds(key, {**common, "ref_source": ref_source, "sizes": cfg.warm_sizes},
                                                   init_inputs is not None, limits, env)
             builds, seconds = builds + lazy, seconds + warm_s
-        result = BuildResult(key=key, ok=ok, cached=False, seconds=seconds, log=str(value.get("log", "")),
-                             builds=builds)
+        log = str(value.get("log", ""))
+        fallback = (not ok and bool(value.get("import_ok")) and any(not b.ok for b in builds)
+                    and not RESOURCE_FAILURE.search(log))
+        result = BuildResult(key=key, ok=ok, cached=False, seconds=seconds, log=log, builds=builds,
+                             fallback=fallback)
         if result.ok:
             write_marker(key, {"builds": [b.to_dict() for b in builds], "seconds": seconds,
                                "protocol": BUILD_PROTOCOL_VERSION}, cfg.cache_dir)

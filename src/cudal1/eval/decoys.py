@@ -27,6 +27,9 @@ from cudal1.core import flags as F
 from cudal1.core.types import CUSTOM_CLASSES, Flag, KernelClass, Severity
 from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat, kernel_matches, short_name
 
+#: Findings that say the candidate sets global backend flags (static rules, the runtime guard).
+GLOBAL_FLAG_RULES = ("global_backend_flags", F.GLOBAL_STATE)
+
 # Rationale: an honest custom kernel usually does most of the work; below 10% of the GPU time the speedup
 # comes from something else (cuBLAS, a PyTorch rewrite), which is worth noting but is no proof of cheating.
 DEFAULT_MIN_OWN_SHARE = 0.10
@@ -110,11 +113,21 @@ def decoy_flags(profile: KernelProfile, static_report: Any, kernel_class: Kernel
     return flags
 
 
-def reclassify(kernel_class: KernelClass | str | None, flags: Iterable[Flag]) -> KernelClass | None:
-    """The class after the runtime guards: a decoy custom candidate is PyTorch-only (not rejected)."""
+def reclassify(kernel_class: KernelClass | str | None, flags: Iterable[Flag], *,
+               builds: Iterable[dict] = (), own_launcher: bool = False) -> KernelClass | None:
+    """The class after the runtime guards: what ran, not what the source promises. A decoy custom candidate
+    is PyTorch-only (not rejected); so is a CUDA candidate none of whose extension builds succeeded (its own
+    code caught the failure and fell back), unless it also launches kernels through the raw-CUDA layer
+    (`own_launcher`). Either is `flags_only` instead when the candidate sets global backend flags."""
     if kernel_class is None:
         return None
     cls = KernelClass(kernel_class)
-    if cls in CUSTOM_CLASSES and any(f.rule == F.DECOY_KERNEL for f in flags):
-        return KernelClass.PYTORCH_ONLY
+    flags = list(flags)
+    builds = list(builds)
+    decoy = cls in CUSTOM_CLASSES and any(f.rule == F.DECOY_KERNEL for f in flags)
+    never_built = (cls is KernelClass.CUSTOM_CUDA and builds and not any(b.get("ok") for b in builds)
+                   and not own_launcher)
+    if decoy or never_built:
+        sets_flags = any(f.rule in GLOBAL_FLAG_RULES for f in flags)
+        return KernelClass.FLAGS_ONLY if sets_flags else KernelClass.PYTORCH_ONLY
     return cls

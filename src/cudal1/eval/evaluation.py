@@ -306,6 +306,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         message = "; ".join(f"{f.rule}: {f.message}" for f in rejecting[:3]) or "rejected"
     if status is Status.CORRECT and timing is None:
         status, message = Status.RUNTIME_ERROR, "the evaluation ended without timing results"
+    compile_log = compile_log or session.facts.failed_build_log  # a caught build failure's log too
     return EvalResult(status=status, message=message, task_id=task.id, flags=session.flags,
                       speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
                       timing=timing if status is Status.CORRECT else None, mismatch=mismatch, compile_log=compile_log,

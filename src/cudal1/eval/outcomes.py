@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cudal1.core import flags as F
 from cudal1.core.types import Mismatch, Status
 from cudal1.eval.shared.protocol import ErrorReply
 
@@ -17,6 +18,14 @@ class Verdict(Exception):
 
 class InfraFailure(Exception):
     """The evaluation itself failed (not the candidate): retried, never stored."""
+
+
+def reference_failure(message: str) -> Verdict:
+    """The reference failed in its own runner (raised, crashed, ran out of memory): no verdict on the
+    candidate (`infra_error`, never stored), named by the `reference_error` flag. Not retried: the same
+    reference on the same machine fails the same way."""
+    return Verdict(Status.INFRA_ERROR, f"{message} (the reference's failure, not the candidate's)",
+                   flag=F.REFERENCE_ERROR)
 
 
 #: Kinds of failure a candidate's runner reports for a call -> the status they mean.

@@ -81,7 +81,7 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
             return PreparedBuild(service.environment(key), None, service.build_directory(key))
     built = service.build([source], init_inputs=[init])[0]
     prepared = PreparedBuild(service.environment(key), None, service.build_directory(key))
-    if built.ok:
+    if built.ok or built.fallback:  # a fallback runs: its runner reports the failed build beside the verdict
         return prepared
     status = Status.TIMEOUT if "timed out" in built.log else Status.COMPILE_ERROR
     prepared.result = EvalResult(status=status, message=build_failure_message(built.log), compile_log=built.log,
@@ -191,9 +191,11 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, workers: Runner
     if needs_a_gpu(result, source, cfg):  # not the candidate's fault: no verdict
         result = EvalResult(status=Status.INFRA_ERROR, message="this candidate compiles CUDA code, which needs a "
                             f"GPU: evaluate it on a machine with one, --device cuda ({result.message[:120]})")
-    if kernel_class is not None:
-        kernel_class = reclassify(kernel_class, result.flags)  # a decoy counts as what actually ran
-    return with_phases(result.replace(flags=static_flags + list(result.flags), kernel_class=kernel_class))
+    flags = static_flags + list(result.flags)
+    if kernel_class is not None:  # a decoy, or CUDA that never built, counts as what actually ran
+        kernel_class = reclassify(kernel_class, flags, builds=result.protocol.get("builds", ()),
+                                  own_launcher=launches_raw_cuda(source))
+    return with_phases(result.replace(flags=flags, kernel_class=kernel_class))
 
 
 __all__ = ["builds_cuda", "evaluate_candidate", "not_a_source_file", "prepare_build", "uses_load_inline"]

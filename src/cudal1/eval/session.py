@@ -36,12 +36,20 @@ from typing import Any
 
 from cudal1.analysis import StaticReport
 from cudal1.core import flags as F
+from cudal1.core.flags import runtime_flag
 from cudal1.core.types import Flag, Severity, Status
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.correctness import precision_evidence
 from cudal1.eval.decoys import decoy_flags
 from cudal1.eval.device_helper import DeviceHelper
-from cudal1.eval.outcomes import SETUP_FAILURES, InfraFailure, Verdict, call_verdict, error_hint
+from cudal1.eval.outcomes import (
+    SETUP_FAILURES,
+    InfraFailure,
+    Verdict,
+    call_verdict,
+    error_hint,
+    reference_failure,
+)
 from cudal1.eval.planes import Runners, TensorPlane, make_plane
 from cudal1.eval.runner_process import RunnerFailed, RunnerProcess
 from cudal1.eval.shared.arena import tree_classes, tree_nbytes
@@ -53,6 +61,7 @@ from cudal1.eval.shared.protocol import (
     Analyze,
     Call,
     Called,
+    BuildOutcome,
     CandidateReady,
     Describe,
     Described,
@@ -96,9 +105,11 @@ class SessionFacts:
     samples: dict[str, Any] | None = None
     timing_spent_s: dict[str, float] = field(default_factory=dict)
     beyond_distribution_trials: int | None = None
+    builds: list[dict[str, Any]] = field(default_factory=list)  # the candidate's set-up builds: name, ok
+    failed_build_log: str = ""  # the first failed build's compiler log (the result's compile_log)
 
     RECORDED = ("clock", "calibration", "gpu_memory_gib", "precision", "samples", "tensors", "timing_spent_s",
-                "beyond_distribution_trials")
+                "beyond_distribution_trials", "builds")
 
     def recorded(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.RECORDED if getattr(self, k) not in (None, "", {})}
@@ -163,7 +174,6 @@ class Session:
         self.plane: TensorPlane | None = None
         self.ref_times: dict[str, float] = {}
         self.device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
-        self.candidate_ran = False  # candidate code has run in its process (after the twin)
         self.reference_errors: list[float | None] | None = None  # the float32 reference's own (first trial)
         self.rng = random.SystemRandom()  # slots and orders no runner can predict
         self.seq = 0
@@ -185,19 +195,15 @@ class Session:
         seconds = time.perf_counter() - t0
         if isinstance(reply, ErrorReply):
             if reply.kind == "reference":
-                raise Verdict(Status.RUNTIME_ERROR, reply.message + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
+                raise reference_failure(reply.message)
             raise InfraFailure(f"the reference's runner failed ({what}): {reply.message or reply.kind}")
         self.note_memory("reference", getattr(reply, "memory", None))
         return reply, seconds
 
-    def _not_the_candidate(self) -> str:
-        return "" if self.candidate_ran else ", not the candidate"
-
     def _reference_failed(self, failure: RunnerFailed, what: str) -> Exception:
         if failure.killed_from_outside or failure.malformed:
             return InfraFailure(f"the reference's runner failed ({what}): {failure.reason}")
-        return Verdict(Status.RUNTIME_ERROR, f"the reference's runner {failure.reason} ({what})"
-                       + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
+        return reference_failure(f"the reference's runner {failure.reason} ({what})")
 
     def ask_candidate(self, request: Message, what: str, reference_s: float, *, builds: bool = False) -> Message:
         """A request to the candidate's runner, thawed for it and frozen again after; its failures are its own.
@@ -276,7 +282,6 @@ class Session:
     def import_candidate(self) -> None:
         """The candidate's code in its runner (the twin dropped); its set-up failures are its verdicts."""
         t0 = time.perf_counter()
-        self.candidate_ran = True
         reply = self.ask_candidate(ImportCandidate(cand_source=self.source, seed=self.cfg.seed),
                                    "importing and constructing the candidate", self.ref_times["setup"], builds=True)
         if isinstance(reply, ErrorReply):
@@ -284,10 +289,26 @@ class Session:
             raise Verdict(status, reply.message or "set-up failed", compile_log=reply.compile_log)
         assert isinstance(reply, CandidateReady)
         self.flags += [Flag.from_dict(f) for f in reply.flags if isinstance(f, dict)]
+        self._note_builds(reply.builds)
         self.facts.cand_constants, self.facts.own_inputs = reply.constants, reply.own_inputs
         self.phase_s["import"] = reply.import_ms / 1e3
         self.phase_s["construct"] = reply.construct_ms / 1e3
         self.phase_s["candidate_setup"] = time.perf_counter() - t0
+
+    def _note_builds(self, builds: list[BuildOutcome]) -> None:
+        """A build that failed while the candidate's set-up went on: its own code caught the failure and runs
+        without that extension (a fallback). Reported beside the verdict, which is for what runs."""
+        self.facts.builds = [{"name": b.name, "ok": b.ok} for b in builds]
+        failed = [b for b in builds if not b.ok]
+        if not failed:
+            return
+        self.facts.failed_build_log = failed[0].log
+        names = ", ".join(b.name for b in failed[:3])
+        built = sum(b.ok for b in builds)
+        self.flags.append(runtime_flag(F.CUSTOM_BUILD_FAILED, (
+            f"{len(failed)} of {len(builds)} extension builds failed ({names}); the candidate caught the failure "
+            f"and runs {'its other extensions and ' if built else ''}the code it falls back to: the verdict and "
+            f"time are for that")[:300]))
 
     # ------------------------------------------------------------------ calls
 
@@ -379,8 +400,7 @@ class Session:
     def _call_failed(self, who: str, reply: ErrorReply, what: str) -> Verdict:
         """The verdict for a call its runner says failed: the reference's own failure, or the candidate's."""
         if who == "ref":
-            return Verdict(Status.RUNTIME_ERROR, f"the reference failed ({what}): {reply.message}"
-                           + self._not_the_candidate(), flag=F.REFERENCE_ERROR)
+            return reference_failure(f"the reference failed ({what}): {reply.message}")
         return call_verdict(reply, what)
 
     # ------------------------------------------------------------------ correctness

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 
 from cudal1.core import flags as F
 from cudal1.eval.inside import guards
+from cudal1.eval.inside.build_hooks import BuildRecord, BuildRecorder, install_build_hooks
 from cudal1.eval.inside.harness import ModelSide, first_line, oom_message, seed_everything
 from cudal1.eval.inside.reference import configure, jsonable, load_model
 from cudal1.eval.shared.arena import TensorArena, describe_value
@@ -29,6 +31,7 @@ from cudal1.eval.shared.channel import Channel
 from cudal1.eval.shared.doorbell import Doorbell
 from cudal1.eval.shared.protocol import (
     Attached,
+    BuildOutcome,
     Call,
     CandidateReady,
     Done,
@@ -44,7 +47,8 @@ from cudal1.eval.shared.protocol import (
 )
 from cudal1.tasks.task import module_constants
 
-BUILD_ERRORS = ("Error building extension", "RawCudaCompileError", "CalledProcessError")
+#: Builds listed in the set-up's reply (a candidate may call load_inline in a loop).
+MAX_BUILDS_REPORTED = 16
 
 
 class CandidateFailed(Exception):
@@ -55,32 +59,45 @@ class CandidateFailed(Exception):
         self.kind, self.message, self.compile_log = kind, message, compile_log
 
 
-def _build_failure(exc: BaseException) -> CandidateFailed:
+def _build_failure(log_text: str) -> CandidateFailed:
     from cudal1.eval.shared.compile_log import build_failure_message, trim_compiler_log
 
-    log = trim_compiler_log(str(exc))
+    log = trim_compiler_log(log_text)
     return CandidateFailed("build", build_failure_message(log), compile_log=log)
 
 
-def _is_build_error(exc: BaseException) -> bool:
-    return BUILD_ERRORS[0] in str(exc) or type(exc).__name__ in BUILD_ERRORS[1:]
+def _as_build_failure(exc: BaseException, failed: list[BuildRecord]) -> CandidateFailed | None:
+    """The `build` failure behind an exception the candidate's set-up raised, known by its type: a build the
+    hooks recorded as failed (torch's load_inline/load), a compiler process that failed, or the raw-CUDA
+    layer's compile error; None when the exception is not a build's."""
+    if failed:
+        return _build_failure(failed[0].log)
+    raw = sys.modules.get("cudal1.raw_cuda.errors")
+    if isinstance(exc, subprocess.CalledProcessError) or (
+            raw is not None and isinstance(exc, raw.RawCudaCompileError)):
+        return _build_failure(str(exc))
+    return None
 
 
-def import_candidate(source: str, workdir: Path) -> Any:
-    """Import the candidate module from source; failures become `CandidateFailed`."""
+def import_candidate(source: str, workdir: Path, recorder: BuildRecorder | None = None) -> Any:
+    """Import the candidate module from source; failures become `CandidateFailed` (a `build` failure when
+    the import failed while one of its recorded builds had failed)."""
     path = workdir / "candidate.py"
     path.write_text(source)
     name = f"cudal1_candidate_{abs(hash(source)) % 10**12}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    first = len(recorder.records) if recorder is not None else 0
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise CandidateFailed("syntax", f"syntax error at line {exc.lineno}: {exc.msg}") from None
     except Exception as exc:  # noqa: BLE001 - anything raised at import is the candidate's failure
-        if _is_build_error(exc):
-            raise _build_failure(exc) from None
+        failed = [r for r in recorder.records[first:] if not r.ok] if recorder is not None else []
+        build = _as_build_failure(exc, failed)
+        if build is not None:
+            raise build from None
         raise CandidateFailed("import", f"import failed: {first_line(exc)}") from None
     if not isinstance(getattr(module, "ModelNew", None), type):
         raise CandidateFailed("no_modelnew", "the candidate defines no class ModelNew")
@@ -139,11 +156,11 @@ class CandidateRole:
         self._listen_for_builds()
         workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
-        from cudal1.eval.inside.build_hooks import install_build_hooks
-
-        install_build_hooks()  # the levers of the build that prepared this candidate, from its environment
+        # The levers of the build that prepared this candidate, from its environment; the recorder tells which
+        # of its builds failed, also those its own code caught (it then runs what it falls back to).
+        recorder = install_build_hooks()
         t0 = time.perf_counter()
-        self.module = import_candidate(request.cand_source, workdir)
+        self.module = import_candidate(request.cand_source, workdir, recorder)
         self.import_ms = (time.perf_counter() - t0) * 1e3
         self._guard("import")
         t1 = time.perf_counter()
@@ -158,14 +175,17 @@ class CandidateRole:
         except torch.cuda.OutOfMemoryError as exc:
             raise CandidateFailed("oom", f"ModelNew(...) ran {oom_message(exc, self.device)}") from None
         except Exception as exc:  # noqa: BLE001
-            if _is_build_error(exc):
-                raise _build_failure(exc) from None
+            build = _as_build_failure(exc, [r for r in recorder.records if not r.ok])
+            if build is not None:
+                raise build from None
             raise CandidateFailed("construct", f"ModelNew(...) raised {first_line(exc)}") from None
         self.construct_ms = (time.perf_counter() - t1) * 1e3
         self._guard("construction")
         self.side.model = model
         flags, self.flags = self.flags, []  # each flag reported once
         return CandidateReady(flags=flags, import_ms=self.import_ms, construct_ms=self.construct_ms,
+                              builds=[BuildOutcome(name=str(r.name)[:200], ok=r.ok, log=r.log)
+                                      for r in recorder.records[:MAX_BUILDS_REPORTED]],
                               constants={k: jsonable(v) for k, v in module_constants(vars(self.module)).items()},
                               own_inputs=self._own_inputs())
 

@@ -93,7 +93,11 @@ class Message:
         out = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
-            out[f.name] = value.encode() if isinstance(value, Message) else value
+            if isinstance(value, Message):
+                value = value.encode()
+            elif isinstance(value, list) and value and isinstance(value[0], Message):
+                value = [v.encode() for v in value]
+            out[f.name] = value
         if self.OP:
             out["op"] = self.OP
         return out
@@ -151,12 +155,24 @@ class TwinReady(Message):
 
 
 @dataclass(frozen=True)
+class BuildOutcome(Message):
+    """One `load_inline`/`load` call of the candidate's set-up: whether it built, the compiler's log if not."""
+
+    name: str
+    ok: bool
+    log: str = ""
+
+
+@dataclass(frozen=True)
 class CandidateReady(Message):
     flags: list[dict[str, Any]]
     import_ms: float
     construct_ms: float
     constants: dict[str, Any]
     own_inputs: dict[str, Any]
+    #: Every build its set-up made, failed ones included: a failure its own code caught (falling back to
+    #: something that runs) is what the result reports as `custom_build_failed`.
+    builds: list[BuildOutcome] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
