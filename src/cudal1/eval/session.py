@@ -59,9 +59,9 @@ from cudal1.eval.shared.kernel_profile import KernelProfile
 from cudal1.eval.shared.protocol import (
     Analysis,
     Analyze,
+    BuildOutcome,
     Call,
     Called,
-    BuildOutcome,
     CandidateReady,
     Describe,
     Described,
