@@ -75,11 +75,16 @@ POSITIVE = {
     ],
     "global_backend_flags": [
         "torch.backends.cuda.matmul.allow_tf32 = True\n" + model("return x"),
+        "torch.set_float32_matmul_precision('high')\n" + model("return x"),
+        "torch.set_default_dtype(torch.float16)\n" + model("return x"),
+        model("with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):\n    return x"),
+    ],
+    "algorithm_flags": [
         model("return x", "torch.backends.cudnn.benchmark = True"),
         model("return x", "torch.backends.cudnn.deterministic = False"),
-        "torch.set_float32_matmul_precision('high')\n" + model("return x"),
         "torch.set_num_threads(1)\n" + model("return x"),
         "torch.use_deterministic_algorithms(True)\n" + model("return x"),
+        model("with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):\n    return x"),
     ],
     "precision_downcast": [
         model("return (x.half() * 2).float()"),
@@ -174,7 +179,9 @@ NEGATIVE = {
     ],
     "threads_or_processes": [model("return torch.relu(x)")],
     "timer_patching": [model("return x", "self.weight = nn.Parameter(torch.ones(3))\nself.t = 1.0")],
-    "global_backend_flags": [model("return x", "self.benchmark = True")],
+    "global_backend_flags": [model("return x", "self.benchmark = True"),
+                             model("return x", "torch.backends.cudnn.benchmark = True")],
+    "algorithm_flags": [model("return x", "torch.backends.cuda.matmul.allow_tf32 = True")],
     "precision_downcast": [model("return x.float() * 2"), model("return x.to(torch.float32)")],
     "result_caching": [
         model(
@@ -241,7 +248,7 @@ def test_rule_quiet_on_honest_code(rule, src):
 
 
 def test_flags_carry_python_line_numbers():
-    src = HEAD + "\n\ntorch.backends.cudnn.benchmark = True\n" + model("return x")
+    src = HEAD + "\n\ntorch.backends.cuda.matmul.allow_tf32 = True\n" + model("return x")
     flags = [f for f in analyze_source(src).flags if f.rule == "global_backend_flags"]
     assert [f.line for f in flags] == [5]
     assert flags[0].source == "static" and flags[0].severity is Severity.ERROR

@@ -398,6 +398,49 @@ class ModelNew(nn.Module):
 '''
 
 
+_SWITCHES = """
+import torch
+import torch.nn as nn
+
+{setup}
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        return {body}
+"""
+
+
+def test_an_algorithm_switch_is_reported_not_rejected_even_under_strict(task):
+    """cuDNN autotuning and determinism keep float32 arithmetic and reach only the candidate's own process:
+    judged by effect, like any code (flagged, class flags_only), where the old rule rejected them."""
+    setup = "torch.backends.cudnn.benchmark = True\ntorch.use_deterministic_algorithms(True)"
+    source = _SWITCHES.format(setup=setup, body="x * 2.0 + self.bias")
+    r = evaluate_candidate(task, source, EvalConfig(**{**FAST, "profile": "strict"}))
+    assert r.status is Status.CORRECT, r.message
+    rules = {f.rule: f.severity.value for f in r.flags}
+    assert rules.get("algorithm_flags") == "warning" and rules.get("guard.algorithm_flags") == "warning"
+    assert "global_backend_flags" not in rules and "guard.global_state" not in rules
+    assert r.kernel_class is KernelClass.FLAGS_ONLY
+
+
+def test_reduced_precision_names_the_switch_the_candidate_set(task):
+    """A precision switch is judged by what it does to the numbers: the precision check catches the reduced
+    precision and names the switch (cuda-l1 does not reject it; strict rejects the switch itself)."""
+    setup = "torch.backends.cuda.matmul.allow_tf32 = True"
+    source = _SWITCHES.format(setup=setup, body="(x.half() * 2.0 + self.bias.half()).float()")
+    r = evaluate_candidate(task, source, EvalConfig(**{**FAST, "profile": "cuda-l1"}))
+    assert r.status is Status.CORRECT, r.message
+    [reduced] = [f for f in r.flags if f.rule == "guard.reduced_precision"]
+    assert "precision switches: cuda.matmul.allow_tf32 changed from False to True" in reduced.message
+    strict = evaluate_candidate(task, source, EvalConfig(**{**FAST, "profile": "strict"}))
+    assert strict.status is Status.HACK_DETECTED and "global_backend_flags" in strict.message
+
+
 @pytest.mark.skipif(not hasattr(__import__("torch")._C, "_get_fp32_precision_getter"),
                     reason="PyTorch without the fp32_precision API")
 @pytest.mark.parametrize("line", [

@@ -29,8 +29,12 @@ DEFAULT_SEVERITY: dict[str, Severity] = {
     "threads_or_processes": E,
     # Rationale: patched timers, events, synchronize or comparison functions fake the measurement.
     "timer_patching": E,
-    # Rationale: global backend flags (TF32, cudnn.benchmark, matmul precision) also change the reference.
+    # Rationale: global switches that can change precision (TF32, reduced-precision reductions, matmul
+    # precision, default dtype): a way to trade accuracy for speed that a tolerance may not see.
     "global_backend_flags": E,
+    # Rationale: algorithm switches that keep fp32 (cuDNN benchmark, determinism, threads) reach only the
+    # candidate's own process; a legitimate optimisation, reported so that a reader sees where speed came from.
+    "algorithm_flags": W,
     # Rationale: fp16/bf16/TF32 speeds an fp32 task up by giving up accuracy; cheating under strict tolerance.
     "precision_downcast": W,
     # Rationale: outputs memoized across calls (keyed on data_ptr, or the first result) skip the work.

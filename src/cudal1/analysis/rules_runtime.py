@@ -75,7 +75,9 @@ THREAD_CALLS = (
 PATCHABLE_ROOTS = ("torch", "time", "timeit", "builtins", "triton", "numpy", "cudal1", "unittest.mock")
 # Rationale: torch attributes that are settings, judged by other rules (global flags, inner compile).
 NOT_TIMERS = ("torch.backends", "torch._inductor.config", "torch._dynamo.config")
-# Rationale: global switches that change numerics or algorithm choice for the reference as well.
+# Rationale: global switches that change numerics (precision, dtype, denormals) or algorithm choice. The
+# candidate runs in a process of its own, so none reaches the reference; they are split by their effect on
+# the candidate's own numbers (`ALGORITHM_SWITCHES`).
 FLAG_SETTERS = (
     "torch.set_float32_matmul_precision",
     "torch.set_default_dtype",
@@ -482,18 +484,58 @@ def check_timer_patching(ctx: AnalysisContext) -> list[Flag]:
     return out
 
 
-def check_global_backend_flags(ctx: AnalysisContext) -> list[Flag]:
-    """Writes to torch.backends.* and calls of global numeric/algorithm setters."""
-    out = [
-        flag("global_backend_flags", f"sets {target}", node.lineno)
-        for node, target, _ in _patch_targets(ctx)
-        if matches(target, ("torch.backends",))
-    ]
+# Rationale: switches that choose among algorithms (cuDNN autotuning, determinism, attention backends,
+# thread counts) and keep float32 arithmetic: a legitimate optimisation of the candidate's own process (CUDA-L1
+# measures a `cudnn` baseline with the same switch), judged by the precision check like any code. Everything
+# else under torch.backends, and every other setter, can change precision (TF32, reduced-precision
+# reductions, matmul precision, default dtype, denormals).
+ALGORITHM_SWITCHES = (
+    "torch.backends.cudnn.benchmark",
+    "torch.backends.cudnn.benchmark_limit",
+    "torch.backends.cudnn.deterministic",
+    "torch.backends.cudnn.enabled",
+    "torch.backends.mkldnn.enabled",
+    "torch.use_deterministic_algorithms",
+    "torch.set_num_threads",
+    "torch.set_num_interop_threads",
+    "torch.backends.cuda.enable_flash_sdp",
+    "torch.backends.cuda.enable_mem_efficient_sdp",
+    "torch.backends.cuda.enable_math_sdp",
+    "torch.backends.cuda.enable_cudnn_sdp",
+    "torch.backends.cuda.preferred_linalg_library",
+    "torch.backends.cuda.preferred_blas_library",
+    "torch._C._set_cudnn_benchmark",
+    "torch._C._set_cudnn_deterministic",
+)
+
+
+def _backend_switches(ctx: AnalysisContext) -> list[tuple[int, str, bool]]:
+    """(line, what, algorithm only) for every write to torch.backends.* and call of a global setter."""
+    out = [(node.lineno, f"sets {target}", matches(target, ALGORITHM_SWITCHES))
+           for node, target, _ in _patch_targets(ctx) if matches(target, ("torch.backends",))]
     for call in calls(ctx.tree):
-        name = ctx.qual(call.func)
-        if matches(name, FLAG_SETTERS) or (name or "").startswith("torch._C._set_"):
-            out.append(flag("global_backend_flags", f"calls {name}", call.lineno))
+        name = ctx.qual(call.func) or ""
+        if not (matches(name, FLAG_SETTERS) or name.startswith("torch._C._set_")):
+            continue
+        algorithm = matches(name, ALGORITHM_SWITCHES)
+        if matches(name, ("torch.backends.cudnn.flags",)):
+            # The context manager: algorithm switches unless it turns TF32 on (anything but a literal False).
+            tf32 = next((k.value for k in call.keywords if k.arg == "allow_tf32"), None)
+            algorithm = tf32 is None or (isinstance(tf32, ast.Constant) and tf32.value is False) or (
+                isinstance(tf32, ast.Attribute) and ctx.qual(tf32) == "torch.backends.cudnn.allow_tf32")
+        out.append((call.lineno, f"calls {name}", algorithm))
     return out
+
+
+def check_global_backend_flags(ctx: AnalysisContext) -> list[Flag]:
+    """Writes to torch.backends.* and calls of global setters that can change precision (not `algorithm_flags`)."""
+    return [flag("global_backend_flags", what, line) for line, what, algorithm in _backend_switches(ctx)
+            if not algorithm]
+
+
+def check_algorithm_flags(ctx: AnalysisContext) -> list[Flag]:
+    """Global switches that only choose algorithms and keep float32 arithmetic (`ALGORITHM_SWITCHES`)."""
+    return [flag("algorithm_flags", what, line) for line, what, algorithm in _backend_switches(ctx) if algorithm]
 
 
 def check_tampering(ctx: AnalysisContext) -> list[Flag]:

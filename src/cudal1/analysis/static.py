@@ -102,7 +102,7 @@ def analyze_source(
             flags.extend(rule.check(ctx))
         except Exception:  # a bug in one rule must not take the evaluator down; the others still run
             logger.exception("static rule %s failed", rule.name)
-    global_flags = any(f.rule == "global_backend_flags" for f in flags)
+    global_flags = any(f.rule in ("global_backend_flags", "algorithm_flags") for f in flags)
     kernel_class = classify_kernel(ctx, global_flags)
     info = launch_info(ctx)
     kept = dedupe([f for f in flags if table.get(f.rule, "flag") != "off"])

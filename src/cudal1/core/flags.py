@@ -17,6 +17,7 @@ from cudal1.core.types import Flag, Severity
 
 # -- guards in the candidate's process (reported by its runner: a cheap first filter, never a guarantee) --
 GLOBAL_STATE = "guard.global_state"
+ALGORITHM_FLAGS = "guard.algorithm_flags"
 TIMER_PATCHING = "guard.timer_patching"
 THREADS = "guard.threads"
 NATIVE_THREADS = "guard.native_threads"
@@ -71,6 +72,9 @@ ERR, WARN, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 RUNTIME_FLAGS: dict[str, FlagKind] = {
     GLOBAL_STATE: FlagKind("the candidate changed a global numeric setting (TF32, cuDNN, matmul precision, "
                            "threads...)", ERR),
+    ALGORITHM_FLAGS: FlagKind("the candidate changed a global switch that only chooses algorithms and keeps "
+                              "float32 arithmetic (cuDNN benchmark or determinism, attention backends, threads): "
+                              "reported, never rejected; the speed it buys is the candidate's", WARN),
     TIMER_PATCHING: FlagKind("the candidate replaced a timing, synchronisation or harness function in its process",
                              ERR, always_rejects=True),
     THREADS: FlagKind("the candidate started Python threads", ERR),

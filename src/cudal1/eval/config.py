@@ -16,7 +16,7 @@ from cudal1.eval.shared.compare import Tolerance, tolerance_for
 from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 
-PROTOCOL_VERSION = "9"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "10"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -31,7 +31,11 @@ PROTOCOL_VERSION = "9"  # 2: inputs refilled before every timed pair, salted see
 # every call (trials too) in a bracket of the parent's clock, inputs staged into a random slot of the model's
 # arena by the trusted side inside it, the candidate's time bounded by its brackets less its runner's harness
 # cost (calibrated on the reference's twin in that runner before the candidate's import), the helper's idle
-# probe judging work left on the device, heavy-tailed pairs among the timed calls (strict), `speedup_ci`
+# probe judging work left on the device, heavy-tailed pairs among the timed calls (strict), `speedup_ci`;
+# 10: judged by effect: a build the candidate's own code catches is no compile error (what runs is judged,
+# `runtime.custom_build_failed` says its CUDA never built), algorithm switches that keep float32 (cuDNN
+# benchmark, determinism, threads) are reported, not rejected, under every profile, and a reference failing in
+# its own runner is `infra_error` (`reference_error`), not the candidate's `runtime_error`
 
 
 @dataclass(frozen=True)

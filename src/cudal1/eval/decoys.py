@@ -28,7 +28,7 @@ from cudal1.core.types import CUSTOM_CLASSES, Flag, KernelClass, Severity
 from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat, kernel_matches, short_name
 
 #: Findings that say the candidate sets global backend flags (static rules, the runtime guard).
-GLOBAL_FLAG_RULES = ("global_backend_flags", F.GLOBAL_STATE)
+GLOBAL_FLAG_RULES = ("global_backend_flags", "algorithm_flags", F.GLOBAL_STATE, F.ALGORITHM_FLAGS)
 
 # Rationale: an honest custom kernel usually does most of the work; below 10% of the GPU time the speedup
 # comes from something else (cuBLAS, a PyTorch rewrite), which is worth noting but is no proof of cheating.

@@ -465,7 +465,15 @@ class Session:
             return
         found = precision_evidence(self.reference_errors, list(cand_errors))
         if found is not None:
-            self.flags.append(dataclasses.replace(found, message=f"{where}: {found.message}"))
+            self.flags.append(dataclasses.replace(found, message=f"{where}: {found.message}{self._switches_named()}"))
+
+    def _switches_named(self) -> str:
+        """The precision switches the candidate set (seen by its guards, else in its source), to name the cause
+        of reduced precision; "" when it set none."""
+        seen = [f.message for f in self.flags if f.rule == F.GLOBAL_STATE]
+        if not seen and self.static_report is not None:
+            seen = [f.message for f in self.static_report.flags if f.rule == "global_backend_flags"]
+        return f"; the candidate's precision switches: {'; '.join(seen[:3])}" if seen else ""
 
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
                 noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:

@@ -113,6 +113,12 @@ def _fp32_precisions() -> dict[str, str]:
     return out
 
 
+#: Global switches that only choose algorithms and keep float32 arithmetic: a change is reported
+#: (`guard.algorithm_flags`), not rejected; every other switch can change precision (`guard.global_state`).
+ALGORITHM_SWITCHES = frozenset({"cudnn.benchmark", "cudnn.deterministic", "cudnn.enabled", "deterministic_algorithms",
+                                "num_threads", "mkldnn.enabled", *(f"cuda.{n}" for n in SDP_SWITCHES)})
+
+
 def _global_state() -> dict[str, Any]:
     b = torch.backends
     return {
@@ -262,8 +268,8 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
         if key == "grad_enabled":
             continue
         if now[key] != value:
-            flags.append(Flag(F.GLOBAL_STATE, Severity.ERROR,
-                              f"{key} changed from {value} to {now[key]} during {phase}", source="runtime"))
+            rule = F.ALGORITHM_FLAGS if key in ALGORITHM_SWITCHES else F.GLOBAL_STATE
+            flags.append(F.runtime_flag(rule, f"{key} changed from {value} to {now[key]} during {phase}"))
     replaced = replaced_functions(before)
     if replaced:
         more = f" (+{len(replaced) - 1} more)" if len(replaced) > 1 else ""
