@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from cudal1.baselines.variants import BASELINE_KINDS, baseline_source, eval_profile, parse_kinds
+from cudal1.baselines.variants import baseline_source, eval_profile, parse_kinds, template_parameters
+from cudal1.core.baselines import TEMPLATE_PARAMETERS, baseline_kind_names, reported_baseline_names
 from cudal1.core.errors import ConfigError
 from cudal1.tasks import Task, load_tasks
 
@@ -47,7 +48,7 @@ def _module(source: str) -> types.ModuleType:
 
 def test_every_kind_parses_for_every_builtin_task():
     for task in load_tasks("builtin"):
-        for kind in BASELINE_KINDS:
+        for kind in baseline_kind_names():
             ast.parse(baseline_source(task, kind))
 
 
@@ -85,7 +86,7 @@ def test_tf32_is_evaluated_under_the_loose_profile_only():
 
 def test_parse_kinds():
     assert parse_kinds("eager, cuda_graph,eager") == ["eager", "cuda_graph"]
-    assert parse_kinds("all") == list(BASELINE_KINDS)
+    assert parse_kinds("all") == list(baseline_kind_names())
     assert parse_kinds(["eager,cudnn", "tf32"]) == ["eager", "cudnn", "tf32"]
     with pytest.raises(ConfigError, match="nope"):
         parse_kinds("eager,nope")
@@ -195,3 +196,19 @@ def test_cuda_graph_refuses_a_forward_that_replaces_its_state(monkeypatch):
             "self.hidden = torch.tanh(self.lin(x) + self.hidden)", settled)).ModelNew(8)
         model(torch.randn(4, 8))
         assert len(model._graphs) == 1
+
+
+def test_the_built_in_kinds_in_report_order():
+    assert baseline_kind_names() == ("eager", "torch_compile", "torch_compile_reduce_overhead", "cuda_graph",
+                                     "cudnn", "tf32")
+    assert reported_baseline_names() == baseline_kind_names()[:-1]  # tf32 is an extra
+
+
+@pytest.mark.parametrize("clone", [True, False])
+def test_every_template_placeholder_is_filled(clone):
+    assert template_parameters(clone).keys() == TEMPLATE_PARAMETERS.keys()
+    for kind in baseline_kind_names():
+        source = baseline_source(Task(id="t/tiny", source=TINY), kind, clone_outputs=clone)
+        assert "$" not in source.replace(repr(TINY), "")
+        assert ("_clone_outputs(" in source.split("def _require_cuda")[1]) is (
+            clone and kind in ("torch_compile_reduce_overhead", "cuda_graph"))

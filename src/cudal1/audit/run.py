@@ -31,9 +31,9 @@ from typing import Any
 from cudal1.audit.rows import PUBLISHED_META_PREFIX, row_from_result, rows_from_store, stored_labels
 from cudal1.audit.select import Item, chunk_items, parse_chunk, select_items
 from cudal1.audit.summary import write_audit_outputs
-from cudal1.baselines import BASELINE_KINDS
 from cudal1.baselines.runner import ensure_baselines, load_baselines, null_test_summary
 from cudal1.baselines.sol import measure_peaks
+from cudal1.core.baselines import baseline_kind_names
 from cudal1.core.errors import ConfigError
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult
@@ -399,7 +399,7 @@ def baseline_coverage(store: Any, tasks: list[Task], cfg: EvalConfig,
 
     environment = _machine(cfg, environment)
     unique = list({t.hash: t for t in tasks}.values())
-    kinds = {kind: {"measured": 0, "failed": 0, "not_measured": 0} for kind in BASELINE_KINDS
+    kinds = {kind: {"measured": 0, "failed": 0, "not_measured": 0} for kind in baseline_kind_names()
              if kind != "eager"}
     if asked is not None:
         for kind, counts in kinds.items():

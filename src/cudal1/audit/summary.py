@@ -20,15 +20,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cudal1.baselines import BASELINE_KINDS, BaselineRecord, baseline_cell
+from cudal1.baselines import BaselineRecord, baseline_cell
+from cudal1.core.baselines import baseline_kind_names, published_key_by_baseline
 from cudal1.metrics.aggregate import baselines_present, summarize_rows
-from cudal1.metrics.rows import PUBLISHED_KEY_BY_BASELINE, ResultRow
+from cudal1.metrics.rows import ResultRow
 from cudal1.report import write_report
 from cudal1.report.document import Block, Heading, Paragraph, Table, flag_list
 
 
 def _survives(row: ResultRow, baseline: str, fraction: float) -> bool | None:
-    published = row.published.get(PUBLISHED_KEY_BY_BASELINE.get(baseline, ""))
+    published = row.published.get(published_key_by_baseline().get(baseline, ""))
     if published is None:
         return None
     ours = row.speedup_vs(baseline)
@@ -40,7 +41,7 @@ def audit_entries(rows: Sequence[ResultRow], fraction: float = 0.9) -> list[dict
     entries = []
     for row in rows:
         baselines = [b for b in baselines_present([row]) if b != "eager_warm"]
-        survives = {b: _survives(row, b, fraction) for b in PUBLISHED_KEY_BY_BASELINE}
+        survives = {b: _survives(row, b, fraction) for b in published_key_by_baseline()}
         entries.append({
             "task_id": row.task_id, "level": row.level, "label": row.label, "published": dict(row.published),
             "status": row.status, "speedup": row.speedup, "speedup_warm": row.speedup_warm,
@@ -88,15 +89,15 @@ def _x(value: float | None) -> str:
 
 def tasks_markdown(entries: Sequence[dict[str, Any]], title: str) -> str:
     """The per-task table: published vs ours for every baseline, verdict, class, flags, survival."""
-    baselines = [b for b in PUBLISHED_KEY_BY_BASELINE
-                 if any(b in e["speedup_vs"] or PUBLISHED_KEY_BY_BASELINE[b] in e["published"] for e in entries)]
+    keys = published_key_by_baseline()
+    baselines = [b for b, key in keys.items() if any(b in e["speedup_vs"] or key in e["published"] for e in entries)]
     labels = len({e["label"] for e in entries}) > 1
     header = (["Run"] if labels else []) + ["Task", "Level", "Verdict"] + [
         f"vs {b} (ours / published)" for b in baselines] + ["Kernel class", "Flags", "Survives"]
     lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for e in entries:
         cells = ([e["label"]] if labels else []) + [e["task_id"], str(e["level"]), e["status"]]
-        cells += [f"{_x(e['speedup_vs'].get(b))} / {_x(e['published'].get(PUBLISHED_KEY_BY_BASELINE[b]))}"
+        cells += [f"{_x(e['speedup_vs'].get(b))} / {_x(e['published'].get(keys[b]))}"
                   for b in baselines]
         survives = e["survives"]
         cells += [e["kernel_class"] or "-", flag_list(e["flags"]).replace("|", "/"),
@@ -148,7 +149,7 @@ def implied_baselines(rows: Sequence[ResultRow], per_task: Mapping[str, Mapping[
     against it falls because of the candidate; close medians of the speedups alone do not say that."""
     published = {row.task_id: row.published for row in rows}
     out = []
-    for kind, key in PUBLISHED_KEY_BY_BASELINE.items():
+    for kind, key in published_key_by_baseline().items():
         if kind == "eager":
             continue
         ours, implied = [], []
@@ -190,7 +191,7 @@ def baselines_markdown(per_task: Mapping[str, Mapping[str, Mapping[str, Any]]], 
     prints: ms (speedup vs eager), failed with the start of its reason, or '-'. Tasks without any stored
     baseline have no row; the columns are the known kinds that some task has."""
 
-    kinds = [k for k in BASELINE_KINDS if any(k in by_kind for by_kind in per_task.values())]
+    kinds = [k for k in baseline_kind_names() if any(k in by_kind for by_kind in per_task.values())]
     lines = [f"# {title}", "",
              "Median time per call in ms, cold cache, and in brackets the speedup vs eager measured beside it "
              "(eager is 1.00x by definition; its measured ratio against itself is the report's null test). "

@@ -5,7 +5,8 @@
     result = attach_baselines(evaluate_candidate(task, source, store=store), task, store)
 
 See `variants` (the generated baseline candidates), `runner` (measuring, caching, attaching) and `sol`
-(FLOPs, minimum bytes, device peaks, fraction of the physical limit).
+(FLOPs, minimum bytes, device peaks, fraction of the physical limit). The kinds themselves are records in
+`cudal1.core.baselines`, re-exported here: `register_baseline_kind(BaselineKind(...))` adds one.
 """
 
 from cudal1.baselines.runner import (
@@ -30,20 +31,29 @@ from cudal1.baselines.sol import (
     stored_peaks,
     task_cost,
 )
-from cudal1.baselines.variants import BASELINE_KINDS, CUDA_ONLY_KINDS, baseline_source, parse_kinds
+from cudal1.baselines.variants import baseline_source, parse_kinds
+from cudal1.core.baselines import (
+    BaselineKind,
+    baseline_kind_names,
+    cuda_only_kinds,
+    register_baseline_kind,
+    registered_baseline_kind,
+    unregister_baseline_kind,
+)
 
 __all__ = [
-    "BASELINE_KINDS",
-    "CUDA_ONLY_KINDS",
     "LABEL_PREFIX",
+    "BaselineKind",
     "BaselineRecord",
     "TaskCost",
     "attach_baselines",
     "baseline_cell",
     "baseline_config",
+    "baseline_kind_names",
     "baseline_protocol_version",
     "baseline_source",
     "cached_task_cost",
+    "cuda_only_kinds",
     "ensure_baselines",
     "load_baselines",
     "measure_baseline",
@@ -51,8 +61,11 @@ __all__ = [
     "null_test_summary",
     "parse_kinds",
     "peak_flops",
+    "register_baseline_kind",
+    "registered_baseline_kind",
     "sol_fraction",
     "speedups_vs_baselines",
     "stored_peaks",
     "task_cost",
+    "unregister_baseline_kind",
 ]

@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cudal1.baselines.variants import CUDA_ONLY_KINDS, baseline_source, eval_profile, parse_kinds
+from cudal1.baselines.variants import baseline_source, eval_profile, parse_kinds
 from cudal1.baselines.warm import COMPILE_KINDS, warm_compile_caches
+from cudal1.core.baselines import cuda_only_kinds
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import PROTOCOL_VERSION, EvalConfig, resolve_device
@@ -156,7 +157,7 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
         hit = _stored_baseline(store, task, kind, cfg)
         if hit is not None:
             return BaselineRecord.from_store(task.hash, kind, hit)
-    if kind in CUDA_ONLY_KINDS and not cfg.device.startswith("cuda"):
+    if kind in cuda_only_kinds() and not cfg.device.startswith("cuda"):
         record = BaselineRecord(task.id, task.hash, kind, FAILED, reason=f"{kind} needs a CUDA device",
                                 profile=cfg.profile)
     else:

@@ -17,15 +17,13 @@ from cudal1.metrics.aggregate import (
     summarize_published,
     summarize_rows,
 )
-from cudal1.metrics.rows import BASELINE_NAMES, EAGER_WARM, PUBLISHED_KEY_BY_BASELINE, ResultRow
+from cudal1.metrics.rows import EAGER_WARM, ResultRow
 from cudal1.metrics.summary import FAST_P_THRESHOLDS, SPEEDUP_MARGIN, SpeedupSummary, fast_p_name, summarize
 
 __all__ = [
     "ALL_LEVELS",
-    "BASELINE_NAMES",
     "EAGER_WARM",
     "FAST_P_THRESHOLDS",
-    "PUBLISHED_KEY_BY_BASELINE",
     "SPEEDUP_MARGIN",
     "AuditEntry",
     "AuditSummary",

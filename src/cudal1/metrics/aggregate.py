@@ -19,8 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core.baselines import published_key_by_baseline, reported_baseline_names
 from cudal1.core.types import KernelClass, Status
-from cudal1.metrics.rows import BASELINE_NAMES, EAGER_WARM, PUBLISHED_KEY_BY_BASELINE, ResultRow
+from cudal1.metrics.rows import EAGER_WARM, ResultRow
 from cudal1.metrics.summary import SpeedupSummary, summarize
 
 ALL_LEVELS = "all"
@@ -42,7 +43,8 @@ class SummaryRecord:
 
 
 def baselines_present(rows: Iterable[ResultRow]) -> list[str]:
-    """Eager, then every baseline any row measured, in `BASELINE_NAMES` order, then others sorted.
+    """Eager, then every baseline any row measured, in report order (`reported_baseline_names`), then others
+    sorted.
 
     `eager_warm` is included (after eager) when any row has a warm speedup.
     """
@@ -52,8 +54,9 @@ def baselines_present(rows: Iterable[ResultRow]) -> list[str]:
         seen.update(row.baselines)
         warm = warm or row.speedup_warm is not None
     ordered = ["eager"] + ([EAGER_WARM] if warm else [])
-    ordered += [b for b in BASELINE_NAMES if b in seen and b != "eager"]
-    ordered += sorted(seen - set(BASELINE_NAMES) - {EAGER_WARM})
+    known = reported_baseline_names()
+    ordered += [b for b in known if b in seen and b != "eager"]
+    ordered += sorted(seen - set(known) - {EAGER_WARM})
     return ordered
 
 
@@ -178,7 +181,7 @@ def audit_published(rows: Sequence[ResultRow], *, baseline: str = "eager", fract
     """
     if not fraction > 0:
         raise ValueError(f"audit_published: fraction must be > 0, got {fraction}")
-    key = published_key or PUBLISHED_KEY_BY_BASELINE.get(baseline)
+    key = published_key or published_key_by_baseline().get(baseline)
     if key is None:
         raise ValueError(f"audit_published: no published key known for baseline {baseline!r}; "
                          f"pass published_key=")

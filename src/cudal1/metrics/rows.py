@@ -15,26 +15,8 @@ from typing import Any
 
 from cudal1.core.types import Status
 
-#: Baselines in the order the reports list them (design section 4, *Baselines*).
-BASELINE_NAMES: tuple[str, ...] = (
-    "eager",
-    "torch_compile",
-    "torch_compile_reduce_overhead",
-    "cuda_graph",
-    "cudnn",
-)
-
 #: Pseudo-baseline: speedup over eager without the L2 flush (CUDA-L1's own timing condition).
 EAGER_WARM = "eager_warm"
-
-#: Score keys of the CUDA-L1 release (`score_*` columns of its JSONL) for each baseline.
-PUBLISHED_KEY_BY_BASELINE: dict[str, str] = {
-    "eager": "score_default",
-    "torch_compile": "score_torch_compile_default",
-    "torch_compile_reduce_overhead": "score_torch_compile_reduce_overhead",
-    "cuda_graph": "score_cuda_graph",
-    "cudnn": "score_cudnn",
-}
 
 _STATUS_VALUES = frozenset(s.value for s in Status)
 
@@ -44,9 +26,9 @@ class ResultRow:
     """One task's outcome in one run, flattened for tables and plots.
 
     `speedup` is vs eager with a cold cache and is None unless the verdict is correct; `baselines` maps a
-    baseline name (`BASELINE_NAMES`) to the candidate's speedup vs that baseline; `sol` maps `reference`,
-    `candidate` or a baseline name to a speed-of-light fraction in [0, 1]; `published` holds published
-    scores for audits (CUDA-L1 release keys such as `score_default`).
+    baseline name (a kind of `cudal1.core.baselines`) to the candidate's speedup vs that baseline; `sol` maps
+    `reference`, `candidate` or a baseline name to a speed-of-light fraction in [0, 1]; `published` holds
+    published scores for audits (CUDA-L1 release keys such as `score_default`).
     """
 
     task_id: str

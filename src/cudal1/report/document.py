@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from cudal1.core.baselines import published_key_by_baseline
 from cudal1.metrics.aggregate import (
     ALL_LEVELS,
     audit_published,
@@ -29,7 +30,7 @@ from cudal1.metrics.aggregate import (
     summarize_published,
     summarize_rows,
 )
-from cudal1.metrics.rows import PUBLISHED_KEY_BY_BASELINE, ResultRow
+from cudal1.metrics.rows import ResultRow
 from cudal1.metrics.summary import FAST_P_THRESHOLDS, SpeedupSummary, fast_p_name
 from cudal1.report.plots import PlotSpec, has_sol
 
@@ -241,7 +242,7 @@ def _audit_section(rows: Sequence[ResultRow], fraction: float, failures_as: floa
         return []
     survival, compare = [], []
     for name, rs in _label_columns(rows):
-        for baseline, key in PUBLISHED_KEY_BY_BASELINE.items():
+        for baseline, key in published_key_by_baseline().items():
             audit = audit_published([r for r in rs if r.has_baseline(baseline)], baseline=baseline,
                                     fraction=fraction, published_key=key)
             if audit.n_published:
