@@ -18,7 +18,6 @@ verified and left out of the times. The time that counts, the interval and the c
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 import statistics
 import time
@@ -59,7 +58,6 @@ def verify_probability(output_bytes: int) -> float:
     return max(0.1, min(1.0, VERIFY_BUDGET_BYTES / output_bytes))
 
 
-@functools.cache
 _host_bandwidth_seen = 0.0
 
 
