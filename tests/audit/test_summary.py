@@ -6,6 +6,7 @@ from cudal1.audit.summary import (
     audit_entries,
     implied_baselines,
     implied_blocks,
+    outcome_table,
     profile_comparison,
     survival_table,
     tasks_markdown,
@@ -71,3 +72,20 @@ def test_implied_baselines_put_ours_next_to_the_release():
     table = implied_blocks([graph])[-1]
     assert table.rows == [["cuda_graph", "2", "1.20x", "1.95x", "0.70", "1/2"]]
     assert implied_blocks([]) == []
+
+
+def test_outcomes_count_cuda_that_never_built_apart_and_name_what_rejected():
+    rows = [
+        ResultRow("a", kernel_class="custom_cuda", speedup=2.0, label="r"),
+        ResultRow("b", kernel_class="pytorch_only", speedup=1.1, flags=["runtime.custom_build_failed"], label="r"),
+        ResultRow("c", status="incorrect", flags=["runtime.custom_build_failed"], label="r"),
+        ResultRow("d", status="compile_error", label="r"),
+        ResultRow("e", status="hack_detected", flags=["extra_cuda_stream", "exception_fallback"], label="r"),
+        ResultRow("f", status="hack_detected", flags=["extra_cuda_stream"], label="r"),
+        ResultRow("g", status="infra_error", flags=["reference_error"], label="r"),
+    ]
+    [line] = outcome_table(rows)
+    assert (line["tasks"], line["correct"], line["correct_cuda_never_built"]) == (7, 2, 1)
+    assert (line["incorrect"], line["incorrect_cuda_never_built"], line["compile_error"]) == (1, 1, 1)
+    assert line["hack_detected"] == 2 and line["infra_error"] == 1 and line["other"] == 0
+    assert line["rejected_flags"] == {"extra_cuda_stream": 2, "exception_fallback": 1}

@@ -70,6 +70,48 @@ def survival_table(rows: Sequence[ResultRow], by: str, fraction: float = 0.9) ->
     return dict(sorted(table.items(), key=lambda kv: (-kv[1]["rows"], kv[0])))
 
 
+#: The flag a result carries when the candidate's own code caught its failed build and ran its fallback.
+FALLBACK_FLAG = "runtime.custom_build_failed"
+_OUTCOMES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "hack_detected", "infra_error")
+
+
+def outcome_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
+    """One line per label: how many kernels are correct, incorrect, unbuildable, crashing, slow or rejected;
+    of the correct and incorrect ones, how many run a fallback because their CUDA never built (published CUDA
+    that never builds, counted apart); of the rejected ones, the flags they carry (most frequent first)."""
+    out = []
+    for label in sorted({r.label for r in rows}):
+        mine = [r for r in rows if r.label == label]
+        line: dict[str, Any] = {"label": label, "tasks": len(mine)}
+        line.update({status: sum(r.status == status for r in mine) for status in _OUTCOMES})
+        line["other"] = len(mine) - sum(line[s] for s in _OUTCOMES)
+        for status in ("correct", "incorrect"):
+            line[f"{status}_cuda_never_built"] = sum(r.status == status and FALLBACK_FLAG in r.flags for r in mine)
+        rejected: dict[str, int] = defaultdict(int)
+        for row in mine:
+            for rule in set(row.flags) if row.status == "hack_detected" else ():
+                rejected[rule] += 1
+        line["rejected_flags"] = dict(sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0])))
+        out.append(line)
+    return out
+
+
+def outcome_blocks(outcomes: Sequence[Mapping[str, Any]]) -> list[Block]:
+    """The outcome table as a report section."""
+    body = [[o["label"], str(o["tasks"]), f"{o['correct']} ({o['correct_cuda_never_built']})",
+             f"{o['incorrect']} ({o['incorrect_cuda_never_built']})", str(o["compile_error"]),
+             str(o["runtime_error"] + o["timeout"]), str(o["hack_detected"]),
+             ", ".join(f"{rule} {n}" for rule, n in list(o["rejected_flags"].items())[:4]) or "-",
+             str(o["infra_error"] + o["other"])] for o in outcomes]
+    header = ["Run", "Tasks", "Correct (CUDA never built)", "Incorrect (CUDA never built)", "Unbuildable",
+              "Crash or timeout", "Rejected", "Flags on rejected kernels", "Not judged"]
+    return [Heading("Outcomes", 2),
+            Paragraph("Every kernel's verdict. In brackets: kernels whose own code caught the failed build of "
+                      "their CUDA and ran a fallback instead (judged for what runs, counted apart). Not judged: "
+                      "the evaluation or the reference failed (infra_error), or not evaluated."),
+            Table(header, body, [False, True, True, True, True, True, True, False, True])]
+
+
 def profile_comparison(rows: Sequence[ResultRow], fraction: float = 0.9) -> list[dict[str, Any]]:
     """One line per label: rows, correct, published speedups that survive, mean/median/geomean vs eager."""
     out = []
@@ -217,13 +259,15 @@ def write_audit_outputs(rows: Sequence[ResultRow], out_dir: str | Path, *, title
     and its stored baselines per task into audit_baselines.md."""
     out = Path(out_dir)
     agreement = implied_baselines(rows, coverage.get("per_task") or {}) if coverage else []
+    outcomes = outcome_table(rows)
+    blocks = [*outcome_blocks(outcomes), *((*coverage_blocks(coverage), *implied_blocks(agreement)) if coverage else ())]
     written = write_report(rows, out, title=title, meta=meta, plots=plots, survive_fraction=fraction,
-                           extra_blocks=[*coverage_blocks(coverage), *implied_blocks(agreement)] if coverage else ())
+                           extra_blocks=blocks)
     extra = {**dict(extra or {}), **({"baseline_coverage": dict(coverage), "implied_baselines": agreement}
                                      if coverage else {})}
     entries = audit_entries(rows, fraction)
     document = {"title": title, "meta": dict(meta), "fraction": fraction, **dict(extra or {}),
-                "comparison": profile_comparison(rows, fraction),
+                "comparison": profile_comparison(rows, fraction), "outcomes": outcomes,
                 "by_kernel_class": survival_table(rows, "kernel_class", fraction),
                 "by_flag": survival_table(rows, "flag", fraction), "tasks": entries}
     (out / "audit.json").write_text(json.dumps(document, indent=1, sort_keys=False, default=str) + "\n")
