@@ -51,3 +51,14 @@ def test_replies_decode_to_their_class_or_an_error_reply():
     assert got == P.Called(ms=1.0, stream_ms=0.5, out={"t": "tensor"})
     assert P.decode_reply(call, P.encode_reply(P.ErrorReply(kind="raised", message="boom"))) == \
         P.ErrorReply(kind="raised", message="boom")
+
+
+def test_the_set_up_reply_carries_its_builds_checked_one_by_one():
+    ready = P.CandidateReady(flags=[], import_ms=1.0, construct_ms=2.0, constants={}, own_inputs={},
+                             builds=[P.BuildOutcome(name="ext", ok=False, log="main.cpp: error"),
+                                     P.BuildOutcome(name="other", ok=True)])
+    request = P.ImportCandidate(cand_source="x", seed=1)
+    assert P.decode_reply(request, P.encode_reply(ready)) == ready
+    forged = {**P.encode_reply(ready), "builds": [{"name": "ext", "ok": "no"}]}
+    with pytest.raises(P.MalformedReply):
+        P.decode_reply(request, forged)
