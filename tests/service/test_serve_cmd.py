@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -87,7 +86,9 @@ def _start_server(tmp_path, *extra: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "CUDAL1_SERVER_TOKEN": "tok"}
+    # a temporary folder of its own: a server started by another test at the same time sweeps the shared one
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "CUDAL1_SERVER_TOKEN": "tok", "TMPDIR": str(tmp_path / "tmp")}
     cmd = [sys.executable, "-m", "cudal1.cli.main", "serve", "--port", str(port), "--device", "cpu",
            "--store", str(tmp_path / "r.sqlite"), "--allow-reference-source", "--trials", "2", *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -148,7 +149,7 @@ def test_a_killed_server_leaves_no_runner_and_a_restart_cleans_its_folders(tmp_p
     answer: list = []
     sender = _send_while_running(url, answer)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not _folders_of(proc.pid):
+    while time.monotonic() < deadline and not _folders_of(tmp_path, proc.pid):
         time.sleep(0.05)  # its runners are starting
     proc.kill()  # SIGKILL: no handler runs
     proc.wait(10)
@@ -158,7 +159,7 @@ def test_a_killed_server_leaves_no_runner_and_a_restart_cleans_its_folders(tmp_p
                                               if p.isdigit()):
         time.sleep(0.2)
     assert [p for p in os.listdir("/proc") if p.isdigit() and _is_runner_of(int(p), proc.pid)] == []
-    left = _folders_of(proc.pid)
+    left = _folders_of(tmp_path, proc.pid)
     assert left  # what the killed server could not clean
     again, url = _start_server(tmp_path)
     try:
@@ -169,8 +170,8 @@ def test_a_killed_server_leaves_no_runner_and_a_restart_cleans_its_folders(tmp_p
         again.wait(60)
 
 
-def _folders_of(pid: int) -> list[Path]:
-    return [f for f in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*") if _owner(f) == pid]
+def _folders_of(tmp_path: Path, pid: int) -> list[Path]:
+    return [f for f in (tmp_path / "tmp").glob(FOLDER_PREFIX + "*") if _owner(f) == pid]
 
 
 def _owner(folder: Path) -> int:

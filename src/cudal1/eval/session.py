@@ -112,7 +112,7 @@ class SessionFacts:
                 "beyond_distribution_trials", "builds")
 
     def recorded(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.RECORDED if getattr(self, k) not in (None, "", {})}
+        return {k: getattr(self, k) for k in self.RECORDED if getattr(self, k) not in (None, "", {}, [])}
 
 
 @dataclass

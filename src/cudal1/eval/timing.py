@@ -8,11 +8,13 @@ end it before its work on the device is done. It holds the call and the harness'
 *overhead*, which the calibration measures in the candidate's own runner before any candidate code is there
 (`Calibration`: the reference's model, as a twin, timed against the reference's runner).
 
-- **The time that counts** (`counted_time`): the candidate's reported median, but never less than what its
-  brackets allow, the median bracket minus the calibrated overhead minus a slack (the statistical error of
-  both medians, a floor, a share of the call). A report forged down, or work done where no clock looks,
-  raises the bound, not the speedup. A bound far above the report rejects (`timing.outside_clock`); a
-  small one caps the time that counts (`timing.capped`, evidence).
+- **The time that counts** (`counted_time`): the candidate's reported median, unless its brackets contradict
+  it: the **bound** (a low quantile of the brackets minus the calibrated overhead) lies above the report by
+  more than a slack (the statistical error of both quantiles, a floor, a share of the call). Then the bound
+  itself counts, not the bound less its slack: a report the clock contradicts earns no benefit of the doubt,
+  so a report forged down, or work done where no clock looks, raises the bound, not the speedup (a forgery
+  that stays inside the slack gains at most the slack). A bound far above the report rejects
+  (`timing.outside_clock`); a small one caps the time that counts (`timing.capped`, evidence).
 - **The speedup**: the median of every reference call's reported time (the reference's runner is trusted)
   over the time that counts (`pooled`), or, as CUDA-L1 does, the median over buckets of the two medians'
   ratio (`buckets`). `speedup_ci`: a bootstrap interval over the calls, widened by what the calibration's
@@ -51,7 +53,8 @@ SLACK_REL = 0.03
 #: ...nor than this many standard errors of the bound.
 SLACK_SIGMAS = 3.0
 #: A bound above the report by more than max(this share of the report, REJECT_SLACKS x the slack) rejects, as
-#: does a report below half of the least the clock allows (a forgery of a whole call, whatever the noise).
+#: does a capped report below half of the bound less its noise (a forgery of most of a call; the slack's floor
+#: is left out of this one, or a report of a third of a 0.1 ms call on a CPU would only be capped).
 REJECT_REL = 0.25
 REJECT_SLACKS = 4.0
 #: Every schedule times at least this many pairs, whatever the buckets and bounds: fewer give the medians of
@@ -215,8 +218,9 @@ class Bound:
     reported_ms: float
     bound_ms: float  # BOUND_QUANTILE of the brackets - that of the calibrated overheads (or the CPU clock's)
     slack_ms: float
-    counted_ms: float  # max(reported, bound - slack)
+    counted_ms: float  # the report, or the bound where the report lies below it by more than the slack
     clock: str = "wall"  # which clock gave the bound
+    noise_ms: float = 0.0  # SLACK_SIGMAS standard errors of the bound: the slack without its floor
 
     @property
     def capped(self) -> bool:
@@ -252,9 +256,9 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
             overhead, overhead_se = cand_cal, cand_cal_se
         bound = (quantile(values, q) - overhead) / share
         if slack_ms is not None:
-            return Bound(reported, bound, slack_ms, 0.0, clock=clock)
-        se = math.hypot(quantile_se(values, q), overhead_se) / share
-        return Bound(reported, bound, max(floor, SLACK_SIGMAS * se), 0.0, clock=clock)
+            return Bound(reported, bound, slack_ms, 0.0, clock=clock, noise_ms=slack_ms)
+        noise = SLACK_SIGMAS * math.hypot(quantile_se(values, q), overhead_se) / share
+        return Bound(reported, bound, max(floor, noise), 0.0, clock=clock, noise_ms=noise)
 
     refs = ref_samples or []
     best = bound_of([s.bracket_ms for s in samples], calibration.cand_overhead_ms, calibration.cand_overhead_se_ms,
@@ -269,7 +273,7 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
                           ref_cpu if len(ref_cpu) == len(refs) else None, "cpu", max(cores, 1))
         if by_cpu.bound_ms - by_cpu.slack_ms > best.bound_ms - best.slack_ms:
             best = by_cpu
-    best.counted_ms = max(reported, best.bound_ms - best.slack_ms)
+    best.counted_ms = best.bound_ms if best.bound_ms - best.slack_ms > reported else reported
     return best
 
 
@@ -281,9 +285,8 @@ def bound_flags(bound: Bound) -> list[Flag]:
     detail = (f"the candidate reported {bound.reported_ms * 1e3:.1f} us per call; the {bound.clock} clock allows no "
               f"less than {(bound.bound_ms - bound.slack_ms) * 1e3:.1f} us (bound {bound.bound_ms * 1e3:.1f} us, "
               f"slack {bound.slack_ms * 1e3:.1f} us)")
-    least = bound.bound_ms - bound.slack_ms
     if bound.excess_ms > max(REJECT_REL * bound.reported_ms, REJECT_SLACKS * bound.slack_ms) \
-            or least > 2 * bound.reported_ms:
+            or bound.bound_ms - bound.noise_ms > 2 * bound.reported_ms:
         return [Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "the time the candidate's process reports disagrees with the "
                      f"clock outside it (forged times, or work where no clock looks): {detail}", source="runtime")]
     return [Flag(F.CAPPED, Severity.INFO, f"{detail}: the bound counts", source="runtime")]
