@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -127,6 +128,17 @@ def test_the_cpu_clock_bounds_where_the_wall_clock_is_noisy():
     bound = timing.counted_time(series.all("cand"), calibration, "cpu")
     assert bound.clock == "cpu" and bound.counted_ms >= 0.5 - bound.slack_ms
     assert [f.rule for f in timing.bound_flags(bound)] == [F.OUTSIDE_CLOCK]
+
+
+def test_on_a_gpu_only_the_wall_clock_bounds():
+    """A GPU runner's CPU time is its host side (launches, a spinning or sleeping wait): a CPU clock that reads
+    more than the brackets must not cap an honest report there."""
+    series = _series(0.1, 0.1, cpu=True)
+    # the host side spun for longer than the call
+    series.cand = [[dataclasses.replace(s, cpu_ms=s.cpu_ms + 0.1) for s in b] for b in series.cand]
+    calibration = timing.calibrate(_series(0.1, 0.1, n=30, cpu=True))
+    bound = timing.counted_time(series.all("cand"), calibration, "cuda")
+    assert bound.clock == "wall" and not bound.capped
 
 
 def test_without_a_calibration_the_report_counts():

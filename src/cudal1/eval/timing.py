@@ -266,8 +266,10 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
                     [s.overhead_ms for s in refs], "wall", 1)
     cpu = [s.cpu_ms for s in samples if s.cpu_ms is not None]
     ref_cpu = [s.cpu_ms - s.ms for s in refs if s.cpu_ms is not None]
-    if calibration.cand_cpu_overhead_ms is not None and len(cpu) == len(samples):
+    if device_type == "cpu" and calibration.cand_cpu_overhead_ms is not None and len(cpu) == len(samples):
         # Preemption stops a clock of CPU time, not a wall clock: on a loaded host this bound is the sharper.
+        # On a GPU the runner's CPU time is its host side only (launches, a wait that may spin or sleep): an
+        # honest 0.13 ms call on an H200 read 0.22 ms by it, so only the wall clock bounds there.
         by_cpu = bound_of(cpu, calibration.cand_cpu_overhead_ms, calibration.cand_cpu_overhead_se_ms or 0.0,
                           calibration.ref_cpu_overhead_ms, calibration.ref_cpu_overhead_se_ms,
                           ref_cpu if len(ref_cpu) == len(refs) else None, "cpu", max(cores, 1))
