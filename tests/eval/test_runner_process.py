@@ -142,7 +142,15 @@ def test_a_restart_removes_what_a_killed_parent_left():
     (left / "owner").write_text(dead.stdout.strip())
     mine = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
     (mine / "owner").write_text(str(os.getpid()))
-    assert reap_stale_folders() >= 1
+    # What still runs in the left folder (as bubblewrap's idle init does, naming it in its arguments) is ended.
+    idle = subprocess.Popen(["sh", "-c", "sleep 60", str(left / "scratch")])
+    bystander = subprocess.Popen(["sh", "-c", "sleep 60", str(mine / "scratch")])
+    try:
+        assert reap_stale_folders() >= 1
+        assert idle.wait(10) == -9 and bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
     assert not left.exists() and mine.exists()
     (mine / "owner").unlink()
     mine.rmdir()

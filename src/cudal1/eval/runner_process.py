@@ -14,7 +14,8 @@ parent enforces:
   nothing the candidate left running competes with the reference for the CPU;
 - death: every process of the sandbox dies with the runner's tree (`kill`), with the parent (bwrap
   `--die-with-parent`; a plain child gets PR_SET_PDEATHSIG), and a restart removes the folders a killed run
-  left (`reap_stale_folders`);
+  left and ends what still runs in them (`reap_stale_folders`: a parent killed while bubblewrap sets a
+  sandbox up can leave bubblewrap's idle init behind);
 - its output: stdout and stderr go through a pipe of which the parent keeps the first and last few KB
   (`OutputTail`), whatever the runner writes;
 - its replies: each is decoded as its request's reply class; anything else is a `RunnerFailed` with
@@ -27,6 +28,7 @@ follows the thread): start runners from long-lived threads.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -521,9 +523,10 @@ class RunnerProcess:
 
 
 def reap_stale_folders() -> int:
-    """Remove the runner folders of parents that are gone (a killed CLI or server); returns how many."""
+    """Remove the runner folders of parents that are gone (a killed CLI or server), and end what still runs
+    in them; returns how many folders."""
     root = Path(tempfile.gettempdir())
-    removed = 0
+    stale = []
     for folder in root.glob(FOLDER_PREFIX + "*"):
         try:
             owner = int((folder / "owner").read_text())
@@ -539,9 +542,31 @@ def reap_stale_folders() -> int:
                 continue
         elif owner == os.getpid():
             continue
+        stale.append(folder)
+    _kill_processes_naming(stale)
+    for folder in stale:
         shutil.rmtree(folder, ignore_errors=True)
-        removed += 1
-    return removed
+    return len(stale)
+
+
+def _kill_processes_naming(folders: list[Path]) -> None:
+    """SIGKILL every process whose command line names one of `folders`. A parent killed while bubblewrap
+    was still setting a sandbox up can leave bubblewrap's own init behind (its parent-death signal was not
+    armed yet): it idles, holding the folder's mounts, until something ends it."""
+    if not folders:
+        return
+    names = [str(f).encode() for f in folders]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if any(name in cmdline for name in names):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
 
 
 def copy_into_scratch(runner: RunnerProcess, source: str | os.PathLike) -> None:
