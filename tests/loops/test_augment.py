@@ -138,6 +138,8 @@ def test_config_needs_a_model_or_a_release():
         AugmentConfig()
     with pytest.raises(ConfigError):
         AugmentConfig(llms=["openai:m@http://127.0.0.1:1/v1"], keep=0)
+    with pytest.raises(ConfigError, match="unknown LLM spec"):
+        AugmentConfig(llms=["vllm:m"])  # the backends table is asked, not only the 'KIND:TARGET' form
     assert AugmentConfig(from_release=["x.jsonl"]).keep == 2
     assert AugmentConfig(from_examples=True).from_examples
 

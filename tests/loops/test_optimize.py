@@ -197,6 +197,12 @@ def test_config_rejects_bad_values(bad):
         OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", **bad)
 
 
+def test_config_rejects_an_unknown_or_malformed_spec():
+    for spec in ("vllm:m", "openai:m@ftp://x"):
+        with pytest.raises(ConfigError):
+            OptimizeConfig(llm=spec)
+
+
 def test_on_the_cpu_it_asks_for_pytorch_and_on_a_gpu_for_raw_cuda(tmp_path, store):
     """on the CPU, optimize asked for raw CUDA, which cannot run there."""
     from cudal1.llm.prompts import RAW_CUDA_FORM, TORCH_FORM, resolve_form

@@ -9,10 +9,9 @@ from cudal1.llm.backends import (
     LLMBackend,
     LLMConfig,
     UsageStats,
-    parse_spec,
 )
 from cudal1.llm.extract import Extraction, extract_completion
-from cudal1.llm.factory import make_backend
+from cudal1.llm.factory import BACKENDS, make_backend, parse_spec
 from cudal1.llm.prompts import (
     FORM_INSTRUCTIONS,
     RESTRICTIONS,
@@ -23,6 +22,7 @@ from cudal1.llm.prompts import (
 )
 
 __all__ = [
+    "BACKENDS",
     "BackendSpec",
     "Completion",
     "Extraction",

@@ -5,6 +5,10 @@ One small protocol (`LLMBackend`) hides where completions come from: an OpenAI-c
 `hf_backend.py`). A failed request never raises out of `generate`: it comes back as a `Completion` whose
 `error` is set, so one bad request never loses a batch.
 
+A spec is 'KIND:TARGET'. This module checks only that form (`split_spec`); each backend class owns the
+grammar of its TARGET (`SPEC_FORM`, `parse_target`), and `factory.parse_spec` dispatches on KIND through
+the `factory.BACKENDS` table, which this module cannot import (the backends import it).
+
 Limits: keys are never stored in configs, only the *name* of the environment variable that holds one.
 """
 
@@ -13,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import re
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -134,38 +137,42 @@ class LLMConfig:
             raise ConfigError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.backoff_base_s < 0 or self.backoff_max_s < self.backoff_base_s:
             raise ConfigError("set 0 <= backoff_base_s <= backoff_max_s")
-        parse_spec(self.spec)  # fail early on a malformed spec
+        # Only the generic form here: the per-kind grammar lives in the backends table, above this module.
+        split_spec(self.spec)
 
 
 @dataclass(frozen=True)
 class BackendSpec:
     """A parsed `LLMConfig.spec`."""
 
-    kind: str  # "openai" | "hf"
+    kind: str  # the key of its backend in `factory.BACKENDS`: "openai" | "hf" | ...
     model: str
     base_url: str | None = None
 
 
-_OPENAI_SPEC = re.compile(r"^openai:(?P<model>[^@\s]+)(?:@(?P<url>\S+))?$")
+def split_spec(spec: str) -> tuple[str, str]:
+    """Split 'KIND:TARGET' at the first ':' into (KIND, TARGET), both stripped; `ConfigError` when either
+    half is empty. Whether KIND is known and TARGET well formed is for `factory.parse_spec` to say."""
+    kind, colon, target = spec.strip().partition(":")
+    kind, target = kind.strip(), target.strip()
+    if not colon or not kind or not target:
+        raise ConfigError(f"bad LLM spec {spec!r}: expected 'KIND:TARGET', e.g. 'openai:MODEL@http://host:port/v1' "
+                          "or 'hf:PATH_OR_ID'")
+    return kind, target
 
 
-def parse_spec(spec: str) -> BackendSpec:
-    """Parse 'openai:MODEL@BASE_URL', 'openai:MODEL' or 'hf:PATH_OR_ID'; raise `ConfigError` otherwise."""
-    spec = spec.strip()
-    if spec.startswith("openai:"):
-        match = _OPENAI_SPEC.match(spec)
-        if not match:
-            raise ConfigError(f"bad LLM spec {spec!r}: expected 'openai:MODEL' or 'openai:MODEL@http://host:port/v1'")
-        url = match.group("url")
-        if url is not None and not re.match(r"^https?://[^/\s]+", url):
-            raise ConfigError(f"bad base URL {url!r} in LLM spec {spec!r}: it must start with http:// or https://")
-        return BackendSpec("openai", match.group("model"), url.rstrip("/") if url else None)
-    if spec.startswith("hf:"):
-        target = spec[len("hf:"):].strip()
-        if not target:
-            raise ConfigError(f"bad LLM spec {spec!r}: expected 'hf:PATH_OR_ID'")
-        return BackendSpec("hf", target)
-    raise ConfigError(f"unknown LLM spec {spec!r}: use 'openai:MODEL[@BASE_URL]' or 'hf:PATH_OR_ID'")
+def parse_own_spec(backend_cls: Any, spec: str) -> BackendSpec:
+    """`spec` parsed by `backend_cls`'s own grammar, for a backend's constructor.
+
+    The constructor cannot reach the backends table (it imports this module, not the factory), so the kind
+    is checked against the one `backend_cls.SPEC_FORM` begins with: a backend handed another kind's spec
+    fails here, with a `ConfigError`, before it loads a model or opens a connection.
+    """
+    kind, target = split_spec(spec)
+    own_kind = backend_cls.SPEC_FORM.partition(":")[0]
+    if kind != own_kind:
+        raise ConfigError(f"{backend_cls.__name__} needs a spec of the form {backend_cls.SPEC_FORM!r}, got {spec!r}")
+    return backend_cls.parse_target(spec, target)
 
 
 def resolve_api_key(env_name: str) -> str | None:

@@ -24,13 +24,14 @@ from typing import Any
 from cudal1.core.errors import ConfigError, MissingDependencyError
 from cudal1.core.hub import offline_if_unreachable
 from cudal1.llm.backends import (
+    BackendSpec,
     Completion,
     LLMConfig,
     Message,
     Prompt,
     UsageStats,
     as_messages,
-    parse_spec,
+    parse_own_spec,
     resolve_sampling,
 )
 
@@ -49,11 +50,18 @@ def render_chat(tokenizer: Any, messages: list[Message]) -> tuple[str, bool]:
 class HFBackend:
     """`LLMBackend` over a local `transformers` model."""
 
+    SPEC_FORM = "hf:PATH_OR_ID"
+
+    @classmethod
+    def parse_target(cls, spec: str, target: str) -> BackendSpec:
+        """A local path or a hub id (the part of `spec` after 'hf:'); `ConfigError` when it is empty."""
+        if not target.strip():
+            raise ConfigError(f"bad LLM spec {spec!r}: expected {cls.SPEC_FORM!r}")
+        return BackendSpec("hf", target.strip())
+
     def __init__(self, config: LLMConfig, *, model: Any = None, tokenizer: Any = None,
                  device: str | None = None):
-        spec = parse_spec(config.spec)
-        if spec.kind != "hf":
-            raise ValueError(f"HFBackend needs an 'hf:' spec, got {config.spec!r}")
+        spec = parse_own_spec(type(self), config.spec)  # before any model is loaded
         self.config = config
         self.model = spec.model
         self.usage = UsageStats()

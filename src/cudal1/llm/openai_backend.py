@@ -21,20 +21,22 @@ import email.utils
 import json
 import logging
 import random
+import re
 import threading
 import time
 import weakref
 from typing import Any
 
-from cudal1.core.errors import MissingDependencyError
+from cudal1.core.errors import ConfigError, MissingDependencyError
 from cudal1.llm.backends import (
+    BackendSpec,
     Completion,
     LLMConfig,
     Message,
     Prompt,
     UsageStats,
     as_messages,
-    parse_spec,
+    parse_own_spec,
     resolve_api_key,
     resolve_sampling,
     run_sync,
@@ -97,13 +99,28 @@ def backoff_delay_s(attempt: int, config: LLMConfig, retry_after_s: float | None
     return min(delay, config.backoff_max_s)
 
 
+_TARGET = re.compile(r"^(?P<model>[^@\s]+)(?:@(?P<url>\S+))?$")
+
+
 class OpenAIBackend:
     """`LLMBackend` over an OpenAI-compatible chat-completions endpoint."""
 
+    SPEC_FORM = "openai:MODEL[@BASE_URL]"
+
+    @classmethod
+    def parse_target(cls, spec: str, target: str) -> BackendSpec:
+        """'MODEL' or 'MODEL@http(s)://host:port/v1' (the part of `spec` after 'openai:'); `ConfigError` otherwise.
+        Without a base URL the client reads OPENAI_BASE_URL or uses its default."""
+        match = _TARGET.match(target)
+        if not match:
+            raise ConfigError(f"bad LLM spec {spec!r}: expected 'openai:MODEL' or 'openai:MODEL@http://host:port/v1'")
+        url = match.group("url")
+        if url is not None and not re.match(r"^https?://[^/\s]+", url):
+            raise ConfigError(f"bad base URL {url!r} in LLM spec {spec!r}: it must start with http:// or https://")
+        return BackendSpec("openai", match.group("model"), url.rstrip("/") if url else None)
+
     def __init__(self, config: LLMConfig, *, client_factory: Any = None):
-        spec = parse_spec(config.spec)
-        if spec.kind != "openai":
-            raise ValueError(f"OpenAIBackend needs an 'openai:' spec, got {config.spec!r}")
+        spec = parse_own_spec(type(self), config.spec)  # before the client or the extra is touched
         self.config = config
         self.model = spec.model
         self.base_url = spec.base_url  # None: the client reads OPENAI_BASE_URL or uses its default

@@ -43,8 +43,7 @@ from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
-from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
-from cudal1.llm.backends import parse_spec
+from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend, parse_spec
 from cudal1.llm.prompts import (
     DEFAULT_PROMPT_TOKEN_BUDGET,
     FORM_CHOICES,
@@ -129,7 +128,8 @@ class AugmentConfig:
         if self.form not in FORM_CHOICES:
             raise ConfigError(f"unknown form {self.form!r}: choose one of {', '.join(FORM_CHOICES)}")
         for spec in self.llms:
-            self.llm_config(spec)  # fail early on a malformed spec
+            parse_spec(spec)  # fail early on an unknown or malformed spec
+            self.llm_config(spec)
 
     def llm_config(self, spec: str) -> LLMConfig:
         """The LLMConfig of one model of the run."""

@@ -47,7 +47,7 @@ from cudal1.core.errors import ConfigError, Cudal1Error
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.exemplars import SAMPLERS, ExemplarDB, ScoredCode, make_sampler
-from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend
+from cudal1.llm import LLMConfig, build_contrastive_prompt, build_plain_prompt, make_backend, parse_spec
 from cudal1.llm.prompts import DEFAULT_PROMPT_TOKEN_BUDGET, FORM_CHOICES, resolve_form
 from cudal1.loops.common import (
     GENERATION_ERROR,
@@ -112,6 +112,7 @@ class OptimizeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.llm, str):
             self.llm = LLMConfig(spec=self.llm)
+        parse_spec(self.llm.spec)  # fail early on an unknown or malformed spec
         if isinstance(self.eval, dict):
             self.eval = EvalConfig.from_dict(self.eval)
         if self.rounds < 1 or self.samples < 1:
