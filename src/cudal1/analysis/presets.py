@@ -17,9 +17,11 @@ from collections.abc import Mapping
 
 from cudal1.analysis.rules import AUXILIARY_RULES, RULES
 from cudal1.core.errors import ConfigError
+from cudal1.core.names import PROFILE_ALIASES, describe_choices
 from cudal1.core.types import Flag
 
-__all__ = ["ACTIONS", "PRESETS", "preset_name", "rejecting_flags", "resolve_preset"]
+__all__ = ["ACTIONS", "PRESETS", "PRESET_HELP", "preset_choices", "preset_name", "rejecting_flags",
+           "resolve_preset"]
 
 ACTIONS = ("reject", "flag", "off")
 ALL_RULES = (*RULES, *AUXILIARY_RULES)
@@ -43,6 +45,18 @@ PRESETS: dict[str, dict[str, str]] = {
     "cuda-l1": {r: ("reject" if r in ("extra_cuda_stream", "result_caching") else "flag") for r in ALL_RULES},
     "kernelbench-v0": {r: "flag" for r in ALL_RULES},
 }
+
+#: One line per preset for help texts (the entries above are plain rule tables, with no room for one).
+PRESET_HELP: dict[str, str] = {
+    "strict": "rejects cheats, downcasts included",
+    "cuda-l1": "only side streams and result caching reject",
+    "kernelbench-v0": "nothing rejects, all is flagged",
+}
+
+
+def preset_choices() -> str:
+    """The presets with their descriptions, under the names the command line accepts, for help texts."""
+    return describe_choices(((name, PRESET_HELP.get(name, "")) for name in PRESETS), aliases=PROFILE_ALIASES)
 
 
 def resolve_preset(preset: str | Mapping[str, str]) -> dict[str, str]:

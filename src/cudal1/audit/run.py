@@ -37,7 +37,7 @@ from cudal1.core.baselines import baseline_kind_names
 from cudal1.core.errors import ConfigError
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult
-from cudal1.eval.config import PROFILES, PROTOCOL_VERSION, EvalConfig, resolve_device
+from cudal1.eval.config import PROFILES, PROTOCOL_VERSION, EvalConfig, profile_choices, resolve_device
 from cudal1.eval.scheduler import evaluate_many, prebuild, worker_supply
 from cudal1.metrics.rows import ResultRow
 from cudal1.store.keys import canonical_json, key_environment
@@ -58,7 +58,7 @@ class AuditConfig:
     """What to audit and how."""
 
     release: str = _f("", "Path of the JSONL release (CUDA-L1 schema). Required.")
-    profile: str = _f("strict", "Correctness profile: strict (ours) or cuda-l1 (their harness's tolerance).")
+    profile: str = _f("strict", f"Correctness profile: {profile_choices()}.")
     levels: tuple[int, ...] = _f((), "Only these levels (empty: all).")
     sample_per_level: int | None = _f(None, "Keep K items per level, chosen with `seed` (None: all).")
     seed: int = _f(0, "Seed of the per-level sample.")

@@ -18,13 +18,15 @@ from cudal1.baselines import parse_kinds
 from cudal1.cli import common
 from cudal1.core.errors import MissingDependencyError, SourceError
 from cudal1.core.types import EvalResult
+from cudal1.eval.config import profile_choices
 from cudal1.metrics.rows import ResultRow
 from cudal1.report import plots_available
 from cudal1.tasks import Task
 
 _RELEASE_OPT = typer.Argument(None, help="JSONL release in CUDA-L1's schema (e.g. h100.jsonl); optional when "
                                          "--report-only reports a saved audit.json.", show_default=False)
-_PROFILE_OPT = typer.Option(None, "--profile", help="strict (ours, the default) or cuda-l1 (their tolerance).",
+_PROFILE_OPT = typer.Option(None, "--profile", help=f"Correctness profile (default strict): "
+                                                    f"{profile_choices(typed=True)}.",
                             show_default=False, callback=lambda value: None if value is None else
                             common.check_profile(value))
 _LEVEL_OPT = typer.Option([], "--level", help="Only these levels.")

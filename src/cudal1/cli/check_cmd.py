@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from cudal1.analysis.presets import preset_choices
 from cudal1.cli.common import read_source
 from cudal1.core.names import canonical_profile
 
@@ -14,7 +15,7 @@ from cudal1.core.names import canonical_profile
 def check_command(
     candidate: Path = typer.Argument(..., help="Candidate module to analyse."),
     ref: Path | None = typer.Option(None, "--ref", help="Reference module, to compare sizes and get_inputs."),
-    preset: str = typer.Option("strict", "--preset", help="strict, cuda-l1 or kernelbench (kernelbench-v0).",
+    preset: str = typer.Option("strict", "--preset", help=f"Static preset: {preset_choices()}.",
                                callback=canonical_profile),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:

@@ -22,8 +22,8 @@ from rich.progress import (
 )
 
 from cudal1.core.errors import SourceError
-from cudal1.core.names import canonical_profile
-from cudal1.eval.config import PROFILES, EvalConfig
+from cudal1.core.names import PROFILE_ALIASES, canonical_profile, describe_choices
+from cudal1.eval.config import PROFILES, EvalConfig, profile_choices
 from cudal1.llm.prompts import FORM_CHOICES
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
@@ -42,8 +42,8 @@ def check_profile(value: str) -> str:
     """`--profile`: a correctness profile, `kernelbench` standing for `kernelbench-v0` (core.names)."""
     name = canonical_profile(value)
     if name not in PROFILES:
-        raise typer.BadParameter(f"{value!r} is not one of strict, kernelbench (kernelbench-v0), cuda-l1, "
-                                 "trusted")
+        names = describe_choices(((name, "") for name in PROFILES), aliases=PROFILE_ALIASES)
+        raise typer.BadParameter(f"{value!r} is not one of {names}")
     return name
 
 
@@ -65,8 +65,7 @@ def positive(value: float | None) -> float | None:
 
 DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)
 ProfileOpt = typer.Option("strict", "--profile", callback=check_profile,
-                          help="Correctness profile: strict (fp32 1e-4, guards reject), kernelbench "
-                               "(KernelBench's 1e-2; also kernelbench-v0) or cuda-l1. Other harnesses' "
+                          help=f"Correctness profile: {profile_choices(typed=True)}. Other harnesses' "
                                "acceptance rules: --policy.")
 TrialsOpt = typer.Option(5, "--trials", min=1, help="Correctness trials with fresh inputs.")
 SizesOpt = typer.Option("auto", "--sizes", callback=choice("auto", "full", "small"),

@@ -12,6 +12,7 @@ from cudal1.core.errors import SourceError
 from cudal1.core.types import EvalResult
 from cudal1.eval import evaluate_candidate
 from cudal1.eval.config import resolve_device
+from cudal1.policy.presets import policy_choices
 from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks import Task, find_task, load_tasks
 from cudal1.tasks.sources import load_candidates, load_file
@@ -32,8 +33,7 @@ def eval_command(
     force: bool = common.ForceOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     sandbox: str = common.SandboxOpt,
     policy: str = typer.Option("cuda-l1", "--policy", help="Verdict policy on top of the evaluator's verdict: "
-                               "cuda-l1, kernelbench, kernelgym, cuda-agent, kernelbench-hard, sol-execbench, "
-                               "or a YAML/JSON file."),
+                               f"{policy_choices()}."),
     round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
     estimator: str = typer.Option("pooled", "--estimator", callback=common.choice("pooled", "buckets"),
                                   help="pooled: median of all reference calls over median of all candidate "

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.names import PROFILE_ALIASES, describe_choices
 from cudal1.eval.shared.compare import Tolerance, tolerance_for
 from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
+from cudal1.policy.presets import policy_choices
 
 PROTOCOL_VERSION = "10"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
@@ -53,6 +55,8 @@ class Profile:
     require_sandbox: bool = False
     # Extra correctness trials on heavy-tailed, sign-varied inputs (reported apart; 0: none).
     extra_trials: int = 0
+    # One line for help texts (`profile_choices`); not part of what the profile decides.
+    description: str = field(default="", compare=False)
 
     def tolerance(self, dtype_name: str) -> Tolerance:
         return tolerance_for(self.tolerances, dtype_name)
@@ -67,16 +71,25 @@ PROFILES: dict[str, Profile] = {
         "float32": Tolerance(1e-4, 1e-4), "float64": Tolerance(1e-6, 1e-6),
         "float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(2e-2, 2e-2),
         "default": Tolerance(1e-4, 1e-4)}, static_preset="strict", exact_fp32=True, require_sandbox=True,
-        extra_trials=2),
+        extra_trials=2, description="fp32 1e-4, guards reject"),
     "kernelbench-v0": Profile("kernelbench-v0", {"default": Tolerance(1e-2, 1e-2)},
-                              static_preset="kernelbench-v0", reject_runtime_guards=False),
+                              static_preset="kernelbench-v0", reject_runtime_guards=False,
+                              description="KernelBench's 1e-2"),
     "cuda-l1": Profile("cuda-l1", {"default": Tolerance(1e-2, 1e-2)}, static_preset="cuda-l1",
-                       reject_runtime_guards=False),
+                       reject_runtime_guards=False, description="CUDA-L1's 1e-2"),
 }
 # Rationale: code cudal1 generates itself (baselines) is trusted, but torch.compile starts a helper
 # thread on a cold cache, which the strict thread guard would reject; keep strict tolerances, warn only.
 PROFILES["trusted"] = Profile("trusted", PROFILES["strict"].tolerances, static_preset="kernelbench-v0",
-                              reject_runtime_guards=False, exact_fp32=True)
+                              reject_runtime_guards=False, exact_fp32=True,
+                              description="for cudal1's own baselines")
+
+
+def profile_choices(*, typed: bool = False) -> str:
+    """The profiles with their descriptions, for help texts. `typed`: under the names the command line
+    accepts (`core.names.PROFILE_ALIASES`); else under the names configs and results use."""
+    return describe_choices(((name, p.description) for name, p in PROFILES.items()),
+                            aliases=PROFILE_ALIASES if typed else None)
 
 SANDBOX_MODES = ("auto", "required", "none")
 
@@ -90,8 +103,7 @@ class EvalConfig:
     """Everything that decides how one candidate is evaluated."""
 
     device: str = _f("auto", "auto (cuda if available, else cpu), cuda, cuda:N or cpu.")
-    profile: str = _f("strict", "Correctness/policy profile: strict, kernelbench-v0, cuda-l1 (or trusted, "
-                                  "for cudal1's own baselines).")
+    profile: str = _f("strict", f"Correctness/policy profile: {profile_choices()}.")
     correctness_trials: int = _f(5, "Correctness trials, each with fresh random inputs and a new seed.")
     seed: int = _f(42, "Seed of the models' parameters (both get the same). Input seeds are salted per "
                        "evaluation so a candidate cannot predict them.")
@@ -124,9 +136,8 @@ class EvalConfig:
                                           "watched from outside through NVML where installed.")
     cpu_threads: int | None = _f(None, "CPU threads of both models (torch intra-op). None: half the usable "
                                        "cores, 1 to 4.")
-    policy: str = _f("cuda-l1", "Verdict policy, applied on top of the evaluator's verdict: cuda-l1 (adds "
-                                "nothing), kernelbench, kernelgym, cuda-agent, kernelbench-hard, sol-execbench, "
-                                "or a YAML/JSON file (cudal1.policy.presets).")
+    policy: str = _f("cuda-l1", f"Verdict policy, applied on top of the evaluator's verdict: {policy_choices()} "
+                                "(cudal1.policy.presets).")
     sandbox: str = _f("auto", "auto: the best OS sandbox this host allows (strict refuses to run untrusted "
                               "candidates without one); required: refuse without one; none: run unsandboxed "
                               "(opt-out, recorded).")

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.names import describe_choices
 from cudal1.core.types import KernelClass
 
 #: The default policy: the method this project reproduces.
@@ -78,6 +79,13 @@ PRESETS: dict[str, Policy] = {
     "sol-execbench": Policy("sol-execbench", no_build_in_forward=True,
                             notes="SOL-ExecBench: no load_inline build inside forward"),
 }
+
+
+def policy_choices() -> str:
+    """The presets for help texts, ending with the file a user may give instead; a preset that adds nothing
+    to the evaluator's verdict says so."""
+    return describe_choices(((name, "adds nothing" if p.is_identity else "") for name, p in PRESETS.items()),
+                            or_else="a YAML/JSON file")
 
 
 def resolve_policy(spec: str | Policy | None) -> Policy:

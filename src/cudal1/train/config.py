@@ -26,8 +26,9 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.names import canonical_profile
 from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS
 from cudal1.core.types import Status
-from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.eval.config import EvalConfig, profile_choices, resolve_device
 from cudal1.llm.prompts import FORM_CHOICES, resolve_form
+from cudal1.policy.presets import policy_choices
 from cudal1.service.evaluator import is_evaluator_spec
 
 C = TypeVar("C")
@@ -88,14 +89,12 @@ class CommonTrainConfig:
     time_budget_s: float = _f(0.0, "Stop the stage cleanly after this many seconds (0: no limit).")
     store: str = _f("", "Results store path; empty: the default store; 'none': do not use one.")
     eval_device: str = _f("auto", "Evaluator device: auto, cuda, cuda:N or cpu.")
-    eval_profile: str = _f("strict", "Evaluator correctness profile: strict, kernelbench (kernelbench-v0) or "
-                                     "cuda-l1.")
+    eval_profile: str = _f("strict", f"Evaluator correctness profile: {profile_choices(typed=True)}.")
     eval_trials: int = _f(5, "Evaluator correctness trials per candidate.")
     eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
     eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
-    eval_policy: str = _f("cuda-l1", "Verdict policy of the rewards: cuda-l1, kernelbench, kernelgym, cuda-agent, "
-                                     "kernelbench-hard, sol-execbench or a YAML/JSON file; a violation earns the "
+    eval_policy: str = _f("cuda-l1", f"Verdict policy of the rewards: {policy_choices()}; a violation earns the "
                                      "policy's violation_reward, else failure_rewards.hack_detected.")
     eval_workers: int = _f(4, "Candidates evaluated in parallel (each in its own isolated process).")
     workers: str = _f("", "Where rewards are evaluated: empty (this process; one timed evaluation per device at "
