@@ -15,8 +15,8 @@ machine load.
 
 Run on the GPU machine (a 9-minute call each; on 16 cores both modes of 72 candidates took ~3,850 worker
 seconds plain and ~920 with the levers):
-    python scripts/bench_build.py OUT_DIR --limit 72 --workers 16 --time-budget-s 420 --timeout-s 160
-    python scripts/bench_build.py OUT_DIR --limit 72 --workers 16 --modes cudal1   # wall time of the pool alone
+    python scripts/bench_build.py OUT_DIR --limit 72 --threads 16 --time-budget-s 420 --timeout-s 160
+    python scripts/bench_build.py OUT_DIR --limit 72 --threads 16 --modes cudal1   # wall time of the pool alone
 Writes OUT_DIR/bench_build.json after every finished job (partial results survive a kill) and prints a
 short table last: per mode, jobs, successful builds, failures, median and p90 per-candidate build seconds
 (jobs whose every build succeeded), worker-busy seconds (throughput), then two median per-candidate ratios
@@ -60,7 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("out_dir", type=Path)
     p.add_argument("--jsonl", default=DEFAULT_JSONL)
     p.add_argument("--limit", type=int, default=None, help="first N load_inline candidates")
-    p.add_argument("--workers", type=int, default=usable_cpu_count(), help="builds in parallel")
+    # --workers: the flag's name before "workers" came to mean an evaluator pool only; still accepted.
+    p.add_argument("--threads", "--workers", dest="threads", type=int, default=usable_cpu_count(),
+                   help="builds in parallel")
     p.add_argument("--time-budget-s", type=float, default=480.0, help="launch no new build after this")
     p.add_argument("--timeout-s", type=float, default=600.0, help="limit of one build child")
     p.add_argument("--arch", default=None, help="TORCH_CUDA_ARCH_LIST (default: the local GPU)")
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="cudal1-bench-"))
     init_env = build_environment("bench-init", arch, cache_dir=scratch)
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+    with ThreadPoolExecutor(max_workers=args.threads) as pool:
         inits = list(pool.map(lambda r: init_inputs_for(r, init_env), rows))
         jobs = [{"mode": mode, "index": i, "task": f"{r.get('level_id')}/{r.get('task_id')}",
                  "source": r["custom_code"], "ref_source": r["ref_code"], "init_inputs": inits[i]}
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         pool_start = time.monotonic()
         queue = list(jobs)
         while queue or pending:
-            while queue and len(pending) < args.workers and time.monotonic() - start < args.time_budget_s:
+            while queue and len(pending) < args.threads and time.monotonic() - start < args.time_budget_s:
                 pending.add(pool.submit(run_job, queue.pop(0), scratch, arch, args.device, args.timeout_s))
             if not pending:
                 break

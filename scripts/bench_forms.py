@@ -10,7 +10,7 @@ saxpy). Goal of the fast form: a median build <= 1 s against ~60 s for `load_inl
   compile of the process (which loads libnvrtc) is reported apart as `first_build_s`.
 - load_inline form: each candidate module is imported in an isolated child
   (`cudal1.eval.inside.build_child:prepare_candidate`, the compile service's build child) with a fresh
-  TORCH_EXTENSIONS_DIR of its own, so every build is a cache miss; --workers children run in parallel (each
+  TORCH_EXTENSIONS_DIR of its own, so every build is a cache miss; --threads children run in parallel (each
   runs ninja with MAX_JOBS=2). A build's time is the `load_inline` call's own seconds as recorded by the
   child's build hooks (`build_s`; the child's wall time with interpreter start and imports is `wall_s`).
   Parallel builds share the machine's cores, so each is slower than it would be alone. --inline-levers
@@ -19,7 +19,7 @@ saxpy). Goal of the fast form: a median build <= 1 s against ~60 s for `load_inl
   running ones are awaited, and the JSON says how many finished.
 
 Run on the GPU machine (arch from the local GPU):
-    python scripts/bench_forms.py OUT_DIR --workers 8 --time-budget-s 420
+    python scripts/bench_forms.py OUT_DIR --threads 8 --time-budget-s 420
 On a CPU-only machine (the raw form only; arch defaults to sm_90):
     python scripts/bench_forms.py OUT_DIR --raw-only
 Writes OUT_DIR/bench_forms.json (rewritten after each finished load_inline build, so a killed run keeps its
@@ -91,7 +91,8 @@ def kernel_pairs() -> list[KernelPair]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
-    p.add_argument("--workers", type=int, default=max(1, usable_cpu_count() // 2),
+    # --workers: the flag's name before "workers" came to mean an evaluator pool only; still accepted.
+    p.add_argument("--threads", "--workers", dest="threads", type=int, default=max(1, usable_cpu_count() // 2),
                    help="load_inline builds in parallel (default: half the cores; each runs 2 ninja jobs)")
     p.add_argument("--time-budget-s", type=float, default=420.0,
                    help="start no new load_inline build after this many seconds")
@@ -168,9 +169,9 @@ def bench_inline(pairs: list[KernelPair], args: argparse.Namespace, arch: str, s
     queue, rows = list(pairs), []
     pending: set[Future] = set()
     pool_start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+    with ThreadPoolExecutor(max_workers=args.threads) as pool:
         while queue or pending:
-            while queue and len(pending) < args.workers and time.monotonic() - started < args.time_budget_s:
+            while queue and len(pending) < args.threads and time.monotonic() - started < args.time_budget_s:
                 pending.add(pool.submit(run_inline_build, queue.pop(0), scratch, arch, args.inline_levers,
                                         args.timeout_s))
             if not pending:
@@ -178,7 +179,7 @@ def bench_inline(pairs: list[KernelPair], args: argparse.Namespace, arch: str, s
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             rows.extend(f.result() for f in done)
             on_progress({"results": rows, "not_started": len(queue)})
-    return {"levers": args.inline_levers, "workers": args.workers, "scratch_dir": str(scratch),
+    return {"levers": args.inline_levers, "threads": args.threads, "scratch_dir": str(scratch),
             "pool_wall_s": round(time.monotonic() - pool_start, 3), "not_started": len(queue),
             "results": rows}
 
@@ -218,7 +219,7 @@ def print_table(summary: dict[str, Any], raw: dict[str, Any], inline: dict[str, 
                   f"{fmt(s['p90_s']):>8} {fmt(s['max_s']):>8}")
     print(f"raw: {raw['compiler']} for {raw['arch']}, first build of the process {fmt(raw['first_build_s'])} s")
     if inline is not None:
-        print(f"load_inline: {inline['levers']} levers, {inline['workers']} in parallel, "
+        print(f"load_inline: {inline['levers']} levers, {inline['threads']} in parallel, "
               f"{len(inline['results'])} finished, {inline['not_started']} not started; median ratio "
               f"load_inline/raw {fmt(summary.get('median_ratio_inline_over_raw'), 1)}x")
 

@@ -476,7 +476,7 @@ def held_out_db(table: Table, path: Path, tasks: list[Task], seed: int, n: int =
 
 def demo_reward(failure_rewards: dict[str, float], generations: int) -> RewardConfig:
     """The demo's reward: raw speedups (failures 0), not normalized and not clipped."""
-    return RewardConfig(failure_rewards=failure_rewards, normalize=False, group_size=generations, eval_workers=1)
+    return RewardConfig(failure_rewards=failure_rewards, normalize=False, group_size=generations, eval_threads=1)
 
 
 class RecordingReward:

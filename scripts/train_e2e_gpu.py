@@ -105,7 +105,7 @@ def common(args: argparse.Namespace, out: Path, stage: str, budget_s: float) -> 
             "eval_timeout_s": 120.0, "time_budget_s": budget_s, "bf16": torch.cuda.is_available(),
             "use_cpu": not torch.cuda.is_available(), "logging_steps": 1, "save_steps": 100_000,
             "warmup_ratio": 0.0, "lr_scheduler_type": "constant", "per_device_train_batch_size": 1,
-            "gradient_accumulation_steps": 1, "eval_workers": 8}
+            "gradient_accumulation_steps": 1, "eval_threads": 8}
 
 
 def stage1_rows(tasks: list, rows: list[dict], prompt_token_budget: int) -> list[dict]:

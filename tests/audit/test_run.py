@@ -256,16 +256,16 @@ def _fake_gpu(monkeypatch, prebuild):
     supply = SimpleNamespace(fill=lambda: events.append("fill"))
     monkeypatch.setattr(run_mod, "resolve_device", lambda device: "cuda:0")
     monkeypatch.setattr(run_mod, "describe_machine", lambda device: {"device_type": "cuda", "gpu_name": "test"})
-    monkeypatch.setattr(run_mod, "_audit_workers", lambda cfg, n: contextlib.nullcontext(supply))
-    monkeypatch.setattr(run_mod, "_default_evaluate", lambda items, *a, workers=None, **kw: events.append(
-        (len(items), workers is supply)) or [None] * len(items))
+    monkeypatch.setattr(run_mod, "_audit_runners", lambda cfg, n: contextlib.nullcontext(supply))
+    monkeypatch.setattr(run_mod, "_default_evaluate", lambda items, *a, runners=None, **kw: events.append(
+        (len(items), runners is supply)) or [None] * len(items))
     monkeypatch.setattr(run_mod, "prebuild", lambda items, cfg, **kw: prebuild(events, items, kw))
     return events
 
 
 def test_gpu_audit_builds_every_pending_candidate_before_its_batches(release, store, monkeypatch):
     # One parallel build pass for the whole chunk (batch by batch, each batch waited for its slowest build),
-    # while the first workers start; every batch then uses the same warm workers.
+    # while the first runners start; every batch then uses the same warm runners.
     def prebuild(events, items, kw):
         assert callable(kw["should_cancel"]) and not kw["should_cancel"]()  # the time budget can stop it
         assert kw["warm_lazy"] is True  # the GPU is idle during the pass: lazy builds are triggered there

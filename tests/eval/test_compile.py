@@ -146,7 +146,7 @@ def test_cache_root_honours_env(monkeypatch, tmp_path):
 
 def test_config_validation():
     with pytest.raises(ConfigError):
-        CompileConfig(arch="9.0", max_workers=0)
+        CompileConfig(arch="9.0", threads=0)
     with pytest.raises(ConfigError):
         CompileConfig(arch="9.0", device="gpu1")
 
@@ -497,7 +497,7 @@ def test_service_caches_by_marker(tmp_path, monkeypatch):
 
     monkeypatch.setattr(compile_mod, "run_isolated", counting_run_isolated)
     progress = []
-    kwargs = dict(arch="9.0", device="cpu", cache_dir=str(tmp_path), max_workers=2)
+    kwargs = dict(arch="9.0", device="cpu", cache_dir=str(tmp_path), threads=2)
     first = build_candidates([PURE_PYTORCH, IMPORT_RAISES, PURE_PYTORCH], progress=lambda *a: progress.append(a),
                              **kwargs)
     assert len(calls) == 2  # identical sources built once
@@ -516,7 +516,7 @@ def test_service_remembers_compile_errors_not_other_failures(tmp_path, monkeypat
     calls = []
     real = compile_mod.run_isolated
     monkeypatch.setattr(compile_mod, "run_isolated", lambda *a, **kw: calls.append(a[0]) or real(*a, **kw))
-    kwargs = dict(arch="9.0", device="cpu", cache_dir=str(tmp_path), max_workers=1)
+    kwargs = dict(arch="9.0", device="cpu", cache_dir=str(tmp_path), threads=1)
     syntax_error = "import torch\nclass ModelNew(:\n    pass\n"
     first = build_candidates([syntax_error], **kwargs)[0]
     again = build_candidates([syntax_error], **kwargs)[0]
@@ -614,7 +614,7 @@ def test_prebuild_tells_each_item_when_its_build_is_done(tmp_path, monkeypatch):
     items = [(task, ok), (task, PURE_PYTORCH), (task, bad), (task, ok)]
     done, builds = [], []
     prebuild(items, EvalConfig(device="cpu"), on_build=lambda d, t: builds.append((d, t)), on_item=done.append,
-             max_workers=2)
+             threads=2)
     assert done[0] == 1 and sorted(done) == [0, 1, 2, 3]
     assert sorted(builds) == [(1, 2), (2, 2)]
 

@@ -91,7 +91,7 @@ class ModelNew(nn.Module):
 
 
 def _service(tmp_path: Path, **kw) -> CompileService:
-    return CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path), max_workers=1, **kw))
+    return CompileService(CompileConfig(arch="9.0", device="cpu", cache_dir=str(tmp_path), threads=1, **kw))
 
 
 def _entries(monkeypatch) -> list[str]:

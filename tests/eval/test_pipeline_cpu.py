@@ -1,4 +1,4 @@
-"""The evaluator end to end on CPU: every verdict, from a real isolated worker.
+"""The evaluator end to end on CPU: every verdict, from real isolated runners.
 
 Each test runs the full pipeline (static analysis, isolated child, correctness, timing) on a tiny task.
 """
@@ -178,7 +178,7 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
     monkeypatch.setattr(pipeline, "describe_machine", lambda device: env)
     monkeypatch.setattr(pipeline, "prebuild", lambda items, cfg, **kw: built.extend(s for _, s in items))
     filled = []
-    monkeypatch.setattr(pipeline, "worker_supply",
+    monkeypatch.setattr(pipeline, "runner_supply",
                         lambda device, *a, **kw: contextlib.nullcontext(SimpleNamespace(fill=lambda: filled.append(1),
                                                                               pin=lambda *a, **kw: None)))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
@@ -190,7 +190,7 @@ def test_resumed_batch_builds_only_what_it_will_evaluate(task, tmp_path, monkeyp
         store.put_evaluation(EvalResult(status=Status.CORRECT, speedup=1.5), task_hash=task.hash, key=key)
         pipeline.evaluate_many([(task, done), (task, todo)], cfg, store=store)
         assert built == [todo] and evaluated == [done, todo]  # the stored one is read back, not rebuilt
-        assert filled == [1]  # workers started before the builds
+        assert filled == [1]  # runners started before the builds
         built.clear()
         pipeline.evaluate_many([(task, done), (task, todo)], cfg, store=store, force=True)
         assert built == [done, todo]
@@ -205,9 +205,9 @@ def _fake_gpu_batch(monkeypatch, build_release):
 
     evaluated, pins, build_cpus, warm = [], [], [], []
 
-    def slow_prebuild(items, cfg, on_build=None, on_item=None, max_workers=None, should_cancel=None, cpus=None,
+    def slow_prebuild(items, cfg, on_build=None, on_item=None, threads=None, should_cancel=None, cpus=None,
                       warm_lazy=False):
-        assert max_workers is not None and max_workers >= 1
+        assert threads is not None and threads >= 1
         build_cpus.append(cpus)
         warm.append(warm_lazy)
         assert build_release.wait(timeout=30)
@@ -221,7 +221,7 @@ def _fake_gpu_batch(monkeypatch, build_release):
     monkeypatch.setattr(pipeline, "prebuild", slow_prebuild)
     monkeypatch.setattr(pipeline, "core_split", lambda device: CoreSplit(runners=frozenset({0, 1}),
                                                                         others=frozenset({2, 3, 4})))
-    monkeypatch.setattr(pipeline, "worker_supply",
+    monkeypatch.setattr(pipeline, "runner_supply",
                         lambda device, *a, **kw: contextlib.nullcontext(SimpleNamespace(
                             fill=lambda: None, pin=lambda cpus, others=None: pins.append((cpus, others)))))
     monkeypatch.setattr(pipeline, "evaluate_candidate",
@@ -249,7 +249,7 @@ def test_batch_evaluates_while_builds_run_and_returns_input_order(task, monkeypa
     assert evaluated == [sources[1], sources[3], sources[0], sources[2]]
     assert seen == [(1, sources[1]), (3, sources[3]), (0, sources[0]), (2, sources[2])]
     assert [r.message for r in results] == sources
-    # The timed worker on cores of its own while compilers (and starting workers) use the rest; all cores
+    # The timed runner on cores of its own while compilers (and starting runners) use the rest; all cores
     # again once the builds are done.
     assert build_cpus == [frozenset({2, 3, 4})]
     assert warm == [False]  # no forward on the GPU while it times another candidate

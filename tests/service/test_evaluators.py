@@ -26,7 +26,7 @@ def test_this_process_and_a_local_pool_give_real_verdicts_and_store_them(spec, t
     store = ResultsStore(tmp_path / "s.sqlite")
     evaluator = make_evaluator(spec, FAST_CONFIG, store=store, label="rl")
     try:
-        with concurrent.futures.ThreadPoolExecutor(2) as threads:  # the reward's eval_workers
+        with concurrent.futures.ThreadPoolExecutor(2) as threads:  # the reward's eval_threads
             results = list(threads.map(lambda src: evaluator(tiny_task(), src), [TINY_CANDIDATE, "x = ("]))
     finally:
         evaluator.close()

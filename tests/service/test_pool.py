@@ -217,8 +217,8 @@ def test_retired_slot_hands_its_lane_to_live_slots():
     assert queue.get(0, timeout_s=0) is None
 
 
-def test_pool_evaluations_reuse_pre_started_workers():
-    # The real evaluator as pools call it: the calling thread keeps a warm worker ready for its next
+def test_pool_evaluations_reuse_pre_started_runners():
+    # The real evaluator as pools call it: the calling thread keeps warm runners ready for its next
     # evaluation, and the slot's end stops it.
     from cudal1.service import pool as pool_mod
 

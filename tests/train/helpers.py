@@ -24,7 +24,7 @@ def common_overrides(tmp_path: Path, **extra) -> dict:
     values = {"model": "scratch", "output_dir": str(tmp_path / "run"), "source": str(FIXTURE_TASKS),
               "use_cpu": True, "report_to": "none", "store": "none", "eval_device": "cpu",
               "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 2,
-              "logging_steps": 1, "warmup_ratio": 0.0, "lr_scheduler_type": "constant", "eval_workers": 2,
+              "logging_steps": 1, "warmup_ratio": 0.0, "lr_scheduler_type": "constant", "eval_threads": 2,
               "split": "all"}
     values.update(extra)
     return values

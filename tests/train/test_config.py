@@ -196,3 +196,15 @@ def test_log_completions_is_a_setting_of_stages_2_and_3(tmp_path):
         config = load_config(cls, None, ["log_completions=false", "model=scratch", f"output_dir={tmp_path}"])
         assert config.log_completions is False
         assert load_config(cls, None, {"model": "scratch", "output_dir": str(tmp_path)}).log_completions
+
+
+def test_a_renamed_setting_is_read_under_its_new_name_with_a_warning(tmp_path):
+    """`eval_workers` (the old name of `eval_threads`) in a YAML file still works, once, with a FutureWarning;
+    both names at once are an error naming the one to keep."""
+    path = tmp_path / "rl.yaml"
+    path.write_text("model: scratch\noutput_dir: /tmp/x\neval_workers: 3\n")
+    with pytest.warns(FutureWarning, match="eval_threads"):
+        cfg = load_config(RLStageConfig, path)
+    assert cfg.eval_threads == 3
+    with pytest.raises(ConfigError, match="give only eval_threads"):
+        load_config(RLStageConfig, path, ["eval_threads=2"])

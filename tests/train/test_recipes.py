@@ -66,7 +66,7 @@ def test_two_process_data_parallel_stage3_saves_once(tmp_path):
            "--split", "all"]
     for setting in ("use_cpu=true", "report_to=none", "store=none", "eval_device=cpu", "max_steps=2",
                     "num_generations=2", "per_device_train_batch_size=2", "gradient_accumulation_steps=1",
-                    "max_completion_length=16", "save_steps=1000", "eval_workers=1", "max_tasks=2", "beta=0.01"):
+                    "max_completion_length=16", "save_steps=1000", "eval_threads=1", "max_tasks=2", "beta=0.01"):
         cmd += ["--set", setting]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)

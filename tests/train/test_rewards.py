@@ -64,7 +64,7 @@ def test_rewards_flow_from_the_real_evaluator(tiny_tasks, real_evaluator, tmp_pa
     """Real isolated evaluation on CPU: a correct candidate earns its speedup, a wrong one the failure value."""
     task = tiny_tasks[0]
     db = ExemplarDB(tmp_path / "ex.sqlite")
-    reward = KernelReward(tiny_tasks, real_evaluator, RewardConfig(normalize=False, clip_k=1e6, eval_workers=2),
+    reward = KernelReward(tiny_tasks, real_evaluator, RewardConfig(normalize=False, clip_k=1e6, eval_threads=2),
                           exemplar_db=db)
     out = reward([_completion(correct_code(task)), _completion(wrong_code(task))], task_id=[task.id, task.id])
     assert out[0] > 0 and out[1] == 0.0

@@ -38,7 +38,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult
 from cudal1.eval.config import PROFILES, PROTOCOL_VERSION, EvalConfig, profile_choices, resolve_device
-from cudal1.eval.scheduler import evaluate_many, prebuild, worker_supply
+from cudal1.eval.scheduler import evaluate_many, prebuild, runner_supply
 from cudal1.metrics.rows import ResultRow
 from cudal1.store.keys import canonical_json, key_environment
 from cudal1.tasks.sources import load_release
@@ -247,10 +247,10 @@ def run_audit(config: AuditConfig, store: Any, *, evaluate: Evaluate | None = No
     if measuring_here and config.peaks:
         _ensure_peaks(cfg, store)
     gpu_run = measuring_here and cfg.device.startswith("cuda") and bool(pending)
-    with _audit_workers(cfg, len(pending)) if gpu_run else contextlib.nullcontext() as workers:
+    with _audit_runners(cfg, len(pending)) if gpu_run else contextlib.nullcontext() as runners:
         if gpu_run and not _out_of_time(config, started):
-            _build_all(pending, cfg, workers, should_cancel=lambda: _out_of_time(config, started))
-        extra = {"workers": workers} if workers is not None else {}
+            _build_all(pending, cfg, runners, should_cancel=lambda: _out_of_time(config, started))
+        extra = {"runners": runners} if runners is not None else {}
         for start in range(0, len(pending), config.batch_size):
             if _out_of_time(config, started):
                 outcome.skipped_for_time = len(pending) - start
@@ -305,20 +305,20 @@ def _selection(config: AuditConfig) -> list[Item]:
                         sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)
 
 
-def _audit_workers(cfg: EvalConfig, n: int) -> Any:
-    """One supply of warm workers for every batch of the audit (a supply per batch waited ~9 s for its
-    first worker each time, once the builds were done ahead)."""
+def _audit_runners(cfg: EvalConfig, n: int) -> Any:
+    """One supply of warm runners for every batch of the audit (a supply per batch waited ~9 s for its
+    first runner each time, once the builds were done ahead)."""
 
-    return worker_supply(cfg.device, n)
+    return runner_supply(cfg.device, n)
 
 
-def _build_all(pending: list[Item], cfg: EvalConfig, workers: Any, should_cancel: Callable[[], bool]) -> None:
+def _build_all(pending: list[Item], cfg: EvalConfig, runners: Any, should_cancel: Callable[[], bool]) -> None:
     """Build every pending `load_inline` candidate in one parallel pass (the batches then find them built:
-    a batch waited for its own slowest build, once per batch), with the first workers starting meanwhile;
+    a batch waited for its own slowest build, once per batch), with the first runners starting meanwhile;
     the GPU is idle during the pass, so builds made lazily in `forward` are triggered there too.
     A failure here costs only time: each candidate then builds in its own evaluation."""
 
-    workers.fill()
+    runners.fill()
     try:
         prebuild([(t, c.source) for t, c in pending], cfg, should_cancel=should_cancel, warm_lazy=True)
     except Exception:  # noqa: BLE001 - see the docstring

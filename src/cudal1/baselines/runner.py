@@ -1,7 +1,7 @@
 """Measure, cache and apply baselines: every speedup cudal1 reports can be read against each of them.
 
 `measure_baseline(task, kind, config, store=...)` evaluates the generated baseline candidate
-(`cudal1.baselines.variants`) through `evaluate_candidate`, i.e. in an isolated worker with the evaluator's
+(`cudal1.baselines.variants`) through `evaluate_candidate`, i.e. in an isolated runner with the evaluator's
 paired protocol against eager, with static analysis skipped (the code is ours) and, for `tf32`, the looser
 profile. The baseline's time is the candidate time of that evaluation and its speedup vs eager the measured
 speedup. The outcome is cached with `ResultsStore.put_baseline` under
@@ -39,7 +39,7 @@ from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import PROTOCOL_VERSION, EvalConfig, resolve_device
 from cudal1.eval.pipeline import evaluate_candidate
-from cudal1.eval.scheduler import worker_supply
+from cudal1.eval.scheduler import runner_supply
 from cudal1.store.keys import environment_key
 from cudal1.tasks.task import Task
 
@@ -145,10 +145,10 @@ def record_from_result(task: Task, kind: str, result: EvalResult, profile: str) 
 
 
 def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *, store: Any = None,
-                     force: bool = False, workers: Any = None) -> BaselineRecord:
+                     force: bool = False, runners: Any = None) -> BaselineRecord:
     """Time one baseline of `task` (or return it from the cache) and cache the outcome.
 
-    `workers` is a `WorkerSupply` shared by a series of measurements (see `ensure_baselines`). Never
+    `runners` is a `RunnerSupply` shared by a series of measurements (see `ensure_baselines`). Never
     raises for what the baseline does at run time: failures come back as a record with `status="failed"`
     and the reason.
     """
@@ -164,7 +164,7 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
         # No output clones: the evaluator checks each output before the next call, and a clone would add a
         # device copy to the graph kinds that the reference does not pay.
         source = baseline_source(task, kind, cfg.sizes, clone_outputs=False)
-        result = evaluate_baseline_source(task, source, cfg, store=store, force=force, kind=kind, workers=workers)
+        result = evaluate_baseline_source(task, source, cfg, store=store, force=force, kind=kind, runners=runners)
         record = record_from_result(task, kind, result, cfg.profile)
     if store is not None:
         store.put_baseline(task.hash, kind, *_cache_coordinates(cfg), record.ms or 0.0, extra=record.to_extra())
@@ -174,11 +174,11 @@ def measure_baseline(task: Task, kind: str, config: EvalConfig | None = None, *,
 
 
 def evaluate_baseline_source(task: Task, source: str, cfg: EvalConfig, *, store: Any, force: bool,
-                             kind: str, workers: Any = None) -> EvalResult:
+                             kind: str, runners: Any = None) -> EvalResult:
     """Evaluate a generated baseline through the standard pipeline (stored under label `baseline:<kind>`)."""
 
     return evaluate_candidate(task, source, cfg, store=store, force=force, label=LABEL_PREFIX + kind,
-                              workers=workers)
+                              runners=runners)
 
 
 def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalConfig | None = None, *,
@@ -192,7 +192,7 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
     time budget); the records so far are returned when it says stop. The kinds that need no compilation are
     measured first for every task, then the torch.compile kinds, after they compiled once in parallel
     (`cudal1.baselines.warm`) so that their timed runs find the caches filled: a budget that ends during
-    the slow half still leaves the quick baselines complete. Evaluation workers are started ahead of need,
+    the slow half still leaves the quick baselines complete. Evaluation runners are started ahead of need,
     as in `evaluate_many`, one supply for both halves.
     """
 
@@ -202,24 +202,24 @@ def ensure_baselines(tasks: Iterable[Task], kinds: Sequence[str], config: EvalCo
     slow = [k for k in kinds if k in COMPILE_KINDS]
     records: dict[tuple[int, int], BaselineRecord] = {}
 
-    def measure(half: list[str], workers: Any) -> bool:
+    def measure(half: list[str], runners: Any) -> bool:
         """Measure the kinds of `half` for every task; False when told to stop."""
         for i, task in enumerate(tasks):
             for kind in half:
                 if should_stop is not None and should_stop():
                     return False
-                record = measure_baseline(task, kind, config, store=store, force=force, workers=workers)
+                record = measure_baseline(task, kind, config, store=store, force=force, runners=runners)
                 records[i, position[kind]] = record
                 if on_result is not None:
                     on_result(task, kind, record)
         return True
 
-    with worker_supply(resolve_device(config.device), len(tasks) * len(kinds),
+    with runner_supply(resolve_device(config.device), len(tasks) * len(kinds),
                        hidden_files=[str(store.path)] if store is not None else None,
-                       shared_compile_cache=True) as workers:
-        if measure(quick, workers) and slow:
+                       shared_compile_cache=True) as runners:
+        if measure(quick, runners) and slow:
             _warm_compile_kinds(tasks, slow, config, store, force, should_stop)
-            measure(slow, workers)
+            measure(slow, runners)
     return [records[key] for key in sorted(records)]
 
 

@@ -4,7 +4,7 @@
   on the `meta` device (no memory, no GPU: the approach of `cudal1.tasks.inspect`), and the minimum bytes
   any implementation must move: every input, every output and every parameter/buffer, each once.
 - `measure_peaks(device)`: a copy-bandwidth probe (device-to-device copy, bytes read + written) and a
-  matmul probe per dtype (fp32 with TF32 off, bf16, fp16), run in an isolated worker and cached per GPU
+  matmul probe per dtype (fp32 with TF32 off, bf16, fp16), run in an isolated child and cached per GPU
   name in the store's `meta` table (`peaks/<gpu name>`).
 - `sol_fraction(ms, flops, bytes, peaks)`: max(flops / peak flops, bytes / peak bandwidth) / time, the
   fraction of the physical limit a measured time reaches (1.0 = at the limit).
@@ -218,7 +218,7 @@ def measure_peaks(device: str = "auto", store: Any = None, *, force: bool = Fals
     """Measured peaks of `device`, from the store's cache (`peaks/<gpu name>`) or a fresh isolated probe.
 
     Returns `{"gpu_name", "copy_bytes_per_s", "matmul_flops_per_s": {dtype: flops/s}, "probe"}`.
-    Raises `RuntimeError` when the probe worker fails (the message says how).
+    Raises `RuntimeError` when the probe child fails (the message says how).
     """
 
     resolved = resolve_device(device)

@@ -1,6 +1,6 @@
 """Baselines as generated candidates: module sources defining `ModelNew` around a task's reference `Model`.
 
-A baseline is timed exactly like an LLM-written candidate (same isolated worker, same paired protocol
+A baseline is timed exactly like an LLM-written candidate (same isolated runner, same paired protocol
 against eager), so `baseline_source(task, kind)` returns the text of a candidate module. The module never
 imports the harness: it embeds the task source as a string literal and executes it into a private
 namespace to obtain `Model` (applying the task's `SMALL_SIZES` when generated for `sizes="small"`, as the

@@ -2,7 +2,7 @@
 
 A `torch_compile` baseline compiles in its timed evaluation, serially, with one compile thread (the
 evaluator's thread guard); a cold compile of a level-2/3 model takes tens of seconds. `warm_compile_caches`
-first runs each pending (task, compile kind) once in its own isolated worker, several at a time, exactly as
+first runs each pending (task, compile kind) once in its own isolated child, several at a time, exactly as
 the evaluation will construct and call it (same generated source, seed, problem sizes, device, fp32
 numerics and no-grad mode), so inductor's on-disk caches (FX graph, Triton kernels; shared by the processes
 of one user) are filled in parallel and the timed evaluations load from them. Nothing is measured or stored here; a failure
@@ -73,7 +73,7 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
     pairs = [(t, k) for t, k in pairs if k in COMPILE_KINDS]
     if not pairs:
         return {}
-    workers = max(1, min(len(pairs), parallel or usable_cpu_count() // 2))
+    threads = max(1, min(len(pairs), parallel or usable_cpu_count() // 2))
     limits = Limits(timeout_s=timeout_s or cfg.build_timeout_s, memory_bytes=None)
 
     def one(pair: tuple[Task, str]) -> float | str:
@@ -90,11 +90,11 @@ def warm_compile_caches(pairs: Sequence[tuple[Task, str]], cfg: EvalConfig, *, p
         return outcome.error or ("timed out" if outcome.timed_out else f"exit {outcome.exit_code}")
 
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cudal1-warm-compile") as pool:
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cudal1-warm-compile") as pool:
         done = dict(zip([(t.id, k) for t, k in pairs], pool.map(one, pairs), strict=True))
     skipped = sum(v == SKIPPED for v in done.values())
     failed = sum(isinstance(v, str) for v in done.values()) - skipped
     logger.info("torch.compile caches warmed for %d of %d baseline(s) in %.1f s, %d at a time (%d failed, "
                 "%d skipped: stopped)", len(done) - failed - skipped, len(done), time.monotonic() - started,
-                workers, failed, skipped)
+                threads, failed, skipped)
     return done

@@ -26,8 +26,9 @@ def evaluate_policy_command(
     form: str = common.FormOpt,
     exemplar_db: str = typer.Option("", "--exemplar-db", help="Exemplar database of stage 3: contrastive prompts "
                                     "(as the policy was trained on) instead of plain ones."),
-    eval_workers: int = typer.Option(4, "--eval-workers", min=1,
-                                     help="Candidates evaluated in parallel (as eval_workers in training)."),
+    # --eval-workers: its name before "workers" came to mean an evaluator pool only; still accepted.
+    eval_threads: int = typer.Option(4, "--eval-threads", "--eval-workers", min=1,
+                                     help="Candidates evaluated in parallel (as eval_threads in training)."),
     workers: str = common.WorkersOpt,
     output: str = typer.Option("", "--output", help="Write the JSON report here."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
@@ -45,15 +46,15 @@ def evaluate_policy_command(
                            max_tasks=max_tasks, form=form, exemplar_db=exemplar_db,
                            output=str(common.output_file(Path(output))) if output else "")
     if workers.isdigit():  # before 2026-12 `--workers N` counted parallel candidates here, unlike elsewhere
-        typer.echo(f"note: --workers {workers} is read as --eval-workers {workers}; --workers names an "
+        typer.echo(f"note: --workers {workers} is read as --eval-threads {workers}; --workers names an "
                    "evaluator pool, as in eval, optimize and serve", err=True)
-        eval_workers, workers = int(workers), ""
+        eval_threads, workers = int(workers), ""
     eval_cfg = common.make_config(device, profile, trials, sizes)
     store = common.open_store(store_path, no_store)
     from cudal1.service.evaluator import make_evaluator
 
     with make_evaluator(workers, eval_cfg, store=store, label=f"policy:{checkpoint or llm}") as evaluator:
-        report = evaluate_policy(cfg, eval_config=eval_cfg, store=store, workers=eval_workers,
+        report = evaluate_policy(cfg, eval_config=eval_cfg, store=store, threads=eval_threads,
                                  evaluator=evaluator)
     if as_json:
         common.console.print(json.dumps(report.to_dict(), indent=1, default=str), markup=False, highlight=False)

@@ -1,6 +1,6 @@
 """Wire types of the evaluator: the verdict of one candidate and the evidence behind it.
 
-These types cross process boundaries (worker -> parent, reward server -> trainer) and land in the results
+These types cross process boundaries (runner -> parent, reward server -> trainer) and land in the results
 store, so they are plain frozen dataclasses that round-trip through JSON (`to_dict` / `from_dict`).
 Numbers that may be missing are `None`, never `-1.0`.
 """

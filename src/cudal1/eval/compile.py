@@ -9,7 +9,7 @@ and records successful builds so that nothing is built twice:
 - `build_key(source, arch=..., extra=...)`: sha256 over the source and everything that changes the
   binary (torch and CUDA versions, nvcc version, arch list, the build levers, BUILD_PROTOCOL_VERSION).
 - `build_environment(key, arch)`: the environment of the build child. **The evaluator must give the same
-  environment to the worker that imports the candidate for evaluation** and call
+  environment to the runner that imports the candidate for evaluation** and call
   `build_hooks.install_build_hooks()` there before the import (it reads the levers from that
   environment and replays the build decisions), so that torch finds the finished build in
   `TORCH_EXTENSIONS_DIR/<name>` and ninja sees nothing to do (0.0 s); any difference in flags, arch list
@@ -20,7 +20,7 @@ and records successful builds so that nothing is built twice:
 - `trim_compiler_log(text)`: the few compiler lines that explain a failure, for LLM feedback.
 
 - Lazy builds: the build child imports the candidate and, when init inputs are given, runs
-  `ModelNew(*init_inputs)`. A candidate that builds inside `forward` would build in the evaluation worker,
+  `ModelNew(*init_inputs)`. A candidate that builds inside `forward` would build in the candidate's runner,
   on the GPU's clock; with `CompileConfig.warm_lazy_builds` (and the task's reference source), a candidate
   with more `load_inline`/`load` call sites than recorded builds gets a second child
   (`build_hooks.warm_lazy_builds`) that runs one forward on the reference's inputs in the same extension
@@ -84,8 +84,11 @@ class CompileConfig:
 
     arch: str | None = field(default=None, metadata={
         "help": "TORCH_CUDA_ARCH_LIST, e.g. '9.0'; None: the local GPU's capability (required without GPU)."})
-    max_workers: int | None = field(default=None, metadata={
-        "help": "Builds in parallel; None: every core this process may use."})
+    # A parallelism count is `threads` across cudal1: each one sizes a pool of this process's threads (here
+    # each drives one build child); `jobs` already names ninja's MAX_JOBS inside one build (`max_jobs`), and
+    # "worker" names an evaluator pool's processes only.
+    threads: int | None = field(default=None, metadata={
+        "help": "Builds in parallel, one thread each; None: every core this process may use."})
     timeout_s: float = field(default=900.0, metadata={"help": "Wall-clock limit of one candidate's build."})
     memory_bytes: int | None = field(default=24 * 2**30, metadata={
         "help": "Host memory limit of one build child (cicc alone takes about 3 GB on the torch headers)."})
@@ -112,8 +115,8 @@ class CompileConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.nice <= 19:
             raise ConfigError("nice must be between 0 and 19")
-        if self.max_workers is not None and self.max_workers < 1:
-            raise ConfigError("max_workers must be >= 1 (or None for every usable core)")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("threads must be >= 1 (or None for every usable core)")
         if self.timeout_s <= 0:
             raise ConfigError("timeout_s must be positive")
         if self.max_jobs < 1:
@@ -447,9 +450,9 @@ class CompileService:
             done += 1
             if progress:
                 progress(done, total, result)
-        workers = self.config.max_workers or usable_cpu_count()
+        threads = self.config.threads or usable_cpu_count()
         if todo:
-            with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="build") as pool:
+            with ThreadPoolExecutor(max_workers=min(threads, len(todo)), thread_name_prefix="build") as pool:
                 futures = {pool.submit(self._build_unless_cancelled, k, s, i, r, should_cancel): k
                            for k, (s, i, r) in todo.items()}
                 for fut in as_completed(futures):
@@ -539,13 +542,13 @@ class CompileService:
         return lazy, outcome.duration_s
 
 
-def build_candidates(sources: Sequence[str], *, arch: str | None, max_workers: int | None = None,
+def build_candidates(sources: Sequence[str], *, arch: str | None, threads: int | None = None,
                      timeout_s: float = 900.0, init_inputs: Sequence[list[Any] | None] | None = None,
                      device: str = "cuda:0", cache_dir: str | None = None,
                      levers: BuildLevers | None = None,
                      progress: ProgressCallback | None = None) -> list[BuildResult]:
     """Build `sources` in parallel (see `CompileService.build`); one `BuildResult` per source, in order."""
-    config = CompileConfig(arch=arch, max_workers=max_workers, timeout_s=timeout_s, device=device,
+    config = CompileConfig(arch=arch, threads=threads, timeout_s=timeout_s, device=device,
                            cache_dir=cache_dir, levers=levers or BuildLevers())
     return CompileService(config).build(sources, init_inputs=init_inputs, progress=progress)
 

@@ -193,7 +193,7 @@ def evaluation_protocol(cfg: EvalConfig) -> dict[str, Any]:
 
 def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: StaticReport | None,
                   build: PreparedBuild,
-                  workers: RunnerSupply | None = None, hidden_files: list[str] | None = None) -> EvalResult:
+                  runners: RunnerSupply | None = None, hidden_files: list[str] | None = None) -> EvalResult:
     """Evaluate one candidate in fresh (or supplied) runners; an infrastructure failure is retried once and
     then reported as `infra_error`. One evaluation at a time holds the device (`device_timing_lock`): on a
     GPU from set-up to the last call, the runners having started before (interpreter, torch, a CUDA
@@ -202,7 +202,7 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Sta
     with contextlib.nullcontext() if cuda else device_timing_lock(cfg.device):
         failure, failures = "", []
         for attempt in range(ATTEMPTS):
-            supply = workers or runner_supply(cfg.device, 1, hidden_files=hidden_files, spares=0,
+            supply = runners or runner_supply(cfg.device, 1, hidden_files=hidden_files, spares=0,
                                               shared_compile_cache=cfg.profile == "trusted")
             try:
                 asked = time.perf_counter()
@@ -223,7 +223,7 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Sta
                 failure = str(exc)
                 discard_helper(cfg.device)  # the retry starts from a fresh helper, whatever failed
             finally:
-                if workers is None:
+                if runners is None:
                     supply.close()
             failures.append(failure)
             logger.warning("evaluation of %s: %s (attempt %d of %d)", task.id, failure, attempt + 1, ATTEMPTS)

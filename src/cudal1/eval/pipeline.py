@@ -101,10 +101,10 @@ def not_a_source_file(task: Task, source: str) -> EvalResult | None:
 
 def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None, *, store: Any = None,
                        force: bool = False, label: str = "", run_id: str | None = None,
-                       workers: RunnerSupply | None = None) -> EvalResult:
+                       runners: RunnerSupply | None = None) -> EvalResult:
     """Evaluate one candidate source against a task; never raises for anything the candidate does.
 
-    `workers` supplies pre-started runners (see `scheduler.evaluate_many`); without it two are started for
+    `runners` supplies pre-started runners (see `scheduler.evaluate_many`); without it two are started for
     this candidate. Raises `ConfigError` when the profile needs an OS sandbox this host lacks.
     """
     refused = not_a_source_file(task, source)
@@ -120,7 +120,7 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
         key, hit = store.lookup(task.hash, cand_hash, cfg.protocol(), env, force=force, limits=cfg.limits())
         if hit is not None:
             return hit
-    result = _evaluate_uncached(task, source, cfg, workers, [str(store.path)] if store is not None else [])
+    result = _evaluate_uncached(task, source, cfg, runners, [str(store.path)] if store is not None else [])
     result = apply_policy(result, source, cfg.policy, task_source=task.source)
     protocol["sizes_applied"] = sizes_applied(task, cfg.sizes)
     result = result.replace(protocol={**protocol, **cfg.limits(), **result.protocol},
@@ -157,7 +157,7 @@ def log_phases(result: EvalResult) -> None:
                 speedup, result.duration_s or 0.0, spent or "no phases")
 
 
-def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, workers: RunnerSupply | None,
+def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, runners: RunnerSupply | None,
                        hidden_files: list[str]) -> EvalResult:
     phases: dict[str, float] = {}
     clock = time.perf_counter()
@@ -186,7 +186,7 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, workers: Runner
     if build.result is not None:
         return with_phases(build.result.replace(flags=static_flags, kernel_class=kernel_class))
     result = run_candidate(task, source, cfg, static_report=report,
-                           build=build, workers=workers, hidden_files=hidden_files)
+                           build=build, runners=runners, hidden_files=hidden_files)
     lap("run")
     if needs_a_gpu(result, source, cfg):  # not the candidate's fault: no verdict
         result = EvalResult(status=Status.INFRA_ERROR, message="this candidate compiles CUDA code, which needs a "

@@ -26,40 +26,34 @@ from cudal1.tasks.task import Task, source_hash
 logger = logging.getLogger(__name__)
 
 
-def worker_supply(device: str, at_most: int | None = None, *, hidden_files: list[str] | None = None,
-                  shared_compile_cache: bool = False) -> RunnerSupply:
-    """Pre-started runners for a series of at most `at_most` evaluations on `device` (close it when done);
-    `shared_compile_cache` for cudal1's own baselines only (see `evaluation.sandbox_spec`)."""
-    return runner_supply(device, at_most, hidden_files=hidden_files, shared_compile_cache=shared_compile_cache)
-
-
 def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None = None, *, store: Any = None,
                   force: bool = False, label: str = "", run_id: str | None = None,
                   on_result: Callable[[int, EvalResult], None] | None = None,
                   should_stop: Callable[[], bool] | None = None,
                   on_build: Callable[[int, int], None] | None = None,
-                  workers: RunnerSupply | None = None, overlap_builds: bool = False) -> list[EvalResult | None]:
+                  runners: RunnerSupply | None = None, overlap_builds: bool = False) -> list[EvalResult | None]:
     """Evaluate (task, source) pairs one after another on this machine's device.
 
     On a GPU, the `load_inline` builds of all pairs run first, in parallel in the compile pool
     (`on_build(done, total)` follows them; a candidate that may build lazily in `forward` also runs one
-    forward there, the GPU being idle), while the first workers start (interpreter, imports, CUDA
+    forward there, the GPU being idle), while the first runners start (interpreter, imports, CUDA
     context); then the pairs are evaluated in input order. With `overlap_builds` the GPU does not wait for
     the builds: each candidate is evaluated as soon as it can be, those without a pending build first, the
     others as their builds finish (on a CUDA-L1 release sample builds were half of a batch's wall time).
     The builds then run niced on the cores the device's timed processes do not keep (`supply.core_split`;
-    workers still starting share the build cores) until the builds are done; the host's
+    runners still starting share the build cores) until the builds are done; the host's
     memory and caches are still shared, so keep it off where every speedup must be as precise as possible.
     `on_result(index, result)` is called in evaluation order; the returned list is in input order.
     `should_stop` is asked before each candidate (a time budget, a signal): once it says stop, the pairs not
-    evaluated yet are None in the returned list (the only way a None appears). `workers` is a supply the
-    caller keeps across calls (closed by the caller); without it one is started for this call.
+    evaluated yet are None in the returned list (the only way a None appears). `runners` is a supply the
+    caller keeps across calls (`runner_supply`, closed by the caller); without it one is started for this
+    call.
     """
     items = list(items)
     cfg = config or EvalConfig()
     device = resolve_device(cfg.device)
     results: list[EvalResult | None] = [None] * len(items)
-    with contextlib.nullcontext(workers) if workers is not None else worker_supply(device, len(items), hidden_files=[str(store.path)] if store is not None else None) as supply:
+    with contextlib.nullcontext(runners) if runners is not None else runner_supply(device, len(items), hidden_files=[str(store.path)] if store is not None else None) as supply:
         builds = _BackgroundBuilds()
         remaining = list(range(len(items)))
         try:
@@ -75,7 +69,7 @@ def evaluate_many(items: Iterable[tuple[Task, str]], config: EvalConfig | None =
                 remaining.remove(i)
                 task, source = items[i]
                 results[i] = evaluate_candidate(task, source, cfg, store=store, force=force, label=label,
-                                                run_id=run_id, workers=supply)
+                                                run_id=run_id, runners=supply)
                 if on_result is not None:
                     on_result(i, results[i])
         finally:
@@ -99,15 +93,15 @@ def _start_builds(builds: _BackgroundBuilds, items: list[tuple[Task, str]], cfg:
     to_build = [i for i in to_build if uses_load_inline(items[i][1])]
     if not to_build:
         return False
-    supply.fill()  # the first workers start while the builds run
-    # Beside the evaluations: the timed processes keep their cores; compilers and the workers still starting
+    supply.fill()  # the first runners start while the builds run
+    # Beside the evaluations: the timed processes keep their cores; compilers and the runners still starting
     # share the rest (the compilers niced).
     split = core_split(cfg.device) if overlap else None
     if split is not None:
         supply.pin(split.runners, others=split.others)
-    max_workers = len(split.others) if split is not None else usable_cpu_count()
+    threads = len(split.others) if split is not None else usable_cpu_count()
     # Builds first: the GPU is idle meanwhile, so lazy builds may run a forward there (`warm_lazy`).
-    builds.start(items, to_build, cfg, on_build, max_workers, cpus=split.others if split is not None else None,
+    builds.start(items, to_build, cfg, on_build, threads, cpus=split.others if split is not None else None,
                  warm_lazy=not overlap)
     if not overlap:
         builds.join()
@@ -124,7 +118,7 @@ class _BackgroundBuilds:
         self._cancelled = threading.Event()
 
     def start(self, items: list[tuple[Task, str]], indices: list[int], cfg: EvalConfig,
-              on_build: Callable[[int, int], None] | None, max_workers: int,
+              on_build: Callable[[int, int], None] | None, threads: int,
               cpus: frozenset[int] | None = None, warm_lazy: bool = False) -> None:
         todo = [items[i] for i in indices]
         self._pending = set(indices)
@@ -136,7 +130,7 @@ class _BackgroundBuilds:
 
         def run() -> None:
             try:
-                prebuild(todo, cfg, on_build=on_build, on_item=done, max_workers=max_workers,
+                prebuild(todo, cfg, on_build=on_build, on_item=done, threads=threads,
                          should_cancel=self._cancelled.is_set, cpus=cpus, warm_lazy=warm_lazy)
             except Exception:  # noqa: BLE001 - each candidate is then built by its own evaluation
                 logger.warning("background builds failed; each candidate builds when evaluated", exc_info=True)
@@ -176,16 +170,16 @@ class _BackgroundBuilds:
 
 def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
              on_build: Callable[[int, int], None] | None = None,
-             on_item: Callable[[int], None] | None = None, max_workers: int | None = None,
+             on_item: Callable[[int], None] | None = None, threads: int | None = None,
              should_cancel: Callable[[], bool] | None = None, cpus: frozenset[int] | None = None,
              warm_lazy: bool = False) -> None:
     """Build every `load_inline` candidate of `items` in parallel (cached), ahead of their evaluation.
 
     `on_build(done, total)` follows the distinct builds; `on_item(i)` is called once for each item `i`
     when its build is done (at once for items that need none); builds not started when `should_cancel`
-    says so are skipped; `cpus` confines the builds to those cores. `warm_lazy` also runs one forward of
-    each candidate that may build lazily, on `cfg.device` (`CompileConfig.warm_lazy_builds`): only while
-    no evaluation is timed on that device.
+    says so are skipped; `threads` builds run at once (None: every usable core); `cpus` confines the builds to
+    those cores. `warm_lazy` also runs one forward of each candidate that may build lazily, on `cfg.device`
+    (`CompileConfig.warm_lazy_builds`): only while no evaluation is timed on that device.
     """
     notify = on_item or (lambda i: None)
     todo = [i for i, (_, s) in enumerate(items) if uses_load_inline(s)]
@@ -193,7 +187,7 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
         notify(i)
     if not todo:
         return
-    service = CompileService(CompileConfig(arch=local_arch(), max_workers=max_workers, timeout_s=cfg.build_timeout_s,
+    service = CompileService(CompileConfig(arch=local_arch(), threads=threads, timeout_s=cfg.build_timeout_s,
                                            device=cfg.device, cpus=tuple(sorted(cpus)) if cpus else None,
                                            warm_lazy_builds=warm_lazy,
                                            warm_sizes=cfg.resolved(cfg.device).sizes))
@@ -212,4 +206,4 @@ def prebuild(items: list[tuple[Task, str]], cfg: EvalConfig,
                   progress=progress, should_cancel=should_cancel)
 
 
-__all__ = ["evaluate_many", "prebuild", "worker_supply"]
+__all__ = ["evaluate_many", "prebuild", "runner_supply"]

@@ -10,7 +10,7 @@ Context: torch uses each device's primary context; before loading or launching, 
 the target device is made current on the calling thread if it is not already.
 
 Limits: modules are never unloaded (a few KB of device memory per distinct source, for the life of the
-process; evaluator workers are short-lived). Needs a CUDA driver; nothing here runs on a CPU machine.
+process; evaluator runners are short-lived). Needs a CUDA driver; nothing here runs on a CPU machine.
 """
 
 from __future__ import annotations

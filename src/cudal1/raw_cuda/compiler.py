@@ -13,10 +13,10 @@ Compiler command lines:
 Cache: the CUBIN is keyed by sha256 of (source, options, arch, compiler name and version, cache format),
 kept in memory (per process, LRU) and on disk in `<cache_dir>/<key>.cubin`, where `cache_dir` is the
 argument, else `$CUDAL1_CACHE_DIR/raw_cuda`, else `~/.cache/cudal1/raw_cuda`; disk writes are atomic
-(temporary file + os.replace), so concurrent workers can share the folder.
+(temporary file + os.replace), so concurrent processes can share the folder.
 
 Limits: NVRTC runs in the calling process and cannot be interrupted; the evaluator runs untrusted
-candidates in a worker process with a time limit. nvcc runs with `nvcc_timeout_s`.
+candidates in a child process with a time limit. nvcc runs with `nvcc_timeout_s`.
 """
 
 from __future__ import annotations

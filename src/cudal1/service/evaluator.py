@@ -7,7 +7,7 @@ server, for every caller (the CLI, the optimize and augment loops, the trainer, 
     evaluator.close()
 
 A batch is scheduled by whoever evaluates it: in this process the `load_inline` builds run in parallel
-first and the candidates are timed one at a time with warm workers kept across batches
+first and the candidates are timed one at a time with warm runners kept across batches
 (`eval.scheduler.evaluate_many`); a pool gives each GPU one timed candidate at a time; a server queues
 them. An evaluator that fails (a pool gone, a server unreachable) gives `infra_error` verdicts for the
 candidates it could not evaluate, never a candidate's status, and never loses the rest of the batch.
@@ -30,7 +30,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.pipeline import evaluate_candidate
-from cudal1.eval.scheduler import evaluate_many, worker_supply
+from cudal1.eval.scheduler import evaluate_many, runner_supply
 from cudal1.service.client import ENV_TOKEN, RewardClient
 from cudal1.service.factory import make_pool
 from cudal1.tasks.task import Task
@@ -128,8 +128,8 @@ class Evaluator:
 
 
 class InProcessEvaluator(Evaluator):
-    """Evaluations on this machine; one warm-worker supply kept for the evaluator's life, so that the next
-    batch's first worker is already started."""
+    """Evaluations on this machine; one warm-runner supply kept for the evaluator's life, so that the next
+    batch's first runner is already started."""
 
     def __init__(self, config: EvalConfig, **kwargs: Any):
         super().__init__(config, **kwargs)
@@ -141,9 +141,9 @@ class InProcessEvaluator(Evaluator):
 
     def _evaluate(self, items, record, should_stop, on_build, force) -> None:  # type: ignore[no-untyped-def]
         if self._supply is None:
-            self._supply = worker_supply(resolve_device(self.config.device))
+            self._supply = runner_supply(resolve_device(self.config.device))
         evaluate_many(items, self.config, store=self.store, force=force, label=self.label, run_id=self.run_id,
-                      on_result=record, should_stop=should_stop, on_build=on_build, workers=self._supply)
+                      on_result=record, should_stop=should_stop, on_build=on_build, runners=self._supply)
 
     def close(self) -> None:
         if self._supply is not None:

@@ -38,7 +38,7 @@ from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.pipeline import evaluate_candidate, not_a_source_file, uses_load_inline
-from cudal1.eval.scheduler import prebuild, worker_supply
+from cudal1.eval.scheduler import prebuild, runner_supply
 from cudal1.eval.supply import usable_cpu_count
 from cudal1.tasks.task import Task, source_hash
 
@@ -87,18 +87,18 @@ _thread_state = threading.local()
 def default_evaluate(task: Task, source: str, config: EvalConfig) -> EvalResult:
     """The real evaluator without the store (the pool's driver side owns the store).
 
-    Each calling thread (a local slot, a Ray actor) keeps pre-started workers per device, so a worker's
+    Each calling thread (a local slot, a Ray actor) keeps pre-started runners per device, so a runner's
     start (interpreter, imports, CUDA context: seconds) overlaps the evaluation before it."""
 
     supplies = _thread_state.__dict__.setdefault("supplies", {})
     device = resolve_device(config.device)
     if device not in supplies:
-        supplies[device] = worker_supply(device)
-    return evaluate_candidate(task, source, config, workers=supplies[device])
+        supplies[device] = runner_supply(device)
+    return evaluate_candidate(task, source, config, runners=supplies[device])
 
 
 def close_thread_supplies() -> None:
-    """Stop the calling thread's pre-started workers (a slot thread ends; tests)."""
+    """Stop the calling thread's pre-started runners (a slot thread ends; tests)."""
     for supply in _thread_state.__dict__.pop("supplies", {}).values():
         supply.close()
 
@@ -274,15 +274,15 @@ class LocalPoolConfig:
         "cpu; cuda:N: that GPU), else every local GPU, else cpu_slots x cpu."))
     cpu_slots: int = field(default=1, metadata=_h("CPU slots (evaluation device cpu, or a machine without GPUs)."))
     max_queue: int = field(default=64, metadata=_h("Submissions waiting beyond the running ones (back-pressure)."))
-    compile_workers: int = field(default=0, metadata=_h(
+    compile_threads: int = field(default=0, metadata=_h(
         "CPU threads building load_inline candidates ahead of the GPU slots (0: one per 2 cores, GPU only)."))
     stuck_after_s: float | None = field(default=None, metadata=_h(
         "A slot busy this long on one evaluation is replaced and the evaluation answered as an infra_error "
         "(None: the evaluation's own time and build limits plus 120 s; a backstop, they end it first)."))
 
     def __post_init__(self) -> None:
-        if self.cpu_slots < 1 or self.max_queue < 1 or self.compile_workers < 0:
-            raise ConfigError("need cpu_slots >= 1, max_queue >= 1 and compile_workers >= 0")
+        if self.cpu_slots < 1 or self.max_queue < 1 or self.compile_threads < 0:
+            raise ConfigError("need cpu_slots >= 1, max_queue >= 1 and compile_threads >= 0")
         if self.stuck_after_s is not None and self.stuck_after_s <= 0:
             raise ConfigError("stuck_after_s must be positive")
 
@@ -341,7 +341,7 @@ class LocalPool:
     def _make_prebuilder(self) -> ThreadPoolExecutor | None:
         if not any(d.startswith("cuda") for d in self.devices):
             return None
-        n = self.pool_config.compile_workers or max(1, usable_cpu_count() // 2)
+        n = self.pool_config.compile_threads or max(1, usable_cpu_count() // 2)
         return ThreadPoolExecutor(max_workers=n, thread_name_prefix="cudal1-prebuild")
 
     def environment(self, device: str) -> dict[str, Any]:

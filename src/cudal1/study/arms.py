@@ -200,7 +200,7 @@ def train_grpo(start: Path, table: Table, tasks: dict[str, Task], features: dict
         "beta": protocol.beta, "temperature": 1.0, "top_p": 1.0, "vllm": "transformers", "logging_steps": 50,
         "save_steps": 10**9, "warmup_ratio": 0.0, "lr_scheduler_type": "constant", "exemplar_seed": "none",
         "exemplars_per_prompt": protocol.exemplars})
-    reward_config = RewardConfig(failure_rewards=config.failure_rewards, group_size=g, eval_workers=1)
+    reward_config = RewardConfig(failure_rewards=config.failure_rewards, group_size=g, eval_threads=1)
     reward = RecordingReward(KernelReward(list(tasks.values()), as_evaluator(table.result), reward_config,
                                           exemplar_db=db, extract=parse_recipe), table)
     builder = StudyPromptBuilder(db, style, protocol.exemplars, features, seed=sub_seed("train-builder", seed))

@@ -60,11 +60,12 @@ def _compile_one(source: str) -> str:
 _ARCH = os.environ.get("CUDAL1_STUDY_ARCH", "sm_90")
 
 
-def compile_all(sources: Sequence[str], workers: int | None = None) -> list[str]:
-    """Compile every source (cached on disk by content), in parallel; the error of each ('' when fine)."""
+def compile_all(sources: Sequence[str], processes: int | None = None) -> list[str]:
+    """Compile every source (cached on disk by content), `processes` at a time (default: every core); the
+    error of each ('' when fine)."""
     if not sources:
         return []
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    with ProcessPoolExecutor(max_workers=processes or os.cpu_count() or 1) as pool:
         return list(pool.map(_compile_one, sources, chunksize=8))
 
 

@@ -3,7 +3,7 @@
 A task source is a self-contained Python module with `class Model(nn.Module)`, module-level size
 constants, `get_inputs()` and `get_init_inputs()`. `load_reference` executes it in a fresh module
 namespace (reference code is trusted input); candidate code is only ever handled as text here and is
-executed by the evaluator's isolated workers.
+executed by the evaluator's isolated runners.
 
 Built-in tasks may define `SMALL_SIZES = {"CONST": value, ...}`: overrides of their size constants for a
 small problem (CPU runs and tests). `load_reference(..., sizes="small")` applies them.

@@ -214,14 +214,14 @@ def default_evaluator(config: CommonTrainConfig, store: Any = None, run_id: str 
 
 
 def evaluate_batch(evaluator: Evaluator | ServiceEvaluator, items: Sequence[tuple[Task, str | None]],
-                   workers: int) -> list[EvalResult]:
+                   threads: int) -> list[EvalResult]:
     """Evaluate a batch of (task, source) pairs through the evaluator interface (`service.evaluator`), in
     order. A None source (no code could be extracted) is UNPARSEABLE without evaluation; a candidate the
-    evaluator failed on is INFRA_ERROR (the evaluator failed, not the candidate). `workers` is the number of
+    evaluator failed on is INFRA_ERROR (the evaluator failed, not the candidate). `threads` is the number of
     calls at once for a plain function or requests in flight to a reward server; in this process and in
     pools the evaluator schedules the batch itself (builds in parallel, one timed candidate per GPU)."""
     runnable = [(task, source) for task, source in items if source is not None]
-    judged = iter(as_evaluator(evaluator, concurrency=workers).evaluate(runnable))
+    judged = iter(as_evaluator(evaluator, concurrency=threads).evaluate(runnable))
     results = []
     for task, source in items:
         result = next(judged) if source is not None else None

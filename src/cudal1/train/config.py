@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,7 +97,8 @@ class CommonTrainConfig:
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
     eval_policy: str = _f("cuda-l1", f"Verdict policy of the rewards: {policy_choices()}; a violation earns the "
                                      "policy's violation_reward, else failure_rewards.hack_detected.")
-    eval_workers: int = _f(4, "Candidates evaluated in parallel (each in its own isolated process).")
+    # `threads`, not `workers`: the calling threads of one evaluator; `workers` below names its pool.
+    eval_threads: int = _f(4, "Candidates evaluated in parallel (each in its own isolated process).")
     workers: str = _f("", "Where rewards are evaluated: empty (this process; one timed evaluation per device at "
                           "a time), local (a pool: one slot per GPU), ray:auto or ray://HOST:PORT (a Ray pool), "
                           "or http(s)://HOST:PORT (a reward server; token from $CUDAL1_SERVER_TOKEN).")
@@ -131,8 +133,8 @@ class CommonTrainConfig:
         if not targets or any(t not in REPORT_TARGETS for t in targets) or ("none" in targets and len(targets) > 1):
             raise ConfigError(f"report_to must be tensorboard, wandb, both comma-separated, or none; "
                               f"got {self.report_to!r}")
-        if self.eval_workers < 1:
-            raise ConfigError(f"eval_workers must be >= 1, got {self.eval_workers}")
+        if self.eval_threads < 1:
+            raise ConfigError(f"eval_threads must be >= 1, got {self.eval_threads}")
         if self.time_budget_s < 0:
             raise ConfigError("time_budget_s must be >= 0 (0: no limit)")
         self.eval_config()  # fail early on bad evaluator settings
@@ -441,6 +443,28 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
     return cls(**coerced)
 
 
+#: Settings renamed since they were first written (old key -> new key): older YAML files and overrides
+#: still load, with a warning.
+RENAMED_SETTINGS = {"eval_workers": "eval_threads"}
+
+
+def renamed_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with every renamed key under its new name, warning once per key; `ConfigError` when both the
+    old and the new name are given."""
+    out = dict(values)
+    for old, new in RENAMED_SETTINGS.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ConfigError(f"{old} and {new} are the same setting ({old} is its old name): give only {new}")
+        # FutureWarning, not DeprecationWarning: the reader is the user of a command, and Python hides
+        # DeprecationWarning outside __main__.
+        warnings.warn(f"the setting {old} is now called {new}; {old} will stop working in a later release",
+                      FutureWarning, stacklevel=3)
+        out[new] = out.pop(old)
+    return out
+
+
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> C:
     """YAML file (optional) + overrides (CLI `KEY=VALUE` strings or a dict) -> a validated config."""
     values: dict[str, Any] = {}
@@ -453,7 +477,7 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
             raise ConfigError(f"config {path} must be a mapping of settings")
         values.update(loaded)
     values.update(overrides if isinstance(overrides, dict) else parse_overrides(overrides))
-    return build_config(cls, values)
+    return build_config(cls, renamed_settings(values))
 
 
 def reference_yaml(cls: type) -> str:

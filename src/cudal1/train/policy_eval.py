@@ -204,12 +204,12 @@ def _prompts(config: PolicyEvalConfig, tasks: Sequence[Task], device: str) -> li
 
 
 def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None = None, store: Any = None,
-                    workers: int = 4, backend: Any = None, evaluator: Evaluator | None = None,
+                    threads: int = 4, backend: Any = None, evaluator: Evaluator | None = None,
                     tasks: Sequence[Task] | None = None) -> PolicyEvalReport:
     """Sample, evaluate and report (see the module docstring).
 
     `evaluator` defaults to the hardened evaluator with `eval_config` (default `EvalConfig()`) and `store`;
-    `backend` defaults to the checkpoint (or `config.llm`); `workers` candidates are evaluated at once.
+    `backend` defaults to the checkpoint (or `config.llm`); `threads` candidates are evaluated at once.
     """
     chosen = _tasks_of(config, tasks)
     if not chosen:
@@ -224,7 +224,7 @@ def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None 
     groups = backend.generate(prompts, n=config.samples)
     items = [(task, extract_completion(c.text).code if c.ok else None)
              for task, group in zip(chosen, groups, strict=True) for c in group]
-    results = evaluate_batch(evaluator, items, workers)
+    results = evaluate_batch(evaluator, items, threads)
     per_task: dict[str, list[Any]] = {}
     for (task, _), result in zip(items, results, strict=True):
         per_task.setdefault(task.id, []).append(result)

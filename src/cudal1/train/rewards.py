@@ -94,7 +94,7 @@ class RewardConfig:
         "help": "When the judge raises or gives no verdict: closed (flag the candidate, keep it out of the "
                 "exemplar database, pay at most the task's best verified speedup, or INFRA_ERROR's reward when "
                 "there is none) or open (keep the evaluator's verdict)."})
-    eval_workers: int = field(default=4, metadata={"help": "Candidates evaluated in parallel."})
+    eval_threads: int = field(default=4, metadata={"help": "Candidates evaluated in parallel."})
 
     def __post_init__(self) -> None:
         if self.clip_k <= 0:
@@ -151,7 +151,7 @@ class KernelReward:
         tasks = [self.tasks[t] for t in task_id]
         texts = [completion_text(c) for c in completions]
         codes = [self.extract(text) for text in texts]
-        results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_workers)
+        results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_threads)
         raws = [float(reward_of(r, self.config.failure_rewards) or 0.0) for r in results]
         vetoed, judge_errors = self._judge_and_record(tasks, codes, results, raws)
         cfg = self.config

@@ -12,11 +12,11 @@ processes of a multi-GPU run in step.
 Rewards come from `KernelReward` (see `rewards.py`): every correct candidate enters the database, so the
 next batch's prompts can show it. The database starts with stage 2's successes by default (`exemplar_seed`,
 `exemplar_seed.py`), so the first prompts already show scored kernels. The candidates of one batch are
-evaluated in parallel (`eval_workers`). Every completion, with its verdict and reward, goes to
+evaluated in parallel (`eval_threads`). Every completion, with its verdict and reward, goes to
 `<output_dir>/completions.jsonl` (`log_completions`, see `completions.py`); the exemplar database is
 `<output_dir>/exemplars.sqlite` unless `exemplar_db` is set.
 
-Limits: TRL's loop is synchronous, so the evaluation of a batch overlaps with itself (parallel workers)
+Limits: TRL's loop is synchronous, so the evaluation of a batch overlaps with itself (parallel threads)
 but not with the generation of the next batch. `_generate_and_score_completions` is a private TRL method
 (stable from TRL 0.14 to 1.16, the version tested); a TRL release that renames it fails loudly at start.
 With several processes, each adds its own successes to the shared database file, so two processes may
@@ -276,7 +276,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
                                   scope=config.reward_scope,
                                   group_size=config.num_generations, judge_jump_factor=config.judge_jump_factor,
                                   judge_on_error=config.judge_on_error,
-                                  eval_workers=config.eval_workers)
+                                  eval_threads=config.eval_threads)
         made = None if evaluator is not None else default_evaluator(config, store, recorder.run_id,
                                                                      label=f"grpo:{config.model}")
         evaluator = evaluator or made

@@ -145,7 +145,7 @@ def sample_and_evaluate(tasks: Sequence[Task], sampler: CompletionSampler, evalu
             codes.append(extract_completion(text).code)
             flat_prompts.append(prompt)
             flat_texts.append(text)
-    results = evaluate_batch(evaluator, list(zip(flat_tasks, codes, strict=True)), config.eval_workers)
+    results = evaluate_batch(evaluator, list(zip(flat_tasks, codes, strict=True)), config.eval_threads)
     return flat_tasks, codes, results, flat_prompts, flat_texts
 
 

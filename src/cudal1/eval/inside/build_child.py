@@ -105,7 +105,7 @@ def _setup_child(payload: dict[str, Any]) -> BuildRecorder:
 def warm_lazy_builds(payload: dict[str, Any]) -> dict[str, Any]:
     """Entry of the warm-up child: run the candidate once, as the evaluation will, so that the builds it makes
     lazily (in `forward`, or in `ModelNew(...)` when the build child had no init inputs) happen here, in the
-    build environment, instead of in the evaluation worker on the GPU's clock. Payload: `source`,
+    build environment, instead of in the candidate's runner on the GPU's clock. Payload: `source`,
     `ref_source` (the task's reference module: `get_init_inputs()`, `get_inputs()`), `sizes` ('full' or
     'small', as the evaluation will use), `device` ('cpu' or 'cuda:N'), `levers`, `nice`, `cpus` (as for
     `prepare_candidate`).

@@ -411,7 +411,7 @@ def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args:
 def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecorder:
     """Wrap `torch.utils.cpp_extension.load_inline` and `load` with recording, lever-applying hooks.
 
-    Call before importing a candidate, in the build child and in the evaluation worker alike (same
+    Call before importing a candidate, in the build child and in the candidate's runner alike (same
     levers, same environment). `levers=None` takes them from `$CUDAL1_BUILD_LEVERS` (set by
     `compile.build_environment`), else the defaults. Returns the recorder (one `BuildRecord` per call).
     """

@@ -49,7 +49,7 @@ def build_failure_message(log: str, limit: int = 300) -> str:
     first_error = next((ln for ln in lines if _KEEP_PATTERNS.search(ln) and not _BUILD_ERROR_HEAD.search(ln)
                         and "ninja: build stopped" not in ln), None)
     syntax = _PYTHON_SYNTAX_ERROR.match(lines[0]) if first_error is None and lines else None
-    if syntax:  # the module never reached a compiler; worded as the worker words it
+    if syntax:  # the module never reached a compiler; worded as the runner words it
         where = f" at line {syntax.group(2)}" if syntax.group(2) else ""
         return f"syntax error{where}: {syntax.group(1)}"[:limit]
     return "CUDA build failed: " + (first_error or (lines[0] if lines else "no compiler output"))[:limit]
