@@ -18,7 +18,7 @@ from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 from cudal1.policy.presets import policy_choices
 
-PROTOCOL_VERSION = "10"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "11"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -37,7 +37,9 @@ PROTOCOL_VERSION = "10"  # 2: inputs refilled before every timed pair, salted se
 # 10: judged by effect: a build the candidate's own code catches is no compile error (what runs is judged,
 # `runtime.custom_build_failed` says its CUDA never built), algorithm switches that keep float32 (cuDNN
 # benchmark, determinism, threads) are reported, not rejected, under every profile, and a reference failing in
-# its own runner is `infra_error` (`reference_error`), not the candidate's `runtime_error`
+# its own runner is `infra_error` (`reference_error`), not the candidate's `runtime_error`; 11: a report the
+# brackets contradict counts the bound itself (it counted the bound less its slack), a capped report below
+# half the bound less its noise rejects, and on a GPU only the wall clock bounds (not the runner's CPU time)
 
 
 @dataclass(frozen=True)
