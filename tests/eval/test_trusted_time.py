@@ -29,8 +29,8 @@ FORGERS = ("forge_instance_method.py", "forge_code_object.py", "forge_module_glo
 needs_sandbox = pytest.mark.skipif(detect_sandbox().level == "none", reason="no sandbox on this host")
 CPU = ["--device", "cpu", "--trials", "2", "--buckets", "3", "--json", "--no-store"]
 GPU = ["--device", "cuda", "--trials", "3", "--json", "--no-store"]
-#: A forgery may keep at most this share of fake speedup over its honest twin (the bound's slack): 10 % on a
-#: GPU from 0.05 ms up; a loaded 2-core CPU scatters more (its honest null test spans about +-20 %).
+#: A forgery may keep at most this share of fake speedup over its honest twin: 10 % on a GPU from 0.05 ms up
+#: (the goal); on a loaded 2-core CPU, whose honest null test spans about +-20 %, this and the slack recorded.
 GPU_MARGIN, CPU_MARGIN = 1.11, 1.3
 
 
@@ -40,12 +40,17 @@ def evaluate(size: str, candidate: str, capsys, args: list[str], *extra: str) ->
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def assert_bounded(result: dict, honest: dict, margin: float) -> None:
-    """Not correct, or no faster than its honest twin by more than `margin`."""
+def assert_bounded(result: dict, honest: dict, margin: float, *, plus_slack: bool = False) -> None:
+    """Not correct, or no faster than its honest twin by more than `margin`, beyond what the evaluator says a
+    forgery may keep: the slack it records (on a loaded 2-core CPU up to half of a 0.1 ms call; on a GPU a few
+    microseconds from 0.05 ms up, where `margin` alone is the goal) when `plus_slack`."""
     assert honest["status"] == "correct", honest["message"]
     if result["status"] == "correct":
-        assert result["speedup"] <= margin * honest["speedup"], (result["speedup"], honest["speedup"],
-                                                                  result["protocol"].get("clock"))
+        clock = result["protocol"].get("clock") or {}
+        keep = 1.0
+        if plus_slack and clock.get("counted_ms"):
+            keep = (clock["counted_ms"] + clock["slack_ms"]) / clock["counted_ms"]
+        assert result["speedup"] <= margin * keep * honest["speedup"], (result["speedup"], honest["speedup"], clock)
 
 
 def _json(result) -> dict:
@@ -68,7 +73,7 @@ def _gpu() -> None:
 def test_forging_through_a_harness_instance_gains_nothing(size, capsys):
     honest = evaluate(size, "honest_chain.py", capsys, CPU)
     forged = evaluate(size, "forge_instance_method.py", capsys, CPU)
-    assert_bounded(forged, honest, CPU_MARGIN)
+    assert_bounded(forged, honest, CPU_MARGIN, plus_slack=True)
 
 
 @needs_sandbox
@@ -77,7 +82,7 @@ def test_forging_through_a_harness_instance_gains_nothing(size, capsys):
 @pytest.mark.parametrize("forger", FORGERS[1:])
 def test_every_forger_at_every_size_gains_nothing(size, forger, capsys):
     honest = evaluate(size, "honest_chain.py", capsys, CPU)
-    assert_bounded(evaluate(size, forger, capsys, CPU), honest, CPU_MARGIN)
+    assert_bounded(evaluate(size, forger, capsys, CPU), honest, CPU_MARGIN, plus_slack=True)
 
 
 @needs_sandbox
@@ -98,13 +103,13 @@ def test_with_the_first_filters_off_the_clocks_name_every_forgery(forger):
     result = evaluate_candidate(task, (TIMING / forger).read_text(), cfg)
     rules = {f.rule for f in result.flags}
     assert rules & {F.OUTSIDE_CLOCK, F.CAPPED, F.BELOW_FLOOR, F.TIMER_PATCHING}, (result.status, rules)
-    assert_bounded(_json(result), _json(honest), CPU_MARGIN)
+    assert_bounded(_json(result), _json(honest), CPU_MARGIN, plus_slack=True)
 
 
 @needs_sandbox
 def test_a_thread_watching_the_input_slots_gains_nothing(capsys):
     honest = evaluate("100us", "honest_chain.py", capsys, CPU)
-    assert_bounded(evaluate("100us", "precompute_watch_slot.py", capsys, CPU), honest, CPU_MARGIN)
+    assert_bounded(evaluate("100us", "precompute_watch_slot.py", capsys, CPU), honest, CPU_MARGIN, plus_slack=True)
 
 
 @needs_sandbox

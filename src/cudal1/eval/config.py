@@ -38,7 +38,7 @@ PROTOCOL_VERSION = "11"  # 2: inputs refilled before every timed pair, salted se
 # `runtime.custom_build_failed` says its CUDA never built), algorithm switches that keep float32 (cuDNN
 # benchmark, determinism, threads) are reported, not rejected, under every profile, and a reference failing in
 # its own runner is `infra_error` (`reference_error`), not the candidate's `runtime_error`; 11: a report the
-# brackets contradict counts the bound itself (it counted the bound less its slack), a capped report below
+# brackets contradict counts up to the bound itself (it counted the bound less its slack), a capped report below
 # half the bound less its noise rejects, and on a GPU only the wall clock bounds (not the runner's CPU time)
 
 

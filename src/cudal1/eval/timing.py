@@ -10,11 +10,12 @@ end it before its work on the device is done. It holds the call and the harness'
 
 - **The time that counts** (`counted_time`): the candidate's reported median, unless its brackets contradict
   it: the **bound** (a low quantile of the brackets minus the calibrated overhead) lies above the report by
-  more than a slack (the statistical error of both quantiles, a floor, a share of the call). Then the bound
-  itself counts, not the bound less its slack: a report the clock contradicts earns no benefit of the doubt,
-  so a report forged down, or work done where no clock looks, raises the bound, not the speedup (a forgery
-  that stays inside the slack gains at most the slack). A bound far above the report rejects
-  (`timing.outside_clock`); a small one caps the time that counts (`timing.capped`, evidence).
+  more than a slack (the statistical error of both quantiles, a floor, a share of the call). Then the time
+  moves towards the bound, twice as fast as the excess grows, and is the bound itself from two slacks up
+  (`counted_between`): a report the clock plainly contradicts earns no benefit of the doubt, so a report
+  forged down, or work done where no clock looks, raises the time, not the speedup; a forgery that stays at
+  the slack's edge gains at most the slack. A bound far above the report rejects (`timing.outside_clock`); a
+  small one caps the time that counts (`timing.capped`, evidence).
 - **The speedup**: the median of every reference call's reported time (the reference's runner is trusted)
   over the time that counts (`pooled`), or, as CUDA-L1 does, the median over buckets of the two medians'
   ratio (`buckets`). `speedup_ci`: a bootstrap interval over the calls, widened by what the calibration's
@@ -218,7 +219,7 @@ class Bound:
     reported_ms: float
     bound_ms: float  # BOUND_QUANTILE of the brackets - that of the calibrated overheads (or the CPU clock's)
     slack_ms: float
-    counted_ms: float  # the report, or the bound where the report lies below it by more than the slack
+    counted_ms: float  # the report, or towards the bound where the report lies below it (`counted_between`)
     clock: str = "wall"  # which clock gave the bound
     noise_ms: float = 0.0  # SLACK_SIGMAS standard errors of the bound: the slack without its floor
 
@@ -275,8 +276,19 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
                           ref_cpu if len(ref_cpu) == len(refs) else None, "cpu", max(cores, 1))
         if by_cpu.bound_ms - by_cpu.slack_ms > best.bound_ms - best.slack_ms:
             best = by_cpu
-    best.counted_ms = best.bound_ms if best.bound_ms - best.slack_ms > reported else reported
+    best.counted_ms = counted_between(reported, best.bound_ms, best.slack_ms)
     return best
+
+
+def counted_between(reported: float, bound: float, slack: float) -> float:
+    """The time that counts for a report and the clock's bound: the report while the bound lies within the
+    slack above it; beyond, the report plus twice the excess over the slack, up to the bound itself (reached
+    two slacks above the report). Continuous, so an honest report at the edge loses nothing to a jump, and a
+    forgery keeps at most the slack (at the edge), nothing once it hides two slacks or more."""
+    excess = bound - reported
+    if excess <= slack:
+        return reported
+    return min(bound, reported + 2.0 * (excess - slack))
 
 
 def bound_flags(bound: Bound) -> list[Flag]:
