@@ -293,7 +293,7 @@ def counted_between(reported: float, bound: float, slack: float) -> float:
 
 def bound_flags(bound: Bound) -> list[Flag]:
     """`timing.outside_clock` (rejects) for a report far below what the clock allows; `timing.capped`
-    (evidence) for one a little below, whose time that counts is the bound."""
+    (evidence) for one a little below, whose time that counts moves towards the bound (`counted_between`)."""
     if not bound.capped:
         return []
     detail = (f"the candidate reported {bound.reported_ms * 1e3:.1f} us per call; the {bound.clock} clock allows no "
@@ -303,7 +303,7 @@ def bound_flags(bound: Bound) -> list[Flag]:
             or bound.bound_ms - bound.noise_ms > 2 * bound.reported_ms:
         return [Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "the time the candidate's process reports disagrees with the "
                      f"clock outside it (forged times, or work where no clock looks): {detail}", source="runtime")]
-    return [Flag(F.CAPPED, Severity.INFO, f"{detail}: the bound counts", source="runtime")]
+    return [Flag(F.CAPPED, Severity.INFO, f"{detail}: {bound.counted_ms * 1e3:.1f} us counts", source="runtime")]
 
 
 def summarize_series(series: PairedSeries, *, stream_only: bool = False, estimator: str = "pooled",
