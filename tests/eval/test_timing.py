@@ -233,3 +233,33 @@ def test_harness_drift_common_to_both_runners_cancels():
     calibration = _calibration(overhead=0.05)
     assert not timing.counted_time(series.all("cand"), calibration, "cuda", ref_samples=series.all("ref")).capped
     assert timing.counted_time(series.all("cand"), calibration, "cuda").capped
+
+
+def test_a_slow_host_moment_shared_by_both_calls_of_a_pair_narrows_the_calibrations_error():
+    """The overhead difference between the runners is taken from pairs whose calls see the same host: a
+    common slow-down moves both brackets of a pair and cancels in the difference, so its error is well below
+    the two quantiles' errors added as if independent; with no common part the two agree."""
+    rng = random.Random(3)
+    shared = [rng.expovariate(1 / 0.05) for _ in range(200)]  # the host's state, the same for both calls
+    a = [0.8 + s + abs(rng.gauss(0, 0.002)) for s in shared]
+    b = [0.8 + s + abs(rng.gauss(0, 0.002)) for s in shared]
+    independent = (timing.quantile_se(a, 0.25) ** 2 + timing.quantile_se(b, 0.25) ** 2) ** 0.5
+    assert timing.paired_quantile_diff_se(a, b, 0.25) < independent / 3
+    c = [0.8 + rng.expovariate(1 / 0.05) for _ in range(200)]
+    d = [0.8 + rng.expovariate(1 / 0.05) for _ in range(200)]
+    unpaired = (timing.quantile_se(c, 0.25) ** 2 + timing.quantile_se(d, 0.25) ** 2) ** 0.5
+    assert 0.5 * unpaired < timing.paired_quantile_diff_se(c, d, 0.25) < 2 * unpaired
+    assert timing.paired_quantile_diff_se(c, d, 0.25) == timing.paired_quantile_diff_se(c, d, 0.25)
+
+
+def test_the_bound_uses_the_calibrations_paired_error():
+    """A smaller paired error gives a smaller slack, the same bound."""
+    series = _series(0.05, 0.05, jitter=0.03)
+    calibration = _calibration(jitter=0.03)
+    paired = timing.counted_time(series.all("cand"), calibration, "cuda", ref_samples=series.all("ref"))
+    loose = dataclasses.replace(calibration, overhead_diff_se_ms=None)
+    unpaired = timing.counted_time(series.all("cand"), loose, "cuda", ref_samples=series.all("ref"))
+    assert paired.bound_ms == unpaired.bound_ms
+    assert calibration.overhead_diff_se_ms is not None
+    assert (paired.noise_ms < unpaired.noise_ms) == \
+        (calibration.overhead_diff_se_ms < (calibration.cand_overhead_se_ms ** 2 + calibration.ref_overhead_se_ms ** 2) ** 0.5)

@@ -18,7 +18,7 @@ from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 from cudal1.policy.presets import policy_choices
 
-PROTOCOL_VERSION = "11"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "12"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -39,7 +39,9 @@ PROTOCOL_VERSION = "11"  # 2: inputs refilled before every timed pair, salted se
 # benchmark, determinism, threads) are reported, not rejected, under every profile, and a reference failing in
 # its own runner is `infra_error` (`reference_error`), not the candidate's `runtime_error`; 11: a report the
 # brackets contradict counts up to the bound itself (it counted the bound less its slack), a capped report below
-# half the bound less its noise rejects, and on a GPU only the wall clock bounds (not the runner's CPU time)
+# half the bound less its noise rejects, and on a GPU only the wall clock bounds (not the runner's CPU time);
+# 12: the calibration's error on the runners' overhead difference taken over its pairs (a host moment common to
+# both calls of a pair cancels), and up to 384 calibration pairs on a GPU (96 before)
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,15 @@ STREAM_ESCAPE_MIN_MS = 0.05
 #: peak reads run faster than the helper's fill; on the CPU a task's data may sit in the last-level cache, and
 #: a loaded host measures its copies slow.
 FLOOR_BANDWIDTH_MARGIN = {"cuda": 1.5, "cpu": 4.0}
-#: Calibration pairs: about this much time per model, between these bounds.
-CALIBRATION_MS = 400.0
-CALIBRATION_PAIRS = (24, 96)
+#: Calibration: pairs for about this much of the parent's wall time (inputs, brackets, checks: measured on the
+#: warm-up pairs), between these bounds, per device type. The calibration's error is most of the bound's slack
+#: for a small call on a GPU, whose brackets (about a millisecond of harness) scatter by tens of microseconds;
+#: the CPU's slack has a floor of its own (`timing.SLACK_MIN_MS`) that a few dozen pairs already reach (96
+#: pairs there cost 2-3 s of a 3.4 s evaluation, its cache flushes between calls).
+CALIBRATION_S = {"cuda": 0.8, "cpu": 0.3}
+CALIBRATION_PAIRS = (24, 384)
 #: Warm-up before the calibration: about this long, at most this many pairs.
-CALIBRATION_WARMUP_MS = 60.0
+CALIBRATION_WARMUP_S = 0.06
 CALIBRATION_WARMUP_PAIRS = 24
 
 
@@ -164,14 +168,17 @@ class Measurement:
         """The twin series (module docstring): run after `Session.setup`, before the candidate's import."""
         flush = self.cfg.flush_l2
         with self.spending("calibration"):
-            warm = self.series(1, 2, flush)
-            per_call = max(statistics.median(s.bracket_ms for s in warm.all("ref")), 1e-3)
+            t0 = time.perf_counter()
+            self.series(1, 2, flush)
+            per_pair_s = max((time.perf_counter() - t0) / 2, 1e-6)
             # The device's clocks ramp up under load: warm it for a while before anything is calibrated.
-            extra = int(min(CALIBRATION_WARMUP_PAIRS, round(CALIBRATION_WARMUP_MS / per_call)))
+            extra = int(min(CALIBRATION_WARMUP_PAIRS, round(CALIBRATION_WARMUP_S / per_pair_s)))
             if extra > 0:
+                t0 = time.perf_counter()
                 self.series(1, extra, flush)
+                per_pair_s = max((time.perf_counter() - t0) / extra, 1e-6)
             lo, hi = CALIBRATION_PAIRS
-            n = int(min(hi, max(lo, round(CALIBRATION_MS / per_call))))
+            n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
             calibration = timing.calibrate(self.series(1, n, flush))
         self.s.facts.calibration = calibration.to_dict()
         return calibration

@@ -146,6 +146,22 @@ def quantile_se(values: list[float], q: float) -> float:
     return (xs[hi] - xs[lo]) / (2 * 1.96)
 
 
+def paired_quantile_diff_se(a: list[float], b: list[float], q: float, n: int = BOOTSTRAP, seed: int = 0) -> float:
+    """Standard error of quantile(a, q) - quantile(b, q) where a[i] and b[i] were measured together: the
+    spread of that difference over resampled pairs (a fixed generator, so the same calls give the same
+    figure). A host that slows both calls of a pair moves both quantiles alike; the independent errors'
+    sum of squares would count that twice."""
+    k = min(len(a), len(b))
+    if k < 2:
+        return 0.0
+    rng = random.Random(seed)
+    diffs = []
+    for _ in range(n):
+        idx = [rng.randrange(k) for _ in range(k)]
+        diffs.append(quantile([a[i] for i in idx], q) - quantile([b[i] for i in idx], q))
+    return statistics.stdev(diffs)
+
+
 # --------------------------------------------------------------------------- calibration
 
 
@@ -163,11 +179,15 @@ class Calibration:
     null: float  # ref_ms / twin_ms
     null_ci: tuple[float, float]
     pairs: int
+    # Standard error of cand_overhead_ms - ref_overhead_ms over resampled pairs: the two calls of a pair see
+    # the same host, so their errors partly cancel (None: the two errors taken as independent)
+    overhead_diff_se_ms: float | None = None
     # The same for the CPU time of each sandbox (its cgroup) beyond the reported span, where known
     cand_cpu_overhead_ms: float | None = None
     cand_cpu_overhead_se_ms: float | None = None
     ref_cpu_overhead_ms: float | None = None
     ref_cpu_overhead_se_ms: float | None = None
+    cpu_overhead_diff_se_ms: float | None = None
 
     def to_dict(self) -> dict[str, float | int | list[float] | None]:
         out = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -187,11 +207,13 @@ def calibrate(series: PairedSeries) -> Calibration:
     q = BOUND_QUANTILE
     return Calibration(ref_overhead_ms=quantile(ref_over, q), cand_overhead_ms=quantile(over, q),
                        cand_overhead_se_ms=quantile_se(over, q), ref_overhead_se_ms=quantile_se(ref_over, q),
+                       overhead_diff_se_ms=paired_quantile_diff_se(over, ref_over, q),
                        ref_ms=ref_ms, twin_ms=twin_ms, null=null, null_ci=(lo, hi), pairs=len(ref),
                        cand_cpu_overhead_ms=quantile(cpu, q) if cpu_known else None,
                        cand_cpu_overhead_se_ms=quantile_se(cpu, q) if cpu_known else None,
                        ref_cpu_overhead_ms=quantile(ref_cpu, q) if cpu_known else None,
-                       ref_cpu_overhead_se_ms=quantile_se(ref_cpu, q) if cpu_known else None)
+                       ref_cpu_overhead_se_ms=quantile_se(ref_cpu, q) if cpu_known else None,
+                       cpu_overhead_diff_se_ms=paired_quantile_diff_se(cpu, ref_cpu, q) if cpu_known else None)
 
 
 def bootstrap_ratio(num: list[float], den: list[float], n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
@@ -249,10 +271,13 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
     q = BOUND_QUANTILE
 
     def bound_of(values: list[float], cand_cal: float, cand_cal_se: float, ref_cal: float | None,
-                 ref_cal_se: float | None, ref_now: list[float] | None, clock: str, share: int) -> Bound:
+                 ref_cal_se: float | None, diff_se: float | None, ref_now: list[float] | None, clock: str,
+                 share: int) -> Bound:
         if ref_now and ref_cal is not None:
             overhead = quantile(ref_now, q) + (cand_cal - ref_cal)
-            overhead_se = math.sqrt(quantile_se(ref_now, q) ** 2 + cand_cal_se ** 2 + (ref_cal_se or 0.0) ** 2)
+            if diff_se is None:
+                diff_se = math.hypot(cand_cal_se, ref_cal_se or 0.0)
+            overhead_se = math.hypot(quantile_se(ref_now, q), diff_se)
         else:
             overhead, overhead_se = cand_cal, cand_cal_se
         bound = (quantile(values, q) - overhead) / share
@@ -263,7 +288,7 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
 
     refs = ref_samples or []
     best = bound_of([s.bracket_ms for s in samples], calibration.cand_overhead_ms, calibration.cand_overhead_se_ms,
-                    calibration.ref_overhead_ms, calibration.ref_overhead_se_ms,
+                    calibration.ref_overhead_ms, calibration.ref_overhead_se_ms, calibration.overhead_diff_se_ms,
                     [s.overhead_ms for s in refs], "wall", 1)
     cpu = [s.cpu_ms for s in samples if s.cpu_ms is not None]
     ref_cpu = [s.cpu_ms - s.ms for s in refs if s.cpu_ms is not None]
@@ -273,7 +298,7 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
         # honest 0.13 ms call on an H200 read 0.22 ms by it, so only the wall clock bounds there.
         by_cpu = bound_of(cpu, calibration.cand_cpu_overhead_ms, calibration.cand_cpu_overhead_se_ms or 0.0,
                           calibration.ref_cpu_overhead_ms, calibration.ref_cpu_overhead_se_ms,
-                          ref_cpu if len(ref_cpu) == len(refs) else None, "cpu", max(cores, 1))
+                          calibration.cpu_overhead_diff_se_ms, ref_cpu if len(ref_cpu) == len(refs) else None, "cpu", max(cores, 1))
         if by_cpu.bound_ms - by_cpu.slack_ms > best.bound_ms - best.slack_ms:
             best = by_cpu
     best.counted_ms = counted_between(reported, best.bound_ms, best.slack_ms)
