@@ -13,7 +13,7 @@ from cudal1.core.rewards import (
     smooth_rewards,
     transform_reward,
 )
-from cudal1.core.types import EvalResult, Flag, Severity, Status
+from cudal1.core.types import EvalResult, Flag, Severity, Status, TimingStats
 
 FAILURES = [s for s in Status if s is not Status.CORRECT]
 
@@ -26,6 +26,25 @@ def test_a_correct_result_earns_its_finite_positive_speedup():
     assert reward_of(correct(2.5)) == 2.5
     assert reward_of(correct(0.25), {Status.INCORRECT: -1.0}) == 0.25
     assert isinstance(reward_of(correct(3)), float)
+
+
+def _with_interval(speedup: float, ci: list[float] | None) -> EvalResult:
+    timing = TimingStats(ref_ms=1.0, candidate_ms=1.0 / speedup, speedup=speedup, stability=0.01,
+                         bucket_speedups=[speedup], speedup_ci=ci)
+    return EvalResult(status=Status.CORRECT, speedup=speedup, timing=timing)
+
+
+def test_the_lower_estimate_pays_the_low_end_of_the_speedups_interval():
+    """A 1.3x whose interval reaches down to 0.95x earns 0.95 under `lower`, 1.3 under `point`; without an
+    interval (or a broken one) the point counts; an interval above the point never raises it."""
+    noisy = _with_interval(1.3, [0.95, 1.6])
+    assert reward_of(noisy) == 1.3 and reward_of(noisy, estimate="lower") == 0.95
+    assert reward_of(_with_interval(1.3, None), estimate="lower") == 1.3
+    assert reward_of(_with_interval(1.3, [math.nan, 1.5]), estimate="lower") == 1.3
+    assert reward_of(_with_interval(1.3, [1.4, 1.5]), estimate="lower") == 1.3
+    assert reward_of(EvalResult(status=Status.INCORRECT), {Status.INCORRECT: -1.0}, estimate="lower") == -1.0
+    with pytest.raises(ValueError, match="point, lower"):
+        reward_of(noisy, estimate="upper")
 
 
 @pytest.mark.parametrize("speedup", [math.inf, -math.inf, math.nan, None, 0.0, -1.0])

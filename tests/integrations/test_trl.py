@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cudal1.core.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.eval.config import EvalConfig
 from cudal1.integrations.trl import make_trl_reward
 from cudal1.service.client import RewardClient
@@ -56,6 +56,17 @@ def test_a_non_finite_speedup_is_no_reward():
     speedups = iter([float("inf"), float("nan"), 2.0])
     reward = make_trl_reward(lambda task_id, source: EvalResult(status=Status.CORRECT, speedup=next(speedups)))
     assert reward([completion(1)] * 3, task_id=["a", "b", "c"]) == [0.0, 0.0, 2.0]
+
+
+def test_the_low_end_of_the_interval_can_be_the_reward():
+    timing = TimingStats(ref_ms=2.0, candidate_ms=1.0, speedup=2.0, stability=0.1, bucket_speedups=[2.0],
+                         speedup_ci=[1.1, 2.4])
+    result = EvalResult(status=Status.CORRECT, speedup=2.0, timing=timing)
+    assert make_trl_reward(lambda task_id, source: result)([completion(1)], task_id=["a"]) == [2.0]
+    lower = make_trl_reward(lambda task_id, source: result, speedup_estimate="lower")
+    assert lower([completion(1)], task_id=["a"]) == [1.1]
+    with pytest.raises(ValueError, match="point, lower"):
+        make_trl_reward(lambda task_id, source: result, speedup_estimate="median")
 
 
 def test_unknown_task_id_raises_for_a_pool():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudal1.core.types import EvalResult, Status
+from cudal1.core.types import EvalResult, Status, TimingStats
 from cudal1.exemplars import ExemplarDB
 from cudal1.train.rewards import KernelReward, RewardConfig
 from tests.train.helpers import correct_code, wrong_code
@@ -141,6 +141,27 @@ def test_log_and_bounded_rewards(tiny_tasks, transform, expected):
                  task_id=[task.id] * 2)
     assert out == pytest.approx(expected, abs=1e-4)
     assert reward.history[-1]["raw_reward_mean"] == pytest.approx(3.7 / 2)  # logged in speedup units
+
+
+def test_the_trainer_can_pay_the_low_end_of_the_speedups_interval(tiny_tasks):
+    """`RLConfig.reward_speedup: lower` reaches the reward: a 1.4x whose interval starts at 1.02x earns 1.02."""
+    from cudal1.core.errors import ConfigError
+    from cudal1.train.config import RLStageConfig
+    from cudal1.train.rl import reward_config
+
+    task = tiny_tasks[0]
+    timing = TimingStats(ref_ms=1.4, candidate_ms=1.0, speedup=1.4, stability=0.05, bucket_speedups=[1.4],
+                         speedup_ci=[1.02, 1.7])
+
+    def evaluator(t, source):
+        return EvalResult(status=Status.CORRECT, speedup=1.4, task_id=t.id, timing=timing)
+
+    for choice, paid in (("point", 1.4), ("lower", 1.02)):
+        cfg = reward_config(RLStageConfig(model="scratch", output_dir="runs/x", reward_speedup=choice, reward_normalize=False))
+        out = KernelReward(tiny_tasks, evaluator, cfg)([_completion(correct_code(task))], task_id=[task.id])
+        assert out == pytest.approx([paid])
+    with pytest.raises(ConfigError, match="reward_speedup"):
+        RLStageConfig(model="scratch", output_dir="runs/x", reward_speedup="upper")
 
 
 class _RaisingJudge:

@@ -9,6 +9,11 @@ positive speedup; a configured value for everything else, default 0.0 (the paper
 - a verdict turned down by a verdict policy that names a reward for violations (`cudal1.policy`, e.g.
   KernelGYM's -1 for a decoy): that reward.
 
+Which speedup a correct candidate earns (`SPEEDUP_ESTIMATES`): `point` (default), the evaluator's speedup;
+`lower`, the low end of its 95 % interval (`EvalResult.speedup_ci`, the calls' bootstrap widened by the runner
+pair's null): a speedup that the measurement's own spread cannot tell from 1x earns about 1x, so noise between
+evaluations is not rewarded as progress. Without an interval, the point.
+
 A failure table may be keyed by `Status` or by the status's string value (`"hack_detected"`), so both the
 trainer's YAML configs and the adapters' Python tables work. A value of None (TRL: ignore this sample for
 this reward function) passes through as None.
@@ -31,6 +36,7 @@ from cudal1.core.types import EvalResult, Status
 
 DEFAULT_FAILURE_REWARD = 0.0
 REWARD_TRANSFORMS = ("speedup", "log", "bounded")
+SPEEDUP_ESTIMATES = ("point", "lower")
 #: `bounded`: Dr.Kernel's cap on a speedup reward ([0, 3]).
 DEFAULT_REWARD_BOUND = 3.0
 #: `log`: the smallest raw reward taken before the logarithm (a failure's 0 maps to ln(0.1)).
@@ -53,10 +59,16 @@ def failure_reward(key: Status | str, failure_rewards: FailureRewards | None = N
     return DEFAULT_FAILURE_REWARD
 
 
-def reward_of(result: EvalResult, failure_rewards: FailureRewards | None = None) -> float | None:
-    """The raw reward of one verdict (see the module docstring)."""
+def reward_of(result: EvalResult, failure_rewards: FailureRewards | None = None,
+              estimate: str = "point") -> float | None:
+    """The raw reward of one verdict (see the module docstring); `estimate`: one of `SPEEDUP_ESTIMATES`."""
+    if estimate not in SPEEDUP_ESTIMATES:
+        raise ValueError(f"unknown speedup estimate {estimate!r}; choose one of {', '.join(SPEEDUP_ESTIMATES)}")
     if result.status is Status.CORRECT:
         speedup = result.speedup
+        ci = result.timing.speedup_ci if result.timing is not None else None
+        if estimate == "lower" and speedup is not None and ci and math.isfinite(ci[0]) and ci[0] > 0:
+            speedup = min(speedup, ci[0])
         if speedup is not None and math.isfinite(speedup) and speedup > 0:
             return float(speedup)
         return failure_reward(CORRECT_UNMEASURED, failure_rewards)

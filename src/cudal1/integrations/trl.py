@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudal1.core.errors import SourceError
-from cudal1.core.rewards import FailureRewards, reward_of
+from cudal1.core.rewards import SPEEDUP_ESTIMATES, FailureRewards, reward_of
 from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text
 from cudal1.llm.extract import Extraction, extract_completion
@@ -76,13 +76,17 @@ def _evaluator_over(evaluator: Any, config: Any) -> tuple[Evaluator, bool]:
 def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", reference_column: str | None = None,
                     failure_rewards: FailureRewards | None = None, extract: bool = True,
                     sources: Sequence[str] = ("builtin",), config: Any = None, name: str = "cudal1_speedup",
-                    on_result: Callable[[str, str, EvalResult], None] | None = None) -> RewardFn:
+                    on_result: Callable[[str, str, EvalResult], None] | None = None,
+                    speedup_estimate: str = "point") -> RewardFn:
     """A TRL reward function `(completions, **kwargs) -> list[float | None]` (see the module docstring).
 
     `extract=False` takes each completion's text as the candidate source as is. `on_result(task_id,
     source, result)` sees every verdict (e.g. to feed an exemplar database). `config` is the EvalConfig a
-    pool uses (default: the pool's own).
+    pool uses (default: the pool's own). `speedup_estimate`: `point` pays the evaluator's speedup, `lower` the
+    low end of its 95 % interval (`cudal1.core.rewards`).
     """
+    if speedup_estimate not in SPEEDUP_ESTIMATES:
+        raise ValueError(f"speedup_estimate: one of {', '.join(SPEEDUP_ESTIMATES)}, not {speedup_estimate!r}")
     resolver = TaskResolver(sources)
     interface, resolve = _evaluator_over(evaluator, config)
 
@@ -111,7 +115,7 @@ def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", referenc
             verdicts[i] = result
             if on_result is not None:
                 on_result(item[0], item[1], result)
-        rewards = [reward_of(v, failure_rewards) for v in verdicts if v is not None]
+        rewards = [reward_of(v, failure_rewards, speedup_estimate) for v in verdicts if v is not None]
         logger.debug("rewards %s", rewards)
         return rewards
 

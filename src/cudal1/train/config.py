@@ -25,7 +25,7 @@ import yaml
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.names import canonical_profile
-from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS
+from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS, SPEEDUP_ESTIMATES
 from cudal1.core.types import Status
 from cudal1.eval.config import EvalConfig, profile_choices, resolve_device
 from cudal1.llm.prompts import FORM_CHOICES, resolve_form
@@ -289,6 +289,9 @@ class RLStageConfig(CommonTrainConfig):
     reward_transform: str = _f("speedup", "Raw reward -> reward before smoothing: speedup (as it is, the paper's), "
                                           "log (ln of max(raw, reward_log_floor): relative gains count the same at "
                                           "every speed) or bounded (clipped to [0, reward_bound], Dr.Kernel's).")
+    reward_speedup: str = _f("point", "Speedup a correct candidate earns: point (the evaluator's) or lower (the "
+                                      "low end of its 95 % interval: a gain the measurement's spread cannot "
+                                      "tell from noise earns about 1x).")
     reward_bound: float = _f(3.0, "reward_transform=bounded: the cap on a reward (Dr.Kernel: 3).")
     reward_log_floor: float = _f(0.1, "reward_transform=log: rewards below this (a failure's 0) are taken as this.")
     reward_normalize: bool = _f(True, "Reward smoothing: normalize rewards (mean/std), then clip them to "
@@ -353,6 +356,9 @@ class RLStageConfig(CommonTrainConfig):
             raise ConfigError(f"reward_clip_k must be > 0, got {self.reward_clip_k}")
         if self.reward_scope not in ("batch", "group"):
             raise ConfigError(f"reward_scope must be batch or group, not {self.reward_scope!r}")
+        if self.reward_speedup not in SPEEDUP_ESTIMATES:
+            raise ConfigError(f"reward_speedup must be one of {', '.join(SPEEDUP_ESTIMATES)}, "
+                              f"not {self.reward_speedup!r}")
         if self.reward_transform not in REWARD_TRANSFORMS:
             raise ConfigError(f"reward_transform must be one of {', '.join(REWARD_TRANSFORMS)}, "
                               f"not {self.reward_transform!r}")

@@ -77,6 +77,9 @@ class RewardConfig:
     transform: str = field(default="speedup", metadata={
         "help": "Raw reward -> reward: speedup (as it is, the paper's), log (ln of max(raw, log_floor)) or "
                 "bounded (clipped to [0, bound], Dr.Kernel's [0, 3])."})
+    speedup_estimate: str = field(default="point", metadata={
+        "help": "Speedup a correct candidate earns: point (the evaluator's) or lower (the low end of its 95 % "
+                "interval: a gain the measurement cannot tell from noise earns about nothing)."})
     bound: float = field(default=DEFAULT_REWARD_BOUND, metadata={"help": "transform=bounded: the cap."})
     log_floor: float = field(default=DEFAULT_LOG_FLOOR, metadata={
         "help": "transform=log: raw rewards below this (failures' 0) are taken as this before the logarithm."})
@@ -152,7 +155,8 @@ class KernelReward:
         texts = [completion_text(c) for c in completions]
         codes = [self.extract(text) for text in texts]
         results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_threads)
-        raws = [float(reward_of(r, self.config.failure_rewards) or 0.0) for r in results]
+        raws = [float(reward_of(r, self.config.failure_rewards, self.config.speedup_estimate) or 0.0)
+                for r in results]
         vetoed, judge_errors = self._judge_and_record(tasks, codes, results, raws)
         cfg = self.config
         rewards = [transform_reward(v, cfg.transform, bound=cfg.bound, floor=cfg.log_floor) for v in raws]

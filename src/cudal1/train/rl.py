@@ -247,6 +247,16 @@ def _wait_for_everyone() -> None:
         PartialState().wait_for_everyone()
 
 
+def reward_config(config: RLStageConfig) -> RewardConfig:
+    """How the stage's verdicts become rewards, from its config."""
+    return RewardConfig(failure_rewards=config.failure_rewards, transform=config.reward_transform,
+                        speedup_estimate=config.reward_speedup, bound=config.reward_bound,
+                        log_floor=config.reward_log_floor, normalize=config.reward_normalize,
+                        clip_k=config.reward_clip_k, scope=config.reward_scope, group_size=config.num_generations,
+                        judge_jump_factor=config.judge_jump_factor, judge_on_error=config.judge_on_error,
+                        eval_threads=config.eval_threads)
+
+
 def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, tasks: Sequence[Task] | None = None,
            evaluator: Evaluator | None = None, judge: Judge | None = None, reward_funcs: list | None = None,
            callbacks: list | None = None, exemplar_db: Any = None,
@@ -270,13 +280,7 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     seeded = seed_exemplars(db, config, tasks, store)
     reward = made = None
     if reward_funcs is None:
-        reward_cfg = RewardConfig(failure_rewards=config.failure_rewards, transform=config.reward_transform,
-                                  bound=config.reward_bound, log_floor=config.reward_log_floor,
-                                  normalize=config.reward_normalize, clip_k=config.reward_clip_k,
-                                  scope=config.reward_scope,
-                                  group_size=config.num_generations, judge_jump_factor=config.judge_jump_factor,
-                                  judge_on_error=config.judge_on_error,
-                                  eval_threads=config.eval_threads)
+        reward_cfg = reward_config(config)
         made = None if evaluator is not None else default_evaluator(config, store, recorder.run_id,
                                                                      label=f"grpo:{config.model}")
         evaluator = evaluator or made
