@@ -72,7 +72,7 @@ def main() -> None:
     wall = time.monotonic() - t0
     out: dict = {"device": args.device, "profile": args.profile, "wall_s": round(wall, 1), "sizes": {}}
     print(f"{'size':6s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
-          f"{'hidden us':>10s} {'hidden %':>9s}")
+          f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s}")
     for size in SIZES:
         mine = [(label, r) for label, r in zip(labels, results, strict=True) if label[0] == size and r is not None]
         twins = [r for label, r in mine if label[1] == "honest" and (r.protocol.get("clock") or {}).get("counted_ms")]
@@ -87,7 +87,8 @@ def main() -> None:
             print(f"{size:6s} {label[1]:12s} {entry['status']:14s} {entry['speedup'] or 0:8.3f} "
                   f"{(entry['counted_ms'] or 0) * 1e3:11.1f} {(entry['reported_ms'] or 0) * 1e3:12.1f} "
                   f"{hidden if hidden is not None else float('nan'):10.1f} "
-                  f"{share if share is not None else float('nan'):9.1f}")
+                  f"{share if share is not None else float('nan'):9.1f} "
+                  f"{(entry['slack_ms'] or 0) * 1e3:9.1f} {(entry['clock'].get('paired_slack_ms') or 0) * 1e3:7.1f}")
         out["sizes"][size] = {"honest_counted_ms": honest_counted, "rows": rows}
     (args.out_dir / "trusted_time.json").write_text(json.dumps(out, indent=1, default=str))
     print(f"wall {wall:.1f} s; figures in {args.out_dir / 'trusted_time.json'}")

@@ -263,3 +263,15 @@ def test_the_bound_uses_the_calibrations_paired_error():
     assert calibration.overhead_diff_se_ms is not None
     assert (paired.noise_ms < unpaired.noise_ms) == \
         (calibration.overhead_diff_se_ms < (calibration.cand_overhead_se_ms ** 2 + calibration.ref_overhead_se_ms ** 2) ** 0.5)
+
+
+def test_the_pairs_own_bound_is_recorded_beside_the_bound():
+    """The paired figure: near the true time for an honest candidate, far above a forged report, with a
+    slack that shrinks when the brackets' noise is shared by both calls of a pair."""
+    series = _series(0.1, 0.1, jitter=0.01)
+    calibration = _calibration(jitter=0.01)
+    bound = timing.counted_time(series.all("cand"), calibration, "cuda", ref_samples=series.all("ref"))
+    summary = timing.clock_summary(series, bound, calibration)
+    assert summary["paired_bound_ms"] == pytest.approx(0.1, abs=0.01) and summary["paired_slack_ms"] > 0
+    forged = _series(0.1, 0.1, reported_cand=0.02, jitter=0.01)
+    assert timing.paired_bound(forged, calibration)["paired_bound_ms"] > 0.08

@@ -182,6 +182,10 @@ class Calibration:
     # Standard error of cand_overhead_ms - ref_overhead_ms over resampled pairs: the two calls of a pair see
     # the same host, so their errors partly cancel (None: the two errors taken as independent)
     overhead_diff_se_ms: float | None = None
+    # Per pair: median of (twin's overhead - reference's overhead) and its standard error. Recorded beside the
+    # bound for comparison (`clock_summary`'s paired bound), not used by it
+    pair_overhead_diff_ms: float | None = None
+    pair_overhead_diff_se_ms: float | None = None
     # The same for the CPU time of each sandbox (its cgroup) beyond the reported span, where known
     cand_cpu_overhead_ms: float | None = None
     cand_cpu_overhead_se_ms: float | None = None
@@ -201,6 +205,7 @@ def calibrate(series: PairedSeries) -> Calibration:
     null = ref_ms / max(twin_ms, 1e-9)
     lo, hi = bootstrap_ratio([s.ms for s in ref], [s.ms for s in twin])
     over, ref_over = [s.overhead_ms for s in twin], [s.overhead_ms for s in ref]
+    pair_diffs = [a - b for a, b in zip(over, ref_over, strict=True)]
     cpu = [s.cpu_ms - s.ms for s in twin if s.cpu_ms is not None]
     ref_cpu = [s.cpu_ms - s.ms for s in ref if s.cpu_ms is not None]
     cpu_known = len(cpu) == len(twin) and len(ref_cpu) == len(ref) and len(cpu) >= 2
@@ -208,6 +213,8 @@ def calibrate(series: PairedSeries) -> Calibration:
     return Calibration(ref_overhead_ms=quantile(ref_over, q), cand_overhead_ms=quantile(over, q),
                        cand_overhead_se_ms=quantile_se(over, q), ref_overhead_se_ms=quantile_se(ref_over, q),
                        overhead_diff_se_ms=paired_quantile_diff_se(over, ref_over, q),
+                       pair_overhead_diff_ms=statistics.median(pair_diffs),
+                       pair_overhead_diff_se_ms=quantile_se(pair_diffs, 0.5),
                        ref_ms=ref_ms, twin_ms=twin_ms, null=null, null_ci=(lo, hi), pairs=len(ref),
                        cand_cpu_overhead_ms=quantile(cpu, q) if cpu_known else None,
                        cand_cpu_overhead_se_ms=quantile_se(cpu, q) if cpu_known else None,
@@ -452,6 +459,18 @@ def stream_escape_ms(series: PairedSeries) -> tuple[float, float]:
     return gap(series.all("ref")), gap(series.all("cand"))
 
 
+def paired_bound(series: PairedSeries, calibration: Calibration) -> dict[str, float]:
+    """The candidate's time as the pairs bound it, recorded beside `counted_time`'s bound for comparison: the
+    median over timed pairs of (candidate's bracket - reference's overhead), less the calibration's median
+    per-pair overhead difference; its slack is 3 standard errors of both medians (no floor). Where a host
+    moment slows both calls of a pair it cancels here, not in the quantiles of each model apart."""
+    diffs = [c.bracket_ms - r.overhead_ms for rb, cb in zip(series.ref, series.cand, strict=True)
+             for r, c in zip(rb, cb, strict=True)]
+    bound = statistics.median(diffs) - (calibration.pair_overhead_diff_ms or 0.0)
+    se = math.hypot(quantile_se(diffs, 0.5), calibration.pair_overhead_diff_se_ms or 0.0)
+    return {"paired_bound_ms": bound, "paired_slack_ms": SLACK_SIGMAS * se}
+
+
 def clock_summary(series: PairedSeries, bound: Bound,
                   calibration: Calibration | None) -> dict[str, float | bool | str]:
     """The bound's figures and where each model's bracket went (ms), recorded with every timed result."""
@@ -460,6 +479,8 @@ def clock_summary(series: PairedSeries, bound: Bound,
                                           "capped": bound.capped, "bound_clock": bound.clock}
     if calibration is not None:
         out["cand_overhead_calibrated_ms"] = calibration.cand_overhead_ms
+        if calibration.pair_overhead_diff_ms is not None:
+            out.update(paired_bound(series, calibration))
     for who in ("ref", "cand"):
         samples = series.all(who)
         out[f"{who}_bracket_ms"] = statistics.median(s.bracket_ms for s in samples)
