@@ -51,8 +51,9 @@ FLOOR_BANDWIDTH_MARGIN = {"cuda": 1.5, "cpu": 4.0}
 #: pairs there cost 2-3 s of a 3.4 s evaluation, its cache flushes between calls).
 CALIBRATION_S = {"cuda": 0.8, "cpu": 0.3}
 CALIBRATION_PAIRS = (24, 384)
-#: Warm-up before the calibration: about this long, at most this many pairs.
-CALIBRATION_WARMUP_S = 0.06
+#: Warm-up before the calibration: about this much of the parent's wall time (both models: about what 60 ms of
+#: the reference's brackets were when it was sized by them), at most this many pairs.
+CALIBRATION_WARMUP_S = 0.12
 CALIBRATION_WARMUP_PAIRS = 24
 
 
