@@ -160,8 +160,12 @@ def test_the_trainer_can_pay_the_low_end_of_the_speedups_interval(tiny_tasks):
         cfg = reward_config(RLStageConfig(model="scratch", output_dir="runs/x", reward_speedup=choice, reward_normalize=False))
         out = KernelReward(tiny_tasks, evaluator, cfg)([_completion(correct_code(task))], task_id=[task.id])
         assert out == pytest.approx([paid])
+    assert reward_config(RLStageConfig(model="scratch", output_dir="runs/x", reward_speedup="lower")).describe() \
+        .startswith("raw speedup's 95 % low end")
     with pytest.raises(ConfigError, match="reward_speedup"):
         RLStageConfig(model="scratch", output_dir="runs/x", reward_speedup="upper")
+    with pytest.raises(ValueError, match="speedup_estimate"):
+        RewardConfig(speedup_estimate="upper")
 
 
 class _RaisingJudge:

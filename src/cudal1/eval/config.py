@@ -41,7 +41,8 @@ PROTOCOL_VERSION = "12"  # 2: inputs refilled before every timed pair, salted se
 # brackets contradict counts up to the bound itself (it counted the bound less its slack), a capped report below
 # half the bound less its noise rejects, and on a GPU only the wall clock bounds (not the runner's CPU time);
 # 12: the calibration's error on the runners' overhead difference taken over its pairs (a host moment common to
-# both calls of a pair cancels), and up to 384 calibration pairs on a GPU (96 before)
+# both calls of a pair cancels), and its pairs sized by the parent's wall time per pair (0.8 s on a GPU, up to
+# 384 pairs; 0.3 s on a CPU, at least 24; 24-96 pairs sized by the bracket before)
 
 
 @dataclass(frozen=True)

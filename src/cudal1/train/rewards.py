@@ -42,6 +42,7 @@ from cudal1.core.rewards import (
     DEFAULT_LOG_FLOOR,
     DEFAULT_REWARD_BOUND,
     REWARD_TRANSFORMS,
+    SPEEDUP_ESTIMATES,
     failure_reward,
     reward_of,
     smooth_rewards,
@@ -79,7 +80,7 @@ class RewardConfig:
                 "bounded (clipped to [0, bound], Dr.Kernel's [0, 3])."})
     speedup_estimate: str = field(default="point", metadata={
         "help": "Speedup a correct candidate earns: point (the evaluator's) or lower (the low end of its 95 % "
-                "interval: a gain the measurement cannot tell from noise earns about nothing)."})
+                "interval: a gain the measurement cannot tell from noise earns about 1x)."})
     bound: float = field(default=DEFAULT_REWARD_BOUND, metadata={"help": "transform=bounded: the cap."})
     log_floor: float = field(default=DEFAULT_LOG_FLOOR, metadata={
         "help": "transform=log: raw rewards below this (failures' 0) are taken as this before the logarithm."})
@@ -111,13 +112,17 @@ class RewardConfig:
             raise ValueError(f"transform must be one of {', '.join(REWARD_TRANSFORMS)}, not {self.transform!r}")
         if self.bound <= 0 or self.log_floor <= 0:
             raise ValueError("bound and log_floor must be > 0")
+        if self.speedup_estimate not in SPEEDUP_ESTIMATES:
+            raise ValueError(f"speedup_estimate must be one of {', '.join(SPEEDUP_ESTIMATES)}, "
+                             f"not {self.speedup_estimate!r}")
         if self.judge_on_error not in JUDGE_ON_ERROR:
             raise ValueError(f"judge_on_error must be closed or open, not {self.judge_on_error!r}")
 
     def describe(self) -> str:
         """The reward in one line, as a report states it (e.g. 'raw speedup, unnormalized, unclipped')."""
-        kind = {"speedup": "raw speedup", "log": f"ln(max(speedup, {self.log_floor:g}))",
-                "bounded": f"speedup clipped to [0, {self.bound:g}]"}[self.transform]
+        paid = "speedup" if self.speedup_estimate == "point" else "speedup's 95 % low end"
+        kind = {"speedup": f"raw {paid}", "log": f"ln(max({paid}, {self.log_floor:g}))",
+                "bounded": f"{paid} clipped to [0, {self.bound:g}]"}[self.transform]
         if not self.normalize:
             return f"{kind} (failures: their failure reward), not normalized, not clipped"
         where = f"per group of {self.group_size}" if self.scope == "group" else "over the batch"
