@@ -33,9 +33,9 @@ def test_a_model_out_of_gpu_memory_is_reported_as_oom_with_its_request():
             raise torch.cuda.OutOfMemoryError(TORCH_OOM)
 
     side = ModelSide(torch.device("cpu"), reference_module=None, model=Hog())
-    for call in (side.untimed, side._timed):
+    for call, inputs in ((side.untimed, [torch.ones(2)]), (side._timed, [[torch.ones(2)]])):
         try:
-            call([torch.ones(2)])
+            call(inputs)
         except CallFailed as exc:
             assert exc.kind == "oom" and "tried to allocate 1.79 GiB" in exc.message, exc.message
         else:

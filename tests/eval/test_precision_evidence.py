@@ -90,7 +90,8 @@ def test_on_the_gpu_the_helper_measures_the_same_evidence(task):
 @pytest.mark.parametrize(("calls", "where"), [(1, "correctness trial 1"), (2, "a timed call")])
 def test_full_precision_only_where_it_is_expected_to_be_checked_is_still_found(tmp_path, capsys, calls, where):
     # Through the real CLI: exact on the first call (or on every trial), fp16 afterwards. Every later trial
-    # and every verified timed call is held to the reference's error measured on the first trial.
+    # and every verified timed call is held to the reference's error measured on the first trial. One call
+    # per bracket here, so that a trial is one call of each model.
     from cudal1.cli.main import main
 
     candidate = tmp_path / "candidate.py"
@@ -98,7 +99,18 @@ def test_full_precision_only_where_it_is_expected_to_be_checked_is_still_found(t
                          .replace("CALLS = 1", f"CALLS = {calls}"))
     assert main(["eval", "--ref", str(FIXTURES / "precision" / "task_matmul.py"), "--candidate", str(candidate),
                  "--device", "cpu", "--trials", "2", "--buckets", "2", "--profile", "cuda-l1", "--json",
-                 "--no-store"]) == 0
+                 "--no-store", "--bracket-work-ms", "0"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     flags = [f for f in result["flags"] if f["rule"] == F.REDUCED_PRECISION]
     assert flags and flags[0]["message"].startswith(where), result["flags"]
+
+
+def test_every_call_of_a_trials_bracket_is_held_to_the_reference_error():
+    # Three calls per bracket: exact on the first call only, fp16 on the second, which is in the first trial.
+    task = load_file(FIXTURES / "precision" / "task_matmul.py")
+    source = (FIXTURES / "precision" / "half_after_calls.py").read_text()
+    result = evaluate_candidate(task, source, EvalConfig(**{**FAST, "profile": "cuda-l1", "bracket_work_ms": 1e3,
+                                                            "max_calls_per_bracket": 3}))
+    assert result.protocol["clock"]["calls_per_bracket"] == 3
+    flags = [f for f in result.flags if f.rule == F.REDUCED_PRECISION]
+    assert flags and flags[0].message.startswith("correctness trial 0, call 1"), result.flags

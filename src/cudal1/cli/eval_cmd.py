@@ -11,7 +11,7 @@ from cudal1.cli import common, verdicts
 from cudal1.core.errors import SourceError
 from cudal1.core.types import EvalResult
 from cudal1.eval import evaluate_candidate
-from cudal1.eval.config import resolve_device
+from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.policy.presets import policy_choices
 from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks import Task, find_task, load_tasks
@@ -38,6 +38,10 @@ def eval_command(
     estimator: str = typer.Option("pooled", "--estimator", callback=common.choice("pooled", "buckets"),
                                   help="pooled: median of all reference calls over median of all candidate "
                                        "calls; buckets: median of the buckets' ratios (CUDA-L1's)."),
+    bracket_work_ms: float = typer.Option(EvalConfig.bracket_work_ms, "--bracket-work-ms", min=0.0,
+                                          help="Calls of a small model per bracket of the parent's clock: as many "
+                                               "as fill this much of the reference's time; 0: one call per "
+                                               "bracket (each on a flushed L2)."),
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
     workers: str = typer.Option("", "--workers", help="Batch: evaluate through an evaluator pool: local (one slot "
@@ -50,7 +54,8 @@ def eval_command(
     The speedup is vs eager PyTorch, with cold and warm L2 caches, with its stability across timing buckets.
     """
     cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
-                             sandbox=sandbox, timeout_s=timeout_s, policy=policy, estimator=estimator)
+                             sandbox=sandbox, timeout_s=timeout_s, policy=policy, estimator=estimator,
+                             bracket_work_ms=bracket_work_ms)
     pairs = _collect(candidate, ref, task, source, release, candidates_dir)
     if level:
         pairs = [(t, s) for t, s in pairs if t.level in level]

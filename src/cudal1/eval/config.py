@@ -18,7 +18,7 @@ from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 from cudal1.policy.presets import policy_choices
 
-PROTOCOL_VERSION = "12"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "13"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -42,7 +42,9 @@ PROTOCOL_VERSION = "12"  # 2: inputs refilled before every timed pair, salted se
 # half the bound less its noise rejects, and on a GPU only the wall clock bounds (not the runner's CPU time);
 # 12: the calibration's error on the runners' overhead difference taken over its pairs (a host moment common to
 # both calls of a pair cancels), and its pairs sized by the parent's wall time per pair (0.8 s on a GPU, up to
-# 384 pairs; 0.3 s on a CPU, at least 24; 24-96 pairs sized by the bracket before)
+# 384 pairs; 0.3 s on a CPU, at least 24; 24-96 pairs sized by the bracket before); 13: a bracket holds as
+# many calls of a small model as fill `bracket_work_ms` of the reference's time, each on inputs of its own
+# (the harness's cost and its scatter shared by the calls: the bound's slack per call divided by their number)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,13 @@ class EvalConfig:
     max_iters_per_bucket: int = _f(100, "Upper bound on timed calls per model per bucket.")
     warmup_iters: int = _f(3, "Untimed calls of each model before timing (absorbs JIT/autotuning); at least "
                                "two per timing input set.")
-    flush_l2: bool = _f(True, "Flush the L2 cache before every timed call (cold-cache timing, primary).")
+    flush_l2: bool = _f(True, "Flush the L2 cache before every timed bracket (cold-cache timing, primary): each "
+                              "call's inputs are cold; a bracket's later calls find what the earlier left.")
+    bracket_work_ms: float = _f(0.5, "Calls of each model per bracket of the parent's clock: as many as fill about "
+                                     "this much of the reference's time (a small model's calls share the "
+                                     "harness's cost, and the forging room per call shrinks with their number); "
+                                     "0: one call per bracket.")
+    max_calls_per_bracket: int = _f(16, "At most this many calls per bracket (and what the inputs' memory allows).")
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
     noisy_stability: float = _f(0.25, "A measurement whose stability (IQR of bucket speedups / median) exceeds "
@@ -171,6 +179,8 @@ class EvalConfig:
             raise ConfigError("correctness_trials must be >= 1")
         if self.buckets < 1 or self.min_iters_per_bucket < 1 or self.max_iters_per_bucket < self.min_iters_per_bucket:
             raise ConfigError("need buckets >= 1 and 1 <= min_iters_per_bucket <= max_iters_per_bucket")
+        if self.bracket_work_ms < 0 or self.max_calls_per_bracket < 1:
+            raise ConfigError("need bracket_work_ms >= 0 and max_calls_per_bracket >= 1")
         if self.warmup_iters < 1:
             raise ConfigError("warmup_iters must be >= 1 (warm-up also sizes the timing buckets)")
         if self.noisy_stability < 0:
@@ -220,7 +230,8 @@ class EvalConfig:
     def protocol(self) -> dict[str, Any]:
         """The fields that change what is measured, plus the protocol version (cache key, provenance)."""
         keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "estimator", "target_bucket_ms",
-                "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "warm_buckets",
+                "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "bracket_work_ms",
+                "max_calls_per_bracket", "warm_buckets",
                 "round_toward_one", "device", "cpu_threads", "precision_evidence")
         out = {k: getattr(self, k) for k in keep}
         out["exact_fp32"] = self.uses_exact_fp32

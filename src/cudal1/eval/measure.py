@@ -85,12 +85,15 @@ def host_bandwidth_gbps() -> float:
 
 
 def sample_of(record: CallRecord) -> timing.Sample:
-    helper = record.helper
-    return timing.Sample(ms=record.reply.ms, stream_ms=record.reply.stream_ms, bracket_ms=record.bracket_ms,
-                         model_ms=record.model_ms, after=record.after,
+    """A bracket's figures per call: its times divided by its calls (the helper's and the flush's are the
+    bracket's own)."""
+    helper, n = record.helper, record.calls
+    return timing.Sample(ms=record.reply.ms / n, stream_ms=record.reply.stream_ms / n, bracket_ms=record.bracket_ms / n,
+                         model_ms=record.model_ms / n, after=record.after,
                          idle_us=helper.idle_us if helper is not None else None,
                          flush_ms=helper.flush_ms if helper is not None else None,
-                         cpu_flush_ms=record.flush_ms, cpu_ms=record.cpu_ms)
+                         cpu_flush_ms=record.flush_ms, cpu_ms=record.cpu_ms / n if record.cpu_ms is not None else None,
+                         calls=n)
 
 
 class Measurement:
@@ -136,7 +139,8 @@ class Measurement:
 
     def _verify(self, stage: dict, ref: CallRecord, cand: CallRecord, heavy: bool) -> None:
         errors = self.s.reference_errors is not None and not heavy
-        result = self.s.compare(ref.reply.out, cand.reply.out, trial=-1, errors=errors)
+        call = self.rng.randrange(cand.calls)  # one call of the bracket, drawn here
+        result = self.s.compare(ref, cand, trial=-1, call=call, errors=errors)
         if not result.ok:
             if heavy:
                 raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution in a timed call: "
@@ -169,6 +173,9 @@ class Measurement:
         """The twin series (module docstring): run after `Session.setup`, before the candidate's import."""
         flush = self.cfg.flush_l2
         with self.spending("calibration"):
+            first = self.series(1, 2, flush)
+            # Calls per bracket from the reference's reported time of one call, before anything is calibrated.
+            self.s.set_calls(min(s.ms for s in first.all("ref")))
             t0 = time.perf_counter()
             self.series(1, 2, flush)
             per_pair_s = max((time.perf_counter() - t0) / 2, 1e-6)
@@ -192,8 +199,9 @@ class Measurement:
         if cfg.extra_trial_count and (self.s.facts.beyond_distribution_trials or 0) > 0:
             self.heavy = HEAVY_SHARE
         warmup = self.series(1, max(cfg.warmup_iters, 2), flush)
-        ref_call = statistics.median(s.bracket_ms for s in warmup.all("ref"))
-        cand_call = statistics.median(s.bracket_ms for s in warmup.all("cand"))
+        # A bucket's pairs from the brackets' own time (the samples are per call)
+        ref_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all("ref"))
+        cand_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all("cand"))
         self.s.ref_times["call"] = statistics.median(s.ms for s in warmup.all("ref")) / 1e3
         iters = timing.iterations_per_bucket(ref_call, cand_call, cfg.target_bucket_ms, cfg.min_iters_per_bucket,
                                              cfg.max_iters_per_bucket, cfg.buckets)

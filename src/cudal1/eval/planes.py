@@ -56,10 +56,17 @@ from cudal1.eval.shared.protocol import (
 
 #: Room in an arena's `out` region beyond the reference's outputs (alignment, small extras).
 ARENA_SLACK_BYTES = 1 << 16
-#: Input slots per arena (a call's inputs land in one drawn at random): as many as fit this many bytes.
+#: Input slots per arena (a bracket's inputs land in one drawn at random): as many as fit this many bytes.
 SLOT_BUDGET_BYTES = 1 << 30
 MAX_SLOTS = 4
+#: A bracket holds the inputs and outputs of at most this many bytes of calls (`max_calls`).
+GROUP_BUDGET_BYTES = 128 << 20
 WHO = ("ref", "cand")
+
+
+def max_calls(in_bytes: int, out_bytes: int, wanted: int) -> int:
+    """How many calls a bracket may hold: `wanted`, as far as their inputs and outputs fit the group budget."""
+    return max(1, min(wanted, GROUP_BUDGET_BYTES // max(in_bytes + out_bytes, 1)))
 
 
 def slot_count(in_bytes: int) -> int:
@@ -92,14 +99,18 @@ class TensorPlane(ABC):
         self.runners, self.helper, self.tolerances = runners, helper, tolerances
         self.layouts: dict[str, ArenaLayout] = {}
         self.doorbells: dict[str, Doorbell] = {}
-        self.out_bytes = 0
+        self.out_bytes = 0  # one call's outputs
+        self.calls = 1  # calls per bracket now (the session sets it, up to `max_calls`)
+        self.max_calls = 1
         self.helper_memory: dict[str, int] | None = None  # the helper's allocator after its last comparison
 
     # ------------------------------------------------------------------ set-up
 
-    def give_arenas(self, in_bytes: int, out_bytes: int) -> None:
-        """Make both runners' arenas and doorbells and have each runner map its own."""
-        self.layouts, self.out_bytes = layouts(in_bytes, out_bytes), out_bytes
+    def give_arenas(self, in_bytes: int, out_bytes: int, calls: int = 1) -> None:
+        """Make both runners' arenas (room for brackets of up to `calls` calls of `in_bytes` of inputs and
+        `out_bytes` of outputs each) and doorbells, and have each runner map its own."""
+        self.layouts, self.out_bytes = layouts(calls * in_bytes, calls * out_bytes), out_bytes
+        self.max_calls = calls
         # Without a helper (the CPU) the runner's CPU clock measures its calls: waits block instead of spinning.
         self.doorbells = {who: Doorbell.create(blocking=self.helper is None) for who in WHO}
         self._make_arenas()
@@ -124,6 +135,11 @@ class TensorPlane(ABC):
                 raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process failed to map its arena: {message}")
             raise InfraFailure(f"mapping an arena failed: {message}")
 
+    @property
+    def snapshot_bytes(self) -> int:
+        """What a bracket's end keeps of the model's `out` region: the outputs of its calls, and some room."""
+        return min(self.layouts["cand"].out_bytes, self.calls * self.out_bytes + ARENA_SLACK_BYTES)
+
     def place(self, who: str, stage_tree: dict[str, Any], slot: int) -> dict[str, Any]:
         """Where the inputs staged as `stage_tree` will lie in `who`'s slot `slot`."""
         return self.arena_view(who).place(stage_tree, f"slot{slot}")[0]
@@ -138,7 +154,7 @@ class TensorPlane(ABC):
         """Before the bracket (the model frozen): the helper probes the device and arms."""
         if self.helper is not None:
             self.helper.arm(Bracket(sid=self.sid, seq=0, who=who, slot=slot, tree=stage_tree, flush=flush,
-                                    snapshot_bytes=self.out_bytes), timeout_s)
+                                    snapshot_bytes=self.snapshot_bytes), timeout_s)
 
     @abstractmethod
     def stage(self, who: str, slot: int, stage_tree: dict[str, Any], timeout_s: float) -> None:
@@ -285,7 +301,7 @@ class HostPlane(TensorPlane):
             self.helper.ring(0, timeout_s)  # the L2 flush, from the helper's context
 
     def end(self, who: str, timeout_s: float) -> None:
-        self.snapshots[who].take(self.arenas[who], self.out_bytes)
+        self.snapshots[who].take(self.arenas[who], self.snapshot_bytes)
         if self.helper is not None:
             self.helper.ring(1, timeout_s)
 

@@ -6,15 +6,17 @@ GPU the device's trusted helper, through a tensor plane (`planes.py`: where tens
 1. sets both up: the reference's runner loads and constructs the task's model; the candidate's runner first
    does the same (the *twin*), so that its harness can be calibrated before any candidate code exists in its
    process (`measure.Measurement.calibrate`); then it imports the candidate and constructs `ModelNew`;
-2. runs every call of either model, trial or timed, as one **bracket** (`call`): the runner is thawed and
-   armed; the parent's clock starts; the call's inputs (made by the reference's runner from a seed drawn here
-   from OS randomness, kept in its staging region) are copied into a slot of the model's arena drawn at
-   random, and the L2 cache is flushed (the helper on a GPU); the model is rung to go, calls, commits its
-   output and rings done; the helper's end probe waits for whatever the call left on the device and keeps a
-   snapshot of the output region; the parent's clock stops. Trials and timed calls are the same request, so
-   the candidate cannot tell them apart but by their data;
-3. runs the correctness trials: every pair of calls on the same inputs is compared (`plane.compare`) and the
-   inputs checked for changes, byte for byte; extra trials on inputs beyond the reference's distribution
+2. runs every call of either model, trial or timed, in a **bracket** (`call`) of one or more calls (`calls`:
+   as many as fill about `EvalConfig.bracket_work_ms` of the reference's time, so that the harness's cost per
+   bracket is shared): the runner is thawed and armed; the parent's clock starts; the calls' inputs (made by
+   the reference's runner from seeds drawn here from OS randomness, kept in its staging region) are copied
+   into a slot of the model's arena drawn at random, and the L2 cache is flushed (the helper on a GPU); the
+   model is rung to go, calls once per set of inputs, commits the outputs and rings done; the helper's end
+   probe waits for whatever the calls left on the device and keeps a snapshot of the output region; the
+   parent's clock stops. Trials and timed calls are the same request, so the candidate cannot tell them
+   apart but by their data;
+3. runs the correctness trials: every pair of calls on the same inputs is compared (`plane.compare`; every
+   call of a trial's brackets) and the inputs checked for changes, byte for byte; extra trials on inputs beyond the reference's distribution
    where the profile asks for them;
 4. gathers the candidate's guard flags and, on a GPU, one profiled forward (decoy kernels).
 
@@ -50,7 +52,7 @@ from cudal1.eval.outcomes import (
     error_hint,
     reference_failure,
 )
-from cudal1.eval.planes import Runners, TensorPlane, make_plane
+from cudal1.eval.planes import Runners, TensorPlane, make_plane, max_calls
 from cudal1.eval.runner_process import RunnerFailed, RunnerProcess
 from cudal1.eval.shared.arena import tree_classes, tree_nbytes
 from cudal1.eval.shared.compare import Comparison
@@ -128,6 +130,7 @@ class CallRecord:
     helper: Any = None  # the helper's `Bracketed` (GPU)
     cpu_ms: float | None = None  # CPU time of the runner's sandbox over the whole request (its cgroup)
     flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
+    calls: int = 1  # the model's calls in the bracket (the times above are for all of them)
 
 
 def new_seed() -> int:
@@ -178,6 +181,7 @@ class Session:
         self.rng = random.SystemRandom()  # slots and orders no runner can predict
         self.seq = 0
         self.last = ""
+        self.calls = 1  # calls per bracket (`set_calls`)
 
     # ------------------------------------------------------------------ requests
 
@@ -264,7 +268,7 @@ class Session:
         t1 = time.perf_counter()
         twin = self._twin()
         self.plane = make_plane(self.runners, self.helper, self.cfg.profile_obj.tolerances)
-        self.plane.give_arenas(in_bytes, out_bytes)
+        self.plane.give_arenas(in_bytes, out_bytes, max_calls(in_bytes, out_bytes, self.cfg.max_calls_per_bracket))
         self.facts.tensors = self.plane.kind
         self.phase_s["twin_setup"] = time.perf_counter() - t1
         logger.debug("twin ready in %.1f ms", twin.setup_ms)
@@ -312,21 +316,31 @@ class Session:
 
     # ------------------------------------------------------------------ calls
 
+    def set_calls(self, reference_ms: float) -> int:
+        """Calls per bracket from the reference's time per call: as many as fill `bracket_work_ms`, at most
+        what the arenas hold. Set before the candidate exists, so that all its brackets hold as many."""
+        assert self.plane is not None
+        wanted = self.cfg.bracket_work_ms / max(reference_ms, 1e-6) if self.cfg.bracket_work_ms > 0 else 1
+        self.calls = self.plane.calls = max(1, min(self.plane.max_calls, int(wanted)))
+        return self.calls
+
     def make_inputs(self, distribution: str = "reference") -> dict[str, Any]:
-        """A fresh seed's inputs into the reference's staging region; their tree there."""
+        """Fresh seeds' inputs (one set per call of a bracket) into the reference's staging region; their tree
+        there."""
         self.last = ""  # the reference's runner uses the device in between: the next bracket follows no call
-        reply, _ = self.ask_reference(MakeInputs(seed=new_seed(), distribution=distribution), "making inputs")
+        reply, _ = self.ask_reference(MakeInputs(seed=new_seed(), distribution=distribution, count=self.calls),
+                                      "making inputs")
         assert isinstance(reply, Staged)
         return reply.tree
 
     def call(self, who: str, stage_tree: dict[str, Any], *, flush: bool, what: str) -> CallRecord:
-        """One bracketed call of `who` on the staged inputs (module docstring, step 2)."""
+        """One bracket of `who`'s calls on the staged inputs (module docstring, step 2)."""
         assert self.plane is not None
         plane, runner, bell = self.plane, self.runners[who], self.plane.doorbells[who]
         self.seq += 1
         seq, slot = self.seq, self.rng.randrange(plane.layouts[who].slots)
         slot_tree = plane.place(who, stage_tree, slot)
-        reference_s = max(self.ref_times.get("call", 0.001), 1e-4)
+        reference_s = max(self.ref_times.get("call", 0.001), 1e-4) * self.calls
         timeout = self.deadlines.reference() if who == "ref" else self.deadlines.candidate(reference_s)
         request = Call(seq=seq, slot=slot, inputs=slot_tree)
         plane.open_bracket(who, slot, stage_tree, flush, timeout)
@@ -363,7 +377,7 @@ class Session:
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
                             model_ms=(t_done - t_go) * 1e3, after=self.last, helper=helper_figures,
                             cpu_ms=(cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else None,
-                            flush_ms=flush_ms)
+                            flush_ms=flush_ms, calls=self.calls)
         self.last = who
         return record
 
@@ -445,17 +459,18 @@ class Session:
         assert isinstance(reply, Analysis)
         if distribution == "heavy" and reply.not_finite:
             return False
-        cand_errors = self.check_output(ref_rec.reply.out, cand_rec.reply.out, index,
-                                        beyond=distribution == "heavy", noise=reply.noise, errors=errors)
+        every_call = [self.check_output(ref_rec, cand_rec, index, call, beyond=distribution == "heavy",
+                                        noise=reply.noise, errors=errors) for call in range(self.calls)]
         self.check_inputs(stage_tree, ref_rec, cand_rec, "a correctness trial")
         if measure_precision:
             if reply.precision_skipped:
                 self.facts.precision = {"skipped": reply.precision_skipped}
-            else:
+            else:  # measured on the bracket's first call
                 self.reference_errors = list(reply.ref_errors or [])
-                self.facts.precision = {"ref_errors": self.reference_errors, "cand_errors": list(cand_errors)}
+                self.facts.precision = {"ref_errors": self.reference_errors, "cand_errors": list(every_call[0])}
         if errors:
-            self.check_precision(cand_errors, f"correctness trial {index}")
+            for call, cand_errors in enumerate(every_call):
+                self.check_precision(cand_errors, f"correctness trial {index}" + (f", call {call}" if call else ""))
         return True
 
     def check_precision(self, cand_errors: tuple[float | None, ...], where: str) -> None:
@@ -475,23 +490,26 @@ class Session:
             seen = [f.message for f in self.static_report.flags if f.rule == "global_backend_flags"]
         return f"; the candidate's precision switches: {'; '.join(seen[:3])}" if seen else ""
 
-    def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
+    def compare(self, ref: CallRecord, cand: CallRecord, trial: int, call: int = 0,
                 noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
-        """The candidate's output (as its call left it) against the reference's; a `Verdict` for outputs that
-        are not plain tensors or cannot be read."""
+        """The candidate's output of one call of a bracket (as its bracket left it) against the reference's; a
+        `Verdict` for outputs that are not plain tensors or cannot be read."""
+        cand_tree = call_output(cand.reply.out, call, cand.calls)
         odd = output_classes(cand_tree)
         if odd:
             raise Verdict(Status.HACK_DETECTED, f"{F.OUTPUT_TYPE}: an output is a {odd[0]}, not a plain torch.Tensor",
                           flag=F.OUTPUT_TYPE)
         assert self.plane is not None
+        ref_tree = call_output(ref.reply.out, call, ref.calls)
         result = self.plane.compare(ref_tree, cand_tree, trial, noise, errors=errors)
         self.note_memory("helper", self.plane.helper_memory)
         return result
 
-    def check_output(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int, *, beyond: bool = False,
+    def check_output(self, ref: CallRecord, cand: CallRecord, trial: int, call: int = 0, *, beyond: bool = False,
                      noise: Any = None, errors: bool = False) -> tuple[float | None, ...]:
-        """Raise a `Verdict` unless the outputs match; with `errors`, each output's relative difference."""
-        result = self.compare(ref_tree, cand_tree, trial, noise, errors=errors)
+        """Raise a `Verdict` unless the outputs of the bracket's call `call` match; with `errors`, each output's
+        relative difference."""
+        result = self.compare(ref, cand, trial, call, noise, errors=errors)
         if result.ok:
             return result.errors
         if beyond:
@@ -546,6 +564,16 @@ class Session:
 
 class _EarlyReply(Exception):
     """The runner answered on its socket while the parent waited for its doorbell."""
+
+
+def call_output(tree: Any, call: int, calls: int) -> dict[str, Any]:
+    """The outputs of call `call` in a bracket's output tree (a list with one item per call); a `Verdict`
+    when the tree is not such a list (a runner that rewrote its reply)."""
+    items = tree.get("items") if isinstance(tree, dict) and tree.get("t") == "seq" else None
+    if not isinstance(items, list) or len(items) != calls or not isinstance(items[call], dict):
+        raise Verdict(Status.INCORRECT, f"the candidate's outputs could not be read: not the outputs of {calls} "
+                      "call(s)")
+    return items[call]
 
 
 def output_classes(tree: Any) -> list[str]:

@@ -82,7 +82,8 @@ ESTIMATORS = ("pooled", "buckets")
 
 @dataclass
 class Sample:
-    """One bracketed call."""
+    """One bracket, per call: its times divided by the calls it held (`calls`), the helper's and the flush's
+    excepted."""
 
     ms: float  # reported by the runner, device-wide (== stream_ms on CPU)
     stream_ms: float  # current stream only
@@ -93,6 +94,7 @@ class Sample:
     flush_ms: float | None = None  # the helper's own time for the L2 flush (GPU)
     cpu_flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
     cpu_ms: float | None = None  # CPU time of the runner's whole sandbox during the request (its cgroup)
+    calls: int = 1  # calls in the bracket
 
     @property
     def overhead_ms(self) -> float:
@@ -192,6 +194,7 @@ class Calibration:
     ref_cpu_overhead_ms: float | None = None
     ref_cpu_overhead_se_ms: float | None = None
     cpu_overhead_diff_se_ms: float | None = None
+    calls: int = 1  # calls per bracket (the figures above are per call)
 
     def to_dict(self) -> dict[str, float | int | list[float] | None]:
         out = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -220,7 +223,8 @@ def calibrate(series: PairedSeries) -> Calibration:
                        cand_cpu_overhead_se_ms=quantile_se(cpu, q) if cpu_known else None,
                        ref_cpu_overhead_ms=quantile(ref_cpu, q) if cpu_known else None,
                        ref_cpu_overhead_se_ms=quantile_se(ref_cpu, q) if cpu_known else None,
-                       cpu_overhead_diff_se_ms=paired_quantile_diff_se(cpu, ref_cpu, q) if cpu_known else None)
+                       cpu_overhead_diff_se_ms=paired_quantile_diff_se(cpu, ref_cpu, q) if cpu_known else None,
+                       calls=max(s.calls for s in ref))
 
 
 def bootstrap_ratio(num: list[float], den: list[float], n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
@@ -274,7 +278,9 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
     reported = statistics.median(s.ms for s in samples)
     if calibration is None:  # no twin series (an evaluation that times nothing untrusted): the report
         return Bound(reported, reported, 0.0, reported)
-    floor = max(SLACK_MIN_MS.get(device_type, SLACK_MIN_MS["cpu"]), SLACK_REL * reported)
+    # The floor is a bracket's (its clock's resolution and jitter), shared by the calls it holds.
+    calls = max(s.calls for s in samples)
+    floor = max(SLACK_MIN_MS.get(device_type, SLACK_MIN_MS["cpu"]) / calls, SLACK_REL * reported)
     q = BOUND_QUANTILE
 
     def bound_of(values: list[float], cand_cal: float, cand_cal_se: float, ref_cal: float | None,
@@ -476,7 +482,8 @@ def clock_summary(series: PairedSeries, bound: Bound,
     """The bound's figures and where each model's bracket went (ms), recorded with every timed result."""
     out: dict[str, float | bool | str] = {"reported_ms": bound.reported_ms, "bound_ms": bound.bound_ms,
                                           "slack_ms": bound.slack_ms, "counted_ms": bound.counted_ms,
-                                          "capped": bound.capped, "bound_clock": bound.clock}
+                                          "capped": bound.capped, "bound_clock": bound.clock,
+                                          "calls_per_bracket": max((s.calls for s in series.all("cand")), default=1)}
     if calibration is not None:
         out["cand_overhead_calibrated_ms"] = calibration.cand_overhead_ms
         if calibration.pair_overhead_diff_ms is not None:

@@ -1,14 +1,17 @@
 """The call harness both model runners share, so that reference and candidate are timed alike.
 
 One `ModelSide` lives in each model runner (the reference's, and the candidate's, which first holds the
-reference's model as its calibration twin). A call (`call`) goes:
+reference's model as its calibration twin). A bracket (`call`) holds one or more calls, each on inputs of its
+own (a small model is called several times per bracket, so that the harness's cost per bracket, and the
+scatter of that cost, is shared by several calls):
 
 1. the request names the input slot; the runner makes views of it (nothing is there yet), arms its doorbell
    and spins;
-2. the trusted side copies the call's inputs into the slot (the device's helper, or the parent on the CPU)
+2. the trusted side copies the calls' inputs into the slot (the device's helper, or the parent on the CPU)
    and rings `go`: the inputs exist in this process only from then on;
-3. the model runs between device events with a device-wide wait inside (a host timer on the CPU), its output
-   is committed to the arena's `out` region, and the runner rings `done`.
+3. the model is called on each set of inputs in turn between device events with a device-wide wait after the
+   last (a host timer on the CPU), the outputs are committed to the arena's `out` region, and the runner
+   rings `done`.
 
 What the runner reports (its times, where the output lies) is data: the parent's own clock around the
 bracket bounds the time that counts (`timing.py`), the helper's end probe waits for whatever the call left
@@ -167,10 +170,11 @@ class ModelSide:
         self.arena, self.doorbell = arena, doorbell
         return arena.register_with_cuda() if self.device.type == "cuda" else False
 
-    def stage(self, seed: int, distribution: str) -> dict[str, Any]:
-        """Make a seed's inputs into the arena's staging region (the reference's runner); their tree."""
+    def stage(self, seed: int, distribution: str, count: int = 1) -> dict[str, Any]:
+        """Make the inputs of `count` calls into the arena's staging region (the reference's runner), one set
+        per seed from `seed` on; their tree (a list, one item per call)."""
         assert self.arena is not None, "no arena attached"
-        return self.arena.pack(self.make_inputs(seed, distribution), "stage")
+        return self.arena.pack([self.make_inputs(seed + i, distribution) for i in range(count)], "stage")
 
     def read(self, tree: dict[str, Any], *, copy: bool = True) -> Any:
         assert self.arena is not None, "no arena attached"
@@ -195,13 +199,13 @@ class ModelSide:
         return out
 
     def call(self, request: Call) -> Called:
-        """One bracketed call (module docstring). The doorbell is rung `done` whatever happens, so the parent
-        never waits past the call; a failure is then the reply."""
+        """One bracket's calls (module docstring). The doorbell is rung `done` whatever happens, so the parent
+        never waits past the bracket; a failure is then the reply."""
         assert self.arena is not None and self.doorbell is not None, "no arena attached"
         bell = self.doorbell
         where = self.arena.bytes_tensor().device
-        views = self.arena.unpack(request.inputs, device=where, copy=False)
-        views = list(views) if isinstance(views, (list, tuple)) else [views]
+        group = self.arena.unpack(request.inputs, device=where, copy=False)
+        group = [list(v) if isinstance(v, (list, tuple)) else [v] for v in group]
         host_to_device = self.device.type == "cuda" and where.type != "cuda"
         gc.disable()  # a collection inside the bracket would be harness time the reference need not pay
         try:
@@ -210,32 +214,35 @@ class ModelSide:
                 bell.wait(GO, request.seq, GO_TIMEOUT_S)
             except DoorbellTimeout:
                 raise CallFailed("no_go", "the parent never started the call") from None
-            inputs = [x.to(self.device) if host_to_device and isinstance(x, torch.Tensor) else x for x in views]
-            out, total_ms, stream_ms = self._timed(inputs)
-            tree = self.arena.pack(out, "out")
+            if host_to_device:
+                group = [[x.to(self.device) if isinstance(x, torch.Tensor) else x for x in views] for views in group]
+            outs, total_ms, stream_ms = self._timed(group)
+            tree = self.arena.pack(outs, "out")
         finally:
             bell.ring(DONE, request.seq)
             gc.enable()
         return Called(ms=total_ms, stream_ms=stream_ms, out=tree, memory=gpu_memory(self.device))
 
-    def _timed(self, inputs: list[Any]) -> tuple[Any, float, float]:
-        """(output, total_ms, stream_ms): device events around the call with a device-wide wait inside, so
-        work on any stream of this process is counted; stream_ms stops at the current stream's end."""
+    def _timed(self, group: list[list[Any]]) -> tuple[list[Any], float, float]:
+        """(outputs, total_ms, stream_ms) of the model called once per set of inputs: device events around all
+        the calls with a device-wide wait after the last, so that work on any stream of this process is
+        counted; stream_ms stops at the current stream's end. No wait between the calls: each is launched
+        while the previous one runs, as in a model's own loop."""
         try:
             with torch.no_grad():
                 if self.device.type == "cuda":
                     start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
                     start.record()
-                    out = self.model(*inputs)
+                    outs = [self.model(*inputs) for inputs in group]
                     mid.record()
                     torch.cuda.synchronize(self.device)
                     end.record()
                     end.synchronize()
-                    return out, start.elapsed_time(end), start.elapsed_time(mid)
+                    return outs, start.elapsed_time(end), start.elapsed_time(mid)
                 t0 = time.perf_counter()
-                out = self.model(*inputs)
+                outs = [self.model(*inputs) for inputs in group]
                 ms = (time.perf_counter() - t0) * 1e3
-                return out, ms, ms
+                return outs, ms, ms
         except torch.cuda.OutOfMemoryError as exc:
             raise CallFailed("oom", oom_message(exc, self.device)) from None
         except MemoryError as exc:

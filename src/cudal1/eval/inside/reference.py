@@ -128,7 +128,7 @@ class ReferenceRole:
                 return self.side.call(request)
             if isinstance(request, MakeInputs):
                 try:
-                    tree = self.side.stage(request.seed, request.distribution)
+                    tree = self.side.stage(request.seed, request.distribution, request.count)
                 except Exception as exc:  # noqa: BLE001
                     raise ReferenceFailed("get_inputs", exc) from None
                 return Staged(tree=tree, nbytes=tree_nbytes(tree))
@@ -157,19 +157,22 @@ class ReferenceRole:
                          memory=gpu_memory(self.device))
 
     def _analyze(self, request: Analyze) -> Analysis:
-        """After a trial's call: the reference's own float32 error against a float64 run (first trial), its
-        rounding noise on small outputs, and whether most of its outputs were not finite (heavy inputs)."""
-        inputs = self.side.read(request.inputs)
-        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-        out = self.side.read(request.out)
-        not_finite = mostly_not_finite(out) if request.heavy else False
+        """After a trial's bracket: the reference's own float32 error against a float64 run (first trial, its
+        first call), its rounding noise on small outputs (per output, the largest over the bracket's calls),
+        and whether most of a call's outputs were not finite (heavy inputs)."""
+        group = self.side.read(request.inputs)
+        outs = self.side.read(request.out)
+        calls = [(list(i) if isinstance(i, (list, tuple)) else [i], o) for i, o in zip(group, outs, strict=True)]
+        not_finite = any(mostly_not_finite(out) for _, out in calls) if request.heavy else False
         outs64: list[Any] | None = None
         ref_errors, skipped = None, ""
         if request.precision:
-            outs64, why = self._float64_outputs(inputs)
-            ref_errors, skipped = self._precision(out, outs64, why)
-        noise = self._noise(inputs, out, request.noise_atol, outs64)
-        return Analysis(ref_errors=ref_errors, precision_skipped=skipped, noise=noise, not_finite=not_finite)
+            outs64, why = self._float64_outputs(calls[0][0])
+            ref_errors, skipped = self._precision(calls[0][1], outs64, why)
+        noise = [self._noise(inputs, out, request.noise_atol, outs64 if i == 0 else None)
+                 for i, (inputs, out) in enumerate(calls)]
+        return Analysis(ref_errors=ref_errors, precision_skipped=skipped, noise=largest_noise(noise),
+                        not_finite=not_finite)
 
     def _float64_outputs(self, inputs: list[Any]) -> tuple[list[Any] | None, str]:
         """The flat outputs of a float64 copy of the model on float64 copies of `inputs`, or (None, why not)."""
@@ -228,3 +231,11 @@ class ReferenceRole:
             finite = diff[torch.isfinite(diff)]
             noise.append(float(finite.max()) if finite.numel() else None)
         return noise
+
+
+def largest_noise(per_call: list[list[float | None]]) -> list[float | None]:
+    """Per output, the largest noise over a bracket's calls (None where any call has none: the plain rule)."""
+    out: list[float | None] = []
+    for values in zip(*per_call, strict=True):
+        out.append(None if any(v is None for v in values) else max(v for v in values if v is not None))
+    return out

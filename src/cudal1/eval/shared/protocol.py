@@ -200,7 +200,8 @@ class Described(Message):
 
 @dataclass(frozen=True)
 class Staged(Message):
-    """Inputs made into the reference's staging region: their descriptor tree there."""
+    """Inputs made into the reference's staging region: their descriptor tree there (a list with one item per
+    call of a bracket, each the inputs of one call)."""
 
     tree: dict[str, Any]
     nbytes: int
@@ -208,8 +209,9 @@ class Staged(Message):
 
 @dataclass(frozen=True)
 class Called(Message):
-    """One bracketed call as its runner reports it: times of its own (device events or a host timer),
-    where it committed the output, and its allocator's figures. The parent trusts none of it blindly."""
+    """One bracket's calls as their runner reports them: times of its own over all of them (device events or a
+    host timer), where it committed the outputs (a list, one per call), and its allocator's figures. The
+    parent trusts none of it blindly."""
 
     ms: float
     stream_ms: float
@@ -369,19 +371,22 @@ class Describe(Message):
 
 @dataclass(frozen=True)
 class MakeInputs(Message):
-    """The reference's runner: a seed's inputs into its staging region (`distribution`: reference or heavy)."""
+    """The reference's runner: the inputs of `count` calls into its staging region, one set per seed from `seed`
+    on (`distribution`: reference or heavy)."""
 
     OP: ClassVar[str] = "make_inputs"
     REPLY: ClassVar[type] = Staged
     seed: int
     distribution: str = "reference"
+    count: int = 1
 
 
 @dataclass(frozen=True)
 class Call(Message):
-    """One call of the runner's model on the inputs that will lie in `slot` (`inputs`: their tree there), in
-    the bracket of doorbell sequence `seq`: the runner arms, waits for the go, calls, commits, rings done.
-    Trials and timed calls are this same request."""
+    """The calls of one bracket: the runner's model called on each item of the inputs that will lie in `slot`
+    (`inputs`: their tree there, a list with one item per call), in the bracket of doorbell sequence `seq`: the
+    runner arms, waits for the go, calls once per item, commits the outputs, rings done. Trials and timed calls
+    are this same request."""
 
     OP: ClassVar[str] = "call"
     REPLY: ClassVar[type] = Called
