@@ -1,6 +1,7 @@
 """How much time a forgery keeps: the forging room of the trusted time, per call size, printed as a table.
 
     PYTHONPATH=src python scripts/bench_trusted_time.py OUT_DIR [--device cuda] [--profile strict] [--repeat 2]
+        [--bracket-work-ms 0.5,0]
 
 On one task family at three sizes (tests/fixtures/timing/chain_*.py: about 0.02, 0.1 and 1 ms per call on an
 H200), the honest twin (`honest_chain.py`) and a forging fixture that reports only (1 - f) of each call's real
@@ -8,7 +9,9 @@ time, for f = 10, 20, 40 and 80 %, all through the real evaluator in one batch, 
 would reject the forgery's walk of the heap first: what is measured is the clocks' bound alone). Per size: the honest twin's
 speedup and time that counts, each forgery's verdict, speedup and the time it kept hidden per call (the honest
 twin's time that counts minus the forgery's: what the forgery gained), in microseconds and as a share of the
-call. Goal: at most max(5 us, 10 % of the call) per call. Full figures in OUT_DIR/trusted_time.json.
+call. Goal: at most max(5 us, 10 % of the call) per call. Each `--bracket-work-ms` value is one batch (0: one
+call per bracket), so that the brackets' own effect is seen side by side in one run. Full figures in
+OUT_DIR/trusted_time.json, written after each batch.
 """
 
 from __future__ import annotations
@@ -53,8 +56,19 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", default="strict")
     ap.add_argument("--repeat", type=int, default=2, help="honest twins per size (their spread is the noise)")
+    ap.add_argument("--bracket-work-ms", default=str(EvalConfig.bracket_work_ms),
+                    help="comma-separated values, one batch each (0: one call per bracket)")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    out: dict = {"device": args.device, "profile": args.profile, "batches": []}
+    for work in (float(w) for w in args.bracket_work_ms.split(",")):
+        out["batches"].append(batch(args, work))
+        (args.out_dir / "trusted_time.json").write_text(json.dumps(out, indent=1, default=str))
+    print(f"figures in {args.out_dir / 'trusted_time.json'}")
+
+
+def batch(args: argparse.Namespace, work: float) -> dict:
+    """One batch of the honest twins and the forgeries at every size, with `work` ms of calls per bracket."""
     honest = (TIMING / "honest_chain.py").read_text()
     items, labels = [], []
     for size in SIZES:
@@ -66,13 +80,15 @@ def main() -> None:
             items.append((task, FORGER.replace(FORGER_KEEP, f"KEEP = {1.0 - f!r}")))
             labels.append((size, f"forged {int(f * 100)} %", f))
     # The static filter would reject the forgery's gc walk first: measured here is the clocks' own bound.
-    cfg = EvalConfig(device=args.device, profile=args.profile, record_samples=True, skip_static=True)
+    cfg = EvalConfig(device=args.device, profile=args.profile, record_samples=True, skip_static=True,
+                     bracket_work_ms=work)
     t0 = time.monotonic()
     results = evaluate_many(items, cfg, force=True)
     wall = time.monotonic() - t0
-    out: dict = {"device": args.device, "profile": args.profile, "wall_s": round(wall, 1), "sizes": {}}
+    out: dict = {"bracket_work_ms": work, "wall_s": round(wall, 1), "sizes": {}}
+    print(f"bracket_work_ms {work}: {wall:.1f} s")
     print(f"{'size':6s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
-          f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s}")
+          f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s} {'calls':>5s}")
     for size in SIZES:
         mine = [(label, r) for label, r in zip(labels, results, strict=True) if label[0] == size and r is not None]
         twins = [r for label, r in mine if label[1] == "honest" and (r.protocol.get("clock") or {}).get("counted_ms")]
@@ -88,10 +104,10 @@ def main() -> None:
                   f"{(entry['counted_ms'] or 0) * 1e3:11.1f} {(entry['reported_ms'] or 0) * 1e3:12.1f} "
                   f"{hidden if hidden is not None else float('nan'):10.1f} "
                   f"{share if share is not None else float('nan'):9.1f} "
-                  f"{(entry['slack_ms'] or 0) * 1e3:9.1f} {(entry['clock'].get('paired_slack_ms') or 0) * 1e3:7.1f}")
+                  f"{(entry['slack_ms'] or 0) * 1e3:9.1f} {(entry['clock'].get('paired_slack_ms') or 0) * 1e3:7.1f} "
+                  f"{entry['clock'].get('calls_per_bracket', 1):5d}")
         out["sizes"][size] = {"honest_counted_ms": honest_counted, "rows": rows}
-    (args.out_dir / "trusted_time.json").write_text(json.dumps(out, indent=1, default=str))
-    print(f"wall {wall:.1f} s; figures in {args.out_dir / 'trusted_time.json'}")
+    return out
 
 
 if __name__ == "__main__":

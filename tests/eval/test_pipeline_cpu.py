@@ -549,3 +549,19 @@ def test_torch_compile_machinery_is_not_the_candidate_s_thread(task):
     r = run(task, "torch_compiled", timeout_s=300.0, phase_floor_s=180.0)
     assert r.status is Status.CORRECT, r.message
     assert not [f for f in r.flags if f.rule == "guard.threads"]
+
+
+def test_every_call_of_a_trials_bracket_is_compared(task):
+    # A cache that returns its first result: with three calls per bracket the first trial's second call
+    # already answers wrong; with one call per bracket only a timed call finds it.
+    many = run(task, "first_result_cache", correctness_trials=1, extra_trials=0, bracket_work_ms=1e3,
+               max_calls_per_bracket=3, skip_static=True)
+    assert many.status is Status.INCORRECT and "timed run" not in many.message, many.message
+    one = run(task, "first_result_cache", correctness_trials=1, extra_trials=0, bracket_work_ms=0.0, skip_static=True)
+    assert one.status is Status.INCORRECT and "timed run" in one.message, one.message
+
+
+def test_a_small_models_calls_share_a_bracket_and_each_is_timed_on_its_own_inputs(task):
+    r = run(task, "correct", bracket_work_ms=1e3, max_calls_per_bracket=4, record_samples=True)
+    assert r.status is Status.CORRECT, r.message
+    assert r.protocol["clock"]["calls_per_bracket"] == 4 and r.protocol["calibration"]["calls"] == 4

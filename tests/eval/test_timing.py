@@ -275,3 +275,47 @@ def test_the_pairs_own_bound_is_recorded_beside_the_bound():
     assert summary["paired_bound_ms"] == pytest.approx(0.1, abs=0.01) and summary["paired_slack_ms"] > 0
     forged = _series(0.1, 0.1, reported_cand=0.02, jitter=0.01)
     assert timing.paired_bound(forged, calibration)["paired_bound_ms"] > 0.08
+
+
+def _per_call(series: PairedSeries, calls: int) -> PairedSeries:
+    """The same brackets holding `calls` calls each: per call, their times divided (`measure.sample_of`)."""
+    def each(s: Sample) -> Sample:
+        return dataclasses.replace(s, ms=s.ms / calls, stream_ms=s.stream_ms / calls, bracket_ms=s.bracket_ms / calls,
+                                   calls=calls)
+    return PairedSeries([[each(s) for s in b] for b in series.ref], [[each(s) for s in b] for b in series.cand])
+
+
+def test_calls_sharing_a_bracket_share_its_slack():
+    # The same brackets (16 calls of 0.0125 ms, or one of 0.2 ms) with a noisy harness: per call, the slack
+    # and the room it leaves a forgery shrink with the calls, the floor too (it is the bracket's).
+    noisy = dict(jitter=0.03, overhead=0.8)
+    one = timing.counted_time(_series(0.2, 0.2, **noisy).all("cand"),
+                              timing.calibrate(_series(0.2, 0.2, n=30, seed=1, **noisy)), "cuda")
+    many = timing.counted_time(_per_call(_series(0.2, 0.2, **noisy), 16).all("cand"),
+                               timing.calibrate(_per_call(_series(0.2, 0.2, n=30, seed=1, **noisy), 16)), "cuda")
+    assert many.slack_ms == pytest.approx(one.slack_ms / 16, rel=1e-6)
+    quiet = timing.counted_time(_per_call(_series(0.2, 0.2, jitter=0.0), 16).all("cand"),
+                                timing.calibrate(_per_call(_series(0.2, 0.2, n=30, seed=1, jitter=0.0), 16)), "cpu")
+    assert quiet.slack_ms == pytest.approx(max(timing.SLACK_MIN_MS["cpu"] / 16, timing.SLACK_REL * 0.2 / 16))
+    assert timing.calibrate(_per_call(_series(0.1, 0.1, n=30), 4)).calls == 4
+
+
+@pytest.mark.parametrize(("reference_ms", "work_ms", "limit", "calls"),
+                         [(0.02, 0.5, 16, 16), (0.1, 0.5, 16, 5), (0.3, 0.5, 16, 1), (2.0, 0.5, 16, 1),
+                          (0.02, 0.5, 3, 3), (0.02, 0.0, 16, 1), (0.0, 0.5, 16, 16)])
+def test_calls_per_bracket_fill_the_work_within_the_limit(reference_ms, work_ms, limit, calls):
+    from cudal1.eval.session import calls_per_bracket
+
+    assert calls_per_bracket(reference_ms, work_ms, limit) == calls
+
+
+def test_a_bracket_output_that_is_not_one_item_per_call_is_unreadable():
+    from cudal1.eval.outcomes import Verdict
+    from cudal1.eval.session import call_output
+
+    item = {"t": "tensor", "offset": 0, "nbytes": 4, "dtype": "float32", "shape": [1], "device": "cpu", "cls": "Tensor"}
+    group = {"t": "seq", "type": "list", "items": [item, item]}
+    assert call_output(group, 1, 2) == item
+    for bad in (item, {"t": "seq", "type": "list", "items": [item]}, {"t": "seq", "items": "x"}, None):
+        with pytest.raises(Verdict, match="could not be read"):
+            call_output(bad, 1, 2)

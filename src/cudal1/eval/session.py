@@ -320,8 +320,7 @@ class Session:
         """Calls per bracket from the reference's time per call: as many as fill `bracket_work_ms`, at most
         what the arenas hold. Set before the candidate exists, so that all its brackets hold as many."""
         assert self.plane is not None
-        wanted = self.cfg.bracket_work_ms / max(reference_ms, 1e-6) if self.cfg.bracket_work_ms > 0 else 1
-        self.calls = self.plane.calls = max(1, min(self.plane.max_calls, int(wanted)))
+        self.calls = self.plane.calls = calls_per_bracket(reference_ms, self.cfg.bracket_work_ms, self.plane.max_calls)
         return self.calls
 
     def make_inputs(self, distribution: str = "reference") -> dict[str, Any]:
@@ -564,6 +563,12 @@ class Session:
 
 class _EarlyReply(Exception):
     """The runner answered on its socket while the parent waited for its doorbell."""
+
+
+def calls_per_bracket(reference_ms: float, work_ms: float, limit: int) -> int:
+    """As many calls of `reference_ms` as fit `work_ms` (0: one), between 1 and `limit`."""
+    wanted = int(work_ms / max(reference_ms, 1e-6)) if work_ms > 0 else 1
+    return max(1, min(limit, wanted))
 
 
 def call_output(tree: Any, call: int, calls: int) -> dict[str, Any]:
