@@ -319,3 +319,34 @@ def test_a_bracket_output_that_is_not_one_item_per_call_is_unreadable():
     for bad in (item, {"t": "seq", "type": "list", "items": [item]}, {"t": "seq", "items": "x"}, None):
         with pytest.raises(Verdict, match="could not be read"):
             call_output(bad, 1, 2)
+
+
+def _drifting(forged: float, n: int = 90, seed: int = 3) -> PairedSeries:
+    """Pairs whose true times drift threefold over the series (a device clock ramping up), a steady harness
+    cost with a little noise, and a candidate reporting (1 - forged) of its true time."""
+    rng = random.Random(seed)
+    series = PairedSeries()
+    for b in range(3):
+        ref_b, cand_b = [], []
+        for i in range(n // 3):
+            true = 0.15 - 0.1 * (b * n // 3 + i) / n
+            ref_b.append(Sample(true, true, true + 0.8 + abs(rng.gauss(0, 0.002)), after="cand"))
+            cand_b.append(Sample(true * (1 - forged), true * (1 - forged), true + 0.8 + abs(rng.gauss(0, 0.002)),
+                                 after="ref"))
+        series.ref.append(ref_b)
+        series.cand.append(cand_b)
+    return series
+
+
+def test_pairs_bound_a_forgery_where_the_models_own_times_drift():
+    calibration = timing.calibrate(_drifting(0.0, n=60, seed=1))
+    honest = _drifting(0.0)
+    forged = _drifting(0.2)
+    fair = timing.counted_time(honest.all("cand"), calibration, "cuda", ref_samples=honest.all("ref"))
+    assert fair.counted_ms == pytest.approx(fair.reported_ms)
+    bound = timing.counted_time(forged.all("cand"), calibration, "cuda", ref_samples=forged.all("ref"))
+    assert bound.clock == "paired wall" and bound.slacks["paired wall"] < bound.slacks["wall"] / 3
+    # 20 % of a 0.1 ms call hidden: the time that counts is the honest one, within the paired slack.
+    assert bound.counted_ms >= fair.reported_ms - bound.slack_ms
+    assert timing.counted_time(forged.all("cand"), calibration, "cuda", ref_samples=forged.all("ref"),
+                               slack_ms=bound.slacks).counted_ms == pytest.approx(bound.counted_ms)

@@ -173,18 +173,21 @@ class Measurement:
         """The twin series (module docstring): run after `Session.setup`, before the candidate's import."""
         flush = self.cfg.flush_l2
         with self.spending("calibration"):
-            first = self.series(1, 2, flush)
-            # Calls per bracket from the reference's reported time of one call, before anything is calibrated.
-            self.s.set_calls(min(s.ms for s in first.all("ref")))
             t0 = time.perf_counter()
-            self.series(1, 2, flush)
+            seen = self.series(1, 2, flush)
             per_pair_s = max((time.perf_counter() - t0) / 2, 1e-6)
-            # The device's clocks ramp up under load: warm it for a while before anything is calibrated.
+            # The device's clocks ramp up under load: warm it for a while before anything is calibrated, one
+            # call per bracket, and take the reference's time per call from the warm-up (its best call: the
+            # first calls after setting up are slow, and fewer calls per bracket than ideal only cost slack).
             extra = int(min(CALIBRATION_WARMUP_PAIRS, round(CALIBRATION_WARMUP_S / per_pair_s)))
             if extra > 0:
+                seen = self.series(1, extra, flush)
+            if self.s.set_calls(min(s.ms for s in seen.all("ref"))) > 1 or extra <= 0:
                 t0 = time.perf_counter()
-                self.series(1, extra, flush)
-                per_pair_s = max((time.perf_counter() - t0) / extra, 1e-6)
+                self.series(1, 2, flush)
+                per_pair_s = max((time.perf_counter() - t0) / 2, 1e-6)
+            else:
+                per_pair_s = max((time.perf_counter() - t0) / (extra + 2), 1e-6)
             lo, hi = CALIBRATION_PAIRS
             n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
             calibration = timing.calibrate(self.series(1, n, flush))
