@@ -51,10 +51,9 @@ FLOOR_BANDWIDTH_MARGIN = {"cuda": 1.5, "cpu": 4.0}
 #: pairs there cost 2-3 s of a 3.4 s evaluation, its cache flushes between calls).
 CALIBRATION_S = {"cuda": 0.8, "cpu": 0.3}
 CALIBRATION_PAIRS = (24, 384)
-#: Warm-up before the calibration: about this much of the parent's wall time (both models: about what 60 ms of
-#: the reference's brackets were when it was sized by them), at most this many pairs.
-CALIBRATION_WARMUP_S = 0.12
-CALIBRATION_WARMUP_PAIRS = 24
+#: Warm-up before the calibration: this much of the parent's wall time (both models), at most this many pairs.
+CALIBRATION_WARMUP_S = 0.15
+CALIBRATION_WARMUP_PAIRS = 64
 
 
 def verify_probability(output_bytes: int) -> float:
@@ -173,25 +172,27 @@ class Measurement:
         """The twin series (module docstring): run after `Session.setup`, before the candidate's import."""
         flush = self.cfg.flush_l2
         with self.spending("calibration"):
+            # The device's clocks ramp up under load (an idle H100 is found at 345 MHz): warm it for a set
+            # wall time, one call per bracket, and take the reference's time per call from the warm-up's best
+            # call (the first calls after setting up are slow; fewer calls per bracket than ideal cost only
+            # slack). By wall time, not by a count estimated from the first pairs: those are the slowest.
+            seen, t0 = timing.PairedSeries(), time.perf_counter()
+            while not seen.ref or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S
+                                   and len(seen.ref) < CALIBRATION_WARMUP_PAIRS):
+                pair = self.series(1, 1, flush)
+                seen.ref.append(pair.ref[0])
+                seen.cand.append(pair.cand[0])
+            warmup_pairs = len(seen.ref)
+            reference_ms = min(s.ms for s in seen.all("ref"))
+            self.s.set_calls(reference_ms)
             t0 = time.perf_counter()
-            seen = self.series(1, 2, flush)
+            self.series(1, 2, flush)
             per_pair_s = max((time.perf_counter() - t0) / 2, 1e-6)
-            # The device's clocks ramp up under load: warm it for a while before anything is calibrated, one
-            # call per bracket, and take the reference's time per call from the warm-up (its best call: the
-            # first calls after setting up are slow, and fewer calls per bracket than ideal only cost slack).
-            extra = int(min(CALIBRATION_WARMUP_PAIRS, round(CALIBRATION_WARMUP_S / per_pair_s)))
-            if extra > 0:
-                seen = self.series(1, extra, flush)
-            if self.s.set_calls(min(s.ms for s in seen.all("ref"))) > 1 or extra <= 0:
-                t0 = time.perf_counter()
-                self.series(1, 2, flush)
-                per_pair_s = max((time.perf_counter() - t0) / 2, 1e-6)
-            else:
-                per_pair_s = max((time.perf_counter() - t0) / (extra + 2), 1e-6)
             lo, hi = CALIBRATION_PAIRS
             n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
             calibration = timing.calibrate(self.series(1, n, flush))
-        self.s.facts.calibration = calibration.to_dict()
+        self.s.facts.calibration = calibration.to_dict() | {
+            "warmup_pairs": warmup_pairs, "calls_from_reference_ms": round(reference_ms, 6)}
         return calibration
 
     # ------------------------------------------------------------------ timing

@@ -187,8 +187,8 @@ class Calibration:
     # Standard error of cand_overhead_ms - ref_overhead_ms over resampled pairs: the two calls of a pair see
     # the same host, so their errors partly cancel (None: the two errors taken as independent)
     overhead_diff_se_ms: float | None = None
-    # Per pair: median of (twin's overhead - reference's overhead) and its standard error. Recorded beside the
-    # bound for comparison (`clock_summary`'s paired bound), not used by it
+    # Per pair: median of (twin's overhead - reference's overhead) and its standard error: what the paired
+    # bound (`paired_overhead_bound`) subtracts
     pair_overhead_diff_ms: float | None = None
     pair_overhead_diff_se_ms: float | None = None
     # The same for the CPU time of each sandbox (its cgroup) beyond the reported span, where known
