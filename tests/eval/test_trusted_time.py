@@ -5,7 +5,8 @@ its speedup, through the real CLI (`cudal1 eval --json`), on one task family at 
 Classes (tests/fixtures/timing/, each file says its method): forging what the runner reports through a harness
 instance, a code object, a module global or a caller's frame; work where no clock looks (a thread that
 watches the input slots); work left running on the device; phase detection (precise only on inputs that
-look like the extra trials); limits (a progress note inside a call, a flood of output). Each forging attack
+look like the extra trials); reading ahead to the next calls' inputs (chain_launch_bound.py); limits (a
+progress note inside a call, a flood of output). Each forging attack
 is compared with its honest twin (`honest_chain.py`) on the same task in the same test.
 """
 
@@ -113,6 +114,19 @@ def test_a_thread_watching_the_input_slots_gains_nothing(capsys):
 
 
 @needs_sandbox
+def test_reading_ahead_to_the_next_calls_inputs_gains_nothing():
+    """A first call that answers the later calls of its bracket in one batch (5.2x `correct` when a bracket
+    held 16 calls), through the runtime alone (static analysis off: it would reject the frame walk first): by
+    default a bracket holds one call, so no later input exists to read."""
+    task = load_file(TIMING / "chain_launch_bound.py")
+    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True)
+    honest = evaluate_candidate(task, (TIMING / "honest_launch_bound.py").read_text(), cfg)
+    reader = evaluate_candidate(task, (TIMING / "lookahead_group.py").read_text(), cfg)
+    assert reader.protocol["clock"]["calls_per_bracket"] == 1
+    assert_bounded(_json(reader), _json(honest), CPU_MARGIN, plus_slack=True)
+
+
+@needs_sandbox
 def test_precision_only_on_inputs_that_look_like_the_extra_trials_is_caught(capsys):
     result = evaluate("100us", "phase_detect_heavy.py", capsys, CPU)
     assert result["status"] in ("incorrect", "hack_detected"), (result["status"], result["message"])
@@ -162,7 +176,8 @@ def test_gpu_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys):
     _gpu()
     attacks = (*FORGERS, "forge_frame_event.py", "precompute_watch_slot.py", "leftover_after_return.py")
     cases = [(size, name) for size in SIZES for name in ("honest_chain.py", *attacks)]
-    cases += [("100us", "phase_detect_heavy.py"), ("20us", "spam_output.py")]
+    cases += [("100us", "phase_detect_heavy.py"), ("20us", "spam_output.py"),
+              ("launch_bound", "honest_launch_bound.py"), ("launch_bound", "lookahead_group.py")]
     started = time.monotonic()
     results = evaluate_batch(cases, [*GPU, "--profile", profile], tmp_path, capsys)
     by_case = dict(zip(cases, results, strict=True))
@@ -179,6 +194,8 @@ def test_gpu_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys):
                                                                     if profile == "strict" else
                                                                     ("incorrect", "hack_detected", "correct"))
     assert by_case[("20us", "spam_output.py")]["status"] == "correct"
+    assert_bounded(by_case[("launch_bound", "lookahead_group.py")], by_case[("launch_bound", "honest_launch_bound.py")],
+                   GPU_MARGIN)
     print(f"{len(cases)} candidates in {time.monotonic() - started:.0f} s")
 
 

@@ -41,7 +41,8 @@ def eval_command(
     bracket_work_ms: float = typer.Option(EvalConfig.bracket_work_ms, "--bracket-work-ms", min=0.0,
                                           help="Calls of a small model per bracket of the parent's clock: as many "
                                                "as fill this much of the reference's time; 0: one call per "
-                                               "bracket (each on a flushed L2)."),
+                                               "bracket (each on a flushed L2). Only for code you trust: a "
+                                               "candidate can read the later calls' inputs and batch them."),
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
     workers: str = typer.Option("", "--workers", help="Batch: evaluate through an evaluator pool: local (one slot "
