@@ -4,7 +4,7 @@
 Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
                                     [--precision-n 20] [--time-budget-s 500] [--profile strict]
                                     [--store STORE.sqlite] [--modes serial,overlap]
-                                    [--old-src PATH] [--null-n 10]
+                                    [--old-src PATH] [--null-n 10] [--runner-pairs 1]
 
 1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included, on a cold
    build cache, per `--modes`: serial (all `load_inline` builds in parallel, then every candidate evaluated
@@ -13,7 +13,8 @@ Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [-
    else a re-time after the builds). Prints candidates and correct-and-timed candidates per GPU-hour, and
    the ratio to KernelBench's harness estimated from its reference figures (`kernelbench_estimate_s`).
 2. Precision: up to `--precision-n` candidates that were correct in (1) (topped up with the built-in
-   examples) evaluated twice more in the same run; prints the median relative difference of speedups.
+   examples) evaluated three times in the same run (each in `--runner-pairs` fresh runner pairs); prints the
+   median relative difference of speedups and how often one evaluation's interval holds the others.
 3. With `--old-src PATH` (the `src/` of an earlier cudal1, e.g. a git worktree of the last commit before the
    trust boundary), the same sample first goes through that evaluator in a subprocess, on its own cold
    cache: the cost of the boundary, old protocol against new in one run.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -255,6 +257,8 @@ def main() -> None:
     ap.add_argument("--old-src", type=Path, default=None,
                     help="src/ of an earlier cudal1: the same sample through it first (old protocol against new).")
     ap.add_argument("--null-n", type=int, default=0, help="Tasks of the sample for the null test (0: none).")
+    ap.add_argument("--runner-pairs", type=int, default=EvalConfig.runner_pairs,
+                    help="Fresh runner pairs per evaluation in the precision phase (EvalConfig.runner_pairs).")
     ap.add_argument("--modes", default="serial",
                     help="Throughput modes, each on a cold build cache: serial (builds first, evaluate_many's "
                          "default), overlap (evaluations beside the builds), or serial,overlap side by side "
@@ -304,10 +308,14 @@ def main() -> None:
     chosen = [(t, s) for t, s in pairs if t.id in correct]
     chosen += [(t, s) for t, _, s in example_candidates("cuda")]
     with caches:
-        out["precision"] = precision(chosen[:args.precision_n], cfg, start + args.time_budget_s)
+        out["precision"] = precision(chosen[:args.precision_n], dataclasses.replace(cfg, runner_pairs=args.runner_pairs),
+                                     start + args.time_budget_s)
     (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))
     pr = out["precision"]
-    print(f"precision (n={pr['n']})       median rel diff {pr['median_rel_diff']}, max {pr['max_rel_diff']}", flush=True)
+    held = sum(r["ci_holds_others"] for r in pr["rows"])
+    asked = sum(len(r["speedups"]) * (len(r["speedups"]) - 1) for r in pr["rows"])
+    print(f"precision (n={pr['n']})       median rel diff {pr['median_rel_diff']}, max {pr['max_rel_diff']}; "
+          f"an interval held another evaluation's speedup {held} of {asked} times", flush=True)
     if args.null_n:
         out["null"] = null = null_test(pairs, args.null_n, cfg, time.monotonic() + 0.2 * args.time_budget_s)
         (args.out_dir / "bench_eval.json").write_text(json.dumps(out, indent=1, default=str))

@@ -43,6 +43,9 @@ def eval_command(
                                                "as fill this much of the reference's time; 0: one call per "
                                                "bracket (each on a flushed L2). Only for code you trust: a "
                                                "candidate can read the later calls' inputs and batch them."),
+    runner_pairs: int = typer.Option(EvalConfig.runner_pairs, "--runner-pairs", min=1,
+                                     help="Measure each candidate in this many fresh pairs of runners: the "
+                                          "median pair's speedup, an interval spanning every pair's."),
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
     workers: str = typer.Option("", "--workers", help="Batch: evaluate through an evaluator pool: local (one slot "
@@ -56,7 +59,7 @@ def eval_command(
     """
     cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
                              sandbox=sandbox, timeout_s=timeout_s, policy=policy, estimator=estimator,
-                             bracket_work_ms=bracket_work_ms)
+                             bracket_work_ms=bracket_work_ms, runner_pairs=runner_pairs)
     pairs = _collect(candidate, ref, task, source, release, candidates_dir)
     if level:
         pairs = [(t, s) for t, s in pairs if t.level in level]

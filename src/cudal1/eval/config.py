@@ -141,6 +141,10 @@ class EvalConfig:
     noisy_stability: float = _f(0.25, "A measurement whose stability (IQR of bucket speedups / median) exceeds "
                                       "this is flagged timing.noisy and measured once more; the steadier of the "
                                       "two is kept, both are in the flag (0: never re-measure).")
+    runner_pairs: int = _f(1, "Independent measurements, each in a fresh pair of runners (a new process, a new "
+                              "context, new memory): the speedup is their median and its interval spans every "
+                              "pair's, so what changes between processes is in the interval; costs that many "
+                              "times the time.")
     timeout_s: float = _f(600.0, "Wall-clock limit of one whole evaluation (build time excluded).")
     phase_floor_s: float = _f(30.0, "Each step of the candidate (import, a trial, a timed call) may take at least "
                                     "this long...")
@@ -188,6 +192,8 @@ class EvalConfig:
             raise ConfigError("need bracket_work_ms >= 0 and max_calls_per_bracket >= 1")
         if self.warmup_iters < 1:
             raise ConfigError("warmup_iters must be >= 1 (warm-up also sizes the timing buckets)")
+        if self.runner_pairs < 1:
+            raise ConfigError(f"runner_pairs must be >= 1, not {self.runner_pairs!r}")
         if self.noisy_stability < 0:
             raise ConfigError(f"noisy_stability must be >= 0, not {self.noisy_stability!r}")
         for name in ("timeout_s", "build_timeout_s", "target_bucket_ms"):
@@ -236,7 +242,7 @@ class EvalConfig:
         """The fields that change what is measured, plus the protocol version (cache key, provenance)."""
         keep = ("profile", "correctness_trials", "seed", "sizes", "buckets", "estimator", "target_bucket_ms",
                 "min_iters_per_bucket", "max_iters_per_bucket", "warmup_iters", "flush_l2", "bracket_work_ms",
-                "max_calls_per_bracket", "warm_buckets",
+                "max_calls_per_bracket", "warm_buckets", "runner_pairs",
                 "round_toward_one", "device", "cpu_threads", "precision_evidence")
         out = {k: getattr(self, k) for k in keep}
         out["exact_fp32"] = self.uses_exact_fp32

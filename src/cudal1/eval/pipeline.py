@@ -21,6 +21,7 @@ from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs,
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.decoys import reclassify
 from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candidate
+from cudal1.eval.runner_pairs import measured_in_pairs
 from cudal1.eval.shared.compile_log import build_failure_message
 from cudal1.eval.static_checks import static_rejection, static_report
 from cudal1.eval.supply import RunnerSupply
@@ -185,8 +186,9 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, runners: Runner
     lap("build")
     if build.result is not None:
         return with_phases(build.result.replace(flags=static_flags, kernel_class=kernel_class))
-    result = run_candidate(task, source, cfg, static_report=report,
-                           build=build, runners=runners, hidden_files=hidden_files)
+    result = measured_in_pairs(lambda: run_candidate(task, source, cfg, static_report=report, build=build,
+                                                     runners=runners, hidden_files=hidden_files),
+                               cfg.runner_pairs)
     lap("run")
     if needs_a_gpu(result, source, cfg):  # not the candidate's fault: no verdict
         result = EvalResult(status=Status.INFRA_ERROR, message="this candidate compiles CUDA code, which needs a "
