@@ -176,23 +176,26 @@ class Measurement:
             # wall time, one call per bracket, and take the reference's time per call from the warm-up's best
             # call (the first calls after setting up are slow; fewer calls per bracket than ideal cost only
             # slack). By wall time, not by a count estimated from the first pairs: those are the slowest.
-            seen, t0 = timing.PairedSeries(), time.perf_counter()
-            while not seen.ref or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S
-                                   and len(seen.ref) < CALIBRATION_WARMUP_PAIRS):
+            refs, took, t0 = [], [], time.perf_counter()
+            while not took or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S
+                               and len(took) < CALIBRATION_WARMUP_PAIRS):
+                started = time.perf_counter()
                 pair = self.series(1, 1, flush)
-                seen.ref.append(pair.ref[0])
-                seen.cand.append(pair.cand[0])
-            warmup_pairs = len(seen.ref)
-            reference_ms = min(s.ms for s in seen.all("ref"))
-            self.s.set_calls(reference_ms)
-            t0 = time.perf_counter()
-            self.series(1, 2, flush)
-            per_pair_s = max((time.perf_counter() - t0) / 2, 1e-6)
+                took.append(time.perf_counter() - started)
+                refs += pair.all("ref")
+            reference_ms = min(s.ms for s in refs)
+            if self.s.set_calls(reference_ms) > 1:  # brackets of several calls: their wall per pair is new
+                started = time.perf_counter()
+                self.series(1, 2, flush)
+                per_pair_s = (time.perf_counter() - started) / 2
+            else:  # the warm-up's later pairs, the device warm by then
+                per_pair_s = statistics.median(took[len(took) // 2:])
+            per_pair_s = max(per_pair_s, 1e-6)
             lo, hi = CALIBRATION_PAIRS
             n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
             calibration = timing.calibrate(self.series(1, n, flush))
         self.s.facts.calibration = calibration.to_dict() | {
-            "warmup_pairs": warmup_pairs, "calls_from_reference_ms": round(reference_ms, 6)}
+            "warmup_pairs": len(took), "calls_from_reference_ms": round(reference_ms, 6)}
         return calibration
 
     # ------------------------------------------------------------------ timing

@@ -48,9 +48,9 @@ def combined(results: list[EvalResult], pairs: int) -> EvalResult:
         lo = min([*(ci[0] for ci in ends), *speedups])
         hi = max([*(ci[1] for ci in ends), *speedups])
         timing = dataclasses.replace(timing, speedup_ci=[round(lo, 6), round(hi, 6)])
-    seen = {f.rule for f in base.flags}
-    flags = list(base.flags) + [f for r in results if r is not base for f in r.flags
-                                if f.rule not in seen and not seen.add(f.rule)]
+    flags = list(base.flags)  # the median pair's, then any rule only another pair raised (its first flag)
+    for r in results:
+        flags += [f for f in r.flags if f.rule not in {g.rule for g in flags}]
     spread = max(speedups) / min(speedups) - 1 if speedups and min(speedups) > 0 else None
     return base.replace(timing=timing, flags=flags, protocol={
         **base.protocol, "runner_pairs": runs,

@@ -6,15 +6,15 @@ GPU the device's trusted helper, through a tensor plane (`planes.py`: where tens
 1. sets both up: the reference's runner loads and constructs the task's model; the candidate's runner first
    does the same (the *twin*), so that its harness can be calibrated before any candidate code exists in its
    process (`measure.Measurement.calibrate`); then it imports the candidate and constructs `ModelNew`;
-2. runs every call of either model, trial or timed, in a **bracket** (`call`) of one or more calls (`calls`: one,
-   or for code one trusts as many as fill `EvalConfig.bracket_work_ms` of the reference's time, so that the
-   harness's cost per bracket is shared; a candidate could read the later calls' inputs): the runner is thawed and armed; the parent's clock starts; the calls' inputs (made by
-   the reference's runner from seeds drawn here from OS randomness, kept in its staging region) are copied
-   into a slot of the model's arena drawn at random, and the L2 cache is flushed (the helper on a GPU); the
-   model is rung to go, calls once per set of inputs, commits the outputs and rings done; the helper's end
-   probe waits for whatever the calls left on the device and keeps a snapshot of the output region; the
-   parent's clock stops. Trials and timed calls are the same request, so the candidate cannot tell them
-   apart but by their data;
+2. runs every call of either model, trial or timed, in a **bracket** (`call`) of one or more calls (`calls`:
+   one, or for code one trusts as many as fill `EvalConfig.bracket_work_ms` of the reference's time, so that
+   the harness's cost per bracket is shared; a candidate could read the later calls' inputs): the runner is
+   thawed and armed; the parent's clock starts; the calls' inputs (made by the reference's runner from seeds
+   drawn here from OS randomness, kept in its staging region) are copied into a slot of the model's arena
+   drawn at random, and the L2 cache is flushed (the helper on a GPU); the model is rung to go, calls once
+   per set of inputs, commits the outputs and rings done; the helper's end probe waits for whatever the
+   calls left on the device and keeps a snapshot of the output region; the parent's clock stops. Trials and
+   timed calls are the same request, so the candidate cannot tell them apart but by their data;
 3. runs the correctness trials: every pair of calls on the same inputs is compared (`plane.compare`; every
    call of a trial's brackets) and the inputs checked for changes, byte for byte; extra trials on inputs beyond the reference's distribution
    where the profile asks for them;
