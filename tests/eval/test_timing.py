@@ -28,9 +28,10 @@ def _series(ref_ms: float, cand_ms: float, overhead: float = 0.05, *, reported_c
                 return true_ms + overhead + abs(rng.gauss(0, jitter))
             # Alternating calls, each bracket's idle probe waiting for what the other model's call left.
             ref_b.append(Sample(ref_ms, ref_ms, bracket(ref_ms), after="cand", idle_us=idle[1] + rng.random(),
-                                cpu_ms=ref_ms + 0.01 if cpu else None))
+                                cpu_ms=ref_ms + 0.01 if cpu else None, call_cpu_ms=ref_ms if cpu else None))
             cand_b.append(Sample(reported, reported, bracket(cand_ms + hidden), after="ref",
-                                 idle_us=idle[0] + rng.random(), cpu_ms=cand_ms + hidden + 0.01 if cpu else None))
+                                 idle_us=idle[0] + rng.random(), cpu_ms=cand_ms + hidden + 0.01 if cpu else None,
+                                 call_cpu_ms=reported if cpu else None))
         series.ref.append(ref_b)
         series.cand.append(cand_b)
     return series
@@ -142,6 +143,22 @@ def test_the_cpu_clock_bounds_where_the_wall_clock_is_noisy():
     bound = timing.counted_time(series.all("cand"), calibration, "cpu")
     assert bound.clock == "cpu" and bound.counted_ms >= 0.5 - bound.slack_ms
     assert [f.rule for f in timing.bound_flags(bound)] == [F.OUTSIDE_CLOCK]
+
+
+def test_a_call_preempted_in_the_calibration_does_not_raise_the_cpu_clocks_bound():
+    """On a loaded host a third of the twin's calibration calls are preempted for 4 ms inside their timed span:
+    their reported (wall) time grows, their CPU time does not. The CPU clock's overhead comes from CPU clocks
+    alone, so an honest 0.13 ms candidate is neither capped nor rejected (it was rejected: the overhead was the
+    CPU time less the wall time, 4 ms below zero)."""
+    calibration_series = _series(2.8, 2.8, n=30, cpu=True)
+    calibration_series.cand = [[dataclasses.replace(s, ms=s.ms + 4, stream_ms=s.stream_ms + 4,
+                                                    bracket_ms=s.bracket_ms + 4) if i % 3 == 0 else s
+                                for i, s in enumerate(b)] for b in calibration_series.cand]
+    calibration = timing.calibrate(calibration_series)
+    assert calibration.cand_cpu_overhead_ms == pytest.approx(0.01, abs=1e-6)
+    series = _series(2.8, 0.13, cpu=True)
+    bound = timing.counted_time(series.all("cand"), calibration, "cpu", ref_samples=series.all("ref"))
+    assert timing.bound_flags(bound) == [] and bound.counted_ms == pytest.approx(0.13)
 
 
 def test_on_a_gpu_only_the_wall_clock_bounds():

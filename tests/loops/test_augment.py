@@ -33,6 +33,9 @@ def test_two_models_keep_at_most_m_per_task_and_export_both_formats(tmp_path, st
         b_prompts = [r.body["messages"][-1]["content"] for r in b.requests]
 
     stats = {s["model"].split(":")[1].split("@")[0]: s for s in result.stats}
+    verdicts = [(row["status"], row["result"].get("message", "")[:200], row["result"].get("flags"))
+                for row in store.query_evaluations(task_id=task.id)]
+    assert stats["model-a"]["correct"] == 3, verdicts  # fast, fast_where and slow; the verdicts say why not
     assert stats["model-a"] == {**stats["model-a"], "generated": 4, "correct": 3, "kept": 2, "generation_errors": 0}
     assert stats["model-b"] == {**stats["model-b"], "generated": 4, "correct": 2, "kept": 1, "generation_errors": 1}
     kept_a = [r for r in result.examples if r["model"] == "model-a"]

@@ -92,6 +92,7 @@ def sample_of(record: CallRecord) -> timing.Sample:
                          idle_us=helper.idle_us if helper is not None else None,
                          flush_ms=helper.flush_ms if helper is not None else None,
                          cpu_flush_ms=record.flush_ms, cpu_ms=record.cpu_ms / n if record.cpu_ms is not None else None,
+                         call_cpu_ms=record.reply.cpu_ms / n if record.reply.cpu_ms is not None else None,
                          calls=n)
 
 

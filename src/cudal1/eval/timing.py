@@ -97,12 +97,23 @@ class Sample:
     flush_ms: float | None = None  # the helper's own time for the L2 flush (GPU)
     cpu_flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
     cpu_ms: float | None = None  # CPU time of the runner's whole sandbox during the request (its cgroup)
+    call_cpu_ms: float | None = None  # the runner's own report of its process's CPU time over the call
     calls: int = 1  # calls in the bracket
 
     @property
     def overhead_ms(self) -> float:
         """The bracket beyond the reported span: staging, flush, doorbells, commit, end probe."""
         return self.bracket_ms - self.ms
+
+    @property
+    def cpu_overhead_ms(self) -> float | None:
+        """The sandbox's CPU time beyond the call's own, both CPU clocks (the harness's CPU cost). Taken from
+        a runner's report, so used only where the runner is trusted (the twin, the reference). Against the
+        call's wall time instead, a call preempted for milliseconds made it negative by as much, and the
+        candidate's bound rose by that (an honest 0.13 ms call rejected on a loaded host)."""
+        if self.cpu_ms is None or self.call_cpu_ms is None:
+            return None
+        return self.cpu_ms - self.call_cpu_ms
 
 
 @dataclass
@@ -212,8 +223,8 @@ def calibrate(series: PairedSeries) -> Calibration:
     lo, hi = bootstrap_ratio([s.ms for s in ref], [s.ms for s in twin])
     over, ref_over = [s.overhead_ms for s in twin], [s.overhead_ms for s in ref]
     pair_diffs = [a - b for a, b in zip(over, ref_over, strict=True)]
-    cpu = [s.cpu_ms - s.ms for s in twin if s.cpu_ms is not None]
-    ref_cpu = [s.cpu_ms - s.ms for s in ref if s.cpu_ms is not None]
+    cpu = [s.cpu_overhead_ms for s in twin if s.cpu_overhead_ms is not None]
+    ref_cpu = [s.cpu_overhead_ms for s in ref if s.cpu_overhead_ms is not None]
     cpu_known = len(cpu) == len(twin) and len(ref_cpu) == len(ref) and len(cpu) >= 2
     q = BOUND_QUANTILE
     return Calibration(ref_overhead_ms=quantile(ref_over, q), cand_overhead_ms=quantile(over, q),
@@ -311,7 +322,7 @@ def counted_time(samples: list[Sample], calibration: Calibration | None, device_
                     calibration.ref_overhead_ms, calibration.ref_overhead_se_ms, calibration.overhead_diff_se_ms,
                     [s.overhead_ms for s in refs], "wall", 1)
     cpu = [s.cpu_ms for s in samples if s.cpu_ms is not None]
-    ref_cpu = [s.cpu_ms - s.ms for s in refs if s.cpu_ms is not None]
+    ref_cpu = [s.cpu_overhead_ms for s in refs if s.cpu_overhead_ms is not None]
     if device_type == "cpu" and calibration.cand_cpu_overhead_ms is not None and len(cpu) == len(samples):
         # Preemption stops a clock of CPU time, not a wall clock: on a loaded host this bound is the sharper.
         # On a GPU the runner's CPU time is its host side only (launches, a wait that may spin or sleep): an
@@ -538,11 +549,12 @@ def clock_summary(series: PairedSeries, bound: Bound,
 
 def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str | None]]]]:
     """Every call of a series, per model and bucket: [ms, stream_ms, bracket_ms, model_ms, idle_us, cpu_ms,
-    after], in the order the calls ran (`EvalConfig.record_samples`)."""
+    call_cpu_ms, after], in the order the calls ran (`EvalConfig.record_samples`)."""
     def row(s: Sample) -> list[float | str | None]:
-        return [round(s.ms, 6), round(s.stream_ms, 6), round(s.bracket_ms, 6), round(s.model_ms, 6),
-                None if s.idle_us is None else round(s.idle_us, 1), None if s.cpu_ms is None else round(s.cpu_ms, 6),
-                s.after]
+        def r6(v: float | None) -> float | None:
+            return None if v is None else round(v, 6)
+        return [r6(s.ms), r6(s.stream_ms), r6(s.bracket_ms), r6(s.model_ms),
+                None if s.idle_us is None else round(s.idle_us, 1), r6(s.cpu_ms), r6(s.call_cpu_ms), s.after]
     return {"ref": [[row(s) for s in b] for b in series.ref], "cand": [[row(s) for s in b] for b in series.cand]}
 
 

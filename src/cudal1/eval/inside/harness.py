@@ -216,12 +216,14 @@ class ModelSide:
                 raise CallFailed("no_go", "the parent never started the call") from None
             if host_to_device:
                 group = [[x.to(self.device) if isinstance(x, torch.Tensor) else x for x in views] for views in group]
+            cpu0 = time.process_time_ns()
             outs, total_ms, stream_ms = self._timed(group)
+            cpu_ms = (time.process_time_ns() - cpu0) / 1e6 if self.device.type == "cpu" else None
             tree = self.arena.pack(outs, "out")
         finally:
             bell.ring(DONE, request.seq)
             gc.enable()
-        return Called(ms=total_ms, stream_ms=stream_ms, out=tree, memory=gpu_memory(self.device))
+        return Called(ms=total_ms, stream_ms=stream_ms, out=tree, memory=gpu_memory(self.device), cpu_ms=cpu_ms)
 
     def _timed(self, group: list[list[Any]]) -> tuple[list[Any], float, float]:
         """(outputs, total_ms, stream_ms) of the model called once per set of inputs: device events around all

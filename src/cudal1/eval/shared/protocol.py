@@ -217,6 +217,7 @@ class Called(Message):
     stream_ms: float
     out: dict[str, Any]
     memory: dict[str, int] | None = None
+    cpu_ms: float | None = None  # the runner process's CPU time over the calls (CPU devices), as `ms` is wall
 
 
 @dataclass(frozen=True)
