@@ -1,12 +1,13 @@
 """Honest candidates on a busy host: how often the evaluator rejects one, and how far its speedup moves.
 
     PYTHONPATH=src python scripts/bench_load.py OUT_DIR [--device cpu] [--load 0,2,4,2mem] [--repeat 3]
-        [--profile strict]
+        [--parallel 1] [--profile strict]
 
 A verdict is worth only what it is on the machine a user has: a shared node, a CI runner, an RL job whose
 rollouts run beside the evaluator. Each load level starts that many processes beside the evaluation, each
 spinning on a core (`N`) or streaming memory (`Nmem`: a 64 MiB copy loop, the host's bandwidth shared), and
-evaluates every honest candidate `repeat` times through the real evaluator, in rounds:
+evaluates every honest candidate `repeat` times through the real evaluator, in rounds, `parallel`
+evaluations at once (each in its own process, as a test suite's workers or an RL job's evaluators run):
 
 - the honest twin of the timing tasks at three sizes (`tests/fixtures/timing/chain_*.py`, about 0.02, 0.1 and
   1 ms per call on an H200, more on a CPU);
@@ -29,6 +30,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -103,22 +105,37 @@ class HostLoad:
                 p.kill()
 
 
-def level(args: argparse.Namespace, spec: str, candidates: list) -> dict:
-    items = [(task, source + f"\n# round {r}\n") for r in range(args.repeat) for _, task, source, _ in candidates]
-    labels = [(label, expected) for _ in range(args.repeat) for label, _, _, expected in candidates]
-    config = EvalConfig(device=args.device, profile=args.profile)
-    started = time.monotonic()
-    with HostLoad(spec):
-        results = evaluate_many(items, config)
+def evaluate_picks(device: str, profile: str, picks: list[tuple[int, int]]) -> list[dict]:
+    """Rows of the (candidate index, round) picks, evaluated one after another (in a worker process too)."""
+    candidates = honest_candidates(device)
+    items = [(candidates[i][1], candidates[i][2] + f"\n# round {r}\n") for i, r in picks]
+    results = evaluate_many(items, EvalConfig(device=device, profile=profile))
     rows = []
-    for (label, expected), result in zip(labels, results, strict=True):
+    for (i, _), result in zip(picks, results, strict=True):
         if result is None:
             continue
+        label, _, _, expected = candidates[i]
         rows.append({"candidate": label, "expected": expected, "status": result.status.value,
                      "speedup": result.speedup, "message": result.message[:300],
                      "flags": [f.rule for f in result.flags], "clock": result.protocol.get("clock"),
                      "calibration": result.protocol.get("calibration")})
-    return {"load": spec, "wall_s": round(time.monotonic() - started, 1), "rows": rows}
+    return rows
+
+
+def level(args: argparse.Namespace, spec: str, candidates: list) -> dict:
+    """Every candidate `repeat` times under the load `spec`, in `parallel` evaluations at once."""
+    picks = [(i, r) for r in range(args.repeat) for i in range(len(candidates))]
+    shards = [picks[k::args.parallel] for k in range(args.parallel)]
+    started = time.monotonic()
+    with HostLoad(spec):
+        if args.parallel == 1:
+            rows = evaluate_picks(args.device, args.profile, picks)
+        else:  # as a test suite's workers or an RL job's evaluators do, each its own process
+            with ProcessPoolExecutor(args.parallel, mp_context=mp.get_context("spawn")) as pool:
+                parts = pool.map(evaluate_picks, [args.device] * args.parallel, [args.profile] * args.parallel,
+                                 shards)
+                rows = [row for part in parts for row in part]
+    return {"load": spec, "parallel": args.parallel, "wall_s": round(time.monotonic() - started, 1), "rows": rows}
 
 
 def report(batch: dict) -> None:
@@ -126,7 +143,7 @@ def report(batch: dict) -> None:
     false = [r for r in rows if r["status"] != r["expected"]]
     why = Counter(f"{r['status']} ({', '.join(f for f in r['flags'] if f.startswith(('timing.', 'guard.'))) or '-'})"
                   for r in false)
-    print(f"\nload {batch['load']!r}: {len(rows)} evaluations in {batch['wall_s']} s, "
+    print(f"\nload {batch['load']!r}, {batch['parallel']} at once: {len(rows)} evaluations in {batch['wall_s']} s, "
           f"{len(false)} false rejections" + (f": {dict(why)}" if why else ""))
     by: dict[str, list[float]] = {}
     for r in rows:
@@ -145,10 +162,11 @@ def main() -> None:
     ap.add_argument("--profile", default="strict")
     ap.add_argument("--load", default="0,2,4", help="comma-separated levels: N spinners, or Nmem memory streamers")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every candidate per level")
+    ap.add_argument("--parallel", type=int, default=1, help="evaluations at once, each in its own process")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     candidates = honest_candidates(args.device)
-    out: dict = {"device": args.device, "profile": args.profile, "repeat": args.repeat,
+    out: dict = {"device": args.device, "profile": args.profile, "repeat": args.repeat, "parallel": args.parallel,
                  "candidates": [c[0] for c in candidates], "levels": []}
     for spec in args.load.split(","):
         out["levels"].append(level(args, spec.strip(), candidates))
