@@ -25,7 +25,7 @@ def correct(speedup: float, lo: float, hi: float, *rules: str) -> EvalResult:
 
 
 def test_the_median_pair_counts_and_the_interval_spans_every_pair():
-    result = combined([correct(1.30, 1.25, 1.35, "a"), correct(1.10, 1.05, 1.12, "b"),
+    result = combined([correct(1.30, 1.25, 1.35, "a"), correct(1.10, 1.05, 1.12, "b", "b"),
                        correct(1.20, 1.18, 1.22, "a")], 3)
     assert result.speedup == 1.20 and result.timing.speedup == 1.20
     assert result.protocol["pair"] == 1.20  # the median pair's own evidence

@@ -49,8 +49,12 @@ def combined(results: list[EvalResult], pairs: int) -> EvalResult:
         hi = max([*(ci[1] for ci in ends), *speedups])
         timing = dataclasses.replace(timing, speedup_ci=[round(lo, 6), round(hi, 6)])
     flags = list(base.flags)  # the median pair's, then any rule only another pair raised (its first flag)
+    seen = {f.rule for f in flags}
     for r in results:
-        flags += [f for f in r.flags if f.rule not in {g.rule for g in flags}]
+        for f in r.flags:
+            if f.rule not in seen:
+                seen.add(f.rule)
+                flags.append(f)
     spread = max(speedups) / min(speedups) - 1 if speedups and min(speedups) > 0 else None
     return base.replace(timing=timing, flags=flags, protocol={
         **base.protocol, "runner_pairs": runs,
