@@ -90,7 +90,8 @@ class Doorbell:
         """Spin (then poll) until `word` reaches `value` (counters only grow: a side that failed half-way
         rings its last one, which ends every wait before it), or block on the eventfd where blocking; the
         `time.perf_counter()` at which it was seen. Raises DoorbellTimeout past `timeout_s`; `tick` runs
-        every few thousand spins or every BLOCKED_TICK_S (it may raise)."""
+        every few thousand spins or every BLOCKED_TICK_S, and once more before a timeout (it may raise: a
+        preempted wait whose first look is past the deadline still asks the watchdog first)."""
         words = self.words
         if words[word] >= value:
             return time.perf_counter()
@@ -107,10 +108,10 @@ class Doorbell:
                 os.sched_yield()
             if n % TICK_EVERY == 0:
                 now = time.perf_counter()
+                if tick is not None:  # before the deadline's check: a watchdog's own error says more
+                    tick()
                 if now > deadline:
                     raise DoorbellTimeout(f"no ring within {timeout_s:.1f} s")
-                if tick is not None:
-                    tick()
                 if now > spin_until:
                     time.sleep(POLL_S)
                     n = TICK_EVERY - 1  # check the deadline after every poll
@@ -124,6 +125,8 @@ class Doorbell:
                 return time.perf_counter()
             left = deadline - time.perf_counter()
             if left <= 0:
+                if tick is not None:
+                    tick()
                 raise DoorbellTimeout(f"no ring within {timeout_s:.1f} s")
             if select.select([event], [], [], min(left, BLOCKED_TICK_S))[0]:
                 try:
