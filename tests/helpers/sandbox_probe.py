@@ -67,6 +67,22 @@ def hog_memory(payload: dict) -> dict:
     return {"held": len(blocks)}
 
 
+def refault_heap(payload: dict) -> dict:
+    """Minor page faults of allocating again what was just freed: small blocks (below the mmap threshold)
+    come from the heap's top, which glibc gives back to the system unless told to keep it."""
+    import resource
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    size, count = int(payload.get("bytes", 100_000)), int(payload.get("count", 200))
+    held = [bytearray(size) for _ in range(count)]
+    del held
+    before = faults()
+    again = [bytearray(size) for _ in range(count)]
+    return {"faults": faults() - before, "pages": sum(len(b) for b in again) // 4096}
+
+
 def fill_shm(payload: dict) -> dict:
     written = 0
     try:

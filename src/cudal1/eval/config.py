@@ -18,7 +18,7 @@ from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 from cudal1.policy.presets import policy_choices
 
-PROTOCOL_VERSION = "15"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "16"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -50,7 +50,9 @@ PROTOCOL_VERSION = "15"  # 2: inputs refilled before every timed pair, salted se
 # measured on a CPU), so several calls per bracket are for code one trusts; the warm-up before the calibration
 # runs for a set wall time; 15: the CPU clock's harness overhead is the sandbox's CPU time less the call's own
 # CPU time (the twin's and the reference's reports), not less its wall time: a preempted calibration call made
-# the overhead negative by milliseconds and rejected honest candidates on a loaded host
+# the overhead negative by milliseconds and rejected honest candidates on a loaded host; 16: runners keep
+# their heap's free top (`MALLOC_TRIM_THRESHOLD_`): where a process's history put a call's temporaries at the
+# top, glibc gave them back and every call faulted them in again (an honest twin 0.80x-1.40x on a CPU)
 
 
 @dataclass(frozen=True)

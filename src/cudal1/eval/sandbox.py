@@ -162,6 +162,11 @@ def sandbox_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
                # with different histories pay different page-fault costs for the same allocations (seen
                # as a 1-2 ms per-call asymmetry on 8 MB inputs); a fixed threshold makes them alike.
                MALLOC_MMAP_THRESHOLD_="131072",
+               # ...and it gives the heap's free top back to the system past 128 KB, so a call whose
+               # temporaries end up at the top (where depends on the process's history: an import moves
+               # it) faults its pages in again on every call: 3-29 faults per call in one runner and not
+               # the other moved an honest twin of a 0.07 ms CPU call to 0.80x or 1.40x. Kept, they are not.
+               MALLOC_TRIM_THRESHOLD_=str(256 << 20),
                # torch.compile compiles in the runner's own thread: its worker pool and progress-bar monitor
                # would otherwise be new Python threads that the thread guard must count as the candidate's.
                TORCHINDUCTOR_COMPILE_THREADS="1")
