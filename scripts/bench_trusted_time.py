@@ -1,7 +1,7 @@
 """How much time a forgery keeps: the forging room of the trusted time, per call size, printed as a table.
 
     PYTHONPATH=src python scripts/bench_trusted_time.py OUT_DIR [--device cuda] [--profile strict] [--repeat 2]
-        [--bracket-work-ms 0.5,0]
+        [--bracket-work-ms 0.5,0] [--sizes 20us,100us,1ms] [--fractions 0.1,0.2,0.4,0.8]
 
 On one task family at three sizes (tests/fixtures/timing/chain_*.py: about 0.02, 0.1 and 1 ms per call on an
 H200), the honest twin (`honest_chain.py`) and a forging fixture that reports only (1 - f) of each call's real
@@ -11,7 +11,7 @@ speedup and time that counts, each forgery's verdict, speedup and the time it ke
 twin's time that counts minus the forgery's: what the forgery gained), in microseconds and as a share of the
 call. Goal: at most max(5 us, 10 % of the call) per call. Each `--bracket-work-ms` value is one batch (0: one
 call per bracket), so that the brackets' own effect is seen side by side in one run. Full figures in
-OUT_DIR/trusted_time.json, written after each batch.
+OUT_DIR/trusted_time.json, written after each batch (with every call's figures, the calibration's included).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def row(result, honest_counted: float | None) -> dict:
     return {"status": result.status.value, "speedup": result.speedup, "message": result.message[:200],
             "counted_ms": counted, "reported_ms": clock.get("reported_ms"), "bound_ms": clock.get("bound_ms"),
             "slack_ms": clock.get("slack_ms"), "hidden_us": hidden, "clock": clock,
-            "calibration": result.protocol.get("calibration"),
+            "calibration": result.protocol.get("calibration"), "samples": result.protocol.get("samples"),
             "flags": [f.rule for f in result.flags]}
 
 
@@ -58,6 +58,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="honest twins per size (their spread is the noise)")
     ap.add_argument("--bracket-work-ms", default=str(EvalConfig.bracket_work_ms),
                     help="comma-separated values, one batch each (0: one call per bracket)")
+    ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of " + ", ".join(SIZES))
+    ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
+                    help="hidden shares of the forgeries, comma-separated")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out: dict = {"device": args.device, "profile": args.profile, "batches": []}
@@ -71,12 +74,13 @@ def batch(args: argparse.Namespace, work: float) -> dict:
     """One batch of the honest twins and the forgeries at every size, with `work` ms of calls per bracket."""
     honest = (TIMING / "honest_chain.py").read_text()
     items, labels = [], []
-    for size in SIZES:
+    sizes = args.sizes.split(",")
+    for size in sizes:
         task = load_file(TIMING / f"chain_{size}.py")
         for r in range(args.repeat):
             items.append((task, honest + f"\n# twin {r}\n"))
             labels.append((size, "honest", r))
-        for f in FRACTIONS:
+        for f in (float(x) for x in args.fractions.split(",") if x):
             items.append((task, FORGER.replace(FORGER_KEEP, f"KEEP = {1.0 - f!r}")))
             labels.append((size, f"forged {int(f * 100)} %", f))
     # The static filter would reject the forgery's gc walk first: measured here is the clocks' own bound.
@@ -89,7 +93,7 @@ def batch(args: argparse.Namespace, work: float) -> dict:
     print(f"bracket_work_ms {work}: {wall:.1f} s")
     print(f"{'size':6s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
           f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s} {'calls':>5s}")
-    for size in SIZES:
+    for size in sizes:
         mine = [(label, r) for label, r in zip(labels, results, strict=True) if label[0] == size and r is not None]
         twins = [r for label, r in mine if label[1] == "honest" and (r.protocol.get("clock") or {}).get("counted_ms")]
         honest_counted = statistics.median(r.protocol["clock"]["counted_ms"] for r in twins) if twins else None

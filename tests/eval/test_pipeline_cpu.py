@@ -59,8 +59,11 @@ def test_record_samples_keeps_every_timed_call_in_the_protocol(task):
     calls = sum(len(b) for b in samples["cand"])
     assert calls == r.timing.iterations
     assert [len(b) for b in samples["cand"]] == [len(b) for b in samples["ref"]]
-    ms, stream_ms, bracket_ms, model_ms, idle_us, cpu_ms, call_cpu_ms, after = samples["cand"][0][0]
+    ms, stream_ms, bracket_ms, model_ms, idle_us, cpu_ms, call_cpu_ms, after, stage_ms, *helper = samples["cand"][0][0]
     assert 0 < ms <= model_ms <= bracket_ms and stream_ms == ms and after in ("ref", "cand", "")
+    assert 0 <= stage_ms <= bracket_ms - model_ms and helper == [None, None]  # no device helper on the CPU
+    twin = samples["calibration"]  # the calibration's pairs too: the twin in the candidate's runner
+    assert len(twin["ref"][0]) == len(twin["cand"][0]) == r.protocol["calibration"]["pairs"]
     assert 0 < call_cpu_ms and (cpu_ms is None or call_cpu_ms <= cpu_ms)  # the call's CPU time, inside its sandbox's
     assert idle_us is None  # no device helper on the CPU
     assert "samples" not in run(task, "correct").protocol

@@ -93,7 +93,9 @@ def sample_of(record: CallRecord) -> timing.Sample:
                          flush_ms=helper.flush_ms if helper is not None else None,
                          cpu_flush_ms=record.flush_ms, cpu_ms=record.cpu_ms / n if record.cpu_ms is not None else None,
                          call_cpu_ms=record.reply.cpu_ms / n if record.reply.cpu_ms is not None else None,
-                         calls=n)
+                         calls=n, stage_ms=record.stage_ms / n if record.stage_ms is not None else None,
+                         helper_stage_us=helper.stage_us if helper is not None else None,
+                         helper_end_us=helper.end_us if helper is not None else None)
 
 
 class Measurement:
@@ -194,7 +196,10 @@ class Measurement:
             per_pair_s = max(per_pair_s, 1e-6)
             lo, hi = CALIBRATION_PAIRS
             n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
-            calibration = timing.calibrate(self.series(1, n, flush))
+            twin = self.series(1, n, flush)
+            calibration = timing.calibrate(twin)
+        if self.cfg.record_samples:  # the twin's pairs, before the candidate's import
+            self.s.facts.samples = {"calibration": timing.samples_record(twin)}
         self.s.facts.calibration = calibration.to_dict() | {
             "warmup_pairs": len(took), "calls_from_reference_ms": round(reference_ms, 6)}
         return calibration
@@ -226,7 +231,7 @@ class Measurement:
         self.s.flags += [f for f in found if f is not None]
         self.s.facts.clock = timing.clock_summary(cold, bound, calibration)
         if cfg.record_samples:
-            self.s.facts.samples = timing.samples_record(cold)
+            self.s.facts.samples = {**(self.s.facts.samples or {}), **timing.samples_record(cold)}
         stats = timing.build_stats(cold, warm, bound=bound,
                                    method="cuda_events+device_sync" if device == "cuda" else "host_timer",
                                    iters=iters, round_to_one=cfg.round_toward_one, floor_ms=floor_ms,

@@ -131,6 +131,7 @@ class CallRecord:
     cpu_ms: float | None = None  # CPU time of the runner's sandbox over the whole request (its cgroup)
     flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
     calls: int = 1  # the model's calls in the bracket (the times above are for all of them)
+    stage_ms: float | None = None  # the parent's clock from the bracket's start to the go
 
 
 def new_seed() -> int:
@@ -376,7 +377,7 @@ class Session:
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
                             model_ms=(t_done - t_go) * 1e3, after=self.last, helper=helper_figures,
                             cpu_ms=(cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else None,
-                            flush_ms=flush_ms, calls=self.calls)
+                            flush_ms=flush_ms, calls=self.calls, stage_ms=(t_go - t0) * 1e3)
         self.last = who
         return record
 

@@ -99,6 +99,9 @@ class Sample:
     cpu_ms: float | None = None  # CPU time of the runner's whole sandbox during the request (its cgroup)
     call_cpu_ms: float | None = None  # the runner's own report of its process's CPU time over the call
     calls: int = 1  # calls in the bracket
+    stage_ms: float | None = None  # the parent's clock from the bracket's start to the go (inputs staged, flush)
+    helper_stage_us: float | None = None  # the helper's own clock over its staging (GPU)
+    helper_end_us: float | None = None  # the helper's own clock over its end probe (GPU)
 
     @property
     def overhead_ms(self) -> float:
@@ -549,12 +552,15 @@ def clock_summary(series: PairedSeries, bound: Bound,
 
 def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str | None]]]]:
     """Every call of a series, per model and bucket: [ms, stream_ms, bracket_ms, model_ms, idle_us, cpu_ms,
-    call_cpu_ms, after], in the order the calls ran (`EvalConfig.record_samples`)."""
+    call_cpu_ms, after, stage_ms, helper_stage_us, helper_end_us], in the order the calls ran
+    (`EvalConfig.record_samples`)."""
     def row(s: Sample) -> list[float | str | None]:
         def r6(v: float | None) -> float | None:
             return None if v is None else round(v, 6)
         return [r6(s.ms), r6(s.stream_ms), r6(s.bracket_ms), r6(s.model_ms),
-                None if s.idle_us is None else round(s.idle_us, 1), r6(s.cpu_ms), r6(s.call_cpu_ms), s.after]
+                None if s.idle_us is None else round(s.idle_us, 1), r6(s.cpu_ms), r6(s.call_cpu_ms), s.after,
+                r6(s.stage_ms), None if s.helper_stage_us is None else round(s.helper_stage_us, 1),
+                None if s.helper_end_us is None else round(s.helper_end_us, 1)]
     return {"ref": [[row(s) for s in b] for b in series.ref], "cand": [[row(s) for s in b] for b in series.cand]}
 
 

@@ -214,6 +214,7 @@ class ModelSide:
                 bell.wait(GO, request.seq, GO_TIMEOUT_S)
             except DoorbellTimeout:
                 raise CallFailed("no_go", "the parent never started the call") from None
+            staged = group  # views of the shared slot (host memory here where the inputs cross to the GPU)
             if host_to_device:
                 group = [[x.to(self.device) if isinstance(x, torch.Tensor) else x for x in views] for views in group]
             on_cpu = self.device.type == "cpu"  # a GPU call's CPU time bounds nothing: not read in its bracket
@@ -224,7 +225,18 @@ class ModelSide:
         finally:
             bell.ring(DONE, request.seq)
             gc.enable()
+        if host_to_device:  # after the bracket: what the call did to its inputs, back where the parent checks them
+            self._write_back(staged, group)
         return Called(ms=total_ms, stream_ms=stream_ms, out=tree, memory=gpu_memory(self.device), cpu_ms=cpu_ms)
+
+    def _write_back(self, staged: list[list[Any]], used: list[list[Any]]) -> None:
+        """Copy the device copies of a call's inputs back over the slot's host views, so that a model that
+        wrote into its inputs is seen doing so by the input check (else its writes die with the copies)."""
+        for views, copies in zip(staged, used, strict=True):
+            for view, copy in zip(views, copies, strict=True):
+                if isinstance(view, torch.Tensor) and copy is not view:
+                    view.copy_(copy)
+        sync(self.device)
 
     def _timed(self, group: list[list[Any]]) -> tuple[list[Any], float, float]:
         """(outputs, total_ms, stream_ms) of the model called once per set of inputs: device events around all
