@@ -4,9 +4,9 @@
         [--bracket-work-ms 0.5,0] [--sizes 20us,100us,1ms] [--fractions 0.1,0.2,0.4,0.8]
 
 On one task family at three sizes (tests/fixtures/timing/chain_*.py: about 0.02, 0.1 and 1 ms per call on an
-H200), the honest twin (`honest_chain.py`) and a forging fixture that reports only (1 - f) of each call's real
-time, for f = 10, 20, 40 and 80 %, all through the real evaluator in one batch, its static filter off (it
-would reject the forgery's walk of the heap first: what is measured is the clocks' bound alone). Per size: the honest twin's
+H200), the honest twin (`honest_chain.py`) and a forging fixture (`forge_reply.py`) that reports only (1 - f) of each
+call's real time, for f = 10, 20, 40 and 80 %, all through the real evaluator in one batch, its static filter off
+(what is measured is the clocks' bound alone). Per size: the honest twin's
 speedup and time that counts, each forgery's verdict, speedup and the time it kept hidden per call (the honest
 twin's time that counts minus the forgery's: what the forgery gained), in microseconds and as a share of the
 call. Goal: at most max(5 us, 10 % of the call) per call. Each `--bracket-work-ms` value is one batch (0: one
@@ -33,9 +33,10 @@ TIMING = ROOT / "tests" / "fixtures" / "timing"
 SIZES = ("20us", "100us", "1ms")
 FRACTIONS = (0.1, 0.2, 0.4, 0.8)
 
-#: The forgery (the red team's instance-method forger): the harness's timing method, shadowed on its instance,
-#: reports KEEP = (1 - f) of each call.
-FORGER = (TIMING / "forge_instance_method.py").read_text()
+#: The forgery (the red team's reply forger): the replies that report calls are rewritten on their way out to
+#: KEEP = (1 - f) of each call's time. It replaces nothing the guards watch (the instance-method forger, used
+#: here before, is now named by them), so what bounds it is the clock alone.
+FORGER = (TIMING / "forge_reply.py").read_text()
 FORGER_KEEP = "KEEP = 1 / 3"
 
 
@@ -83,7 +84,7 @@ def batch(args: argparse.Namespace, work: float) -> dict:
         for f in (float(x) for x in args.fractions.split(",") if x):
             items.append((task, FORGER.replace(FORGER_KEEP, f"KEEP = {1.0 - f!r}")))
             labels.append((size, f"forged {int(f * 100)} %", f))
-    # The static filter would reject the forgery's gc walk first: measured here is the clocks' own bound.
+    # The static filter off: measured here is the clocks' own bound.
     cfg = EvalConfig(device=args.device, profile=args.profile, record_samples=True, skip_static=True,
                      bracket_work_ms=work)
     t0 = time.monotonic()

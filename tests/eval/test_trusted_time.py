@@ -26,7 +26,7 @@ from cudal1.tasks.sources import load_file
 
 TIMING = Path(__file__).resolve().parents[1] / "fixtures" / "timing"
 SIZES = ("20us", "100us", "1ms")
-FORGERS = ("forge_instance_method.py", "forge_code_object.py", "forge_module_global.py")
+FORGERS = ("forge_instance_method.py", "forge_code_object.py", "forge_module_global.py", "forge_reply.py")
 needs_sandbox = pytest.mark.skipif(detect_sandbox().level == "none", reason="no sandbox on this host")
 CPU = ["--device", "cpu", "--trials", "2", "--buckets", "3", "--json", "--no-store"]
 GPU = ["--device", "cuda", "--trials", "3", "--json", "--no-store"]
@@ -105,6 +105,20 @@ def test_with_the_first_filters_off_the_clocks_name_every_forgery(forger):
     rules = {f.rule for f in result.flags}
     assert rules & {F.OUTSIDE_CLOCK, F.CAPPED, F.BELOW_FLOOR, F.TIMER_PATCHING}, (result.status, rules)
     assert_bounded(_json(result), _json(honest), CPU_MARGIN, plus_slack=True)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("forger, named", [("forge_code_object.py", "harness.ModelSide._timed (its code) was replaced"),
+                                           ("forge_instance_method.py", "ModelSide._timed was shadowed")])
+def test_the_guards_name_a_swapped_code_object_and_a_method_shadowed_on_an_instance(forger, named):
+    """The two forgeries the class-level identity checks missed (a `__code__` swap keeps the function object;
+    an instance attribute leaves the class alone; 2.22x `correct` under cuda-l1 on an H100 at 0.05 ms, where
+    the clock's bound is too coarse): the guards now name both, which rejects under every profile."""
+    task = load_file(TIMING / "chain_100us.py")
+    cfg = EvalConfig(device="cpu", profile="cuda-l1", correctness_trials=2, buckets=3, skip_static=True)
+    result = evaluate_candidate(task, (TIMING / forger).read_text(), cfg)
+    assert result.status is Status.HACK_DETECTED, (result.status, result.message)
+    assert any(f.rule == F.TIMER_PATCHING and named in f.message for f in result.flags), [f.message for f in result.flags]
 
 
 @needs_sandbox

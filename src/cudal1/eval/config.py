@@ -18,7 +18,7 @@ from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 from cudal1.policy.presets import policy_choices
 
-PROTOCOL_VERSION = "16"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "17"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -52,7 +52,10 @@ PROTOCOL_VERSION = "16"  # 2: inputs refilled before every timed pair, salted se
 # CPU time (the twin's and the reference's reports), not less its wall time: a preempted calibration call made
 # the overhead negative by milliseconds and rejected honest candidates on a loaded host; 16: runners keep
 # their heap's free top (`MALLOC_TRIM_THRESHOLD_`): where a process's history put a call's temporaries at the
-# top, glibc gave them back and every call faulted them in again (an honest twin 0.80x-1.40x on a CPU)
+# top, glibc gave them back and every call faulted them in again (an honest twin 0.80x-1.40x on a CPU); 17:
+# the guards name a guarded function whose code object was swapped and a harness method shadowed on its
+# instance (2.22x `correct` under cuda-l1 on an H100, where the clock's bound of a 0.05 ms call is too
+# coarse); with host arenas on a GPU the runner carries a call's writes into its inputs back to the slot
 
 
 @dataclass(frozen=True)

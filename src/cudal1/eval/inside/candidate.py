@@ -120,6 +120,7 @@ class CandidateRole:
         self.module: Any = None
         self.flags: list[dict[str, Any]] = []
         self.snapshot: guards.GuardSnapshot | None = None
+        self.shadowed: set[str] = set()  # instance methods already reported
         self.import_ms = self.construct_ms = 0.0
 
     def ready(self) -> TwinReady:
@@ -204,6 +205,11 @@ class CandidateRole:
         if self.snapshot is None:
             return
         found = guards.compare(self.snapshot, phase)
+        harness = {"ModelSide": self.side, "TensorArena": self.side.arena, "Doorbell": self.side.doorbell,
+                   "Channel": self.channel}
+        shadowing = guards.shadowing_flag(harness, phase, self.shadowed)
+        if shadowing is not None:
+            found.append(shadowing)
         self.flags.extend(f.to_dict() for f in found)
         if found:
             self.snapshot = guards.take_snapshot()  # report each change once

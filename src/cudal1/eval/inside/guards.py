@@ -10,7 +10,8 @@ precision, scaled-dot-product attention backends, default dtype and device, mkld
 algorithms, intra-op thread count), the number of live threads (Python ones, `_thread` ones included, and
 native ones from /proc), the identity of timing and harness functions, process-wide nn.Module hooks, torch
 function and dispatch modes left active, profile/trace/monitoring hooks, signal handlers and interval
-timers. Not covered: state inside C++ extensions, environment variables read later by libraries.
+timers; a guarded function's code object swapped under the same function, and the harness's methods shadowed
+on its instances (`shadowed_methods`). Not covered: state inside C++ extensions, environment variables read later by libraries.
 """
 
 from __future__ import annotations
@@ -203,12 +204,24 @@ class GuardSnapshot:
     modes: dict[str, int] = field(default_factory=dict)
     trace: tuple[str, ...] = ()
     signals: dict[str, str] = field(default_factory=dict)
+    codes: dict[str, Any] = field(default_factory=dict)  # the code object of each guarded Python function
+
+
+def code_of(value: Any) -> Any:
+    """The code object behind a guarded callable (a function, a method, a static or class method, a
+    property's getter); None for builtins."""
+    if isinstance(value, property):
+        value = value.fget
+    value = getattr(value, "__func__", value)
+    return getattr(value, "__code__", None)
 
 
 def take_snapshot() -> GuardSnapshot:
     attrs = frozenset(f"{n}.{a}" for n, cls in _class_namespaces().items() for a in vars(cls))
-    return GuardSnapshot(_global_state(), _timing_functions(), python_thread_count(), native_thread_count(),
-                         attrs, _hook_counts(), _mode_depths(), tuple(_trace_hooks()), _signal_state())
+    functions = _timing_functions()
+    codes = {n: c for n, f in functions.items() if (c := code_of(f)) is not None}
+    return GuardSnapshot(_global_state(), functions, python_thread_count(), native_thread_count(),
+                         attrs, _hook_counts(), _mode_depths(), tuple(_trace_hooks()), _signal_state(), codes)
 
 
 def process_hook_flags(before: GuardSnapshot, phase: str) -> list[Flag]:
@@ -257,7 +270,33 @@ def replaced_functions(before: GuardSnapshot) -> list[str]:
     replaced = [n for n, f in before.functions.items() if n in funcs and funcs[n] is not f
                 and not is_torch_internal(funcs[n])]
     replaced += [n for n in before.functions if n not in funcs]  # deleted
+    # The same function object with another body: its `__code__` swapped (the identity check alone passes)
+    replaced += [f"{n} (its code)" for n, code in before.codes.items() if n in funcs and funcs[n] is before.functions[n]
+                 and code_of(funcs[n]) is not code and not is_torch_internal(funcs[n])]
     return replaced + added_class_attributes(before)
+
+
+def shadowed_methods(objects: dict[str, Any]) -> list[str]:
+    """Callables set on an instance (of the harness's own objects, `objects` by name) over a callable of its
+    class: a method shadowed on the instance, which the class-level checks do not see."""
+    out = []
+    for name, obj in objects.items():
+        for attr, value in list(getattr(obj, "__dict__", {}).items()):
+            if callable(value) and callable(getattr(type(obj), attr, None)):
+                out.append(f"{name}.{attr}")
+    return out
+
+
+def shadowing_flag(objects: dict[str, Any], phase: str, seen: set[str]) -> Flag | None:
+    """`guard.timer_patching` for methods shadowed on the harness's instances since the last look (`seen`
+    holds those already reported, and is updated)."""
+    new = [n for n in shadowed_methods(objects) if n not in seen]
+    if not new:
+        return None
+    seen.update(new)
+    more = f" (+{len(new) - 1} more)" if len(new) > 1 else ""
+    return Flag(F.TIMER_PATCHING, Severity.ERROR, f"{new[0]} was shadowed on the harness's instance during {phase}{more}",
+                source="runtime")
 
 
 def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
