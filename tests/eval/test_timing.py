@@ -202,6 +202,27 @@ def test_work_left_on_the_device_after_the_candidates_calls_is_interference():
     assert found is not None and found.rule == F.INTERFERENCE and F.always_rejects(found.rule)
 
 
+def test_a_slow_probe_after_some_calls_is_interference_only_beyond_a_tenth_of_the_candidates_call():
+    """Work left after a fifth of the calls raises the probe's 90th percentile by 80 us: against a 0.2 ms call
+    that is hidden work, against a 2 ms call (an honest kernel far slower than its reference, whose probes
+    scatter so on a GPU) it could hide under 1 %: not interference."""
+    def tail_series(call_ms: float) -> PairedSeries:
+        series = _series(0.1, call_ms, idle=(20.0, 20.0))
+        for i, s in enumerate(series.all("ref")):
+            s.after, s.idle_us = "cand", 100.0 if i % 5 == 0 else 20.0
+        for s in series.all("cand"):
+            s.model_ms = call_ms
+        return series
+    found = timing.interference_check(tail_series(0.2))
+    assert found is not None and "90th percentile" in found.message
+    assert timing.interference_check(tail_series(2.0)) is None
+    # The median rule does not scale with the call: work left after every call is interference at any size.
+    steady = _series(0.1, 2.0, idle=(20.0, 120.0))
+    for s in steady.all("cand"):
+        s.model_ms = 2.0
+    assert timing.interference_check(steady) is not None
+
+
 def test_a_reference_slowed_beside_the_candidate_is_evidence():
     calibration = _calibration()  # the reference took 0.1 ms beside its twin
     assert timing.reference_slowed(_series(0.105, 0.1), calibration, "cuda") is None

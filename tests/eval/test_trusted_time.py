@@ -87,9 +87,10 @@ def test_every_forger_at_every_size_gains_nothing(size, forger, capsys):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("forger", FORGERS[1:])
+@pytest.mark.parametrize("forger", ["forge_code_object.py", "forge_module_global.py"])
 def test_forging_through_code_objects_and_module_globals_is_named(forger, capsys):
-    """Named by whichever layer sees it first: the static filter, the guards, or the clocks."""
+    """Named by whichever layer sees it first: the static filter or the guards (the reply forger, which
+    neither sees, is bounded by the clocks alone: a capped `correct` is its other fair outcome, tested below)."""
     result = evaluate("100us", forger, capsys, CPU)
     assert result["status"] == "hack_detected", (result["status"], result["message"])
 

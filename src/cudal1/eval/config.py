@@ -55,7 +55,9 @@ PROTOCOL_VERSION = "17"  # 2: inputs refilled before every timed pair, salted se
 # top, glibc gave them back and every call faulted them in again (an honest twin 0.80x-1.40x on a CPU); 17:
 # the guards name a guarded function whose code object was swapped and a harness method shadowed on its
 # instance (2.22x `correct` under cuda-l1 on an H100, where the clock's bound of a 0.05 ms call is too
-# coarse); with host arenas on a GPU the runner carries a call's writes into its inputs back to the slot
+# coarse); with host arenas on a GPU the runner carries a call's writes into its inputs back to the slot;
+# the interference check's 90th percentile must also exceed a tenth of the candidate's call (an honest
+# kernel of milliseconds was rejected for the probe's scatter)
 
 
 @dataclass(frozen=True)

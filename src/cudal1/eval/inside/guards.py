@@ -10,8 +10,9 @@ precision, scaled-dot-product attention backends, default dtype and device, mkld
 algorithms, intra-op thread count), the number of live threads (Python ones, `_thread` ones included, and
 native ones from /proc), the identity of timing and harness functions, process-wide nn.Module hooks, torch
 function and dispatch modes left active, profile/trace/monitoring hooks, signal handlers and interval
-timers; a guarded function's code object swapped under the same function, and the harness's methods shadowed
-on its instances (`shadowed_methods`). Not covered: state inside C++ extensions, environment variables read later by libraries.
+timers; a guarded function's code object swapped under the same function, and the harness's methods
+shadowed on its instances (`shadowed_methods`). Not covered: state inside C++ extensions, environment
+variables read later by libraries.
 """
 
 from __future__ import annotations
