@@ -11,7 +11,8 @@ speedup and time that counts, each forgery's verdict, speedup and the time it ke
 twin's time that counts minus the forgery's: what the forgery gained), in microseconds and as a share of the
 call. Goal: at most max(5 us, 10 % of the call) per call. Each `--bracket-work-ms` value is one batch (0: one
 call per bracket), so that the brackets' own effect is seen side by side in one run. Full figures in
-OUT_DIR/trusted_time.json, written after each batch (with every call's figures, the calibration's included).
+OUT_DIR/trusted_time.json, written after each batch (with every call's figures, the calibration's included);
+last, where each bracket's time went, per model and phase (`bracket_parts`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,41 @@ def batch(args: argparse.Namespace, work: float) -> dict:
                   f"{(entry['slack_ms'] or 0) * 1e3:9.1f} {(entry['clock'].get('paired_slack_ms') or 0) * 1e3:7.1f} "
                   f"{entry['clock'].get('calls_per_bracket', 1):5d}")
         out["sizes"][size] = {"honest_counted_ms": honest_counted, "rows": rows}
+    print_parts(out)
     return out
+
+
+def bracket_parts(samples: dict) -> dict:
+    """Where each model's bracket went, per phase (the calibration's twin pairs, the timed calls): medians per
+    call in microseconds of the report, the staging (bracket start to go), the runner's part beyond its report
+    (go to done, less the report) and the end probe (done to the bracket's end), with their interquartile
+    ranges. The runner's part is what a forger's process can shorten, and what moves between phases."""
+    def q(values: list[float], p: float) -> float:
+        values = sorted(values)
+        return values[int(p * (len(values) - 1))]
+
+    out: dict = {}
+    for phase, series in (("calibration", samples.get("calibration")), ("timed", samples)):
+        for who in ("ref", "cand"):
+            rows = [r for bucket in (series or {}).get(who, []) for r in bucket]
+            if not rows or rows[0][8] is None:
+                continue
+            parts = {"reported": [r[0] for r in rows], "staging": [r[8] for r in rows],
+                     "runner": [r[3] - r[0] for r in rows], "end": [r[2] - r[8] - r[3] for r in rows]}
+            out[f"{phase}.{who}"] = {k: {"median_us": round(1e3 * statistics.median(v), 1),
+                                         "iqr_us": round(1e3 * (q(v, 0.75) - q(v, 0.25)), 1)} for k, v in parts.items()}
+    return out
+
+
+def print_parts(batch_out: dict) -> None:
+    print("bracket parts, median us per call (IQR): reported | staging | runner beyond report | end probe")
+    for size, entry in batch_out["sizes"].items():
+        for r in entry["rows"]:
+            r["parts"] = parts = bracket_parts(r.get("samples") or {})
+            for key, p in parts.items():
+                cells = " | ".join(f"{p[k]['median_us']:7.1f} ({p[k]['iqr_us']:5.1f})"
+                                   for k in ("reported", "staging", "runner", "end"))
+                print(f"{size:6s} {r['case']:12s} {key:17s} {cells}")
 
 
 if __name__ == "__main__":
