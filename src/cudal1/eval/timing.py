@@ -545,6 +545,13 @@ def clock_summary(series: PairedSeries, bound: Bound,
         out["cand_overhead_calibrated_ms"] = calibration.cand_overhead_ms
         if calibration.pair_overhead_diff_ms is not None:
             out.update(paired_bound(series, calibration))
+    # Recorded for study, unused by the verdict: what the pairs say the candidate hides if the two runners'
+    # harnesses cost alike, with no calibration. On an H100 its error on honest twins was 2-13 us where the
+    # calibrated bounds' was up to 41 us: the runners' costs moved between the calibration and the timed calls.
+    excess = [c.overhead_ms - r.overhead_ms for c, r in zip(series.all("cand"), series.all("ref"), strict=True)]
+    if len(excess) >= CLOCK_MIN_PAIRS:
+        out["pair_excess_ms"] = statistics.median(excess)
+        out["pair_excess_se_ms"] = quantile_se(excess, 0.5)
     for who in ("ref", "cand"):
         samples = series.all(who)
         out[f"{who}_bracket_ms"] = statistics.median(s.bracket_ms for s in samples)
