@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from cudal1.eval import EvalConfig, evaluate_many  # noqa: E402
+from cudal1.eval.timing import quantile  # noqa: E402
 from cudal1.tasks.sources import load_file  # noqa: E402
 
 TIMING = ROOT / "tests" / "fixtures" / "timing"
@@ -124,10 +125,6 @@ def bracket_parts(samples: dict) -> dict:
     call in microseconds of the report, the staging (bracket start to go), the runner's part beyond its report
     (go to done, less the report) and the end probe (done to the bracket's end), with their interquartile
     ranges. The runner's part is what a forger's process can shorten, and what moves between phases."""
-    def q(values: list[float], p: float) -> float:
-        values = sorted(values)
-        return values[int(p * (len(values) - 1))]
-
     out: dict = {}
     for phase, series in (("calibration", samples.get("calibration")), ("timed", samples)):
         for who in ("ref", "cand"):
@@ -137,7 +134,7 @@ def bracket_parts(samples: dict) -> dict:
             parts = {"reported": [r[0] for r in rows], "staging": [r[8] for r in rows],
                      "runner": [r[3] - r[0] for r in rows], "end": [r[2] - r[8] - r[3] for r in rows]}
             out[f"{phase}.{who}"] = {k: {"median_us": round(1e3 * statistics.median(v), 1),
-                                         "iqr_us": round(1e3 * (q(v, 0.75) - q(v, 0.25)), 1)} for k, v in parts.items()}
+                                         "iqr_us": round(1e3 * (quantile(v, 0.75) - quantile(v, 0.25)), 1)} for k, v in parts.items()}
     return out
 
 

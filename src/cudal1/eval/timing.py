@@ -224,13 +224,18 @@ class Calibration:
         return out
 
 
+def overhead_diffs(cand: list[Sample], ref: list[Sample]) -> list[float]:
+    """Per pair, the candidate's overhead (bracket less report) less the reference's in the same pair."""
+    return [c.overhead_ms - r.overhead_ms for c, r in zip(cand, ref, strict=True)]
+
+
 def calibrate(series: PairedSeries) -> Calibration:
     ref, twin = series.all("ref"), series.all("cand")
     ref_ms, twin_ms = statistics.median(s.ms for s in ref), statistics.median(s.ms for s in twin)
     null = ref_ms / max(twin_ms, 1e-9)
     lo, hi = bootstrap_ratio([s.ms for s in ref], [s.ms for s in twin])
     over, ref_over = [s.overhead_ms for s in twin], [s.overhead_ms for s in ref]
-    pair_diffs = [a - b for a, b in zip(over, ref_over, strict=True)]
+    pair_diffs = overhead_diffs(twin, ref)
     cpu = [s.cpu_overhead_ms for s in twin if s.cpu_overhead_ms is not None]
     ref_cpu = [s.cpu_overhead_ms for s in ref if s.cpu_overhead_ms is not None]
     cpu_known = len(cpu) == len(twin) and len(ref_cpu) == len(ref) and len(cpu) >= 2
@@ -361,7 +366,7 @@ def paired_overhead_bound(samples: list[Sample], refs: list[Sample], calibration
     bound's slack (3 standard errors of both medians) is the tightest; None without paired reference calls."""
     if calibration.pair_overhead_diff_ms is None or len(refs) != len(samples) or len(samples) < CLOCK_MIN_PAIRS:
         return None
-    excess = [c.overhead_ms - r.overhead_ms for c, r in zip(samples, refs, strict=True)]
+    excess = overhead_diffs(samples, refs)
     hidden = statistics.median(excess) - calibration.pair_overhead_diff_ms
     clock = "paired wall"
     if slack_ms is not None and clock in slack_ms:
@@ -546,9 +551,9 @@ def clock_summary(series: PairedSeries, bound: Bound,
         if calibration.pair_overhead_diff_ms is not None:
             out.update(paired_bound(series, calibration))
     # Recorded for study, unused by the verdict: what the pairs say the candidate hides if the two runners'
-    # harnesses cost alike, with no calibration. On an H100 its error on honest twins was 2-13 us where the
-    # calibrated bounds' was up to 41 us: the runners' costs moved between the calibration and the timed calls.
-    excess = [c.overhead_ms - r.overhead_ms for c, r in zip(series.all("cand"), series.all("ref"), strict=True)]
+    # harnesses cost alike, with no calibration. On an H100 its error on honest twins was 1.5-13 us where the
+    # calibrated bounds' was up to 43 us: the runners' costs moved between the calibration and the timed calls.
+    excess = overhead_diffs(series.all("cand"), series.all("ref"))
     if len(excess) >= CLOCK_MIN_PAIRS:
         out["pair_excess_ms"] = statistics.median(excess)
         out["pair_excess_se_ms"] = quantile_se(excess, 0.5)
