@@ -26,7 +26,8 @@ from cudal1.tasks.sources import load_file
 
 TIMING = Path(__file__).resolve().parents[1] / "fixtures" / "timing"
 SIZES = ("20us", "100us", "1ms")
-FORGERS = ("forge_instance_method.py", "forge_code_object.py", "forge_module_global.py", "forge_reply.py")
+FORGERS = ("forge_instance_method.py", "forge_code_object.py", "forge_module_global.py", "forge_reply.py",
+           "forge_class_swap.py")
 needs_sandbox = pytest.mark.skipif(detect_sandbox().level == "none", reason="no sandbox on this host")
 CPU = ["--device", "cpu", "--trials", "2", "--buckets", "3", "--json", "--no-store"]
 GPU = ["--device", "cuda", "--trials", "3", "--json", "--no-store"]
@@ -120,6 +121,15 @@ def test_the_guards_name_a_swapped_code_object_and_a_method_shadowed_on_an_insta
     result = evaluate_candidate(task, (TIMING / forger).read_text(), cfg)
     assert result.status is Status.HACK_DETECTED, (result.status, result.message)
     assert any(f.rule == F.TIMER_PATCHING and named in f.message for f in result.flags), [f.message for f in result.flags]
+
+
+@needs_sandbox
+def test_a_harness_instance_given_another_class_is_named_through_the_cli(capsys):
+    """A subclass swapped in through the instance's `__class__` overrides the timing method with no attribute
+    of any class or instance replaced: the guards compare the class with the one before the import."""
+    result = evaluate("100us", "forge_class_swap.py", capsys, CPU, "--profile", "cuda-l1")
+    assert result["status"] == "hack_detected", (result["status"], result["message"])
+    assert "ModelSide (its class, now _Faster)" in json.dumps(result), result["message"]
 
 
 @needs_sandbox

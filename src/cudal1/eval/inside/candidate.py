@@ -120,7 +120,8 @@ class CandidateRole:
         self.module: Any = None
         self.flags: list[dict[str, Any]] = []
         self.snapshot: guards.GuardSnapshot | None = None
-        self.shadowed: set[str] = set()  # instance methods already reported
+        self.shadowed: set[str] = set()  # changes to the harness's instances already reported
+        self.harness_classes: dict[str, type] = {}  # their classes before the candidate's import
         self.import_ms = self.construct_ms = 0.0
 
     def ready(self) -> TwinReady:
@@ -154,6 +155,7 @@ class CandidateRole:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
         self.snapshot = guards.take_snapshot()
+        self.harness_classes = {name: type(obj) for name, obj in self._harness().items()}
         self._listen_for_builds()
         workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -205,14 +207,17 @@ class CandidateRole:
         if self.snapshot is None:
             return
         found = guards.compare(self.snapshot, phase)
-        harness = {"ModelSide": self.side, "TensorArena": self.side.arena, "Doorbell": self.side.doorbell,
-                   "Channel": self.channel}
-        shadowing = guards.shadowing_flag(harness, phase, self.shadowed)
+        shadowing = guards.shadowing_flag(self._harness(), self.harness_classes, phase, self.shadowed)
         if shadowing is not None:
             found.append(shadowing)
         self.flags.extend(f.to_dict() for f in found)
         if found:
             self.snapshot = guards.take_snapshot()  # report each change once
+
+    def _harness(self) -> dict[str, Any]:
+        """The harness's own objects in this process, by name (the instance-level guards watch them)."""
+        return {"ModelSide": self.side, "TensorArena": self.side.arena, "Doorbell": self.side.doorbell,
+                "Channel": self.channel}
 
     def _own_inputs(self) -> dict[str, Any]:
         """What the candidate's own `get_inputs` and `get_init_inputs` give, if it defines them (the parent

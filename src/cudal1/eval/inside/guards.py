@@ -277,21 +277,25 @@ def replaced_functions(before: GuardSnapshot) -> list[str]:
     return replaced + added_class_attributes(before)
 
 
-def shadowed_methods(objects: dict[str, Any]) -> list[str]:
-    """Callables set on an instance (of the harness's own objects, `objects` by name) over a callable of its
-    class: a method shadowed on the instance, which the class-level checks do not see."""
+def shadowed_methods(objects: dict[str, Any], classes: dict[str, type]) -> list[str]:
+    """The harness's own objects (`objects` by name) changed below their classes, which the class-level checks
+    do not see: a callable set on an instance over a callable of its class (a method shadowed there), or an
+    instance whose class is no longer the one it had (`classes`, taken before the candidate's import: a
+    subclass swapped in through `__class__` overrides every method at once)."""
     out = []
     for name, obj in objects.items():
+        if name in classes and type(obj) is not classes[name]:
+            out.append(f"{name} (its class, now {type(obj).__qualname__})")
         for attr, value in list(getattr(obj, "__dict__", {}).items()):
             if callable(value) and callable(getattr(type(obj), attr, None)):
                 out.append(f"{name}.{attr}")
     return out
 
 
-def shadowing_flag(objects: dict[str, Any], phase: str, seen: set[str]) -> Flag | None:
-    """`guard.timer_patching` for methods shadowed on the harness's instances since the last look (`seen`
-    holds those already reported, and is updated)."""
-    new = [n for n in shadowed_methods(objects) if n not in seen]
+def shadowing_flag(objects: dict[str, Any], classes: dict[str, type], phase: str, seen: set[str]) -> Flag | None:
+    """`guard.timer_patching` for the harness's instances changed since the last look (`shadowed_methods`;
+    `seen` holds those already reported, and is updated)."""
+    new = [n for n in shadowed_methods(objects, classes) if n not in seen]
     if not new:
         return None
     seen.update(new)
