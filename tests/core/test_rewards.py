@@ -119,3 +119,22 @@ def test_a_policy_violation_earns_what_the_policy_says():
     other_hack = EvalResult(status=Status.HACK_DETECTED, protocol={"policy_violation_reward": -1.0},
                             flags=[Flag("guard.threads", Severity.ERROR, "threads", source="runtime")])
     assert reward_of(other_hack, {"hack_detected": -0.25}) == -0.25
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "fast"])
+def test_no_nan_or_inf_is_ever_paid_or_smoothed(bad):
+    from cudal1.core.rewards import check_failure_rewards
+
+    with pytest.raises(ValueError, match="reward"):
+        smooth_rewards([1.0, bad, 2.0])
+    with pytest.raises(ValueError, match="raw reward"):
+        transform_reward(bad, "log")
+    with pytest.raises(ValueError, match="failure reward of incorrect"):
+        check_failure_rewards({"incorrect": bad})
+    with pytest.raises(ValueError, match="failure reward"):
+        failure_reward(Status.INCORRECT, {Status.INCORRECT: bad})
+    violated = EvalResult(status=Status.HACK_DETECTED, flags=[Flag("x", Severity.ERROR, "", source="policy")],
+                          protocol={"policy_violation_reward": bad})
+    with pytest.raises(ValueError, match="violation reward"):
+        reward_of(violated)
+    assert reward_of(correct(float("nan"))) == 0.0  # a broken speedup is `correct_unmeasured`, never NaN

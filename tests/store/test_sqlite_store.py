@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 
@@ -270,3 +271,26 @@ def test_record_evaluation_stores_the_task_the_candidate_and_the_verdict_togethe
     store.record_evaluation(task, "CAND\n", result, key="k")  # same task and candidate: one row of each
     assert store.task_versions("t/add") == [task.hash] and len(store.query_evaluations(key="k")) == 2
     assert [r["id"] for r in store.query_evaluations(key="k", after_id=row_id)] == [row_id + 1]
+
+
+@pytest.mark.parametrize("speedup", [float("nan"), float("inf"), 0.0, -2.0])
+def test_a_correct_result_with_a_speedup_that_is_not_a_finite_positive_number_is_refused(store, speedup):
+    """Every reader of the store (reports, exemplar scores, audits) would take a NaN for a number."""
+    bad = make_result(1, status=Status.CORRECT).replace(speedup=speedup)
+    with pytest.raises(StoreError, match="speedup is not a finite number"):
+        store.put_evaluation(bad, task_hash="t", key="nan-key")
+    assert store.get_evaluation("nan-key") is None
+
+
+def test_evidence_that_overflowed_is_stored_as_null_and_read_back_as_nan(store):
+    """A mismatch's largest error where the candidate wrote NaN is evidence, not a paid figure: strict JSON
+    carries it as null, and it reads back as NaN."""
+    from cudal1.core.types import Mismatch
+
+    mismatch = Mismatch(output_index=0, trial=0, max_abs_error=float("nan"), max_rel_error=float("inf"),
+                        bad_elements=4, total_elements=4, first_bad_index=[0], expected=1.0, got=float("nan"))
+    wrong = EvalResult(status=Status.INCORRECT, task_id="t", mismatch=mismatch, message=mismatch.describe())
+    assert wrong.to_dict()["mismatch"]["max_abs_error"] is None
+    store.put_evaluation(wrong, task_hash="t", key="mm")
+    back = store.get_evaluation("mm")
+    assert math.isnan(back.mismatch.max_abs_error) and "nan" in back.mismatch.describe()

@@ -230,3 +230,12 @@ def test_the_llm_judge_without_a_verdict_fails_closed(tmp_path, tiny_tasks):
         reward = KernelReward(tiny_tasks, _fifty_x, RewardConfig(normalize=False), exemplar_db=db, judge=judge)
         out = reward([_completion(correct_code(task) + "\n# fast\n")], task_id=[task.id])
     assert out == [1.2] and reward.history[-1]["judge_errors"] == 1
+
+
+@pytest.mark.parametrize("field", ["clip_k", "bound", "log_floor", "judge_jump_factor"])
+def test_a_reward_config_with_a_nan_or_inf_is_refused_by_name(field):
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"{field} must be finite"):
+            RewardConfig(**{field: bad})
+    with pytest.raises(ValueError, match="failure reward of hack_detected must be finite"):
+        RewardConfig(failure_rewards={"hack_detected": float("nan")})

@@ -47,6 +47,7 @@ INTERFERENCE = "timing.interference"
 NOISY = "timing.noisy"
 SIZE_CONSTANTS = "runtime.size_constants"
 CUSTOM_BUILD_FAILED = "runtime.custom_build_failed"
+PROTOCOL_MALFORMED = "protocol.malformed"
 
 # -- re-checks and the judge --------------------------------------------------------------------------------
 RECHECK_AGREE = "recheck.agree"
@@ -110,6 +111,9 @@ RUNTIME_FLAGS: dict[str, FlagKind] = {
                              ERR, always_rejects=True),
     CUSTOM_BUILD_FAILED: FlagKind("an extension the candidate builds failed to build; its own code caught the "
                                   "failure and runs what it falls back to (the verdict is for that)", WARN),
+    PROTOCOL_MALFORMED: FlagKind("the candidate's runner sent the parent something outside the protocol's schema "
+                                 "or budget (a time that is not a finite positive number, a nested or oversized "
+                                 "reply, unknown fields): its runtime_error", WARN),
     RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
     RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", WARN),
     RECHECK_FAILED: FlagKind("the re-measurement failed", WARN),

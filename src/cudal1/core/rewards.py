@@ -48,15 +48,34 @@ FailureRewards = Mapping[Status, float | None] | Mapping[str, float | None]
 
 
 def failure_reward(key: Status | str, failure_rewards: FailureRewards | None = None) -> float | None:
-    """The configured value for a status (or `CORRECT_UNMEASURED`), keyed by Status or by its string; default 0.0."""
+    """The configured value for a status (or `CORRECT_UNMEASURED`), keyed by Status or by its string; default 0.0.
+    A value that is not a finite number raises ValueError (`check_failure_rewards` says so when configured)."""
     table: Mapping = failure_rewards or {}
     # Both spellings, explicitly: not relying on how a str-valued Enum hashes and compares.
     names = (key, key.value) if isinstance(key, Status) else (key, *(s for s in Status if s.value == key))
     for name in names:
         if name in table:
             value = table[name]
-            return None if value is None else float(value)
+            return None if value is None else finite(value, f"the failure reward of {name}")
     return DEFAULT_FAILURE_REWARD
+
+
+def finite(value: object, what: str) -> float:
+    """`value` as a finite float, else ValueError naming `what`: no NaN or inf is ever paid as a reward."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, not {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be finite, not {number}")
+    return number
+
+
+def check_failure_rewards(failure_rewards: FailureRewards | None) -> None:
+    """ValueError unless every configured failure reward is a finite number or None (TRL: skip the sample)."""
+    for name, value in (failure_rewards or {}).items():
+        if value is not None:
+            finite(value, f"the failure reward of {getattr(name, 'value', name)}")
 
 
 def reward_of(result: EvalResult, failure_rewards: FailureRewards | None = None,
@@ -69,20 +88,22 @@ def reward_of(result: EvalResult, failure_rewards: FailureRewards | None = None,
         ci = result.timing.speedup_ci if result.timing is not None else None
         if estimate == "lower" and speedup is not None and ci and math.isfinite(ci[0]) and ci[0] > 0:
             speedup = min(speedup, ci[0])
-        if speedup is not None and math.isfinite(speedup) and speedup > 0:
+        if isinstance(speedup, (int, float)) and math.isfinite(speedup) and speedup > 0:
             return float(speedup)
         return failure_reward(CORRECT_UNMEASURED, failure_rewards)
     policy_reward = result.protocol.get("policy_violation_reward")
     if policy_reward is not None and any(f.source == "policy" for f in result.flags):
-        return float(policy_reward)  # the verdict policy says what breaking its rules earns
+        # the verdict policy says what breaking its rules earns
+        return finite(policy_reward, "the verdict policy's violation reward")
     return failure_reward(result.status, failure_rewards)
 
 
 def transform_reward(value: float, transform: str = "speedup", *, bound: float = DEFAULT_REWARD_BOUND,
                      floor: float = DEFAULT_LOG_FLOOR) -> float:
     """One raw reward through a transform of `REWARD_TRANSFORMS` (see the module docstring)."""
+    value = finite(value, "a raw reward")
     if transform == "speedup":
-        return float(value)
+        return value
     if transform == "log":
         return math.log(max(float(value), floor))
     if transform == "bounded":
@@ -99,7 +120,7 @@ def smooth_rewards(values: Sequence[float], *, normalize: bool = True, clip_k: f
     comes out of the normalization; callers that do not normalize pass `clip_k=None` unless they mean to
     clip raw values (the trainer's `RewardConfig` clips normalized rewards only).
     """
-    vals = [float(v) for v in values]
+    vals = [finite(v, "a reward to smooth") for v in values]  # one NaN would make its whole group NaN
     if not vals:
         return []
     if normalize:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,8 +99,11 @@ class Mismatch:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Mismatch:
-        """Rebuild from `dataclasses.asdict` output; keys this version does not know are ignored."""
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        """Rebuild from `dataclasses.asdict` output; keys this version does not know are ignored. A measured
+        figure that travelled as null (`json_ready`: it was NaN or infinite) comes back as NaN."""
+        measured = ("max_abs_error", "max_rel_error", "expected", "got")
+        return cls(**{f.name: float("nan") if f.name in measured and d[f.name] is None else d[f.name]
+                      for f in dataclasses.fields(cls) if f.name in d})
 
     def describe(self) -> str:
         where = "timed run" if self.trial < 0 else f"trial {self.trial}"
@@ -180,8 +184,10 @@ class EvalResult:
         return self.timing.stability if self.timing else None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; the flat keys the CLI promises (`status`, `speedup`, `ref_ms`, ...) come first."""
-        return {
+        """JSON-ready dict; the flat keys the CLI promises (`status`, `speedup`, `ref_ms`, ...) come first. Strict
+        JSON: a figure that is NaN or infinite (evidence only, such as a mismatch's largest error where the
+        candidate wrote NaN; never a paid figure) is null (`json_ready`)."""
+        return json_ready({
             "status": self.status.value,
             "speedup": self.speedup,
             "ref_ms": self.ref_ms,
@@ -201,7 +207,7 @@ class EvalResult:
             "environment": dict(self.environment),
             "duration_s": self.duration_s,
             "cached": self.cached,
-        }
+        })
 
     @classmethod
     def unparseable(cls, task_id: str, why: str | None = None, **evidence: Any) -> EvalResult:
@@ -231,3 +237,36 @@ class EvalResult:
 
     def replace(self, **changes: Any) -> EvalResult:
         return dataclasses.replace(self, **changes)
+
+    def non_finite_figures(self) -> list[str]:
+        """The figures a verdict pays or compares on that are numbers but not finite ones: a CORRECT verdict's
+        speedup (not above zero counts too; a missing one is `correct_unmeasured` to a reward) and any number of
+        its timing, every baseline's speedup. Empty for a sound result; the evaluator and the results store
+        refuse anything else."""
+        bad = [f"baselines.{name}" for name, v in self.baselines.items() if not _finite_number(v)]
+        if self.status is not Status.CORRECT:
+            return bad
+        if self.speedup is not None and not (_finite_number(self.speedup) and self.speedup > 0):
+            bad.insert(0, "speedup")
+        for name, value in (dataclasses.asdict(self.timing) if self.timing else {}).items():
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                bad.append(f"timing.{name}")
+        return bad
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def json_ready(value: Any) -> Any:
+    """`value` (dicts, lists, scalars) with every non-finite float replaced by None: what JSON can carry (strict
+    parsers, and the reward server's encoder, refuse NaN and Infinity). A measured error that overflowed, say
+    a mismatch's largest error where the candidate wrote NaN, reads as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value

@@ -18,7 +18,7 @@ from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
 from cudal1.policy.presets import policy_choices
 
-PROTOCOL_VERSION = "17"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
+PROTOCOL_VERSION = "18"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
 # `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
 # verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
@@ -57,7 +57,11 @@ PROTOCOL_VERSION = "17"  # 2: inputs refilled before every timed pair, salted se
 # instance (2.22x `correct` under cuda-l1 on an H100, where the clock's bound of a 0.05 ms call is too
 # coarse); with host arenas on a GPU the runner carries a call's writes into its inputs back to the slot;
 # the interference check's 90th percentile must also exceed a tenth of the candidate's call (an honest
-# kernel of milliseconds was rejected for the probe's scatter)
+# kernel of milliseconds was rejected for the probe's scatter); 18: every reply of a runner checked against one
+# schema at decode (finite times above zero, bounded sizes, depth and counts) and a per-runner budget, anything
+# else the candidate's `protocol.malformed`; a runner killed twice while running candidate code is the
+# candidate's crash wherever it dies (infra only with the OOM killer's evidence); an output computed into the
+# commit's own region is moved out first, so its commit is a real copy as the calibration's is
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from cudal1.eval.compile import cache_root
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.device_helper import discard_helper, helper_for, prestart_helper
 from cudal1.eval.measure import Measurement
-from cudal1.eval.outcomes import InfraFailure, Verdict, error_hint
+from cudal1.eval.outcomes import CandidateDied, InfraFailure, Verdict, error_hint
 from cudal1.eval.runner_process import (
     SCRATCH_INSIDE,
     RunnerFailed,
@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 #: Attempts of one evaluation when its infrastructure fails (a runner killed from outside, the helper lost).
 ATTEMPTS = 2
-CANDIDATE_KILLED = "the candidate's runner was killed from outside"
 
 
 @dataclass
@@ -197,13 +196,19 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Sta
     """Evaluate one candidate in fresh (or supplied) runners; an infrastructure failure is retried once and
     then reported as `infra_error`. One evaluation at a time holds the device (`device_timing_lock`): on a
     GPU from set-up to the last call, the runners having started before (interpreter, torch, a CUDA
-    context); on the CPU the whole evaluation, since starting runners would compete with the timed calls."""
+    context); on the CPU the whole evaluation, since starting runners would compete with the timed calls.
+
+    Deaths (the README's trust model): the candidate's runner killed by a signal the parent did not send while
+    it runs the candidate's code (`CandidateDied`) is retried once in fresh runners; killed again, at whatever
+    step, it is the candidate's `runtime_error`, unless the machine's OOM killer acted during an attempt (then
+    `infra_error`). A failure of the reference's runner, the helper or the parent is `infra_error`."""
     cuda = cfg.device.startswith("cuda")
     with contextlib.nullcontext() if cuda else device_timing_lock(cfg.device):
-        failure, failures = "", []
+        failure, failures, deaths = "", [], []
         for attempt in range(ATTEMPTS):
             supply = runners or runner_supply(cfg.device, 1, hidden_files=hidden_files, spares=0,
                                               shared_compile_cache=cfg.profile == "trusted")
+            oom_kills = machine_oom_kills()
             try:
                 asked = time.perf_counter()
                 ref, cand = supply.take(), supply.take()
@@ -219,6 +224,12 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Sta
                                     runners_wait_s=time.perf_counter() - asked)
             except RunnerFailed as exc:
                 failure = f"a runner did not start: {exc.reason}{error_hint(exc.stderr_tail)}"
+            except CandidateDied as exc:
+                failure = str(exc)
+                if machine_oom_kills() == oom_kills:  # no sign the machine killed it: the candidate's own death
+                    deaths.append(exc.step)
+                else:
+                    failure += " while the machine's OOM killer acted"
             except InfraFailure as exc:
                 failure = str(exc)
                 discard_helper(cfg.device)  # the retry starts from a fresh helper, whatever failed
@@ -227,14 +238,27 @@ def run_candidate(task: Any, source: str, cfg: EvalConfig, *, static_report: Sta
                     supply.close()
             failures.append(failure)
             logger.warning("evaluation of %s: %s (attempt %d of %d)", task.id, failure, attempt + 1, ATTEMPTS)
-    if len(set(failures)) == 1 and CANDIDATE_KILLED in failure:
-        # Killed by SIGKILL at the same step twice: the candidate's process can send itself (or its sandbox's
-        # init) SIGKILL; an outside kill (the OOM killer, an operator) is not that reproducible.
-        told = failure.replace(CANDIDATE_KILLED, "the candidate's process was killed (SIGKILL)")
+    if len(deaths) == ATTEMPTS:
+        steps = deaths[0] if len(set(deaths)) == 1 else ", then ".join(deaths)
         return EvalResult(status=Status.RUNTIME_ERROR, task_id=task.id,
-                          message=f"{told} at the same step in both attempts: counted as its crash")
+                          message=f"the candidate's process was killed (SIGKILL) in both attempts ({steps}), "
+                                  "with no sign that the machine did it: counted as its crash")
     return EvalResult(status=Status.INFRA_ERROR, message=f"the evaluation itself failed twice: {failure}",
                       task_id=task.id)
+
+
+def machine_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (`/proc/vmstat`), None where it cannot
+    be read: evidence that a runner's death came from the machine, not from the candidate."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticReport | None, build: PreparedBuild,
@@ -307,11 +331,20 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
     if status is Status.CORRECT and timing is None:
         status, message = Status.RUNTIME_ERROR, "the evaluation ended without timing results"
     compile_log = compile_log or session.facts.failed_build_log  # a caught build failure's log too
-    return EvalResult(status=status, message=message, task_id=task.id, flags=session.flags,
-                      speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
-                      timing=timing if status is Status.CORRECT else None, mismatch=mismatch, compile_log=compile_log,
-                      protocol={"phase_s": session.phase_s, **session.facts.recorded(),
-                                **({"kernel_profile": profile} if profile else {})})
+    result = EvalResult(status=status, message=message, task_id=task.id, flags=session.flags,
+                        speedup=timing.speedup if (timing is not None and status is Status.CORRECT) else None,
+                        timing=timing if status is Status.CORRECT else None, mismatch=mismatch,
+                        compile_log=compile_log,
+                        protocol={"phase_s": session.phase_s, **session.facts.recorded(),
+                                  **({"kernel_profile": profile} if profile else {})})
+    not_finite = result.non_finite_figures()
+    if not_finite:
+        # Every time a runner reports is checked finite and positive at decode, so this is the evaluator's own
+        # arithmetic failing: no verdict (never stored, never paid), rather than a NaN in a reward.
+        return result.replace(status=Status.INFRA_ERROR, speedup=None, timing=None,
+                              message=f"the measurement produced non-finite figures ({', '.join(not_finite[:3])}): "
+                                      "no verdict")
+    return result
 
 
 def _pin_evaluating_thread(device: str) -> set[int] | None:

@@ -20,6 +20,18 @@ class InfraFailure(Exception):
     """The evaluation itself failed (not the candidate): retried, never stored."""
 
 
+class CandidateDied(InfraFailure):
+    """The candidate's runner died from a signal the parent did not send (SIGKILL) while it ran the candidate's
+    code: its import and construction, a trial, a timed call. A process can send itself that signal, at any
+    step it likes, so the evaluation is retried once in fresh runners and a second death, wherever it comes, is
+    the candidate's `runtime_error`; only evidence that the machine killed it (its OOM killer acted during the
+    attempt) makes it `infra_error` (`evaluation.run_candidate`)."""
+
+    def __init__(self, step: str):
+        super().__init__(f"the candidate's runner was killed (SIGKILL) during {step}")
+        self.step = step
+
+
 def reference_failure(message: str) -> Verdict:
     """The reference failed in its own runner (raised, crashed, ran out of memory): no verdict on the
     candidate (`infra_error`, never stored), named by the `reference_error` flag. Not retried: the same

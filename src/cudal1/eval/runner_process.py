@@ -47,7 +47,15 @@ from typing import Any
 from cudal1.eval.cgroups import RunnerGroup
 from cudal1.eval.sandbox import SandboxInfo, SandboxSpec, detect_sandbox, sandbox_environment, wrap_command
 from cudal1.eval.shared.channel import Channel, ChannelClosed, ChannelTimeout, ProtocolError, socket_pair
-from cudal1.eval.shared.protocol import Hello, MalformedReply, Message, decode_reply
+from cudal1.eval.shared.protocol import (
+    MALFORMED,
+    Hello,
+    MalformedMessage,
+    MalformedReply,
+    Message,
+    decode_reply,
+    reply_limit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,11 @@ FOLDER_PREFIX = "cudal1-run-"
 #: Where a runner sees its scratch folder (a candidate's prepared build is copied there before setup).
 SCRATCH_INSIDE = "/tmp/ext"
 MEMORY_POLL_S = 0.1
+#: What one runner may send over its life (an evaluation's worth of replies): bytes, and the parent's time spent
+#: parsing and checking them. An honest evaluation's runner sends well under a tenth of each (docs/sandbox.md);
+#: beyond them the runner's replies are the candidate's `runtime_error`, at once.
+CHANNEL_BUDGET_BYTES = 64 * 2**20
+CHANNEL_BUDGET_DECODE_S = 10.0
 GPU_MEMORY_POLL_S = 0.5
 START_TIMEOUT_S = 180.0
 
@@ -232,6 +245,8 @@ class RunnerProcess:
         if cpus is not None:
             self.pin(cpus)
         self.hello: Hello | None = None
+        self.received_bytes = 0  # every reply's bytes, and the parent's time reading them (the budget)
+        self.decode_s = 0.0
         self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
         self.group: RunnerGroup | None = None  # its control group, where the host allows one
         self.last_request_ms = 0.0
@@ -297,12 +312,12 @@ class RunnerProcess:
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> Hello:
         """The runner's hello (its pid, versions, device facts); waits for its start."""
         if self.hello is None:
-            raw, _ = self._receive(timeout_s)
+            raw, _ = self._receive(timeout_s, max_bytes=Hello.MAX_BYTES)
             try:
                 self.hello = Hello.decode(raw)
-            except ValueError:
+            except MalformedMessage as exc:
                 self.kill("broke the protocol")
-                raise self._failure("the runner's hello is malformed", malformed=True) from None
+                raise self._failure(f"{MALFORMED}: {exc}", malformed=True) from None
             self._resolve_pids()
             tree = process_tree(self.proc.pid)
             self.baseline_processes = len(tree)
@@ -332,32 +347,54 @@ class RunnerProcess:
             raise self._failure("the runner exited") from None
 
     def reply(self, request: Message, timeout_s: float, *, progress_s: float | None = None,
-              keep_fds: int = 0) -> Message:
+              keep_fds: int = 0, max_bytes: int | None = None) -> Message:
         """The reply to `request` (sent): its reply class or an `ErrorReply`; `RunnerFailed` for anything
-        else. With `progress_s`, progress notes (a real build started) are accepted and extend the wait to
-        `progress_s` from the first; without it a note breaks the protocol."""
+        else (`malformed`: a reply over its size limit, `max_bytes` or its class's, or outside the schema,
+        or past this runner's budget). With `progress_s`, progress notes (a real build started) are accepted
+        and extend the wait to `progress_s` from the first; without it a note breaks the protocol."""
         deadline = time.monotonic() + timeout_s
         extended = False
+        limit = max_bytes or reply_limit(request)
         while True:
-            raw, fds = self._receive(max(0.0, deadline - time.monotonic()), keep_fds=keep_fds)
+            raw, fds = self._receive(max(0.0, deadline - time.monotonic()), keep_fds=keep_fds, max_bytes=limit)
             if raw.get("op") != "progress":
                 break
             for fd in fds:
                 os.close(fd)
             if progress_s is None:
                 self.kill("broke the protocol")
-                raise self._failure("the runner sent a progress note where none is allowed", malformed=True)
+                raise self._failure(f"{MALFORMED}: a progress note where none is allowed", malformed=True)
             if not extended:
                 deadline, extended = max(deadline, time.monotonic() + progress_s), True
+        t0 = time.perf_counter()
         try:
             decoded = decode_reply(request, raw)
         except MalformedReply as exc:
             for fd in fds:
                 os.close(fd)
-            raise RunnerFailed(str(exc), malformed=True, stderr_tail=self.output.text()) from None
+            self.kill("broke the protocol")
+            raise self._failure(str(exc), malformed=True) from None
+        finally:
+            self.decode_s += time.perf_counter() - t0
+        self._check_budget(fds)
         if keep_fds:
             self.last_fds = fds
         return decoded
+
+    def _check_budget(self, fds: list[int]) -> None:
+        """The runner's channel budget (`CHANNEL_BUDGET_BYTES`, `CHANNEL_BUDGET_DECODE_S`): past it, the
+        runner is killed and its request failed as malformed."""
+        over = ""
+        if self.received_bytes > CHANNEL_BUDGET_BYTES:
+            over = f"{self.received_bytes} bytes of replies, over the budget of {CHANNEL_BUDGET_BYTES}"
+        elif self.decode_s > CHANNEL_BUDGET_DECODE_S:
+            over = (f"replies that took {self.decode_s:.1f} s to read, over the budget of "
+                    f"{CHANNEL_BUDGET_DECODE_S:.0f} s")
+        if over:
+            for fd in fds:
+                os.close(fd)
+            self.kill("broke the protocol")
+            raise self._failure(f"{MALFORMED}: the runner sent {over}", malformed=True)
 
     def ask(self, request: Message, timeout_s: float, fds: tuple[int, ...] = (), *,
             progress_s: float | None = None) -> Message:
@@ -378,17 +415,23 @@ class RunnerProcess:
         reply = self.reply(request, timeout_s, keep_fds=count)
         return reply, self.last_fds
 
-    def _receive(self, timeout_s: float, keep_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
+    def _receive(self, timeout_s: float, keep_fds: int = 0,
+                 max_bytes: int | None = None) -> tuple[dict[str, Any], list[int]]:
+        t0 = time.perf_counter()
         try:
-            raw, fds = self.channel.recv(timeout_s, tick=self._tick, max_fds=max(keep_fds, 4))
+            raw, fds = self.channel.recv(timeout_s, tick=self._tick, max_fds=max(keep_fds, 4), max_bytes=max_bytes)
         except ChannelTimeout:
             self.kill("timed out")
             raise self._failure(f"no answer within {timeout_s:.1f} s", timed_out=True) from None
         except ChannelClosed:
             raise self._failure(self.killed_reason or "the runner exited") from None
         except ProtocolError as exc:
+            self.received_bytes += self.channel.last_bytes
             self.kill("broke the protocol")
-            raise self._failure(f"the runner broke the protocol ({exc})", malformed=True) from None
+            raise self._failure(f"{MALFORMED}: {exc}", malformed=True) from None
+        # The read and the parse are the parent's work on the runner's bytes (the wait before them is not).
+        self.decode_s += max(0.0, time.perf_counter() - t0 - self.channel.last_wait_s)
+        self.received_bytes += self.channel.last_bytes
         if not keep_fds:
             for fd in fds:
                 os.close(fd)  # only the helper's arenas come back as descriptors

@@ -46,6 +46,7 @@ from cudal1.eval.decoys import decoy_flags
 from cudal1.eval.device_helper import DeviceHelper
 from cudal1.eval.outcomes import (
     SETUP_FAILURES,
+    CandidateDied,
     InfraFailure,
     Verdict,
     call_verdict,
@@ -55,10 +56,12 @@ from cudal1.eval.outcomes import (
 from cudal1.eval.planes import Runners, TensorPlane, make_plane, max_calls
 from cudal1.eval.runner_process import RunnerFailed, RunnerProcess
 from cudal1.eval.shared.arena import tree_classes, tree_nbytes
+from cudal1.eval.shared.channel import MAX_MESSAGE_BYTES
 from cudal1.eval.shared.compare import Comparison
 from cudal1.eval.shared.doorbell import ARMED, DONE, GO, DoorbellTimeout
-from cudal1.eval.shared.kernel_profile import KernelProfile
+from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat
 from cudal1.eval.shared.protocol import (
+    MALFORMED,
     Analysis,
     Analyze,
     BuildOutcome,
@@ -68,6 +71,7 @@ from cudal1.eval.shared.protocol import (
     Describe,
     Described,
     ErrorReply,
+    FlagRecord,
     FlagsReply,
     FlushCpu,
     Guards,
@@ -86,8 +90,17 @@ from cudal1.eval.shared.protocol import (
 
 logger = logging.getLogger(__name__)
 
+#: The candidate's reply to a call may be this many times the reference's largest (they describe the same
+#: outputs; an honest reply is a few hundred bytes): beyond it, the candidate's `protocol.malformed`.
+CALL_REPLY_MARGIN = 10
 PLAIN_TENSOR_CLASSES = frozenset({"Tensor", "Parameter"})
 PLAIN_SEQUENCES = frozenset({"tuple", "list", "return_types"})
+
+
+def flags_of(records: list[FlagRecord]) -> list[Flag]:
+    """The findings a runner reported (checked at decode), as flags."""
+    return [Flag(rule=r.rule, severity=Severity(r.severity), message=r.message, line=r.line, source=r.source)
+            for r in records]
 
 
 @dataclass
@@ -183,6 +196,8 @@ class Session:
         self.seq = 0
         self.last = ""
         self.calls = 1  # calls per bracket (`set_calls`)
+        self.candidate_imported = False
+        self.ref_reply_bytes = 0  # the reference's largest reply to a call (the candidate's limit is its multiple)
 
     # ------------------------------------------------------------------ requests
 
@@ -227,15 +242,19 @@ class Session:
         return reply
 
     def _candidate_failed(self, failure: RunnerFailed, what: str, timeout: float) -> Exception:
+        if not self.candidate_imported:  # the twin only, no candidate code yet: not the candidate's doing
+            return InfraFailure(f"the candidate's runner failed before the candidate's import ({what}): "
+                                f"{failure.reason[:200]}")
         if failure.timed_out:
             return Verdict(Status.TIMEOUT, f"{what} did not finish within {timeout:.0f} s")
         if failure.memory:
             return Verdict(Status.RUNTIME_ERROR, f"{what}: {failure.reason}")
         if failure.malformed:
+            reason = failure.reason if failure.reason.startswith(MALFORMED) else f"{MALFORMED}: {failure.reason}"
             return Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process broke the protocol "
-                           f"({failure.reason[:200]})")
+                           f"({reason[:300]})", flag=F.PROTOCOL_MALFORMED)
         if failure.killed_from_outside:
-            return InfraFailure(f"the candidate's runner was killed from outside ({what})")
+            return CandidateDied(what)
         hint = error_hint(failure.stderr_tail)
         return Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process {failure.reason}{hint}")
 
@@ -287,13 +306,14 @@ class Session:
     def import_candidate(self) -> None:
         """The candidate's code in its runner (the twin dropped); its set-up failures are its verdicts."""
         t0 = time.perf_counter()
+        self.candidate_imported = True  # from here on, what its runner does is the candidate's
         reply = self.ask_candidate(ImportCandidate(cand_source=self.source, seed=self.cfg.seed),
                                    "importing and constructing the candidate", self.ref_times["setup"], builds=True)
         if isinstance(reply, ErrorReply):
             status = SETUP_FAILURES.get(reply.kind, Status.RUNTIME_ERROR)
             raise Verdict(status, reply.message or "set-up failed", compile_log=reply.compile_log)
         assert isinstance(reply, CandidateReady)
-        self.flags += [Flag.from_dict(f) for f in reply.flags if isinstance(f, dict)]
+        self.flags += flags_of(reply.flags)
         self._note_builds(reply.builds)
         self.facts.cand_constants, self.facts.own_inputs = reply.constants, reply.own_inputs
         self.phase_s["import"] = reply.import_ms / 1e3
@@ -359,7 +379,7 @@ class Session:
             plane.end(who, timeout)
             t1 = time.perf_counter()
             bracket_done = True
-            reply = runner.reply(request, timeout)
+            reply = runner.reply(request, timeout, max_bytes=self._call_reply_limit(who))
         except RunnerFailed as failure:
             if who == "ref":
                 raise self._reference_failed(failure, what) from None
@@ -373,6 +393,11 @@ class Session:
         if isinstance(reply, ErrorReply):
             raise self._call_failed(who, reply, what)
         assert isinstance(reply, Called)
+        if who == "ref":
+            self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
+        elif reply.ms > timeout * 1e3:
+            raise self._candidate_failed(RunnerFailed(f"{MALFORMED}: Called.ms is {reply.ms:g}, beyond the call's "
+                                                      f"limit of {timeout * 1e3:g} ms", malformed=True), what, timeout)
         self.note_memory("reference" if who == "ref" else "candidate", reply.memory)
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
                             model_ms=(t_done - t_go) * 1e3, after=self.last, helper=helper_figures,
@@ -380,6 +405,14 @@ class Session:
                             flush_ms=flush_ms, calls=self.calls, stage_ms=(t_go - t0) * 1e3)
         self.last = who
         return record
+
+    def _call_reply_limit(self, who: str) -> int:
+        """The largest reply to a call the parent reads: the reference's may be as large as the channel allows
+        (a model with many outputs); the candidate's, ten times the reference's largest (the same outputs),
+        and never less than a call reply's own limit."""
+        if who == "ref":
+            return MAX_MESSAGE_BYTES
+        return max(Called.MAX_BYTES, CALL_REPLY_MARGIN * self.ref_reply_bytes)
 
     def _cpu_flush(self, who: str, runner: RunnerProcess, timeout: float) -> float:
         """On the CPU each runner evicts its caches itself before a cold call (a flush from another process
@@ -530,7 +563,7 @@ class Session:
     def guard_flags(self, phase: str) -> None:
         reply = self.ask_candidate(Guards(phase=phase), "the guard check", 1.0)
         if isinstance(reply, FlagsReply):
-            self.flags += [Flag.from_dict(f) for f in reply.flags if isinstance(f, dict)]
+            self.flags += flags_of(reply.flags)
 
     def process_flags(self) -> None:
         """Processes the candidate started that still live (seen from outside its sandbox)."""
@@ -546,9 +579,12 @@ class Session:
         if isinstance(reply, ErrorReply):
             raise call_verdict(reply, "the profiled forward")
         assert isinstance(reply, Profiled)
-        prof = KernelProfile.from_dict(reply.profile)
+        record = reply.profile
+        prof = KernelProfile(kernels=[KernelStat(k.name, k.calls, k.total_us, k.kind) for k in record.kernels],
+                             device=record.device, available=record.available, note=record.note,
+                             wall_ms=record.wall_ms)
         self.flags += decoy_flags(prof, self.static_report, min_share=self.cfg.decoy_min_share,
-                                  raw_kernel_names=[str(k) for k in reply.raw_kernels])
+                                  raw_kernel_names=list(reply.raw_kernels))
         return prof.to_dict()
 
     def rejecting(self) -> list[Flag]:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudal1.core.errors import SourceError
-from cudal1.core.rewards import SPEEDUP_ESTIMATES, FailureRewards, reward_of
+from cudal1.core.rewards import SPEEDUP_ESTIMATES, FailureRewards, check_failure_rewards, reward_of
 from cudal1.core.types import EvalResult, Status
 from cudal1.integrations.common import completion_text
 from cudal1.llm.extract import Extraction, extract_completion
@@ -87,6 +87,7 @@ def make_trl_reward(evaluator: Any, *, task_id_column: str = "task_id", referenc
     """
     if speedup_estimate not in SPEEDUP_ESTIMATES:
         raise ValueError(f"speedup_estimate: one of {', '.join(SPEEDUP_ESTIMATES)}, not {speedup_estimate!r}")
+    check_failure_rewards(failure_rewards)
     resolver = TaskResolver(sources)
     interface, resolve = _evaluator_over(evaluator, config)
 

@@ -69,7 +69,13 @@ def _protocol_version(result: EvalResult) -> str | None:
 
 def _evaluation_row(result: EvalResult, data: dict[str, Any], *, task_hash: str, key: str, label: str,
                     run_id: str | None, version: Any, created_at: str) -> tuple[Any, ...]:
-    """The values of one `evaluations` row, in the column order of the INSERTs above."""
+    """The values of one `evaluations` row, in the column order of the INSERTs above. A verdict whose paid
+    figures are not finite (`EvalResult.non_finite_figures`) is refused: every reader of the store would
+    take its NaN for a number."""
+    not_finite = result.non_finite_figures()
+    if not_finite:
+        raise StoreError(f"refusing to store a {result.status.value} result for {result.task_id or 'a task'} whose "
+                         f"{', '.join(not_finite[:3])} is not a finite number")
     return (key, result.task_id, task_hash, result.candidate_hash, result.status.value, result.speedup,
             data["speedup_warm"], result.ref_ms, result.candidate_ms, result.stability, data["kernel_class"],
             _gpu_name(result), version, label, run_id, created_at, keys.to_json(data))

@@ -43,7 +43,9 @@ from cudal1.core.rewards import (
     DEFAULT_REWARD_BOUND,
     REWARD_TRANSFORMS,
     SPEEDUP_ESTIMATES,
+    check_failure_rewards,
     failure_reward,
+    finite,
     reward_of,
     smooth_rewards,
     transform_reward,
@@ -101,6 +103,9 @@ class RewardConfig:
     eval_threads: int = field(default=4, metadata={"help": "Candidates evaluated in parallel."})
 
     def __post_init__(self) -> None:
+        for name in ("clip_k", "bound", "log_floor", "judge_jump_factor"):
+            finite(getattr(self, name), name)
+        check_failure_rewards(self.failure_rewards)
         if self.clip_k <= 0:
             raise ValueError("clip_k must be > 0")
         if self.scope not in ("batch", "group"):

@@ -157,3 +157,36 @@ def test_describe_value_sizes_what_pack_writes():
     a = arena(0, 8192)
     assert tree_nbytes(describe_value(value)) == tree_nbytes(a.pack(value, "out"))
     a.close()
+
+
+def test_an_output_computed_into_the_out_region_is_committed_by_a_real_copy():
+    """A model that writes its output straight into the region its runner commits outputs to (found through the
+    harness's objects) would make the commit a copy onto itself, which PyTorch skips: the commit moves such an
+    output out first, so it costs a real copy, and a partly overlapping one is committed intact."""
+    a = arena(out=8192)
+    start, _ = a.region("out")
+    region = a.bytes_tensor()[start:start + 4096].view(torch.float32)
+    region[:512].copy_(torch.arange(512, dtype=torch.float32))
+    copies = []
+    original_clone = torch.Tensor.clone
+
+    def counting_clone(self, *args, **kwargs):
+        copies.append(self.data_ptr())
+        return original_clone(self, *args, **kwargs)
+
+    torch.Tensor.clone = counting_clone
+    try:
+        aliased = region[:512]  # exactly where the commit writes
+        first = a.unpack(a.pack(aliased, "out"))
+        shifted = region[256:768]  # overlapping the destination, shifted by 1 KB
+        shifted.copy_(torch.arange(512, dtype=torch.float32) + 1000)
+        expected = original_clone(shifted)
+        tree2 = a.pack(shifted, "out")
+    finally:
+        torch.Tensor.clone = original_clone
+    assert len(copies) == 2
+    assert torch.equal(first, torch.arange(512, dtype=torch.float32))
+    assert torch.equal(a.unpack(tree2), expected)
+    private = torch.ones(512)
+    a.pack(private, "out")  # an output of its own memory: no extra copy
+    assert len(copies) == 2

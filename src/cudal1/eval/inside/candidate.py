@@ -15,7 +15,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,28 +23,41 @@ import torch
 from cudal1.core import flags as F
 from cudal1.eval.inside import guards
 from cudal1.eval.inside.build_hooks import BuildRecord, BuildRecorder, install_build_hooks
-from cudal1.eval.inside.harness import ModelSide, first_line, oom_message, seed_everything
-from cudal1.eval.inside.reference import configure, jsonable, load_model
+from cudal1.eval.inside.harness import ModelSide, first_line, oom_message, seed_everything, wall_clock
+from cudal1.eval.inside.reference import configure, jsonable, jsonable_constants, load_model
 from cudal1.eval.shared.arena import TensorArena, describe_value
 from cudal1.eval.shared.channel import Channel
 from cudal1.eval.shared.doorbell import Doorbell
 from cudal1.eval.shared.protocol import (
+    MAX_ITEMS,
     Attached,
     BuildOutcome,
     Call,
     CandidateReady,
     Done,
+    FlagRecord,
     FlagsReply,
     FlushCpu,
     Guards,
     ImportCandidate,
+    KernelRecord,
     Message,
     Profile,
     Profiled,
+    ProfileRecord,
     SetupTwin,
     TwinReady,
 )
 from cudal1.tasks.task import module_constants
+
+
+def profile_record(prof: Any) -> ProfileRecord:
+    """A profile as the protocol carries it (names cut to its limits; at most `MAX_ITEMS` of them)."""
+    return ProfileRecord(kernels=[KernelRecord(name=k.name[:4096], calls=int(k.calls), total_us=max(0.0, float(k.total_us)),
+                                               kind=k.kind[:40]) for k in prof.kernels[:MAX_ITEMS]],
+                         device=prof.device[:40], available=prof.available, note=prof.note[:2000],
+                         wall_ms=prof.wall_ms)
+
 
 #: Builds listed in the set-up's reply (a candidate may call load_inline in a loop).
 MAX_BUILDS_REPORTED = 16
@@ -110,15 +122,15 @@ class CandidateRole:
     def __init__(self, request: SetupTwin, channel: Channel | None = None):
         os.environ.update({str(k): str(v) for k, v in request.env.items()})
         self.device = configure(request.model)  # the GPU memory cap included, as the reference's
-        t0 = time.perf_counter()
+        t0 = wall_clock()
         self.reference, twin = load_model(request.model)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.setup_ms = (time.perf_counter() - t0) * 1e3
+        self.setup_ms = (wall_clock() - t0) * 1e3
         self.side = ModelSide(self.device, self.reference, twin)
         self.channel = channel
         self.module: Any = None
-        self.flags: list[dict[str, Any]] = []
+        self.flags: list[FlagRecord] = []
         self.snapshot: guards.GuardSnapshot | None = None
         self.shadowed: set[str] = set()  # changes to the harness's instances already reported
         self.harness_classes: dict[str, type] = {}  # their classes before the candidate's import
@@ -162,11 +174,11 @@ class CandidateRole:
         # The levers of the build that prepared this candidate, from its environment; the recorder tells which
         # of its builds failed, also those its own code caught (it then runs what it falls back to).
         recorder = install_build_hooks()
-        t0 = time.perf_counter()
+        t0 = wall_clock()
         self.module = import_candidate(request.cand_source, workdir, recorder)
-        self.import_ms = (time.perf_counter() - t0) * 1e3
+        self.import_ms = (wall_clock() - t0) * 1e3
         self._guard("import")
-        t1 = time.perf_counter()
+        t1 = wall_clock()
         init_inputs = list(self.reference.get_init_inputs())
         torch.manual_seed(request.seed)
         try:
@@ -182,14 +194,14 @@ class CandidateRole:
             if build is not None:
                 raise build from None
             raise CandidateFailed("construct", f"ModelNew(...) raised {first_line(exc)}") from None
-        self.construct_ms = (time.perf_counter() - t1) * 1e3
+        self.construct_ms = (wall_clock() - t1) * 1e3
         self._guard("construction")
         self.side.model = model
         flags, self.flags = self.flags, []  # each flag reported once
         return CandidateReady(flags=flags, import_ms=self.import_ms, construct_ms=self.construct_ms,
-                              builds=[BuildOutcome(name=str(r.name)[:200], ok=r.ok, log=r.log)
+                              builds=[BuildOutcome(name=str(r.name)[:200], ok=r.ok, log=r.log[:8000])
                                       for r in recorder.records[:MAX_BUILDS_REPORTED]],
-                              constants={k: jsonable(v) for k, v in module_constants(vars(self.module)).items()},
+                              constants=jsonable_constants(module_constants(vars(self.module))),
                               own_inputs=self._own_inputs())
 
     def _listen_for_builds(self) -> None:
@@ -210,7 +222,8 @@ class CandidateRole:
         shadowing = guards.shadowing_flag(self._harness(), self.harness_classes, phase, self.shadowed)
         if shadowing is not None:
             found.append(shadowing)
-        self.flags.extend(f.to_dict() for f in found)
+        self.flags.extend(FlagRecord(rule=f.rule, severity=f.severity.value, message=f.message[:2000], line=f.line,
+                                     source=f.source) for f in found)
         if found:
             self.snapshot = guards.take_snapshot()  # report each change once
 
@@ -248,6 +261,6 @@ class CandidateRole:
             raw_names = list(sys.modules["cudal1.raw_cuda"].launch_log().defined_kernels)
         self._guard("profiling")
         # The profiler leaves a native helper thread behind: not the candidate's doing.
-        self.flags = [f for f in self.flags if f.get("rule") != F.NATIVE_THREADS]
-        return Profiled(profile=prof.to_dict(), raw_kernels=raw_names)
+        self.flags = [f for f in self.flags if f.rule != F.NATIVE_THREADS]
+        return Profiled(profile=profile_record(prof), raw_kernels=[name[:4096] for name in raw_names[:MAX_ITEMS]])
 

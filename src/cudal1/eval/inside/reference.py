@@ -52,13 +52,31 @@ class ReferenceFailed(Exception):
         super().__init__(f"the reference failed ({what}): {first_line(exc)}")
 
 
-def jsonable(value: Any) -> Any:
-    """A constant as JSON carries it (tuples become lists), anything else as its repr."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
+#: What a runner reports of a module's constants, within the protocol's limits: the sizes and hyperparameters
+#: the parent compares are short numbers and tuples; a long string (a kernel's source kept in a constant) is
+#: cut, a long sequence given as its length.
+CONSTANT_TEXT_CHARS = 1000
+CONSTANT_ITEMS = 256
+CONSTANT_DEPTH = 8
+MAX_CONSTANTS = 512
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """A constant as JSON carries it (tuples become lists), anything else as its repr, within the limits above."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value if not isinstance(value, int) or -2**63 <= value < 2**63 else repr(value)[:CONSTANT_TEXT_CHARS]
+    if isinstance(value, str):
+        return value[:CONSTANT_TEXT_CHARS]
+    if isinstance(value, (tuple, list)) and len(value) <= CONSTANT_ITEMS and depth < CONSTANT_DEPTH:
+        return [jsonable(v, depth + 1) for v in value]
     if isinstance(value, (tuple, list)):
-        return [jsonable(v) for v in value]
-    return repr(value)
+        return f"<{type(value).__name__} of {len(value)} items>"
+    return repr(value)[:CONSTANT_TEXT_CHARS]
+
+
+def jsonable_constants(constants: dict[str, Any]) -> dict[str, Any]:
+    """A module's constants (`tasks.task.module_constants`) as a runner reports them (`jsonable`)."""
+    return {str(k)[:200]: jsonable(v) for k, v in list(constants.items())[:MAX_CONSTANTS]}
 
 
 def configure(settings: ModelSettings) -> torch.device:
@@ -115,7 +133,7 @@ class ReferenceRole:
         self._model64: Any = None
 
     def ready(self) -> ReferenceReady:
-        return ReferenceReady(constants={k: jsonable(v) for k, v in self.reference.constants.items()},
+        return ReferenceReady(constants=jsonable_constants(self.reference.constants),
                               setup_ms=self.setup_ms)
 
     def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> Attached:

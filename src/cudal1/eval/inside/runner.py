@@ -146,7 +146,7 @@ def serve(sock: socket.socket, warm_device: str, model_imports: bool = True) -> 
             reply = ErrorReply(kind="protocol", message=str(exc)[:500])
         except Exception as exc:  # noqa: BLE001 - reported as data; the parent decides
             kind = getattr(exc, "kind", None)
-            reply = ErrorReply(kind=str(kind or "internal"),
+            reply = ErrorReply(kind=str(kind or "internal")[:64],
                                message=str(exc)[:500] if kind else f"{type(exc).__name__}: {str(exc)[:500]}",
                                compile_log=str(getattr(exc, "compile_log", ""))[:4000],
                                traceback=traceback.format_exc(limit=6)[-2000:])

@@ -50,6 +50,8 @@ class Channel:
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
+        self.last_bytes = 0  # the size of the last message read, and how long `recv` waited for it
+        self.last_wait_s = 0.0
 
     def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
         data = json.dumps(message, separators=(",", ":"), default=str).encode()
@@ -64,11 +66,14 @@ class Channel:
             raise ChannelClosed(str(exc)) from None
 
     def recv(self, timeout_s: float | None = None, tick: Callable[[], None] | None = None,
-             max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
+             max_fds: int = 0, max_bytes: int | None = None) -> tuple[dict[str, Any], list[int]]:
         """The next message (and the file descriptors sent with it). Waits at most `timeout_s` (None:
         forever), calling `tick()` every `TICK_S` meanwhile; raises ChannelTimeout, ChannelClosed or
-        ProtocolError."""
+        ProtocolError (a message over `max_bytes` or the channel's limit, not JSON, nested beyond what the
+        parser takes, or not an object)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        started = time.perf_counter()
+        self.last_bytes, self.last_wait_s = 0, 0.0
         while True:
             wait = TICK_S if tick is not None else None
             if deadline is not None:
@@ -78,6 +83,7 @@ class Channel:
                 wait = min(wait, left) if wait is not None else left
             ready, _, _ = select.select([self.sock], [], [], wait)
             if ready:
+                self.last_wait_s = time.perf_counter() - started  # the ticks in between count as waiting
                 break
             if tick is not None:
                 tick()
@@ -87,18 +93,28 @@ class Channel:
         except (ConnectionResetError, OSError) as exc:
             raise ChannelClosed(str(exc)) from None
         fds = _received_fds(ancdata)
+        self.last_bytes = len(data)
         if not data:
             for fd in fds:
                 os.close(fd)
             raise ChannelClosed("the other side closed the channel")
-        if len(data) > MAX_MESSAGE_BYTES or flags & socket.MSG_TRUNC:
-            raise ProtocolError("message too large")
+        limit = min(max_bytes or MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES)
         try:
-            message = json.loads(data)
-        except ValueError:
-            raise ProtocolError("message is not JSON") from None
-        if not isinstance(message, dict):
-            raise ProtocolError("message is not a JSON object")
+            if len(data) > limit or flags & socket.MSG_TRUNC:
+                raise ProtocolError(f"a message of {'more than ' if flags & socket.MSG_TRUNC else ''}{len(data)} "
+                                    f"bytes exceeds its limit of {limit}")
+            try:
+                message = json.loads(data)
+            except RecursionError:  # the C parser recurses once per level: a deep message ends it here
+                raise ProtocolError("the message is nested deeper than the parser takes") from None
+            except ValueError:
+                raise ProtocolError("the message is not JSON") from None
+            if not isinstance(message, dict):
+                raise ProtocolError("the message is not a JSON object")
+        except ProtocolError:
+            for fd in fds:
+                os.close(fd)
+            raise
         return message, fds
 
     def close(self) -> None:
