@@ -26,6 +26,7 @@ from tt_common import (
     Deadline,
     Recorder,
     close_all,
+    close_fds,
     experiment_args,
     gpu_snapshot,
     start_client,
@@ -51,7 +52,10 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
     try:
         reply = a.call("export", name="sh", nbytes=2 << 20)
         size, fds = reply["size"], reply["_fds"]
-        b.call("import", fds=fds, name="sh", size=size)
+        try:
+            b.call("import", fds=fds, name="sh", size=size)
+        finally:
+            close_fds(fds)
         a.call("fill", name="sh", seed=11)
         got = b.call("check", name="sh", seed=11)
         b.call("fill", name="sh", seed=12)
@@ -149,10 +153,20 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
     return out
 
 
-def find_mode(daemon: MpsDaemon, work: str, dry: bool, rec: Recorder, dl: Deadline) -> tuple[str | None, Client | None]:
+def find_mode(daemon: MpsDaemon, work: str, dry: bool, rec: Recorder,
+              dl: Deadline) -> tuple[str | None, Client | None, MpsDaemon]:
+    """The first start mode whose clients are MPS clients. Clients outside a sandbox see the host's
+    /dev/shm, so for them the daemon is restarted with the host's /dev/shm (returned: the daemon in use)."""
     for mode in MPS_MODES:
         if not dl.enough(10):
             break
+        if mode == "uid" and daemon.shm_mode == "private":
+            rec.write("mps_quit", reason="restart with the host's /dev/shm for uid-only clients", **daemon.quit())
+            daemon = MpsDaemon(work, daemon.control, private_shm=False)
+            started = daemon.start()
+            rec.write("mps_start", **started)
+            if not started.get("ok"):
+                break
         try:
             c = start_client("A", work, mode=mode, dry=dry, mps=(daemon.pipe, daemon.clients_shm), timeout_s=30)
         except ClientError as exc:
@@ -163,9 +177,9 @@ def find_mode(daemon: MpsDaemon, work: str, dry: bool, rec: Recorder, dl: Deadli
         rec.write("mps_mode_try", mode=mode, ok=ok, mps_enabled=c.info.get("mps_enabled"), servers=servers,
                   info=c.info)
         if ok:
-            return mode, c
+            return mode, c, daemon
         c.close()
-    return None, None
+    return None, None, daemon
 
 
 def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str, dry: bool, rec: Recorder,
@@ -291,8 +305,9 @@ def main() -> None:
             summary["mps_start"] = started.get("ok")
             if started.get("ok"):
                 summary["mps_shm"] = started.get("shm")
-                mode, a = find_mode(daemon, args.work, args.dry, rec, dl)
+                mode, a, daemon = find_mode(daemon, args.work, args.dry, rec, dl)
                 summary["mps_mode"] = mode
+                update_state(args.work, mps_private_shm=daemon.shm_mode == "private")
                 if mode is not None:
                     b = start_client("B", args.work, mode=mode, dry=args.dry, mps=(daemon.pipe, daemon.clients_shm))
                     servers = daemon.server_pids()

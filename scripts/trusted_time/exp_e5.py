@@ -33,6 +33,7 @@ from tt_common import (
     quantile,
     start_client,
 )
+from tt_common import tool as find_tool
 
 FLUSH_BYTES = 256 << 20
 CDP_SYMBOLS = ("cudaCDP", "cudaLaunchDevice", "cudaGetParameterBuffer", "cudaCGGetIntrinsicHandle",
@@ -65,10 +66,11 @@ def specs(path: str, sm: int, small: bool = False) -> list[dict[str, Any]]:
 def scan(path: str) -> dict[str, Any]:
     """What the static scan of a cubin finds: device-side launches and timer reads."""
     flags: set[str] = set()
-    tool = shutil.which("cuobjdump")
+    tool = find_tool("cuobjdump")
     if tool:
-        p_sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, timeout=60)
-        elf = subprocess.run([tool, "-elf", path], capture_output=True, text=True, timeout=60).stdout
+        env = {**os.environ, "PATH": f"{os.path.dirname(tool)}:{os.environ.get('PATH', '')}"}  # -sass runs nvdisasm
+        p_sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, timeout=60, env=env)
+        elf = subprocess.run([tool, "-elf", path], capture_output=True, text=True, timeout=60, env=env).stdout
         sass = p_sass.stdout
         if any(s in sass or s in elf for s in CDP_SYMBOLS):
             flags.add("device_launch")
@@ -79,7 +81,7 @@ def scan(path: str) -> dict[str, Any]:
         if p_sass.returncode != 0 or "fatal" in p_sass.stderr:
             out["sass_error"] = p_sass.stderr.strip()[-300:]  # e.g. nvdisasm missing: timer reads unseen
         return out
-    disasm = shutil.which("nvdisasm")
+    disasm = find_tool("nvdisasm")
     raw = Path(path).read_bytes()
     if any(s.encode() in raw for s in CDP_SYMBOLS):
         flags.add("device_launch")

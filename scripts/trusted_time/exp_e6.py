@@ -21,6 +21,7 @@ from tt_common import (
     Deadline,
     Recorder,
     close_all,
+    close_fds,
     describe,
     experiment_args,
     read_state,
@@ -63,7 +64,10 @@ def run_cases(cu: Any, r: Client, h: Client, rec: Recorder, dl: Deadline, label:
     rec.write("target", label=label, pid=pid, state=out["state"], mode=r.mode)
     out["idle_before_vmm"] = idle_cycles(cu, pid, 20, rec, label + ".idle_before_vmm")
     reply = h.call("export", name="sh", nbytes=2 << 20)
-    r.call("import", fds=reply["_fds"], name="sh", size=reply["size"])
+    try:
+        r.call("import", fds=reply["_fds"], name="sh", size=reply["size"])
+    finally:
+        close_fds(reply["_fds"])
     out["idle_with_vmm"] = idle_cycles(cu, pid, 20, rec, label + ".idle_with_vmm")
     # (ii) a spinner running
     r.call("alloc", name="res", nbytes=64)
@@ -158,7 +162,7 @@ def main() -> None:
     finally:
         close_all([r, h])
     if state.get("mps_ok") and state.get("mps_control") and dl.enough(15):
-        daemon = MpsDaemon(args.work, state["mps_control"])
+        daemon = MpsDaemon(args.work, state["mps_control"], private_shm=state.get("mps_private_shm", True))
         r = None
         try:
             started = daemon.start()

@@ -89,7 +89,7 @@ def main() -> None:
     finally:
         close_all([c, h])
     if state.get("mps_ok") and state.get("mps_control") and dl.enough(15):
-        daemon = MpsDaemon(args.work, state["mps_control"])
+        daemon = MpsDaemon(args.work, state["mps_control"], private_shm=state.get("mps_private_shm", True))
         c = h = None
         try:
             started = daemon.start()

@@ -12,13 +12,16 @@ latency (K's last block to B2's first) come from the stamps.
 E2: K empty, 20 us and 100 us (spinning blocks), 2000 calls each, with MPS (when E1 found it works) and
     without (time-sliced contexts: the A0 fallback). c = bracket - K. Pass with MPS: IQR(c) <= 1 us,
     p99(c) - p50(c) <= 3 us, gate and done latency medians <= 2.5 us each.
-E3: malicious runners at 20 and 100 us against the honest one: (a) the call on a side stream that waits only
-    for B1 to begin, (b) done written before the call, (c) the output copied in after done, (d) a 20 ms spinner
-    ahead of each batch, (e) an SM hog after done. (f) (work queued into the reference's brackets) is not
-    run here: it needs the reference runner of the real protocol.
+E3: malicious runners at 20 and 100 us against the honest one, with MPS and without: (a) the call on a side
+    stream that waits only for B1 to begin, (b) done written before the call, (c) the output copied in after
+    done, (d) a 20 ms spinner ahead of each batch, (e) an SM hog after done. Pass (study): (a), (b) shorten
+    the bracket by <= 5 us; (c) leaves the output incomplete at B2; (d) shows as B1 delay; (e) only
+    lengthens its own bracket. (f) (work queued into the reference's brackets) is not run here: it needs
+    the reference runner of the real protocol.
 E4: the same kernel as reference and candidate (two runners), a ~20 us elementwise op, a ~100 us and a
-    ~200 us tiled SGEMM (in place of the conv), three evaluations (fresh runner pairs) x 200 pairs, B1
-    flushing twice the L2. Pass: |speedup - 1| median <= 1 %, max <= 5 %.
+    ~200 us tiled SGEMM (in place of the conv), three evaluations (fresh processes) x 200 pairs, B1
+    flushing 128 MiB, with MPS and without. Pass (study): |speedup - 1| median <= 1 %, max <= 5 %
+    (`pass`); the stricter goal, median <= 0.5 %, max <= 3 % (`pass_goal`).
 """
 
 from __future__ import annotations
@@ -121,10 +124,11 @@ def series(calls: list[dict[str, Any]], key: str) -> list[float]:
 
 
 def mps_daemon(work: str, rec: Recorder) -> MpsDaemon | None:
-    control = read_state(work).get("mps_control") or find_control()[0]
+    state = read_state(work)
+    control = state.get("mps_control") or find_control()[0]
     if not control:
         return None
-    daemon = MpsDaemon(work, control)
+    daemon = MpsDaemon(work, control, private_shm=state.get("mps_private_shm", True))
     started = daemon.start()
     rec.write("mps_start", **started)
     if not started.get("ok"):
@@ -225,70 +229,80 @@ def run_e2(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
 E3_VARIANTS = ("honest", "a", "b", "c", "d", "e")
 
 
+def _modes(args: Any, rec: Recorder, dl: Deadline, body: Any) -> dict[str, Any]:
+    """Run `body(label, mode, mps, until)` with MPS (where E1 found it works) and then without, each with its
+    share of the time left; each mode's MPS daemon is quit after it."""
+    todo = plans(args.work, True, True)
+    out: dict[str, Any] = {}
+    for idx, (label, mode) in enumerate(todo):
+        until = time.monotonic() + dl.left() / (len(todo) - idx)
+        daemon = mps_daemon(args.work, rec) if label == "mps" else None
+        if label == "mps" and daemon is None:
+            out[label] = {"error": "MPS daemon did not start"}
+            continue
+        try:
+            out[label] = body(label, mode, (daemon.pipe, daemon.clients_shm) if daemon else None, until)
+        except ClientError as exc:
+            rec.write("error", label=label, error=str(exc)[-1500:])
+            out[label] = {"error": str(exc)[-300:]}
+        finally:
+            if daemon is not None:
+                rec.write("mps_quit", **daemon.quit())
+    return out
+
+
 def run_e3(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
-    todo = plans(args.work, True, True)[:1]  # the design's mode: MPS where it works, else A0
-    summary: dict[str, Any] = {}
-    if not todo:
-        return {"error": "no mode"}
-    label, mode = todo[0]
-    daemon = mps_daemon(args.work, rec) if label == "mps" else None
-    mps = (daemon.pipe, daemon.clients_shm) if daemon else None
-    rig = None
-    summary["label"] = label
-    try:
+    def body(label: str, mode: str, mps: Any, until: float) -> dict[str, Any]:
+        summary: dict[str, Any] = {"mode": mode}
         rig = Rig(args.work, mode, mps, args.dry, 1)
-        sm = int(rig.h.info.get("sm_count", 1))
-        sizes = (("20us", 20_000), ("100us", 100_000))
-        n = args.calls_e3
-        slots = len(sizes) * len(E3_VARIANTS)
-        done_slots = 0
-        for size, ns in sizes:
-            base = None
-            for variant in E3_VARIANTS:
-                cap = dl.left() / max(1, slots - done_slots)
-                done_slots += 1
-                if cap < 2:
-                    rec.write("skipped", size=size, variant=variant, reason="no time left")
-                    continue
-                calls: list[dict[str, Any]] = []
-                t0 = time.monotonic()
-                try:
-                    while len(calls) < n and time.monotonic() - t0 < cap:
-                        m = min(args.batch, n - len(calls))
-                        spec = {"n": m, "variant": variant, "kind": "spin", "k_ns": ns, "k_grid": sm, "k_block": 128,
-                                "spin_ns": 20_000_000, "hog_ns": 50_000}
-                        reply = rig.batch([spec], [0] * m, out_words=[sm * 128])
-                        rows = analyse(reply["rows"], sm * 128)
-                        for i, row in enumerate(rows):
-                            row["first_of_batch"] = i == 0
-                        calls += rows
-                except ClientError as exc:
-                    rec.write("error", size=size, variant=variant, error=str(exc)[-1000:])
-                    rig.close()
-                    rig = Rig(args.work, mode, mps, args.dry, 1)
-                    continue
-                st = stats(calls)
-                first_b1 = describe([c["b1_us"] for c in calls if c.get("first_of_batch")])
-                row = {"n": len(calls), "br_med": st["br_us"].get("median"), "c_med": st["c_us"].get("median"),
-                       "complete_frac": (sum(1 for c in calls if c.get("complete")) / len(calls)) if calls else None,
-                       "k_before_b1_end": sum(1 for c in calls if c.get("k_before_b1_end")),
-                       "first_b1_med_us": first_b1.get("median")}
-                if variant == "honest":
-                    base = row
-                if base is not None and row["br_med"] is not None and base["br_med"] is not None:
-                    row["gain_us"] = round(base["br_med"] - row["br_med"], 3)  # bracket shortened by the variant
-                rec.write("variant", label=label, size=size, variant=variant, stats=st, first_b1_us=first_b1,
-                          br_us=series(calls, "br_us"), **row)
-                summary[f"{size}.{variant}"] = row
-    except ClientError as exc:
-        rec.write("error", error=str(exc)[-1500:])
-        summary["error"] = str(exc)[-300:]
-    finally:
-        if rig is not None:
+        try:
+            sm = int(rig.h.info.get("sm_count", 1))
+            sizes = (("20us", 20_000), ("100us", 100_000))
+            slots = len(sizes) * len(E3_VARIANTS)
+            done_slots = 0
+            for size, ns in sizes:
+                base = None
+                for variant in E3_VARIANTS:
+                    cap = (until - time.monotonic()) / max(1, slots - done_slots)
+                    done_slots += 1
+                    if cap < 1:
+                        rec.write("skipped", label=label, size=size, variant=variant, reason="no time left")
+                        continue
+                    calls: list[dict[str, Any]] = []
+                    t0 = time.monotonic()
+                    try:
+                        while len(calls) < args.calls_e3 and time.monotonic() - t0 < cap:
+                            m = min(args.batch, args.calls_e3 - len(calls))
+                            spec = {"n": m, "variant": variant, "kind": "spin", "k_ns": ns, "k_grid": sm,
+                                    "k_block": 128, "spin_ns": 20_000_000, "hog_ns": 50_000}
+                            reply = rig.batch([spec], [0] * m, out_words=[sm * 128])
+                            rows = analyse(reply["rows"], sm * 128)
+                            for i, row in enumerate(rows):
+                                row["first_of_batch"] = i == 0
+                            calls += rows
+                    except ClientError as exc:
+                        rec.write("error", label=label, size=size, variant=variant, error=str(exc)[-1000:])
+                        rig.close()
+                        rig = Rig(args.work, mode, mps, args.dry, 1)
+                        continue
+                    st = stats(calls)
+                    first_b1 = describe([c["b1_us"] for c in calls if c.get("first_of_batch")])
+                    row = {"n": len(calls), "br_med": st["br_us"].get("median"), "c_med": st["c_us"].get("median"),
+                           "complete_frac": (sum(1 for c in calls if c.get("complete")) / len(calls)) if calls else None,
+                           "k_before_b1_end": sum(1 for c in calls if c.get("k_before_b1_end")),
+                           "first_b1_med_us": first_b1.get("median")}
+                    if variant == "honest":
+                        base = row
+                    if base is not None and row["br_med"] is not None and base["br_med"] is not None:
+                        row["gain_us"] = round(base["br_med"] - row["br_med"], 3)  # how much shorter the bracket
+                    rec.write("variant", label=label, size=size, variant=variant, stats=st, first_b1_us=first_b1,
+                              br_us=series(calls, "br_us"), **row)
+                    summary[f"{size}.{variant}"] = row
+        finally:
             rig.close()
-        if daemon is not None:
-            rec.write("mps_quit", **daemon.quit())
-    return summary
+        return summary
+
+    return _modes(args, rec, dl, body)
 
 
 # --------------------------------------------------------------------------- E4
@@ -298,32 +312,27 @@ E4_KINDS = (("axpb_20us", "axpb"), ("gemm_100us", "gemm"), ("gemm_200us", "gemm"
 
 
 def run_e4(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
-    todo = plans(args.work, True, True)[:1]
-    if not todo:
-        return {"error": "no mode"}
-    label, mode = todo[0]
-    daemon = mps_daemon(args.work, rec) if label == "mps" else None
-    mps = (daemon.pipe, daemon.clients_shm) if daemon else None
-    summary: dict[str, Any] = {"label": label, "mode": mode}
     rng = random.Random(4)
-    deviations: list[float] = []
-    try:
+
+    def body(label: str, mode: str, mps: Any, until: float) -> dict[str, Any]:
+        summary: dict[str, Any] = {"mode": mode}
+        deviations: list[float] = []
         for ev in range(args.evaluations):
-            if not dl.enough(8):
-                rec.write("skipped", evaluation=ev, reason="no time left")
+            if until - time.monotonic() < 6:
+                rec.write("skipped", label=label, evaluation=ev, reason="no time left")
                 continue
             rig = None
             try:
-                # fresh processes for every evaluation, as an evaluator would start them
+                # fresh processes for every evaluation, as an evaluator starts them
                 rig = Rig(args.work, mode, mps, args.dry, 2, flush_bytes=args.flush_mb << 20, axpb_n=args.axpb_n,
                           gemm_n=max(args.gemm_small, args.gemm_large))
                 for ki, (kname, kind) in enumerate(E4_KINDS):
-                    cap = dl.left() / max(1, (args.evaluations - ev) * len(E4_KINDS) - ki)
-                    if cap < 2:
-                        rec.write("skipped", evaluation=ev, kernel=kname, reason="no time left")
+                    left_runs = (args.evaluations - ev) * len(E4_KINDS) - ki
+                    cap = (until - time.monotonic()) / max(1, left_runs)
+                    if cap < 1:
+                        rec.write("skipped", label=label, evaluation=ev, kernel=kname, reason="no time left")
                         continue
-                    gemm_n = args.gemm_small if kname == "gemm_100us" else args.gemm_large
-                    spec = {"kind": kind, "gemm_n": gemm_n}
+                    spec = {"kind": kind, "gemm_n": args.gemm_small if kname == "gemm_100us" else args.gemm_large}
                     t0 = time.monotonic()
                     before = gpu_snapshot()
                     rig.batch([{"n": 4, **spec}, {"n": 4, **spec}], [0, 1] * 4, flush=True)  # warm-up
@@ -344,27 +353,28 @@ def run_e4(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
                     dev = abs(speedup - 1.0) if speedup == speedup else None
                     if dev is not None:
                         deviations.append(dev)
-                    rec.write("evaluation", evaluation=ev, kernel=kname, n=len(ref), speedup=speedup,
+                    rec.write("evaluation", label=label, evaluation=ev, kernel=kname, n=len(ref), speedup=speedup,
                               deviation=dev, pair_ratio=describe(pair_ratios, 5), ref_us=describe(ref),
                               cand_us=describe(cand), gpu_before=before, gpu_after=after,
                               wall_s=round(time.monotonic() - t0, 2), ref=[round(x, 3) for x in ref],
                               cand=[round(x, 3) for x in cand])
                     summary[f"{kname}.{ev}"] = {"speedup": None if dev is None else round(speedup, 4),
-                                                "ref_med_us": round(med_r, 2) if med_r == med_r else None}
+                                                "ref_med_us": round(med_r, 2) if med_r == med_r else None,
+                                                "ref_iqr_us": describe(ref).get("iqr")}
             except ClientError as exc:
-                rec.write("error", evaluation=ev, error=str(exc)[-1500:])
+                rec.write("error", label=label, evaluation=ev, error=str(exc)[-1500:])
                 summary[f"error.{ev}"] = str(exc)[-200:]
             finally:
                 if rig is not None:
                     rig.close()
-    finally:
-        if daemon is not None:
-            rec.write("mps_quit", **daemon.quit())
-    if deviations:
-        summary["deviation_median_pct"] = round(100 * quantile(deviations, 0.5), 3)
-        summary["deviation_max_pct"] = round(100 * max(deviations), 3)
-        summary["pass"] = quantile(deviations, 0.5) <= 0.01 and max(deviations) <= 0.05
-    return summary
+        if deviations:
+            summary["deviation_median_pct"] = round(100 * quantile(deviations, 0.5), 3)
+            summary["deviation_max_pct"] = round(100 * max(deviations), 3)
+            summary["pass"] = quantile(deviations, 0.5) <= 0.01 and max(deviations) <= 0.05
+            summary["pass_goal"] = quantile(deviations, 0.5) <= 0.005 and max(deviations) <= 0.03
+        return summary
+
+    return _modes(args, rec, dl, body)
 
 
 def main() -> None:

@@ -26,6 +26,11 @@ if [ -z "${CUDAL1_BWRAP:-}" ] && ! command -v bwrap >/dev/null 2>&1; then
     echo "no bubblewrap (no .debs/*.deb or .whl/*.deb carried): the sandboxed parts fall back or fail"
   fi
 fi
+# nvcc, cuobjdump and nvdisasm where the toolkit keeps them, if they are not on PATH already
+for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
+  if [ -d "$d" ]; then PATH="$PATH:$d"; fi
+done
+export PATH
 export PYTHONPATH="$PWD/src:$PWD/scripts/trusted_time${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 exec "${PYTHON:-python3}" scripts/trusted_time/run_experiments.py "$OUT" "$@"

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "src")]
 
-from tt_common import Recorder, cmdline, gpu_snapshot, prepare_client_modules  # noqa: E402
+from tt_common import Recorder, cmdline, gpu_snapshot, prepare_client_modules, tool  # noqa: E402
 from tt_mps import cleanup_registered, find_control  # noqa: E402
 
 EXPERIMENTS: list[tuple[str, str, list[str], float]] = [
@@ -60,7 +60,7 @@ def build(work: Path, rec: Recorder, dry: bool, timeout_s: float = 120.0, skip: 
     the build), placeholders."""
     out_dir = work / "build"
     out_dir.mkdir(parents=True, exist_ok=True)
-    nvcc = None if (skip and dry) else shutil.which("nvcc")
+    nvcc = None if (skip and dry) else tool("nvcc")
     results: dict[str, Any] = {}
     if nvcc is None:
         for name in CUBINS:
@@ -206,12 +206,26 @@ def verdict_lines(exp: str, s: dict[str, Any]) -> list[str]:
         lines.append(f"MPS pass: {s.get('mps_pass')}")
         return lines
     if exp == "E3":
-        lines = [f"mode: {s.get('label')}"]
-        for key, r in s.items():
-            if isinstance(r, dict) and "n" in r:
-                lines.append(f"  {key:>14}: n {r['n']}, bracket med {_fmt(r.get('br_med'))} us, gain "
-                             f"{_fmt(r.get('gain_us'))} us, complete {_fmt(r.get('complete_frac'))}, first B1 "
-                             f"{_fmt(r.get('first_b1_med_us'))} us, K before B1 end {r.get('k_before_b1_end')}")
+        lines = []
+        for label in ("mps", "no_mps"):
+            m = s.get(label)
+            if not m:
+                continue
+            lines.append(f"{label} ({m.get('mode')}): {m.get('error', '')[:160]}")
+            for key, r in m.items():
+                if isinstance(r, dict) and "n" in r:
+                    lines.append(f"  {key:>14}: n {r['n']}, bracket med {_fmt(r.get('br_med'))} us, gain "
+                                 f"{_fmt(r.get('gain_us'))} us, complete {_fmt(r.get('complete_frac'))}, first B1 "
+                                 f"{_fmt(r.get('first_b1_med_us'))} us, K before B1 end {r.get('k_before_b1_end')}")
+        return lines
+    if exp == "E4":
+        lines = []
+        for label in ("mps", "no_mps"):
+            m = s.get(label)
+            if m:
+                sp = {k: v.get("speedup") for k, v in m.items() if isinstance(v, dict) and "speedup" in v}
+                lines.append(f"{label} ({m.get('mode')}): |speedup-1| median {m.get('deviation_median_pct')} %, max "
+                             f"{m.get('deviation_max_pct')} %, pass {m.get('pass')}; {_fmt(sp)}")
         return lines
     return [_fmt({k: v for k, v in s.items() if k not in ("exp", "kind", "t_s")})[:900]]
 

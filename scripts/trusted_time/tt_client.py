@@ -325,9 +325,23 @@ class Client:
         cfg1, cfg2 = self._exclusive_config(b1), self._exclusive_config(b2)
         events = [cu.event() for _ in range(3 * max_calls)]
         self.rig = {"pages": pages, "flush": flush, "flush_bytes": flush_bytes, "start": start, "batch": 0,
-                    "events": events, "max_calls": max_calls, "b1": b1, "b2": b2, "cfg": cfg1}
-        self.stream("main"), self.stream("ctl")
-        return ({"sizes": [p[1] for p in pages], "excl_b1": cfg1, "excl_b2": cfg2,
+                    "events": events, "max_calls": max_calls, "b1": b1, "b2": b2, "cfg": cfg1, "coop": True}
+        main = self.stream("main")
+        self.stream("ctl")
+        # one cooperative launch of B1 on a scratch slot: where the driver refuses it (MPS limits), the
+        # batches launch B1/B2 plainly (one block per SM still fits; `cooperative` says which ran)
+        scratch = cu.alloc(SLOT_BYTES)
+        coop_error = None
+        try:
+            cu.launch(self.k("rig_init"), 1, 32, [("p", scratch), ("u32", 1)], main)
+            cu.launch(b1, cfg1["grid"], 1024, [("p", scratch), ("p", 0), ("u32", 0), ("p", 0), ("u64", 0), ("p", 0),
+                                               ("u32", 0)], main, smem=cfg1["smem"], cooperative=True)
+            cu.stream_sync(main, 10.0)
+        except (CudaError, TimeoutError) as exc:
+            coop_error = str(exc)
+            self.rig["coop"] = False
+        return ({"sizes": [p[1] for p in pages], "excl_b1": cfg1, "excl_b2": cfg2, "cooperative": self.rig["coop"],
+                 "cooperative_error": coop_error,
                  "regs": [cu.func_attr(b1, CU_FUNC_ATTRIBUTE_NUM_REGS), cu.func_attr(b2, CU_FUNC_ATTRIBUTE_NUM_REGS)]},
                 fds)
 
@@ -378,12 +392,13 @@ class Client:
                 cu.launch(rig["b1"], grid, block, [("p", slot), ("p", page + B1FLAG_OFF), ("u32", seq),
                                                    ("p", rig["flush"]), ("u64", flush_vec if rig["flush"] else 0),
                                                    ("p", page + OUT_OFF), ("u32", out_words[r])],
-                          main, smem=smem, cooperative=excl)
+                          main, smem=smem, cooperative=excl and rig["coop"])
                 cu.record(ev[3 * j + 1], main)
                 cu.write_value(main, page + GATE_OFF, seq)
                 cu.wait_value(main, page + DONE_OFF, seq)
                 cu.launch(rig["b2"], grid, block, [("p", slot), ("p", page + OUT_OFF), ("u32", out_words[r]),
-                                                   ("u32", seq), ("p", 0)], main, smem=smem, cooperative=excl)
+                                                   ("u32", seq), ("p", 0)], main, smem=smem,
+                          cooperative=excl and rig["coop"])
                 cu.record(ev[3 * j + 2], main)
         finally:
             timer.cancel()

@@ -10,6 +10,7 @@ the work folder, so that uid 65534 can read them wherever the checkout lies.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -148,6 +149,30 @@ def update_state(work: str | os.PathLike, **values: Any) -> None:
 
 def cubin(work: str | os.PathLike, name: str) -> str:
     return str(Path(work) / "build" / f"{name}.cubin")
+
+
+def tool(name: str) -> str | None:
+    """A CUDA tool on PATH or in the usual toolkit folders."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in ("/usr/local/cuda/bin", *sorted(glob.glob("/usr/local/cuda-*/bin"), reverse=True)):
+        if os.access(os.path.join(folder, name), os.X_OK):
+            return os.path.join(folder, name)
+    return None
+
+
+def pass_descriptors(reply: dict[str, Any]) -> list[int]:
+    """The descriptors a reply carried (the caller closes them once passed on)."""
+    return list(reply.get("_fds", []))
+
+
+def close_fds(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def gpu_snapshot() -> dict[str, Any]:

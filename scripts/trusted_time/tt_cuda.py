@@ -167,7 +167,12 @@ class Cuda:
     def fn(self, name: str) -> Any:
         f = self._fns.get(name)
         if f is None:
-            f = getattr(self.lib, name)
+            try:
+                f = getattr(self.lib, name)
+            except AttributeError:
+                if not name.endswith("_v2"):
+                    raise
+                f = getattr(self.lib, name[:-3])  # an older driver: the same call without its version suffix
             f.argtypes = SIGNATURES[name]
             f.restype = c_int
             self._fns[name] = f
@@ -207,7 +212,7 @@ class Cuda:
         self.ctx = ctx.value
 
     def make_current(self) -> None:
-        """Bind the context to the calling thread (a second thread that issues calls)."""
+        """Bind the context to the calling thread (a second thread that makes calls)."""
         self.check("cuCtxSetCurrent", c_void_p(self.ctx))
 
     def driver_version(self) -> int:
