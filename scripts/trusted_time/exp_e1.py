@@ -200,8 +200,8 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
     daemon.command("set_default_active_thread_percentage 100")
     out["control_from_b"] = cmds
     rec.write("threat", name="control_from_sandbox", commands=cmds)
-    # the pipe folder unreachable after the clients' start
-    if dl.enough(25):
+    # the pipe folder unreachable after the clients' start (each probe leaves ~15 s for the no-MPS part)
+    if dl.enough(40):
         probe: dict[str, Any] = {}
         os.chmod(daemon.pipe, 0)
         try:
@@ -220,7 +220,7 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
         out["pipe_removed"] = probe
         rec.write("threat", name="pipe_unreachable_after_start", **probe)
     # B faults: when does A notice, and when does a new client work again?
-    if dl.enough(30):
+    if dl.enough(45):
         fault: dict[str, Any] = {"servers_before": daemon.server_pids()}
         a.send("tick_loop", seconds=6.0 if not dry else 1.0)
         time.sleep(0.3)
@@ -238,7 +238,7 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
         t0 = time.monotonic()
         recovered = None
         tries = []
-        while time.monotonic() - t0 < 30 and dl.enough(8):
+        while time.monotonic() - t0 < 30 and dl.enough(23):
             try:
                 c = start_client("C", work, mode=mode, dry=dry, mps=mps, timeout_s=10)
                 try:
@@ -260,14 +260,26 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
         rec.write("threat", name="fault_containment", **fault)
     # `quit` sent from a sandbox
     c = out.pop("_survivor", None)
-    if c is not None:
-        q: dict[str, Any] = {"reply": c.call("run", argv=[daemon.control], input="quit\n", limit_s=10.0, timeout_s=20.0)}
-        time.sleep(2.0)
+    if c is not None and not dl.enough(35):
+        c.close()
+    elif c is not None:
         from tt_mps import daemon_pids
 
+        # `quit` lets the daemon finish with its clients first: whether it obeyed shows as refusing new
+        # clients, and as exiting once its last client is gone
+        q: dict[str, Any] = {"reply": c.call("run", argv=[daemon.control], input="quit\n", limit_s=10.0, timeout_s=20.0)}
+        time.sleep(2.0)
         q["daemon_alive_after_2s"] = bool(daemon_pids(daemon.pipe))
         q["client_still_works"] = _try(lambda: c.call("launch_sync", timeout_s=10.0))
+        try:
+            d = start_client("D", work, mode=mode, dry=dry, mps=mps, timeout_s=10)
+            q["new_client_after_quit"] = {"started": True, "mps_enabled": d.info.get("mps_enabled")}
+            d.close()
+        except ClientError as exc:
+            q["new_client_after_quit"] = {"started": False, "error": str(exc)[-300:]}
         c.close()
+        time.sleep(2.0)
+        q["daemon_alive_after_clients_closed"] = bool(daemon_pids(daemon.pipe))
         out["quit_from_sandbox"] = q
         rec.write("threat", name="quit_from_sandbox", **q)
     return out
@@ -327,7 +339,7 @@ def main() -> None:
                     # E2-E7 use MPS where the gate works across its clients (a dry run: where a mode was found)
                     usable = bool(f.get("memops", {}).get("ok")) or args.dry
                     update_state(args.work, mps_ok=usable, mps_mode=mode, mps_go=summary["mps_go"])
-                    if dl.enough(20):
+                    if dl.enough(30):
                         t = threat_probes(daemon, mode, a, b, args.work, args.dry, rec, dl)
                         a = b = None  # closed by the probes
                         summary["threats"] = {
@@ -338,8 +350,8 @@ def main() -> None:
                                                           for k in ("a_launch_after", "b_check_after")],
                             "fault_a_error_ms": t.get("fault", {}).get("a_error_after_fault_ms"),
                             "fault_recovery_s": (t.get("fault", {}).get("recovery") or {}).get("s"),
-                            "quit_from_sandbox_kills_daemon": (None if "quit_from_sandbox" not in t else
-                                                               not t["quit_from_sandbox"]["daemon_alive_after_2s"]),
+                            "quit_from_sandbox_obeyed": (None if "quit_from_sandbox" not in t else
+                                                         not t["quit_from_sandbox"]["daemon_alive_after_clients_closed"]),
                         }
         except ClientError as exc:
             rec.write("error", where="mps", error=str(exc)[-1500:])

@@ -161,6 +161,16 @@ def main() -> None:
         summary["error"] = str(exc)[-300:]
     finally:
         close_all([r, h])
+    if mode != "plain" and summary.get("idle_rcs") != [0] and dl.enough(10):
+        # the lock failed on a sandboxed runner: is it the sandbox (another PID namespace) or the call?
+        r = None
+        try:
+            r = start_client("R_plain", args.work, mode="plain", dry=args.dry)
+            summary["plain_idle"] = idle_cycles(cu, r.info["host_pid"], 10, rec, "plain.idle")
+        except ClientError as exc:
+            rec.write("error", where="plain", error=str(exc)[-1500:])
+        finally:
+            close_all([r])
     if state.get("mps_ok") and state.get("mps_control") and dl.enough(15):
         daemon = MpsDaemon(args.work, state["mps_control"], private_shm=state.get("mps_private_shm", True))
         r = None

@@ -2,7 +2,7 @@
 """Run the trusted-time experiments in one go, each in its own process with its own time budget.
 
     python scripts/trusted_time/run_experiments.py OUTDIR [--budget-s 530] [--only E1,E2]
-        [--budgets E1=90,E2=150,...] [--dry-run] [--exp-args 'E2=--calls 500']
+        [--budgets E1=120,E2=150,...] [--dry-run] [--exp-args 'E2=--calls 500']
 
 Order (priority): E1, E2, E6, E7, E5, E3, E4. Each experiment gets min(its budget, what is left of the run's
 budget); one that overruns is ended (its process group, then every client of the run and every MPS daemon
@@ -36,7 +36,7 @@ from tt_common import Recorder, cmdline, gpu_snapshot, prepare_client_modules, t
 from tt_mps import cleanup_registered, find_control  # noqa: E402
 
 EXPERIMENTS: list[tuple[str, str, list[str], float]] = [
-    ("E1", "exp_e1.py", [], 90),
+    ("E1", "exp_e1.py", [], 120),
     ("E2", "exp_rig.py", ["--which", "E2"], 150),
     ("E6", "exp_e6.py", [], 60),
     ("E7", "exp_e7.py", [], 45),
@@ -235,7 +235,7 @@ def main() -> None:
     p.add_argument("outdir")
     p.add_argument("--budget-s", type=float, default=530.0, help="the whole run, builds included")
     p.add_argument("--only", default=None, help="comma-separated experiments (E1..E7)")
-    p.add_argument("--budgets", default=None, help="per experiment, e.g. E1=90,E2=150")
+    p.add_argument("--budgets", default=None, help="per experiment, e.g. E1=120,E2=150")
     p.add_argument("--exp-args", action="append", default=[], help="extra arguments, e.g. 'E2=--calls 500'")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--mps-control", default=None, help="the MPS control program (default: searched)")

@@ -113,7 +113,7 @@ class MpsDaemon:
         """The folder the clients bind at /dev/shm: the daemon's own, or the host's where that failed."""
         return self.shm if self.shm_mode == "private" else "/dev/shm"
 
-    def start(self, timeout_s: float = 20.0) -> dict[str, Any]:
+    def start(self, timeout_s: float = 10.0) -> dict[str, Any]:
         attempts = []
         plans = []
         unshare = shutil.which("unshare")
@@ -132,7 +132,7 @@ class MpsDaemon:
                 rc, err = p.returncode, Path(out_path).read_text(errors="replace")[-500:]
             except (OSError, subprocess.SubprocessError) as exc:
                 rc, err = None, str(exc)
-            up = self._wait_up(min(10.0, timeout_s))
+            up = self._wait_up(min(8.0, timeout_s))
             attempts.append({"shm": shm_mode, "rc": rc, "stderr": err, "up": up,
                              "s": round(time.monotonic() - t0, 3)})
             if up:
