@@ -27,8 +27,10 @@ from tt_common import (
     Recorder,
     close_all,
     close_fds,
+    describe_error,
     experiment_args,
     gpu_snapshot,
+    guarded,
     start_client,
     update_state,
 )
@@ -63,7 +65,7 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
         out["vmm"] = {"ok": got["bad"] == 0 and back["bad"] == 0, "a_to_b_bad": got["bad"], "b_to_a_bad": back["bad"],
                       "words": got["words"]}
         a.call("write_words", ref=["sh", 0], values=[0] * 256)
-    except ClientError as exc:
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
         out["vmm"] = {"ok": False, "error": str(exc)}
         rec.write("check", label=label, name="vmm", **out["vmm"])
         return out
@@ -79,7 +81,7 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
         mark = a.call("read_words", ref=["sh", MARK], count=1)["values"][0]
         out["memops"] = {"ok": (not early) and mark == 77, "released_before_write": early, "mark": mark,
                          "host_release_to_sync_ms": round((synced["mono"] - t_write) * 1e3, 3)}
-    except ClientError as exc:
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
         out["memops"] = {"ok": False, "error": str(exc)}
     rec.write("check", label=label, name="memops", **out["memops"])
     # 3. one-block spinners in A and B, released together: do they run at the same time?
@@ -97,7 +99,7 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
                           "a": {"max_gap_us": ra[3] / 1e3, "gaps_over_20us": ra[4], "gap_ms": ra[5] / 1e6, "sm": ra[6]},
                           "b": {"max_gap_us": rb[3] / 1e3, "gaps_over_20us": rb[4], "gap_ms": rb[5] / 1e6, "sm": rb[6]},
                           "concurrent": overlap > 0.8 * SPIN_NS and ra[4] == 0 and rb[4] == 0}
-    except ClientError as exc:
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
         out["overlap"] = {"error": str(exc)}
     rec.write("check", label=label, name="overlap", **out["overlap"])
     # 4. blocks of A and B on the same SMs at the same time?
@@ -118,7 +120,7 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
                     shared.add(s)
         out["coresidence"] = {"sms_with_both": len(shared), "sms": sm,
                               "distinct_sms_a": len({x[2] for x in blocks_a}), "distinct_sms_b": len({x[2] for x in blocks_b})}
-    except ClientError as exc:
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
         out["coresidence"] = {"error": str(exc)}
     rec.write("check", label=label, name="coresidence", **out["coresidence"])
     # 5. exclusivity: A's exclusive kernel launched while B's block spins; then the reverse
@@ -147,7 +149,7 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
                   "excl_hold_ms": (ex_a[2] - ex_a[1]) / 1e6}
         out["exclusive"] = {"a_waits_for_b": first, "b_waits_for_a": second,
                             "ok": first["waited_for_b"] and second["excluded_b"]}
-    except ClientError as exc:
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
         out["exclusive"] = {"ok": False, "error": str(exc)}
     rec.write("check", label=label, name="exclusive", **out["exclusive"])
     return out
@@ -170,7 +172,7 @@ def find_mode(daemon: MpsDaemon, work: str, dry: bool, rec: Recorder,
         try:
             c = start_client("A", work, mode=mode, dry=dry, mps=(daemon.pipe, daemon.clients_shm), timeout_s=30)
         except ClientError as exc:
-            rec.write("mps_mode_try", mode=mode, ok=False, error=str(exc)[-600:])
+            rec.write("mps_mode_try", mode=mode, ok=False, error=describe_error(exc)[-600:])
             continue
         servers = daemon.server_pids()
         ok = c.info.get("mps_enabled") == 1
@@ -214,7 +216,7 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
                                        "s": round(time.monotonic() - t0, 2)}
                 c.close()
             except ClientError as exc:
-                probe["new_client"] = {"started": False, "error": str(exc)[-400:], "s": round(time.monotonic() - t0, 2)}
+                probe["new_client"] = {"started": False, "error": describe_error(exc)[-400:], "s": round(time.monotonic() - t0, 2)}
         finally:
             os.chmod(daemon.pipe, 0o777)
         out["pipe_removed"] = probe
@@ -231,7 +233,7 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
             if ticks.get("error") and fault["b"].get("mono"):
                 fault["a_error_after_fault_ms"] = round((ticks["error"]["mono"] - fault["b"]["mono"]) * 1e3, 1)
         except ClientError as exc:
-            fault["a"] = {"error_reply": str(exc)[-400:]}
+            fault["a"] = {"error_reply": describe_error(exc)[-400:]}
         fault["a_alive"], fault["b_alive"] = a.alive(), b.alive()
         close_all([a, b])
         fault["servers_after_close"] = daemon.server_pids()
@@ -251,7 +253,7 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
                     out["_survivor"] = c
                     break
             except ClientError as exc:
-                tries.append(str(exc)[-200:])
+                tries.append(describe_error(exc)[-200:])
                 time.sleep(0.5)
         fault["recovery"] = recovered
         fault["failed_tries"] = tries[-5:]
@@ -276,7 +278,7 @@ def threat_probes(daemon: MpsDaemon, mode: str, a: Client, b: Client, work: str,
             q["new_client_after_quit"] = {"started": True, "mps_enabled": d.info.get("mps_enabled")}
             d.close()
         except ClientError as exc:
-            q["new_client_after_quit"] = {"started": False, "error": str(exc)[-300:]}
+            q["new_client_after_quit"] = {"started": False, "error": describe_error(exc)[-300:]}
         c.close()
         time.sleep(2.0)
         q["daemon_alive_after_clients_closed"] = bool(daemon_pids(daemon.pipe))
@@ -290,7 +292,7 @@ def _try(fn: Any) -> dict[str, Any]:
         r = fn()
         return {"ok": True, **(r if isinstance(r, dict) else {})}
     except ClientError as exc:
-        return {"ok": False, "error": str(exc)[-400:]}
+        return {"ok": False, "error": describe_error(exc)[-400:]}
 
 
 def main() -> None:
@@ -353,9 +355,9 @@ def main() -> None:
                             "quit_from_sandbox_obeyed": (None if "quit_from_sandbox" not in t else
                                                          not t["quit_from_sandbox"]["daemon_alive_after_clients_closed"]),
                         }
-        except ClientError as exc:
-            rec.write("error", where="mps", error=str(exc)[-1500:])
-            summary["mps_error"] = str(exc)[-300:]
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+            rec.write("error", where="mps", error=describe_error(exc)[-1500:])
+            summary["mps_error"] = describe_error(exc)[-300:]
         finally:
             close_all([a, b])
             rec.write("mps_logs", **daemon.logs())
@@ -376,13 +378,13 @@ def main() -> None:
                                  "excl_before_b_end_ms": f.get("exclusive", {}).get("a_waits_for_b", {}).get(
                                      "excl_first_block_before_b_end_ms")}
             update_state(args.work, plain_memops_ok=bool(f.get("memops", {}).get("ok")))
-        except ClientError as exc:
-            rec.write("error", where="no_mps", error=str(exc)[-1500:])
-            summary["no_mps_error"] = str(exc)[-300:]
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+            rec.write("error", where="no_mps", error=describe_error(exc)[-1500:])
+            summary["no_mps_error"] = describe_error(exc)[-300:]
         finally:
             close_all([a, b])
     rec.write("summary", **summary)
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main, "E1")

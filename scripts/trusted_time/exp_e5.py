@@ -24,12 +24,13 @@ from typing import Any
 from tt_common import (
     HERE,
     ROOT,
-    ClientError,
     Deadline,
     Recorder,
     cubin,
     describe,
+    describe_error,
     experiment_args,
+    guarded,
     quantile,
     start_client,
 )
@@ -112,7 +113,7 @@ def nvrtc_build(work: str, timeout_s: float) -> dict[str, Any]:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         out = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {"ok": False, "error": p.stderr[-800:]}
     except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        return {"ok": False, "error": str(exc)[-500:]}
+        return {"ok": False, "error": describe_error(exc)[-500:]}
     out["sandboxed"] = cmd is not argv
     data = out.pop("cubin_b64", None)
     if data:
@@ -176,9 +177,9 @@ def main() -> None:
                       check=r["check"], times_ms=[round(x, 5) for x in r["ms"]])
         with open(Path(args.work) / "e5_specs.json", "w") as f:
             json.dump(plan, f)
-    except ClientError as exc:
-        rec.write("error", where="launcher", error=str(exc)[-1500:])
-        summary["launcher_error"] = str(exc)[-300:]
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+        rec.write("error", where="launcher", error=describe_error(exc)[-1500:])
+        summary["launcher_error"] = describe_error(exc)[-300:]
     finally:
         if launcher is not None:
             launcher.close()
@@ -214,4 +215,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main, "E5")

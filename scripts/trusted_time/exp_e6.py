@@ -17,13 +17,14 @@ from typing import Any
 
 from tt_common import (
     Client,
-    ClientError,
     Deadline,
     Recorder,
     close_all,
     close_fds,
     describe,
+    describe_error,
     experiment_args,
+    guarded,
     read_state,
     start_client,
 )
@@ -156,9 +157,9 @@ def main() -> None:
         q = cases.get("queued_blocked", {})
         summary["pass"] = (lock is not None and unlock is not None and lock + unlock < 1.0
                            and q.get("lock_rc", 0) != 0)
-    except ClientError as exc:
-        rec.write("error", where="no_mps", error=str(exc)[-1500:])
-        summary["error"] = str(exc)[-300:]
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+        rec.write("error", where="no_mps", error=describe_error(exc)[-1500:])
+        summary["error"] = describe_error(exc)[-300:]
     finally:
         close_all([r, h])
     if mode != "plain" and summary.get("idle_rcs") != [0] and dl.enough(10):
@@ -167,8 +168,8 @@ def main() -> None:
         try:
             r = start_client("R_plain", args.work, mode="plain", dry=args.dry)
             summary["plain_idle"] = idle_cycles(cu, r.info["host_pid"], 10, rec, "plain.idle")
-        except ClientError as exc:
-            rec.write("error", where="plain", error=str(exc)[-1500:])
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+            rec.write("error", where="plain", error=describe_error(exc)[-1500:])
         finally:
             close_all([r])
     if state.get("mps_ok") and state.get("mps_control") and dl.enough(15):
@@ -182,8 +183,8 @@ def main() -> None:
                                  mps=(daemon.pipe, daemon.clients_shm))
                 pid = r.info.get("host_pid")
                 summary["mps_idle"] = idle_cycles(cu, pid, 10, rec, "mps.idle")
-        except ClientError as exc:
-            rec.write("error", where="mps", error=str(exc)[-1500:])
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+            rec.write("error", where="mps", error=describe_error(exc)[-1500:])
         finally:
             close_all([r])
             rec.write("mps_quit", **daemon.quit())
@@ -191,4 +192,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main, "E6")

@@ -16,12 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 from tt_common import (
-    ClientError,
     Deadline,
     Recorder,
     close_all,
     describe,
+    describe_error,
     experiment_args,
+    guarded,
     quantile,
     read_state,
     start_client,
@@ -83,9 +84,9 @@ def main() -> None:
             summary["pass"] = abs(med["persist_reset_flush"] / med["cold"] - 1) <= 0.01
         if "cold" in med and "persist_plain_flush" in med:
             summary["plain_flush_vs_cold"] = round(med["persist_plain_flush"] / med["cold"], 4)
-    except ClientError as exc:
-        rec.write("error", where="no_mps", error=str(exc)[-1500:])
-        summary["error"] = str(exc)[-300:]
+    except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+        rec.write("error", where="no_mps", error=describe_error(exc)[-1500:])
+        summary["error"] = describe_error(exc)[-300:]
     finally:
         close_all([c, h])
     if state.get("mps_ok") and state.get("mps_control") and dl.enough(15):
@@ -108,8 +109,8 @@ def main() -> None:
                 summary["mps"] = {"setup": {k: setup.get(k) for k in ("set_limit_rc", "limit_after", "window_rc")},
                                   "us": {k: round(v, 3) for k, v in med.items() if v == v}}
                 rec.write("cleanup", label="mps", **c.call("e7_cleanup"))
-        except ClientError as exc:
-            rec.write("error", where="mps", error=str(exc)[-1500:])
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+            rec.write("error", where="mps", error=describe_error(exc)[-1500:])
         finally:
             close_all([c, h])
             rec.write("mps_quit", **daemon.quit())
@@ -117,4 +118,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main, "E7")

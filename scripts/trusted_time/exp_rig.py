@@ -37,8 +37,10 @@ from tt_common import (
     Recorder,
     close_all,
     describe,
+    describe_error,
     experiment_args,
     gpu_snapshot,
+    guarded,
     quantile,
     read_state,
     start_client,
@@ -209,9 +211,9 @@ def run_e2(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
                                   "gate_med": gate.get("median"), "done_med": done.get("median"),
                                   "pass": None if checks is None else all(checks.values())}
             summary[label] = mode_out
-        except ClientError as exc:
-            rec.write("error", label=label, error=str(exc)[-1500:])
-            summary[label] = {"error": str(exc)[-300:]}
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+            rec.write("error", label=label, error=describe_error(exc)[-1500:])
+            summary[label] = {"error": describe_error(exc)[-300:]}
         finally:
             if rig is not None:
                 rig.close()
@@ -242,9 +244,9 @@ def _modes(args: Any, rec: Recorder, dl: Deadline, body: Any) -> dict[str, Any]:
             continue
         try:
             out[label] = body(label, mode, (daemon.pipe, daemon.clients_shm) if daemon else None, until)
-        except ClientError as exc:
-            rec.write("error", label=label, error=str(exc)[-1500:])
-            out[label] = {"error": str(exc)[-300:]}
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+            rec.write("error", label=label, error=describe_error(exc)[-1500:])
+            out[label] = {"error": describe_error(exc)[-300:]}
         finally:
             if daemon is not None:
                 rec.write("mps_quit", **daemon.quit())
@@ -281,7 +283,7 @@ def run_e3(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
                                 row["first_of_batch"] = i == 0
                             calls += rows
                     except ClientError as exc:
-                        rec.write("error", label=label, size=size, variant=variant, error=str(exc)[-1000:])
+                        rec.write("error", label=label, size=size, variant=variant, error=describe_error(exc)[-1000:])
                         rig.close()
                         rig = Rig(args.work, mode, mps, args.dry, 1)
                         continue
@@ -361,9 +363,9 @@ def run_e4(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
                     summary[f"{kname}.{ev}"] = {"speedup": None if dev is None else round(speedup, 4),
                                                 "ref_med_us": round(med_r, 2) if med_r == med_r else None,
                                                 "ref_iqr_us": describe(ref).get("iqr")}
-            except ClientError as exc:
-                rec.write("error", label=label, evaluation=ev, error=str(exc)[-1500:])
-                summary[f"error.{ev}"] = str(exc)[-200:]
+            except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+                rec.write("error", label=label, evaluation=ev, error=describe_error(exc)[-1500:])
+                summary[f"error.{ev}"] = describe_error(exc)[-200:]
             finally:
                 if rig is not None:
                     rig.close()
@@ -399,4 +401,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main, "E2")

@@ -292,6 +292,7 @@ def main() -> None:
             rec.write("end", wall_s=round(time.monotonic() - t_start, 1), **leftovers)
     rows = load_results(out / "results.jsonl")
     summaries = {r["exp"]: r for r in rows if r.get("kind") == "summary"}
+    crashes = {r["exp"]: r for r in rows if r.get("kind") == "crash"}
     report: dict[str, Any] = {}
     lines = [f"trusted-time experiments: {'DRY RUN, ' if args.dry_run else ''}{round(time.monotonic() - t_start)} s, "
              f"results in {out}/results.jsonl"]
@@ -303,6 +304,9 @@ def main() -> None:
         report[name] = {"status": st.get("status", "not run"), "wall_s": st.get("wall_s"),
                         "summary": {k: v for k, v in s.items() if k not in ("exp", "kind")}}
         lines.append(f"{name} [{st.get('status', 'not run')}, {st.get('wall_s', '-')} s]")
+        if name in crashes:
+            report[name]["crash"] = crashes[name].get("error")
+            lines.append(f"    CRASHED: {str(crashes[name].get('error'))[:300]}")
         lines += ["    " + x for x in verdict_lines(name, report[name]["summary"])]
     (out / "summary.json").write_text(json.dumps(report, indent=1, default=str))
     text = "\n".join(lines)

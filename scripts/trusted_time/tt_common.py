@@ -116,6 +116,21 @@ def experiment_args(description: str, extra: Any = None) -> argparse.Namespace:
     return p.parse_args()
 
 
+def guarded(main: Any, exp: str) -> None:
+    """Run an experiment's main; a crash (a bug, not a GPU result) leaves a `crash` line with its traceback."""
+    try:
+        main()
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        argv = sys.argv
+        if "--which" in argv[:-1]:
+            exp = argv[argv.index("--which") + 1]
+        if "--out" in argv[:-1]:
+            Recorder(argv[argv.index("--out") + 1], exp).write("crash", error=describe_error(exc))
+        raise
+
+
 class Deadline:
     """The experiment's budget: parts ask how long is left and skip themselves when too little is."""
 
@@ -237,6 +252,15 @@ def prepare_client_modules(work: str | os.PathLike) -> Path:
 
 class ClientError(RuntimeError):
     """A client answered with an error, died, or did not answer in time."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """A failure as recorded: a client's own message, or any other exception with the end of its traceback."""
+    if isinstance(exc, ClientError):
+        return str(exc)
+    import traceback
+
+    return f"{type(exc).__name__}: {exc} | " + traceback.format_exc()[-1200:]
 
 
 #: How a client process is started: the project's sandbox (bwrap, uid 65534, its namespaces), the same

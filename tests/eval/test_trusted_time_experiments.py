@@ -248,6 +248,27 @@ def test_an_experiment_that_overruns_is_ended_with_its_process_group(tmp_path):
     assert lines[-1]["kind"] == "status" and lines[-1]["experiment"] == "EX"
 
 
+def test_a_crashing_experiment_leaves_its_traceback_in_the_results(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent("""
+        from tt_common import guarded
+
+        def main():
+            raise KeyError("a bug, not a GPU result")
+
+        guarded(main, "EX")
+    """))
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    rec = tt_common.Recorder(out / "results.jsonl", "run")
+    with open(out / "run.log", "a") as log:
+        row = run_experiments.run_one("EX", str(script), [], 30.0, work, out, log, True, rec)
+    assert row["status"] == "exit 1"
+    crash = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][0]
+    assert crash["exp"] == "EX" and crash["kind"] == "crash" and "a bug, not a GPU result" in crash["error"]
+
+
 def test_a_dry_run_exercises_every_process_and_file_path(tmp_path):
     """E1 (with a stand-in MPS control program), E2 and E6 through the orchestrator, no GPU: clients in the
     project's sandbox where this host has one, descriptors passed, records written, daemons quit."""
