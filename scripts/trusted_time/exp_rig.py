@@ -95,6 +95,16 @@ class Rig:
         self.seq = nxt
         return reply
 
+    def warm(self, seconds: float = 0.5) -> dict[str, Any]:
+        """Busy calls of 100 us for `seconds`, discarded: the clocks ramp up before the first figure counts."""
+        sm = int(self.h.info.get("sm_count", 1))
+        t0 = time.monotonic()
+        spec = {"n": 10, "kind": "spin", "k_ns": 100_000, "k_grid": sm, "k_block": 128}
+        while time.monotonic() - t0 < seconds:
+            self.batch([spec] * len(self.r), [i for i in range(len(self.r)) for _ in range(10)],
+                       out_words=[sm * 128] * len(self.r))
+        return {"s": round(time.monotonic() - t0, 2), "gpu": gpu_snapshot()}
+
     def close(self) -> None:
         close_all(self.clients)
 
@@ -174,6 +184,7 @@ def run_e2(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
             rec.write("gt_tick", label=label, **tick)
             rec.write("rig", label=label, mode=mode, setup=rig.setup, h=rig.h.info, r=rig.r[0].info,
                       gpu=gpu_snapshot())
+            rec.write("warmup", label=label, **rig.warm())
             configs = [(name, ns, wide, True, args.calls) for name, ns, wide in E2_SIZES]
             configs.append(("empty_nonexclusive", 0, False, False, max(100, args.calls // 4)))
             mode_out: dict[str, Any] = {"mode": mode, "gt_step_ns": tick.get("min_step_ns")}
@@ -259,6 +270,7 @@ def run_e3(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
         rig = Rig(args.work, mode, mps, args.dry, 1)
         try:
             sm = int(rig.h.info.get("sm_count", 1))
+            rec.write("warmup", label=label, **rig.warm())
             sizes = (("20us", 20_000), ("100us", 100_000))
             slots = len(sizes) * len(E3_VARIANTS)
             done_slots = 0
@@ -328,6 +340,7 @@ def run_e4(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
                 # fresh processes for every evaluation, as an evaluator starts them
                 rig = Rig(args.work, mode, mps, args.dry, 2, flush_bytes=args.flush_mb << 20, axpb_n=args.axpb_n,
                           gemm_n=max(args.gemm_small, args.gemm_large))
+                rec.write("warmup", label=label, evaluation=ev, **rig.warm(0.3))
                 for ki, (kname, kind) in enumerate(E4_KINDS):
                     left_runs = (args.evaluations - ev) * len(E4_KINDS) - ki
                     cap = (until - time.monotonic()) / max(1, left_runs)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the trusted-time experiments in one go, each in its own process with its own time budget.
 
-    python scripts/trusted_time/run_experiments.py OUTDIR [--budget-s 530] [--only E1,E2]
+    python scripts/trusted_time/run_experiments.py OUTDIR [--budget-s 520] [--only E1,E2]
         [--budgets E1=120,E2=150,...] [--dry-run] [--exp-args 'E2=--calls 500']
 
 Order (priority): E1, E2, E6, E7, E5, E3, E4. Each experiment gets min(its budget, what is left of the run's
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "src")]
 
-from tt_common import Recorder, cmdline, gpu_snapshot, prepare_client_modules, tool  # noqa: E402
+from tt_common import Recorder, cmdline, gpu_snapshot, prepare_client_modules, tool, update_state  # noqa: E402
 from tt_mps import cleanup_registered, find_control  # noqa: E402
 
 EXPERIMENTS: list[tuple[str, str, list[str], float]] = [
@@ -233,7 +233,7 @@ def verdict_lines(exp: str, s: dict[str, Any]) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("outdir")
-    p.add_argument("--budget-s", type=float, default=530.0, help="the whole run, builds included")
+    p.add_argument("--budget-s", type=float, default=520.0, help="the whole run, builds included")
     p.add_argument("--only", default=None, help="comma-separated experiments (E1..E7)")
     p.add_argument("--budgets", default=None, help="per experiment, e.g. E1=120,E2=150")
     p.add_argument("--exp-args", action="append", default=[], help="extra arguments, e.g. 'E2=--calls 500'")
@@ -270,6 +270,10 @@ def main() -> None:
     with open(out / "run.log", "a") as log:
         try:
             prepare_client_modules(work)
+            # what E1 finds out; set here so that any subset of the experiments runs (E1 overwrites it)
+            update_state(work, mps_control=args.mps_control or find_control()[0],
+                         plain_mode="sandbox" if sandbox.level != "none" else "plain",
+                         mps_mode="sandbox" if sandbox.level != "none" else "uid")
             built = build(work, rec, args.dry_run, skip=args.skip_build)
             print("build: " + ", ".join(f"{k} {'ok' if v.get('ok') else 'FAILED'}" for k, v in built.items()), flush=True)
             if not built.get("kernels", {}).get("ok"):
