@@ -137,6 +137,7 @@ def functional(a: Client, b: Client, rec: Recorder, label: str, dl: Deadline) ->
         first = {"excl_first_block_before_b_end_ms": (spin_b[1] - ex_a[0]) / 1e6,
                  "excl_all_resident_after_b_end_ms": (ex_a[1] - spin_b[1]) / 1e6,
                  "waited_for_b": ex_a[1] >= spin_b[1], "config": cfg.get("config"), "regs": cfg.get("regs"),
+                 "cooperative_refused": cfg.get("cooperative_refused"),
                  "b_gaps_over_20us": spin_b[4], "b_max_gap_us": spin_b[3] / 1e3}
         a.call("exclusive", res=["res2", 0], hold_ns=20_000_000, started=["sh", STARTED_A])
         b.call("wait_value", ref=["sh", STARTED_A], value=1)

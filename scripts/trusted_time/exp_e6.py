@@ -17,6 +17,7 @@ from typing import Any
 
 from tt_common import (
     Client,
+    ClientError,
     Deadline,
     Recorder,
     close_all,
@@ -60,6 +61,8 @@ def idle_cycles(cu: Any, pid: int, n: int, rec: Recorder, label: str) -> dict[st
 
 
 def run_cases(cu: Any, r: Client, h: Client, rec: Recorder, dl: Deadline, label: str) -> dict[str, Any]:
+    """Cases (i)-(iv) of the module docstring; each recorded as it ends. A case that leaves R locked
+    (its unlock failed) ends the series: R cannot answer any more."""
     pid = r.info.get("host_pid")
     out: dict[str, Any] = {"pid": pid, "state": STATES.get(cu.checkpoint_state(pid), None)}
     rec.write("target", label=label, pid=pid, state=out["state"], mode=r.mode)
@@ -70,6 +73,10 @@ def run_cases(cu: Any, r: Client, h: Client, rec: Recorder, dl: Deadline, label:
     finally:
         close_fds(reply["_fds"])
     out["idle_with_vmm"] = idle_cycles(cu, pid, 20, rec, label + ".idle_with_vmm")
+
+    def stuck(cyc: dict[str, Any]) -> bool:
+        return cyc.get("lock_rc") == 0 and cyc.get("unlock_rc") not in (0, None)
+
     # (ii) a spinner running
     r.call("alloc", name="res", nbytes=64)
     for timeout_ms in (2000, 50):
@@ -82,10 +89,12 @@ def run_cases(cu: Any, r: Client, h: Client, rec: Recorder, dl: Deadline, label:
         cyc = lock_cycle(cu, pid, timeout_ms)
         cyc["spin_left_at_lock_ms"] = round(remaining_ms, 1)
         cyc["lock_waited_for_kernel"] = cyc["lock_ms"] >= 0.8 * remaining_ms
-        cyc["spinner_done_after"] = r.call("query")["done"]
-        r.call("sync", timeout_s=5.0, limit_s=3.0)
         rec.write("spinner", label=label, timeout_ms=timeout_ms, spin_ms=300, **cyc)
         out[f"spinner_timeout_{timeout_ms}ms"] = cyc
+        if stuck(cyc):
+            return out
+        cyc["spinner_done_after"] = r.call("query", timeout_s=10.0)["done"]
+        r.call("sync", timeout_s=5.0, limit_s=3.0)
     # (iii) a kernel queued behind a semaphore nobody releases
     if dl.enough(5):
         r.call("wait_value", ref=["sh", SEM], value=1)
@@ -95,20 +104,26 @@ def run_cases(cu: Any, r: Client, h: Client, rec: Recorder, dl: Deadline, label:
         rc = cu.checkpoint_lock(pid, 500)
         lock_ms = (time.perf_counter() - t0) * 1e3
         cyc = {"lock_rc": rc, "lock_ms": round(lock_ms, 3), "state": STATES.get(cu.checkpoint_state(pid), None)}
-        if rc == 0:
-            # locked with work queued: does H's release let R's queued kernel run now?
-            h.call("write_value", ref=["sh", SEM], value=1)
-            time.sleep(0.2)
-            cyc["mark_while_locked"] = h.call("read_words", ref=["sh", MARK], count=1)["values"][0]
-            t2 = time.perf_counter()
-            cyc["unlock_rc"] = cu.checkpoint_unlock(pid)
-            cyc["unlock_ms"] = round((time.perf_counter() - t2) * 1e3, 3)
-        else:
-            h.call("write_value", ref=["sh", SEM], value=1)
-        r.call("sync", timeout_s=10.0, limit_s=8.0)
-        cyc["mark_after"] = h.call("read_words", ref=["sh", MARK], count=1)["values"][0]
+        try:
+            if rc == 0:
+                # locked with work queued: does H's release let R's queued kernel run now?
+                h.call("write_value", ref=["sh", SEM], value=1)
+                time.sleep(0.2)
+                cyc["mark_while_locked"] = h.call("read_words", ref=["sh", MARK], count=1)["values"][0]
+                t2 = time.perf_counter()
+                cyc["unlock_rc"] = cu.checkpoint_unlock(pid)
+                cyc["unlock_ms"] = round((time.perf_counter() - t2) * 1e3, 3)
+            else:
+                h.call("write_value", ref=["sh", SEM], value=1)
+            if not stuck(cyc):
+                r.call("sync", timeout_s=10.0, limit_s=8.0)
+                cyc["mark_after"] = h.call("read_words", ref=["sh", MARK], count=1)["values"][0]
+        except ClientError as exc:
+            cyc["error"] = str(exc)[-400:]
         rec.write("queued_blocked", label=label, **cyc)
         out["queued_blocked"] = cyc
+        if stuck(cyc) or "error" in cyc:
+            return out
     # (iv) a call made while locked
     if dl.enough(5):
         rc = cu.checkpoint_lock(pid, 1000)
@@ -118,9 +133,12 @@ def run_cases(cu: Any, r: Client, h: Client, rec: Recorder, dl: Deadline, label:
             time.sleep(0.2)
             t_unlock = time.monotonic()
             call["unlock_rc"] = cu.checkpoint_unlock(pid)
-            reply, _ = r.recv(10.0, "launch_sync")
-            call["returned_after_unlock_ms"] = round((reply["mono"] - t_unlock) * 1e3, 3)
-            call["blocked_while_locked"] = reply["mono"] >= t_unlock
+            try:
+                reply, _ = r.recv(10.0, "launch_sync")
+                call["returned_after_unlock_ms"] = round((reply["mono"] - t_unlock) * 1e3, 3)
+                call["blocked_while_locked"] = reply["mono"] >= t_unlock
+            except ClientError as exc:
+                call["error"] = str(exc)[-400:]
         rec.write("call_while_locked", label=label, **call)
         out["call_while_locked"] = call
     return out
@@ -148,6 +166,7 @@ def main() -> None:
         summary["idle_lock_ms"] = cases["idle_with_vmm"]["lock_ms"].get("median")
         summary["idle_unlock_ms"] = cases["idle_with_vmm"]["unlock_ms"].get("median")
         summary["idle_rcs"] = cases["idle_with_vmm"]["rcs"]
+        summary["idle_rcs_before_vmm"] = cases["idle_before_vmm"]["rcs"]
         summary["spinner"] = {k: {x: v.get(x) for x in ("lock_rc", "lock_ms")} for k, v in cases.items()
                               if k.startswith("spinner")}
         summary["queued_blocked"] = {k: cases.get("queued_blocked", {}).get(k)

@@ -235,9 +235,18 @@ class Client:
         cfg = self._exclusive_config(func)
         self.cu.htod(self._ptr(res), struct.pack("<4Q", (1 << 64) - 1, 0, 0, 0))
         started_ptr = self._ptr(started) if started else 0
-        self.cu.launch(func, cfg["grid"], cfg["block"], [("p", self._ptr(res)), ("u64", hold_ns), ("p", started_ptr)],
-                       self.stream(stream), smem=cfg["smem"], cooperative=cooperative)
-        return {"config": cfg, "regs": self.cu.func_attr(func, CU_FUNC_ATTRIBUTE_NUM_REGS), "mono": time.monotonic()}
+        args = [("p", self._ptr(res)), ("u64", hold_ns), ("p", started_ptr)]
+        refused = None
+        try:
+            self.cu.launch(func, cfg["grid"], cfg["block"], args, self.stream(stream), smem=cfg["smem"],
+                           cooperative=cooperative)
+        except CudaError as exc:  # a cooperative launch refused (MPS limits): the same grid, plainly
+            if not cooperative:
+                raise
+            refused = str(exc)
+            self.cu.launch(func, cfg["grid"], cfg["block"], args, self.stream(stream), smem=cfg["smem"])
+        return {"config": cfg, "regs": self.cu.func_attr(func, CU_FUNC_ATTRIBUTE_NUM_REGS), "mono": time.monotonic(),
+                "cooperative_refused": refused}
 
     def op_tick_loop(self, seconds: float) -> dict[str, Any]:
         """Tiny kernels, each waited for, until `seconds` pass or one fails: when did the first fail?"""
