@@ -171,7 +171,7 @@ def find_mode(daemon: MpsDaemon, work: str, dry: bool, rec: Recorder,
             if not started.get("ok"):
                 break
         try:
-            c = start_client("A", work, mode=mode, dry=dry, mps=(daemon.pipe, daemon.clients_shm), timeout_s=30)
+            c = start_client("A", work, mode=mode, dry=dry, mps=(daemon.pipe, daemon.clients_shm), timeout_s=15)
         except ClientError as exc:
             rec.write("mps_mode_try", mode=mode, ok=False, error=describe_error(exc)[-600:])
             continue
