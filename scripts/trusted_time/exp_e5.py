@@ -159,9 +159,9 @@ def main() -> None:
         sm = int(launcher.info.get("sm_count", 1))
         cdp = cubin(args.work, "planted_cdp")
         if os.path.exists(cdp):
-            loaded = launcher.call("e5_load", path=cdp)
+            loaded = launcher.call("e5_load", path=cdp, function="parent")
             rec.write("load_planted_cdp", **{k: v for k, v in loaded.items() if k not in ("ok", "id")})
-            summary["planted_cdp_loads"] = loaded.get("loaded")
+            summary["planted_cdp_loads"] = [loaded.get("loaded"), loaded.get("function")]
         plan = specs(cubin(args.work, "e5"), sm, args.dry)
         if built.get("cubin"):
             for spec in specs(built["cubin"], sm, args.dry)[::2]:

@@ -586,15 +586,23 @@ class Client:
 
     # ------------------------------------------------------------------ E5: the trusted launcher
 
-    def op_e5_load(self, path: str) -> dict[str, Any]:
-        """Whether the driver loads a cubin at all (a planted one with unresolved device-runtime calls)."""
+    def op_e5_load(self, path: str, function: str | None = None) -> dict[str, Any]:
+        """Whether the driver loads a cubin at all (a planted one with unresolved device-runtime calls), and
+        then gives out its kernel (lazy loading may defer the failure to that point)."""
         with open(path, "rb") as f:
             image = f.read()
         try:
-            self.modules[os.path.basename(path)] = self.cu.load_module(image)
-            return {"loaded": True}
+            module = self.cu.load_module(image)
         except CudaError as exc:
             return {"loaded": False, "code": exc.code, "text": exc.text}
+        out: dict[str, Any] = {"loaded": True}
+        if function:
+            try:
+                self.cu.function(module, function)
+                out["function"] = True
+            except CudaError as exc:
+                out.update(function=False, code=exc.code, text=exc.text)
+        return out
 
     def op_e5_run(self, spec: dict[str, Any], reps: int, flush_bytes: int, back_to_back: int = 100,
                   warmup: int = 10) -> dict[str, Any]:
