@@ -198,12 +198,19 @@ def run_e2(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
                 calls: list[dict[str, Any]] = []
                 t0 = time.monotonic()
                 stalled = 0
-                while len(calls) < n and time.monotonic() - t0 < cap:
-                    m = min(args.batch, n - len(calls))
-                    spec = {"n": m, "variant": "honest", "kind": "spin", "k_ns": ns, "k_grid": grid, "k_block": block}
-                    reply = rig.batch([spec], [0] * m, excl=excl, out_words=[grid * block])
-                    stalled += bool(reply.get("stalled"))
-                    calls += analyse(reply["rows"], grid * block)
+                failure = None
+                try:
+                    while len(calls) < n and time.monotonic() - t0 < cap:
+                        m = min(args.batch, n - len(calls))
+                        spec = {"n": m, "variant": "honest", "kind": "spin", "k_ns": ns, "k_grid": grid,
+                                "k_block": block}
+                        reply = rig.batch([spec], [0] * m, excl=excl, out_words=[grid * block])
+                        stalled += bool(reply.get("stalled"))
+                        calls += analyse(reply["rows"], grid * block)
+                except ClientError as exc:  # a stuck batch: keep what came, new processes for the next size
+                    failure = str(exc)[-600:]
+                    rig.close()
+                    rig = Rig(args.work, mode, mps, args.dry, 1)
                 st = stats(calls)
                 c, gate, done = st["c_us"], st["gate_us"], st["done_us"]
                 checks = None
@@ -214,13 +221,15 @@ def run_e2(args: Any, rec: Recorder, dl: Deadline) -> dict[str, Any]:
                 incomplete = sum(1 for x in calls if x.get("complete") is False)
                 rec.write("config", label=label, config=name, n=len(calls), exclusive=excl, k_grid=grid, k_block=block,
                           k_ns=ns, stalled_batches=stalled, incomplete_outputs=incomplete, stats=st, checks=checks,
+                          error=failure,
                           wall_s=round(time.monotonic() - t0, 2), c_us=series(calls, "c_us"),
                           gate_us=series(calls, "gate_us"), done_us=series(calls, "done_us"),
                           br_us=series(calls, "br_us"))
                 mode_out[name] = {"n": len(calls), "c_med": c.get("median"), "c_iqr": c.get("iqr"),
                                   "c_p99_p50": None if not c.get("n") else round(c["p99"] - c["median"], 3),
                                   "gate_med": gate.get("median"), "done_med": done.get("median"),
-                                  "pass": None if checks is None else all(checks.values())}
+                                  "pass": None if checks is None else all(checks.values()),
+                                  **({"error": failure[-160:]} if failure else {})}
             summary[label] = mode_out
         except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
             rec.write("error", label=label, error=describe_error(exc)[-1500:])

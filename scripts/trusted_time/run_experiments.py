@@ -202,7 +202,7 @@ def verdict_lines(exp: str, s: dict[str, Any]) -> list[str]:
                 if r:
                     lines.append(f"  {size:>18}: n {r['n']}, c med {_fmt(r['c_med'])} us, IQR {_fmt(r['c_iqr'])}, "
                                  f"p99-p50 {_fmt(r['c_p99_p50'])}, gate {_fmt(r['gate_med'])}, done {_fmt(r['done_med'])}, "
-                                 f"pass {r['pass']}")
+                                 f"pass {r['pass']}" + (f", ERROR {r['error'][:120]}" if r.get("error") else ""))
         lines.append(f"MPS pass: {s.get('mps_pass')}")
         return lines
     if exp == "E3":
