@@ -47,6 +47,7 @@ INTERFERENCE = "timing.interference"
 NOISY = "timing.noisy"
 SIZE_CONSTANTS = "runtime.size_constants"
 CUSTOM_BUILD_FAILED = "runtime.custom_build_failed"
+STRICTER_TOLERANCE = "evidence.stricter_tolerance"
 
 # -- re-checks and the judge --------------------------------------------------------------------------------
 RECHECK_AGREE = "recheck.agree"
@@ -110,6 +111,8 @@ RUNTIME_FLAGS: dict[str, FlagKind] = {
                              ERR, always_rejects=True),
     CUSTOM_BUILD_FAILED: FlagKind("an extension the candidate builds failed to build; its own code caught the "
                                   "failure and runs what it falls back to (the verdict is for that)", WARN),
+    STRICTER_TOLERANCE: FlagKind("an output was outside a stricter profile's tolerance (recorded by a pass that "
+                                 "derives several profiles' verdicts; the looser tolerance decided)", WARN),
     RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
     RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", WARN),
     RECHECK_FAILED: FlagKind("the re-measurement failed", WARN),
