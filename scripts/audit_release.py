@@ -125,12 +125,13 @@ def _parse_chunk_commands(argv: list[str]) -> argparse.Namespace:
     chunk.add_argument("--out", type=Path, required=True, help="Folder the chunk record goes to.")
     chunk.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     chunk.add_argument("--budget-s", type=float, default=400.0)
-    chunk.add_argument("--baselines", default="eager,cuda_graph,torch_compile", help="'' for none.")
+    chunk.add_argument("--baselines", default="cuda_graph,eager,torch_compile", help="'' for none.")
     chunk.add_argument("--device", default="cuda")
     chunk.add_argument("--max-items", type=int, default=None)
     chunk.add_argument("--task", action="append", default=[], help="Only this task id (repeatable).")
     chunk.add_argument("--redo", action="store_true", help="Re-check: evaluate even when done.")
     chunk.add_argument("--commit", default=None, help="The code's commit, when this folder is no git checkout.")
+    chunk.add_argument("--dry-run", action="store_true", help="Print the plan; run and write nothing.")
     ingest = sub.add_parser("ingest", help="Copy returned chunk records in and rebuild the pages.")
     ingest.add_argument("records", nargs="+", type=Path)
     pages = sub.add_parser("pages", help="Rebuild the pages (and the static records with --static-from).")
@@ -145,7 +146,7 @@ def _parse_chunk_commands(argv: list[str]) -> argparse.Namespace:
 
 def chunk_main(argv: list[str]) -> int:
     """`chunk`, `ingest` or `pages` (module docstring)."""
-    from cudal1.audit.chunks import ChunkConfig, ingest_chunks, run_chunk
+    from cudal1.audit.chunks import ChunkConfig, describe_plan, ingest_chunks, plan_next, run_chunk
     from cudal1.audit.pages import PagesConfig, rebuild
     from cudal1.baselines import parse_kinds
 
@@ -156,6 +157,9 @@ def chunk_main(argv: list[str]) -> int:
                              data_dir=args.data_dir, budget_s=args.budget_s, device=args.device,
                              baselines=tuple(parse_kinds(args.baselines)) if args.baselines else (),
                              max_items=args.max_items, tasks=tuple(args.task), redo=args.redo, commit=args.commit)
+        if args.dry_run:
+            print(describe_plan(plan_next(config)))
+            return 0
         outcome = run_chunk(config)
         print(f"{outcome.path}: {outcome.evaluated} of {len(outcome.plan.items)} planned evaluations, "
               f"{outcome.baselines} baselines, {outcome.elapsed_s:.0f} s (estimated {outcome.plan.estimate_s:.0f} s); "

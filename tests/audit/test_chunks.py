@@ -94,7 +94,7 @@ def test_chunks_continue_where_the_committed_records_stopped(data, tmp_path):
     fake = FakeGPU()
     first = _chunk(data, fake, "first", tmp_path / "run1")
     assert [t.id for t, _ in first.plan.items] == ["first/level1/1", "first/level1/2"]  # 2 x 10 s fit 25 s
-    assert first.evaluated == 2 and first.baselines == 4 and first.left == []
+    assert first.evaluated == 2 and first.baselines == 2 and first.left == []  # eager's null test comes last
     chunk = read_chunk(first.path)
     assert chunk.complete and chunk.release == "first" and chunk.header["purpose"] == "audit"
     assert chunk.header["protocol"]["profile"] == "evidence" and chunk.header["environment"]["gpu_name"] == "cpu"
@@ -112,10 +112,16 @@ def test_chunks_continue_where_the_committed_records_stopped(data, tmp_path):
     other = _chunk(data, fake, "second", tmp_path / "run3")
     assert [t.id for t, _ in other.plan.items] == ["second/level2/1"] and other.plan.baselines == []
     ingest_chunks([tmp_path / "run3"], audit)
-    assert _chunk(data, fake, "second", tmp_path / "run4").plan.empty
+    # Nothing left to evaluate: the deferred baselines (eager's null test) of the tasks evaluated on this card.
+    last = _chunk(data, fake, "second", tmp_path / "run4")
+    assert not last.plan.items and [(t.id, k) for t, k in last.plan.baselines] == [
+        ("second/level1/1", "eager"), ("second/level1/2", "eager"), ("second/level2/1", "eager")]
+    ingest_chunks([tmp_path / "run4"], audit)
+    assert _chunk(data, fake, "second", tmp_path / "run5").plan.empty
     assert fake.evaluated == ["first/level1/1", "first/level1/2", "first/level2/1", "second/level2/1"]
-    assert sorted(fake.baselines) == sorted((f"first/level{lv}/{n}", k) for lv, n in ((1, 1), (1, 2), (2, 1))
-                                            for k in ("eager", "cuda_graph"))
+    tasks = [f"level{lv}/{n}" for lv, n in ((1, 1), (1, 2), (2, 1))]
+    assert sorted(fake.baselines) == sorted([(f"first/{t}", "cuda_graph") for t in tasks]
+                                            + [(f"second/{t}", "eager") for t in tasks])
 
 
 def test_plan_fits_the_budget_and_takes_at_least_one(data):
@@ -124,9 +130,13 @@ def test_plan_fits_the_budget_and_takes_at_least_one(data):
     assert len(plan_chunk(items, set(), set(), (), 5.0, COSTS).items) == 1  # over budget, but one goes
     assert len(plan_chunk(items, set(), set(), (), 1000.0, COSTS, max_items=2).items) == 2
     done = {(items[0][0].hash, items[0][1].hash)}
-    plan = plan_chunk(items, done, set(), ("eager",), 1000.0, COSTS)
+    plan = plan_chunk(items, done, set(), ("cuda_graph", "eager"), 1000.0, COSTS)
     assert [t.id for t, _ in plan.items] == ["first/level1/2", "first/level2/1"] and plan.pending == 2
-    assert [(t.id, k) for t, k in plan.baselines] == [("first/level1/2", "eager"), ("first/level2/1", "eager")]
+    assert [(t.id, k) for t, k in plan.baselines] == [("first/level1/2", "cuda_graph"),
+                                                      ("first/level2/1", "cuda_graph")]
+    # Nothing pending: the baselines of the tasks evaluated here only.
+    rest = plan_chunk(items, {(t.hash, c.hash) for t, c in items}, set(), ("eager",), 1000.0, COSTS, here=done)
+    assert [(t.id, k) for t, k in rest.baselines] == [("first/level1/1", "eager")]
 
 
 def test_a_record_cut_short_keeps_what_it_measured(data, tmp_path):
@@ -161,6 +171,25 @@ def test_pages_from_the_records_alone(data, tmp_path, monkeypatch):
     saved = json.loads((audit / "first" / "audit.json").read_text())
     assert saved["label"] == "audit:first:strict" and len([t for t in saved["tasks"]
                                                           if t["label"] == saved["label"]]) == 2
+    # Against an earlier audit of the release: every changed verdict, and what the source alone says now.
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "audit.json").write_text(json.dumps({"label": "audit:first:strict", "meta": {}, "tasks": [
+        {"task_id": "first/level1/1", "label": "audit:first:strict", "status": "compile_error", "flags": []},
+        {"task_id": "first/level1/2", "label": "audit:first:strict", "status": "correct", "flags": [],
+         "speedup": 2.0}]}))
+    rebuild(PagesConfig(audit_dir=str(audit), earlier=(f"first={earlier}",), plots=False))
+    compared = (audit / "first-vs-earlier.md").read_text()
+    assert "2 shared tasks; verdicts agree on 1; 1 changed" in compared
+    assert "| first/level1/1 | compile_error | correct | unexplained | same flags |" in compared
+    assert "| compile_error | runs | 1 |" in (audit / "first.md").read_text()
+    assert "[first-vs-earlier.md](first-vs-earlier.md)" in (audit / "README.md").read_text()
+    # A re-check of one task (its record says so): shown beside the committed result, never replacing it.
+    recheck = _chunk(data, fake, "first", tmp_path / "run2", tasks=("first/level1/1",), redo=True)
+    assert read_chunk(recheck.path).header["purpose"] == "recheck" and recheck.evaluated == 1
+    ingest_chunks([recheck.path], audit)
+    rebuild(PagesConfig(audit_dir=str(audit), earlier=(), plots=False))
+    assert "1 results evaluated again (cpu): 1 with the committed `strict` verdict" in (audit / "first.md").read_text()
     regen = tmp_path / "regen"
     monkeypatch.setenv("CUDAL1_STORE", str(tmp_path / "none.sqlite"))
     assert main(["audit", "--report-only", "--from-audit", str(audit / "first"), "--out", str(regen),
@@ -182,17 +211,24 @@ def test_ingest_refuses_a_record_of_another_release_file(data, tmp_path):
 
 
 def test_a_real_chunk_on_the_cpu_through_the_script(data, tmp_path):
-    """The GPU command, on the CPU: one real evaluation under the evidence pass and eager's null test."""
+    """The GPU command, on the CPU: one real evaluation under the evidence pass (the CUDA graph cannot be
+    measured on a CPU: recorded as failed, with why); then, nothing left to evaluate, eager's null test."""
     from tests.helpers.scripts import load_script
 
     folder, audit = data
-    out = tmp_path / "out"
-    code = load_script("audit_release").main(["chunk", "--release", "first", "--out", str(out), "--audit-dir",
-                                              str(audit), "--data-dir", str(folder), "--device", "cpu",
-                                              "--budget-s", "300", "--baselines", "eager", "--max-items", "1"])
-    assert code == 0
-    [path] = out.glob("first-*.jsonl")
+    script = load_script("audit_release")
+    argv = ["chunk", "--release", "first", "--audit-dir", str(audit), "--data-dir", str(folder), "--device", "cpu",
+            "--budget-s", "300", "--baselines", "cuda_graph,eager", "--task", "first/level1/1"]
+    assert script.main([*argv, "--out", str(tmp_path / "out1")]) == 0
+    [path] = (tmp_path / "out1").glob("first-*.jsonl")
     chunk = read_chunk(path)
     assert [r["status"] for r in chunk.results] == ["correct"] and chunk.results[0]["profile"] == "evidence"
-    assert chunk.results[0]["reached"] == "done" and [b["name"] for b in chunk.baselines] == ["eager"]
-    assert chunk.complete and chunk.end["left"] == []
+    assert chunk.results[0]["reached"] == "done" and chunk.complete and chunk.end["left"] == []
+    [graph] = chunk.baselines
+    assert graph["name"] == "cuda_graph" and graph["status"] == "failed" and "CUDA" in graph["reason"]
+    assert script.main(["ingest", str(tmp_path / "out1"), "--audit-dir", str(audit), "--no-plots"]) == 0
+    assert script.main([*argv, "--out", str(tmp_path / "out2")]) == 0
+    [path] = (tmp_path / "out2").glob("first-*.jsonl")
+    chunk = read_chunk(path)
+    assert not chunk.results and [(b["name"], b["status"]) for b in chunk.baselines] == [("eager", "ok")]
+    assert chunk.baselines[0]["measured_speedup"] > 0

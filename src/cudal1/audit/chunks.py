@@ -28,9 +28,10 @@ import datetime as dt
 import json
 import logging
 import math
+import secrets
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from cudal1.audit.select import Item, select_items
 from cudal1.audit.views import EVIDENCE_PROFILE
 from cudal1.baselines.runner import baseline_protocol_version, ensure_baselines
 from cudal1.baselines.variants import parse_kinds
+from cudal1.baselines.warm import COMPILE_KINDS
 from cudal1.core.errors import ConfigError, SourceError
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
@@ -67,7 +69,11 @@ DEFAULT_AUDIT_DIR = "docs/audit/cuda-l1-releases"
 #: committed: 17 MB of other people's code).
 DEFAULT_DATA_DIR = "../shared/data/cuda-l1"
 CHUNKS_DIR = "chunks"
-DEFAULT_BASELINES = ("eager", "cuda_graph", "torch_compile")
+DEFAULT_BASELINES = ("cuda_graph", "eager", "torch_compile")
+# Rationale: no verdict and no survival count needs eager's null test or torch.compile, and torch.compile
+# costs a chunk about as much as three evaluations per task (its compile): they are measured once a release has
+# no evaluation left, so that the chunks before it hold as many evaluations as they can.
+DEFERRED_BASELINES = frozenset({"eager"}) | COMPILE_KINDS
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -113,7 +119,7 @@ class ChunkConfig:
     budget_s: float = _f(400.0, "Wall-clock budget of the chunk (seconds): planned to fit, enforced while running.")
     baselines: tuple[str, ...] = _f(DEFAULT_BASELINES, "Baselines each task needs, measured once per task and card.")
     device: str = _f("cuda", "cuda, cuda:N, or cpu (checks of the chunking on a machine without a GPU).")
-    batch_size: int = _f(8, "Evaluations per batch (the budget is checked between batches).")
+    batch_size: int = _f(4, "Evaluations per batch (the budget is checked between batches; builds run ahead).")
     max_items: int | None = _f(None, "At most this many evaluations in the chunk (None: as many as fit).")
     tasks: tuple[str, ...] = _f((), "Only these task ids of the release (empty: all).")
     redo: bool = _f(False, "Evaluate the chosen tasks even when done (a re-check; the record says so).")
@@ -186,6 +192,12 @@ def done_keys(chunks: Sequence[Chunk]) -> set[tuple[str, str]]:
     return {key for key, found in lines.items() if settled(found)}
 
 
+def evaluated_here(chunks: Sequence[Chunk], card: str) -> set[tuple[str, str]]:
+    """Items with a current result from a chunk on `card`."""
+    return {evaluation_key(line["task_hash"], line["candidate_hash"]) for chunk in chunks
+            if card_key(chunk.header) == card for line in chunk.results if current(line)}
+
+
 def card_key(header: Mapping[str, Any]) -> str:
     """The machine a baseline belongs to: GPU name, torch and CUDA versions, device type, baseline protocol."""
     return f"{environment_key(header.get('environment') or {})}|{header.get('baseline_protocol', '')}"
@@ -213,21 +225,24 @@ class Plan:
 
 def plan_chunk(items: Sequence[Item], done: set[tuple[str, str]], have: set[tuple[str, str]],
                kinds: Sequence[str], budget_s: float, costs: CostModel, *, max_items: int | None = None,
-               redo: bool = False) -> Plan:
+               redo: bool = False, deferred: Collection[str] = DEFERRED_BASELINES,
+               here: set[tuple[str, str]] | None = None) -> Plan:
     """The next chunk: pending items in release order while the estimate fits `budget_s` (at least one), the
-    baselines their tasks lack; with none pending, the baselines the release's tasks lack (as many as fit)."""
+    baselines their tasks lack but the `deferred` kinds; with none pending, the baselines the release's tasks
+    lack (as many as fit), for the tasks whose item was evaluated on this card (`here`: their keys; None:
+    every task), since a baseline serves the speedups measured on its own card only."""
     pending = [(t, c) for t, c in items if redo or evaluation_key(t.hash, c.hash) not in done]
     chosen: list[Item] = []
     needed: list[tuple[Task, str]] = []
     seen_tasks: set[str] = set()
 
-    def lacking(task: Task) -> list[tuple[Task, str]]:
+    def lacking(task: Task, now: Sequence[str] = kinds) -> list[tuple[Task, str]]:
         if task.hash in seen_tasks:
             return []
-        return [(task, k) for k in kinds if (task.hash, k) not in have]
+        return [(task, k) for k in now if (task.hash, k) not in have]
 
     for item in pending:
-        extra = lacking(item[0])
+        extra = lacking(item[0], [k for k in kinds if k not in deferred])
         if chosen and costs.estimate_s([*chosen, item], [*needed, *extra]) > budget_s:
             break
         if max_items is not None and len(chosen) >= max_items:
@@ -236,13 +251,27 @@ def plan_chunk(items: Sequence[Item], done: set[tuple[str, str]], have: set[tupl
         needed += extra
         seen_tasks.add(item[0].hash)
     if not chosen:
-        for task, _ in items:
+        for task, cand in items:
+            if here is not None and evaluation_key(task.hash, cand.hash) not in here:
+                continue
             extra = lacking(task)
             if extra and needed and costs.estimate_s([], [*needed, *extra]) > budget_s:
                 break
             needed += extra
             seen_tasks.add(task.hash)
     return Plan(items=chosen, baselines=needed, pending=len(pending), estimate_s=costs.estimate_s(chosen, needed))
+
+
+def describe_plan(plan: Plan) -> str:
+    """The plan in a few lines: what it evaluates and measures, and its estimated time."""
+    kinds: dict[str, int] = {}
+    for _, kind in plan.baselines:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ids = [t.id for t, _ in plan.items]
+    shown = ", ".join(ids[:12]) + (f" and {len(ids) - 12} more" if len(ids) > 12 else "")
+    return (f"{len(ids)} evaluation(s) of {plan.pending} pending: {shown or '-'}\n"
+            f"baselines: {', '.join(f'{k} x{n}' for k, n in kinds.items()) or '-'}\n"
+            f"estimated {plan.estimate_s:.0f} s")
 
 
 def measured_costs(chunks: Sequence[Chunk], costs: CostModel) -> CostModel:
@@ -285,6 +314,23 @@ def chunk_header(config: ChunkConfig, release: Path, plan: Plan, cfg: EvalConfig
     }
 
 
+def plan_next(config: ChunkConfig, machine: dict[str, Any] | None = None) -> Plan:
+    """What the next chunk of `config.release` would do on this machine (or on `machine`, a
+    `describe_machine` dict), from the committed records: nothing is run or written."""
+    release = config.release_path()
+    items = select_items(load_release(release), task_ids=config.tasks)
+    if config.tasks and not items:
+        raise ConfigError(f"none of the tasks {', '.join(config.tasks[:3])} has a candidate in {release.name}")
+    chunks = read_chunks(Path(config.audit_dir) / CHUNKS_DIR)
+    cfg = config.eval_config.resolved(resolve_device(config.device) if machine is None else machine["device_type"])
+    machine = machine or describe_machine(cfg.device)
+    strict = dataclasses.replace(cfg, profile="strict")
+    card = card_key({"environment": machine, "baseline_protocol": baseline_protocol_version(strict.protocol())})
+    return plan_chunk(items, done_keys(chunks), baselines_done(chunks, card), config.baselines, config.budget_s,
+                      measured_costs(chunks, config.costs), max_items=config.max_items, redo=config.redo,
+                      here=evaluated_here(chunks, card))
+
+
 def run_chunk(config: ChunkConfig, *, evaluate: Callable[..., list[EvalResult | None]] | None = None,
               measure: Callable[..., Any] | None = None, repo_root: str | Path = ".") -> ChunkOutcome:
     """Plan and run the next chunk of `config.release`; write its record into `config.out_dir`.
@@ -294,19 +340,12 @@ def run_chunk(config: ChunkConfig, *, evaluate: Callable[..., list[EvalResult | 
     """
     started = time.monotonic()
     release = config.release_path()
-    items = select_items(load_release(release), task_ids=config.tasks)
-    if config.tasks and not items:
-        raise ConfigError(f"none of the tasks {', '.join(config.tasks[:3])} has a candidate in {release.name}")
-    chunks = read_chunks(Path(config.audit_dir) / CHUNKS_DIR)
     cfg = config.eval_config.resolved(resolve_device(config.device))
     machine = describe_machine(cfg.device)
     strict = dataclasses.replace(cfg, profile="strict")
-    card = card_key({"environment": machine, "baseline_protocol": baseline_protocol_version(strict.protocol())})
-    costs = measured_costs(chunks, config.costs)
-    plan = plan_chunk(items, done_keys(chunks), baselines_done(chunks, card), config.baselines, config.budget_s,
-                      costs, max_items=config.max_items, redo=config.redo)
+    plan = plan_next(config, machine)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = Path(config.out_dir) / f"{release.stem}-{stamp}.jsonl"
+    path = Path(config.out_dir) / f"{release.stem}-{stamp}-{secrets.token_hex(3)}.jsonl"  # two runs in a second
     outcome = ChunkOutcome(path=path, plan=plan)
     header = chunk_header(config, release, plan, cfg, machine, Path(repo_root))
     with ChunkWriter(path, header) as writer:
@@ -379,7 +418,7 @@ def _written_tasks(path: Path) -> list[str]:
 
 
 __all__ = ["DEFAULT_AUDIT_DIR", "DEFAULT_DATA_DIR", "ChunkConfig", "ChunkOutcome", "CostModel", "Plan",
-           "baselines_done", "card_key", "done_keys", "ingest_chunks", "measured_costs", "plan_chunk",
+           "baselines_done", "card_key", "done_keys", "ingest_chunks", "measured_costs", "plan_chunk", "plan_next", "describe_plan",
            "resolve_release", "run_chunk"]
 
 

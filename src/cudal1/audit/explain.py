@@ -70,6 +70,13 @@ PROTOCOL_CHANGES: tuple[ProtocolChange, ...] = (
                    _to((H,), (C,)), ("timing.interference",)),
     ProtocolChange("static rules since protocol 3: redefined sizes judged by their effect on ModelNew",
                    _to((H,), (C, I, R, T)), ("size_constants_redefined", "size_constants_ignored")),
+    ProtocolChange("static rules since protocol 3: a side stream joined back to the current one is reported "
+                   "(joined_cuda_stream), not rejected", _to((H,), (C, I, R, T)), ("joined_cuda_stream",), True),
+    ProtocolChange("the evidence pass: strict read from one record that ran on, so a guard first raised after "
+                   "strict would have stopped counts", _to((I,), (H,)),
+                   ("guard.global_state", "guard.threads", "guard.native_threads", "guard.global_hooks",
+                    "guard.function_mode", "guard.trace_hook", "guard.signal_handlers", "guard.timer_patching"),
+                   True),
     ProtocolChange("another card or limits: a time limit, a memory limit or a crash that depends on the machine",
                    _to((C, I, R, T), (R, T)) | _to((R, T), (C, I))),
 )

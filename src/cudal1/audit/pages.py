@@ -25,7 +25,7 @@ from typing import Any
 
 from cudal1.audit.compare import compare_audits, load_audit
 from cudal1.audit.explain import explain_changes
-from cudal1.audit.releases import FAMILIES, Entry, ReleaseAudit, collect, outcome_counts, survival
+from cudal1.audit.releases import FAMILIES, Entry, ReleaseAudit, collect, outcome_counts, rechecks, survival
 from cudal1.audit.saved import report_saved_audit
 from cudal1.audit.static_half import read_static, repeats
 from cudal1.audit.summary import write_audit_outputs
@@ -95,8 +95,9 @@ def _coverage_sentence(audit: ReleaseAudit) -> str:
     shared = sum(e.shared_from is not None for e in audit.run)
     own = sum(len(c.results) for c in audit.chunks if c.header.get("purpose", "audit") == "audit")
     text += (f" GPU time: {audit.gpu_s / 60:.1f} min in {len(audit.chunks)} chunk(s) of this release "
-             f"({own} evaluations); {shared} results come from other releases' chunks (the same candidate "
-             "for the same task).")
+             f"({own} evaluations; a chunk's wall time from its plan to its last line, the machine's start and "
+             f"the interpreter's imports not counted); {shared} results come from other releases' chunks (the "
+             "same candidate for the same task).")
     if audit.protocols and audit.protocols != [PROTOCOL_VERSION]:
         text += f" Protocol versions among the results: {', '.join(audit.protocols)}."
     return text
@@ -115,8 +116,11 @@ def _view_rows(audit: ReleaseAudit, views: Mapping[str, View]) -> list[list[str]
     return rows
 
 
-def release_blocks(audit: ReleaseAudit, views: Mapping[str, View] | None = None) -> list[Block]:
-    """The per-release page (module docstring)."""
+def release_blocks(audit: ReleaseAudit, views: Mapping[str, View] | None = None,
+                   checks: Sequence[Mapping[str, Any]] = (), earlier: tuple[str, Mapping[str, Any]] | None = None
+                   ) -> list[Block]:
+    """The per-release page (module docstring); `checks`: its re-checks (`releases.rechecks`); `earlier`:
+    (where, document) of an earlier audit of the release, which the source alone is set against."""
     views = views or VIEWS
     info = audit.info
     blocks: list[Block] = [
@@ -140,8 +144,67 @@ def release_blocks(audit: ReleaseAudit, views: Mapping[str, View] | None = None)
         header += [*_OUTCOME_HEADER, "Survive vs eager", "Survive vs CUDA graphs"]
     blocks.append(Table(header, _view_rows(audit, views)))
     blocks += _builds_blocks(audit) + _cheats_blocks(audit) + _runs_blocks(audit) + _undecided_blocks(audit)
+    blocks += _recheck_blocks(checks) + (_earlier_static_blocks(audit, *earlier) if earlier else [])
     blocks += _classes_blocks(audit) + _per_task_blocks(audit)
     return blocks
+
+
+def _earlier_static_blocks(audit: ReleaseAudit, where: str, document: Mapping[str, Any]) -> list[Block]:
+    """An earlier audit's `strict` verdicts beside what today's source rules decide under `strict`: the
+    rejections they keep, and those they no longer make on the source alone (explained by the protocol change
+    its flags show, `explain.explain_changes`; the GPU then decides them)."""
+    earlier_rows = {t["task_id"]: t for t in document.get("tasks") or []
+                    if isinstance(t, dict) and t.get("label") == document.get("label")}
+    counts: dict[tuple[str, str], int] = {}
+    pseudo_old, pseudo_new = [], []
+    for e in audit.entries:
+        old = earlier_rows.get(e.task_id)
+        if old is None:
+            continue
+        now = "rejected" if e.static["strict"].status == "hack_detected" else "runs"
+        counts[(str(old.get("status")), now)] = counts.get((str(old.get("status")), now), 0) + 1
+        if old.get("status") == "hack_detected" and now == "runs":
+            pseudo_old.append({"task_id": e.task_id, "label": "a", "status": "hack_detected",
+                               "flags": list(old.get("flags") or [])})
+            pseudo_new.append({"task_id": e.task_id, "label": "b", "status": "correct",
+                               "flags": sorted({f["rule"] for f in e.line["flags"]})})
+    explained = explain_changes({"label": "a", "tasks": pseudo_old}, {"label": "b", "tasks": pseudo_new})
+    rows = [[c["task_id"], "; ".join(c["changes"]) or _run_time_only(c["evidence"]), c["evidence"]]
+            for c in explained["changes"]]
+    name = Path(where).name
+    return [Heading(f"Against the earlier audit ([{name}](../{name}/report.md)), source alone", 2),
+            Paragraph("The earlier audit's `strict` verdict beside what today's static rules decide under `strict` "
+                      "(rejected before running, or runs). An earlier rejection that the source alone no longer makes "
+                      "is decided on the GPU; the protocol change its flags show is named."),
+            Table(["Earlier verdict", "Source alone today", "Candidates"],
+                  [[a, b, str(n)] for (a, b), n in sorted(counts.items())], [False, False, True]),
+            Table(["Task", "Explained by", "Flags (+ today, - then)"], rows or [["-", "-", "-"]])]
+
+
+def _run_time_only(evidence: str) -> str:
+    """Why an earlier rejection is not made by the source alone when no change explains it: it was a finding of
+    the run (a dotted rule that the source alone cannot raise), which the GPU decides again."""
+    removed = [part.strip()[1:] for part in evidence.split(",") if part.strip().startswith("-")]
+    added = [part for part in evidence.split(",") if part.strip().startswith("+")]
+    if removed and not added and all("." in rule for rule in removed):
+        return "rejected by its run then (" + ", ".join(removed) + "): the GPU decides again"
+    return "unexplained"
+
+
+def _recheck_blocks(checks: Sequence[Mapping[str, Any]]) -> list[Block]:
+    """Re-check chunks (`--redo`) beside the committed results: same `strict` verdict, speedup ratio."""
+    if not checks:
+        return []
+    same = sum(c["committed"] == c["recheck"] for c in checks)
+    ratios = sorted(c["ratio"] for c in checks if c["ratio"])
+    median = ratios[len(ratios) // 2] if ratios else None
+    return [Heading("Re-checks", 2),
+            Paragraph(f"{len(checks)} results evaluated again ({', '.join(sorted({c['card'] for c in checks}))}): "
+                      f"{same} with the committed `strict` verdict; speedup re-check / committed, median "
+                      f"{'-' if median is None else f'{median:.3f}'} over {len(ratios)} correct in both."),
+            Table(["Task", "Committed", "Re-check", "Speedup ratio"],
+                  [[c["task_id"], c["committed"], c["recheck"], "-" if not c["ratio"] else f"{c['ratio']:.3f}"]
+                   for c in checks])]
 
 
 def _builds_blocks(audit: ReleaseAudit) -> list[Block]:
@@ -399,7 +462,8 @@ def comparison_blocks(result: Mapping[str, Any], release: str, earlier: str) -> 
     rows = [[e["task_id"], e["earlier"], e["new"], "; ".join(e["changes"]) or "unexplained", e["evidence"]]
             for e in explained["changes"]]
     summary = explained["by_change"]
-    return [Heading(f"`{release}`: this audit against {earlier}", 1),
+    name = Path(earlier).name
+    return [Heading(f"`{release}`: this audit against [{name}](../{name}/report.md)", 1),
             Paragraph(f"{result['shared_tasks']} shared tasks; verdicts agree on {result['verdicts_agree']}; "
                       f"{len(rows)} changed. Each change is explained by the protocol changes whose rules it "
                       "involves (`cudal1.audit.explain.PROTOCOL_CHANGES`); a change no rule explains is listed as "
@@ -414,11 +478,14 @@ def write_pages(audit_dir: str | Path, *, earlier: Mapping[str, str | Path] | No
     """Every page of the audit folder (module docstring); `earlier`: release -> an earlier audit folder of it."""
     root = Path(audit_dir)
     audits = collect(root)
+    checks = rechecks(root)
     written = []
     compared = None
     for name, audit in audits.items():
         page = root / f"{name}.md"
-        page.write_text(blocks_to_markdown(release_blocks(audit)), encoding="utf-8")
+        mine = [c for c in checks if c["task_id"].split("/", 1)[0] == name]
+        before = (str(earlier[name]), load_audit(earlier[name])) if earlier and name in earlier else None
+        page.write_text(blocks_to_markdown(release_blocks(audit, checks=mine, earlier=before)), encoding="utf-8")
         written.append(page)
         if audit.run:
             written += list(write_audit_folder(audit, root / name, plots=plots).values())

@@ -212,6 +212,7 @@ class ChunkWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
         self.lines = 0
+        self.protocol = dict(header.get("protocol") or {})
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._write({"kind": "chunk", "record_version": RECORD_VERSION, **header})
 
@@ -226,6 +227,9 @@ class ChunkWriter:
 
     def result(self, result: EvalResult, *, task_id: str, task_hash: str, candidate_hash: str) -> None:
         line = compact_result(result, task_id=task_id, task_hash=task_hash, candidate_hash=candidate_hash)
+        # A verdict given before any protocol applied (a text that is no source file) is the chunk's.
+        line["profile"] = line["profile"] or self.protocol.get("profile")
+        line["protocol_version"] = line["protocol_version"] or str(self.protocol.get("version", ""))
         self._write({**line, "t_s": self.elapsed_s()})
 
     def baseline(self, record: Any) -> None:

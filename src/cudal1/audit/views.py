@@ -126,7 +126,8 @@ def static_rejection(flags: list[Flag], preset: str) -> Flag | None:
 def runtime_rejecting(flags: list[Flag], profile: Profile) -> list[Flag]:
     """Runtime findings that reject under `profile` (`Session.rejecting`'s rule)."""
     errors = [f for f in flags if f.source != "static" and f.severity is Severity.ERROR]
-    return errors if profile.reject_runtime_guards else [f for f in errors if F.always_rejects(f.rule)]
+    everywhere = [f for f in errors if F.always_rejects(f.rule)]  # named first: they decide under any profile
+    return everywhere + [f for f in errors if f not in everywhere] if profile.reject_runtime_guards else everywhere
 
 
 def _applicable_stop(record: Mapping[str, Any], profile: Profile) -> dict[str, Any] | None:

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import typer
 
-from cudal1.audit.chunks import DEFAULT_AUDIT_DIR, DEFAULT_DATA_DIR, ChunkConfig, ingest_chunks, run_chunk
+from cudal1.audit.chunks import (
+    DEFAULT_AUDIT_DIR,
+    DEFAULT_DATA_DIR,
+    ChunkConfig,
+    describe_plan,
+    ingest_chunks,
+    plan_next,
+    run_chunk,
+)
 from cudal1.audit.pages import PagesConfig, rebuild
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
@@ -28,13 +36,14 @@ def audit_chunk_command(
     audit_dir: Path = _AUDIT_DIR_OPT,
     data_dir: Path = typer.Option(Path(DEFAULT_DATA_DIR), "--data-dir", help="Where release names are found."),
     budget_s: float = typer.Option(400.0, "--budget-s", min=1.0, help="Wall-clock budget of the chunk."),
-    baselines: str = typer.Option("eager,cuda_graph,torch_compile", "--baselines",
+    baselines: str = typer.Option("cuda_graph,eager,torch_compile", "--baselines",
                                   help="Baselines each task needs ('' none)."),
     device: str = typer.Option("cuda", "--device", callback=common.check_device, help="cuda, cuda:N or cpu."),
     max_items: int | None = typer.Option(None, "--max-items", min=1, help="At most N evaluations."),
     task: list[str] = typer.Option([], "--task", help="Only this task id (repeat the option)."),
     redo: bool = typer.Option(False, "--redo", help="Re-check: evaluate the tasks even when done."),
     commit: str | None = typer.Option(None, "--commit", help="The code's commit (a folder without git)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; run and write nothing."),
 ) -> None:
     """The next chunk of a release's audit, on the GPU.
 
@@ -43,6 +52,9 @@ def audit_chunk_command(
     config = ChunkConfig(release=release, out_dir=str(out), audit_dir=str(audit_dir), data_dir=str(data_dir),
                          budget_s=budget_s, baselines=tuple(parse_kinds(baselines)) if baselines else (),
                          device=device, max_items=max_items, tasks=tuple(task), redo=redo, commit=commit)
+    if dry_run:
+        common.console.print(describe_plan(plan_next(config)), highlight=False)
+        return
     common.output_folder(out)
     outcome = run_chunk(config)
     plan = outcome.plan
