@@ -417,10 +417,6 @@ def _written_tasks(path: Path) -> list[str]:
     return [line["task_id"] for line in read_chunk(path).results]
 
 
-__all__ = ["DEFAULT_AUDIT_DIR", "DEFAULT_DATA_DIR", "ChunkConfig", "ChunkOutcome", "CostModel", "Plan",
-           "baselines_done", "card_key", "done_keys", "ingest_chunks", "measured_costs", "plan_chunk", "plan_next", "describe_plan",
-           "resolve_release", "run_chunk"]
-
 
 # --------------------------------------------------------------------------- ingesting returned records
 
@@ -476,3 +472,8 @@ def _with_commit(text: str, chunk: Chunk, repo_root: Path) -> str:
         return text
     first, _, rest = text.partition("\n")
     return json.dumps({**json.loads(first), "commit": commit, "commit_from": "ingest (same code hash)"}) + "\n" + rest
+
+
+__all__ = ["DEFAULT_AUDIT_DIR", "DEFAULT_DATA_DIR", "ChunkConfig", "ChunkOutcome", "CostModel", "Plan",
+           "baselines_done", "card_key", "describe_plan", "done_keys", "evaluated_here", "ingest_chunks",
+           "measured_costs", "plan_chunk", "plan_next", "resolve_release", "run_chunk"]

@@ -504,9 +504,6 @@ def write_pages(audit_dir: str | Path, *, earlier: Mapping[str, str | Path] | No
     return written
 
 
-__all__ = ["GPU_VIEWS", "PagesConfig", "audit_rows", "comparison_blocks", "compare_release", "coverage",
-           "cross_release_blocks", "rebuild", "release_blocks", "write_audit_folder", "write_pages"]
-
 
 # --------------------------------------------------------------------------- the command's config
 
@@ -550,3 +547,6 @@ def rebuild(config: PagesConfig) -> list[Path]:
         raise SourceError(f"{root} holds no static records: give --static-from DATA_DIR first")
     return write_pages(root, earlier={k: v for k, v in config.earlier_map().items() if Path(v).exists()},
                        plots=config.plots)
+
+__all__ = ["GPU_VIEWS", "PagesConfig", "audit_rows", "comparison_blocks", "compare_release", "coverage",
+           "cross_release_blocks", "rebuild", "release_blocks", "write_audit_folder", "write_pages"]
