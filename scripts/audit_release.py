@@ -2,6 +2,13 @@
 
     python scripts/audit_release.py OUT_DIR --release ../shared/data/cuda-l1/h100.jsonl --time-budget-s 480
 
+Every release, one chunk per GPU run (`cudal1.audit.chunks`; the records committed under
+docs/audit/cuda-l1-releases/chunks say what is done, so any later run continues where the last stopped):
+
+    python scripts/audit_release.py chunk --release h100 --out OUT --budget-s 400   # on the GPU: next chunk
+    python scripts/audit_release.py ingest OUT                                      # here: records in, pages
+    python scripts/audit_release.py pages --static-from ../shared/data/cuda-l1      # static half and pages
+
 Phases, each resuming from the store: (1) the candidates of a per-level sample, (2) every candidate, (3) the
 `--all-baselines` (default: the CUDA graph) for every task, (4) the `--baselines` (default: all kinds) for
 the sample's tasks. Writes into OUT_DIR: `store.sqlite` (unless --store names another; carry it into the
@@ -92,15 +99,80 @@ def saved_audit_source(args: argparse.Namespace) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the phases (or only the report); print bad input as one line and return 2."""
+    """Run the phases (or only the report), or a chunk command; print bad input as one line and return 2."""
     from cudal1.core.errors import Cudal1Error
 
-    args = _parse(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(args)
+        if argv and argv[0] in CHUNK_COMMANDS:
+            return chunk_main(argv)
+        return _main(_parse(argv))
     except Cudal1Error as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+CHUNK_COMMANDS = ("chunk", "ingest", "pages")
+
+
+def _parse_chunk_commands(argv: list[str]) -> argparse.Namespace:
+    from cudal1.audit.chunks import DEFAULT_AUDIT_DIR, DEFAULT_DATA_DIR
+
+    p = argparse.ArgumentParser(prog="audit_release.py", description="An audit of every release, by chunks.")
+    sub = p.add_subparsers(dest="command", required=True)
+    chunk = sub.add_parser("chunk", help="On the GPU: the next chunk of a release within --budget-s.")
+    chunk.add_argument("--release", required=True, help="h100, a100, l40, h20, 3090 (in --data-dir) or a path.")
+    chunk.add_argument("--out", type=Path, required=True, help="Folder the chunk record goes to.")
+    chunk.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    chunk.add_argument("--budget-s", type=float, default=400.0)
+    chunk.add_argument("--baselines", default="cuda_graph,eager,torch_compile", help="'' for none.")
+    chunk.add_argument("--device", default="cuda")
+    chunk.add_argument("--max-items", type=int, default=None)
+    chunk.add_argument("--task", action="append", default=[], help="Only this task id (repeatable).")
+    chunk.add_argument("--redo", action="store_true", help="Re-check: evaluate even when done.")
+    chunk.add_argument("--commit", default=None, help="The code's commit, when this folder is no git checkout.")
+    chunk.add_argument("--dry-run", action="store_true", help="Print the plan; run and write nothing.")
+    ingest = sub.add_parser("ingest", help="Copy returned chunk records in and rebuild the pages.")
+    ingest.add_argument("records", nargs="+", type=Path)
+    pages = sub.add_parser("pages", help="Rebuild the pages (and the static records with --static-from).")
+    pages.add_argument("--static-from", default=None, help="Folder of the releases NAME.jsonl.")
+    for command in (chunk, ingest, pages):
+        command.add_argument("--audit-dir", default=DEFAULT_AUDIT_DIR)
+    for command in (ingest, pages):
+        command.add_argument("--earlier", action="append", default=None, help="RELEASE=FOLDER (repeatable).")
+        command.add_argument("--no-plots", action="store_true")
+    return p.parse_args(argv)
+
+
+def chunk_main(argv: list[str]) -> int:
+    """`chunk`, `ingest` or `pages` (module docstring)."""
+    from cudal1.audit.chunks import ChunkConfig, describe_plan, ingest_chunks, plan_next, run_chunk
+    from cudal1.audit.pages import PagesConfig, rebuild
+    from cudal1.baselines import parse_kinds
+
+    args = _parse_chunk_commands(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "chunk":
+        config = ChunkConfig(release=args.release, out_dir=str(args.out), audit_dir=args.audit_dir,
+                             data_dir=args.data_dir, budget_s=args.budget_s, device=args.device,
+                             baselines=tuple(parse_kinds(args.baselines)) if args.baselines else (),
+                             max_items=args.max_items, tasks=tuple(args.task), redo=args.redo, commit=args.commit)
+        if args.dry_run:
+            print(describe_plan(plan_next(config)))
+            return 0
+        outcome = run_chunk(config)
+        print(f"{outcome.path}: {outcome.evaluated} of {len(outcome.plan.items)} planned evaluations, "
+              f"{outcome.baselines} baselines, {outcome.elapsed_s:.0f} s (estimated {outcome.plan.estimate_s:.0f} s); "
+              f"pending before: {outcome.plan.pending}; left: {len(outcome.left)}")
+        return 0
+    defaults = PagesConfig()
+    pages = PagesConfig(audit_dir=args.audit_dir, plots=not args.no_plots,
+                        earlier=tuple(args.earlier) if args.earlier is not None else defaults.earlier,
+                        static_from=getattr(args, "static_from", None))
+    added = ingest_chunks(args.records, args.audit_dir) if args.command == "ingest" else []
+    written = rebuild(pages)
+    print(f"{len(added)} new chunk record(s); {len(written)} files written under {args.audit_dir}")
+    return 0
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -6,7 +6,13 @@
 
 Modules: `select` (which items), `run` (evaluate resumably through the store), `rows` (store -> report
 rows with baselines and speed of light; also used by `cudal1 report`), `summary` (tables and files),
-`compare` (does a re-run reproduce an earlier report: `compare_audits`).
+`compare` (does a re-run reproduce an earlier report: `compare_audits`), `explain` (which protocol change
+explains a changed verdict).
+
+An audit of every release, one GPU run at a time, without a store: `views` (every profile's and policy's
+verdict from one evidence evaluation), `records` (the committed chunk records), `chunks` (plan and run the
+next chunk; ingest), `static_half` (what the source alone says), `releases` (records -> per-release
+verdicts), `pages` (the pages, rebuilt from the records alone).
 """
 
 from cudal1.audit.compare import AuditComparison, compare_audits, load_audit

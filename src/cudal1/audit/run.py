@@ -64,6 +64,7 @@ class AuditConfig:
     seed: int = _f(0, "Seed of the per-level sample.")
     limit: int | None = _f(None, "Keep the first N selected items.")
     chunk: str | None = _f(None, "Process only chunk I/N of the selection (round-robin), e.g. 2/5.")
+    tasks: tuple[str, ...] = _f((), "Only these task ids (empty: every task of the selection).")
     baselines: tuple[str, ...] = _f((), "Baselines to measure for the chunk's tasks (e.g. eager, cuda_graph).")
     batch_size: int = _f(16, "Items per evaluate_many call (their builds run in parallel).")
     time_budget_s: float | None = _f(None, "Stop starting new batches after this many seconds.")
@@ -302,7 +303,8 @@ def asked_by_runs(store: Any, config: AuditConfig) -> dict[str, set[str]] | None
 
 def _selection(config: AuditConfig) -> list[Item]:
     return select_items(load_release(Path(config.release)), levels=config.levels,
-                        sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit)
+                        sample_per_level=config.sample_per_level, seed=config.seed, limit=config.limit,
+                        task_ids=config.tasks)
 
 
 def _audit_runners(cfg: EvalConfig, n: int) -> Any:

@@ -31,13 +31,16 @@ def parse_chunk(text: str | None) -> tuple[int, int] | None:
 
 
 def select_items(pairs: Sequence[tuple[Task, Candidate | None]], *, levels: Sequence[int] = (),
-                 sample_per_level: int | None = None, seed: int = 0, limit: int | None = None) -> list[Item]:
+                 sample_per_level: int | None = None, seed: int = 0, limit: int | None = None,
+                 task_ids: Sequence[str] = ()) -> list[Item]:
     """The release items an audit covers, in release order.
 
-    Rows without a published candidate are skipped. `sample_per_level` keeps K items per level chosen with
-    `random.Random(seed)` (all of a level with fewer); `limit` then keeps the first N.
+    Rows without a published candidate are skipped; `task_ids` keeps only those tasks. `sample_per_level` keeps
+    K items per level chosen with `random.Random(seed)` (all of a level with fewer); `limit` then keeps the first N.
     """
-    items = [(t, c) for t, c in pairs if c is not None and (not levels or t.level in levels)]
+    wanted = set(task_ids)
+    items = [(t, c) for t, c in pairs if c is not None and (not levels or t.level in levels)
+             and (not wanted or t.id in wanted)]
     if sample_per_level is not None:
         if sample_per_level < 1:
             raise ConfigError("--sample-per-level must be >= 1")

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from cudal1.audit import AuditConfig, AuditOutcome, profile_comparison, run_audit, survival_table
 from cudal1.audit.compare import DEFAULT_TOLERANCE, AuditComparison, compare_audits, load_audit
+from cudal1.audit.explain import explain_changes
 from cudal1.audit.run import asked_by_runs, collect_audit, measured_on, report_audit, report_only_config
 from cudal1.audit.saved import SavedAudit, load_saved_audit, report_saved_audit, saved_audit_path
 from cudal1.baselines import parse_kinds
@@ -184,18 +185,32 @@ def _print_written(written: dict[str, Path]) -> None:
     common.console.print(f"report: {written['report.html']}  (per task: {per_task})")
 
 
+_EXPLAIN_OPT = typer.Option(False, "--explain", help=(
+    "Name the protocol change that explains each changed verdict (for audits under different protocols)."))
+
+
 def audit_compare_command(
     earlier: Path = _EARLIER_ARG, new: Path = _NEW_ARG, tolerance: float = _TOLERANCE_OPT,
-    json_out: Path | None = _JSON_OUT_OPT,
+    json_out: Path | None = _JSON_OUT_OPT, explain: bool = _EXPLAIN_OPT,
 ) -> None:
     """Does NEW reproduce EARLIER? Exit 1 if not.
 
     Compares the verdicts, speedups and baselines of the tasks both audits hold.
     """
-    comparison = compare_audits(load_audit(earlier), load_audit(new), tolerance)
+    a, b = load_audit(earlier), load_audit(new)
+    comparison = compare_audits(a, b, tolerance)
+    explained = explain_changes(a, b) if explain else None
     if json_out is not None:
-        common.output_file(json_out).write_text(json.dumps(comparison.to_dict(), indent=1), encoding="utf-8")
+        document = {**comparison.to_dict(), **({"explained": explained} if explained is not None else {})}
+        common.output_file(json_out).write_text(json.dumps(document, indent=1), encoding="utf-8")
     print_comparison(comparison)
+    if explained is not None:
+        for change in explained["changes"]:
+            common.console.print(f"{change['task_id']}: {change['earlier']} -> {change['new']}: "
+                                 f"{'; '.join(change['changes']) or 'unexplained'} ({change['evidence']})",
+                                 highlight=False, markup=False)
+        for name, count in explained["by_change"].items():
+            common.console.print(f"{count:4d}  {name}", highlight=False, markup=False)
     if not comparison.reproduced:
         raise typer.Exit(1)
 

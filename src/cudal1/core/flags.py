@@ -48,6 +48,7 @@ NOISY = "timing.noisy"
 SIZE_CONSTANTS = "runtime.size_constants"
 CUSTOM_BUILD_FAILED = "runtime.custom_build_failed"
 PROTOCOL_MALFORMED = "protocol.malformed"
+STRICTER_TOLERANCE = "evidence.stricter_tolerance"
 
 # -- re-checks and the judge --------------------------------------------------------------------------------
 RECHECK_AGREE = "recheck.agree"
@@ -114,6 +115,8 @@ RUNTIME_FLAGS: dict[str, FlagKind] = {
     PROTOCOL_MALFORMED: FlagKind("the candidate's runner sent the parent something outside the protocol's schema "
                                  "or budget (a time that is not a finite positive number, a nested or oversized "
                                  "reply, unknown fields): its runtime_error", WARN),
+    STRICTER_TOLERANCE: FlagKind("an output was outside a stricter profile's tolerance (recorded by a pass that "
+                                 "derives several profiles' verdicts; the looser tolerance decided)", WARN),
     RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
     RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", WARN),
     RECHECK_FAILED: FlagKind("the re-measurement failed", WARN),

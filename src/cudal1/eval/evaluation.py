@@ -284,6 +284,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
     t0 = time.perf_counter()
     pinned = _pin_evaluating_thread(cfg.device)
     try:
+        session.facts.reached = "set-up"
         session.setup()
         data = session.facts.input_bytes + session.facts.output_bytes
         cand.set_memory_limit(candidate_memory_limit(cfg, data))
@@ -294,6 +295,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         measurement = Measurement(session, bandwidth, cores=len(model_cores or ()) or 1)
         calibration = measurement.calibrate()
         session.phase_s["calibration"] = time.perf_counter() - t_cal
+        session.facts.reached = "import"
         session.import_candidate()
         _check_constants(session, source)
         session.trials()
@@ -301,13 +303,16 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         if session.rejecting():
             raise Verdict(Status.HACK_DETECTED, "")
         t1 = time.perf_counter()
+        session.facts.reached = "timing"
         timing = _measure(session, bandwidth, calibration, cores=len(model_cores or ()) or 1)
         session.phase_s["timing"] = time.perf_counter() - t1
         session.guard_flags("the timed calls")
         session.process_flags()
         t2 = time.perf_counter()
+        session.facts.reached = "profile"
         profile = session.profile()
         session.phase_s["profile"] = time.perf_counter() - t2
+        session.facts.reached = "done"
         if session.rejecting():
             status = Status.HACK_DETECTED
     except Verdict as v:

@@ -125,6 +125,7 @@ class Measurement:
     def pair(self, flush: bool, verify: bool) -> tuple[timing.Sample, timing.Sample] | None:
         """One timed pair; None for a pair beyond the reference's distribution (verified, not timed)."""
         heavy = self.heavy > 0 and self.rng.random() < self.heavy
+        self.s.facts.reached = "extra trials (timed phase)" if heavy else "timing"
         with self.spending("inputs"):
             try:
                 stage = self.s.make_inputs("heavy" if heavy else "reference")
@@ -143,10 +144,9 @@ class Measurement:
         errors = self.s.reference_errors is not None and not heavy
         call = self.rng.randrange(cand.calls)  # one call of the bracket, drawn here
         result = self.s.compare(ref, cand, trial=-1, call=call, errors=errors)
-        if not result.ok:
-            if heavy:
-                raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution in a timed call: "
-                              + result.message, mismatch=result.mismatch, flag=F.BEYOND_DISTRIBUTION)
+        if not result.ok and heavy:
+            self.s.beyond_distribution_failed(result, " in a timed call", -1)
+        elif not result.ok:
             raise Verdict(Status.INCORRECT, "wrong output in a timed run (correct in the trials): " + result.message,
                           mismatch=result.mismatch, flag=F.TIMED_OUTPUT)
         if result.errors:

@@ -172,9 +172,10 @@ class TensorPlane(ABC):
 
     @abstractmethod
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
-                noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
-        """The candidate's last snapshot against the reference's; a `Verdict` for outputs that cannot be read
-        or are not plain tensors."""
+                noise: list[float | None] | None = None, *, errors: bool = False,
+                tolerances: dict[str, Tolerance] | None = None) -> Comparison:
+        """The candidate's last snapshot against the reference's (under `tolerances`, default the plane's); a
+        `Verdict` for outputs that cannot be read or are not plain tensors."""
 
     @abstractmethod
     def inputs_changed(self, stage_tree: dict[str, Any], ref_slot: dict[str, Any],
@@ -244,8 +245,9 @@ class DevicePlane(TensorPlane):
         self.helper.ring(1, timeout_s)
 
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
-                noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
-        reply = self.helper.compare(Compare(ref=ref_tree, cand=cand_tree, tolerances=tolerances_to_wire(self.tolerances),
+                noise: list[float | None] | None = None, *, errors: bool = False,
+                tolerances: dict[str, Tolerance] | None = None) -> Comparison:
+        reply = self.helper.compare(Compare(ref=ref_tree, cand=cand_tree, tolerances=tolerances_to_wire(tolerances or self.tolerances),
                                             trial=trial, sid=self.sid, noise=noise, errors=errors), 600.0)
         return self._compared(reply)
 
@@ -306,19 +308,20 @@ class HostPlane(TensorPlane):
             self.helper.ring(1, timeout_s)
 
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
-                noise: list[float | None] | None = None, *, errors: bool = False) -> Comparison:
+                noise: list[float | None] | None = None, *, errors: bool = False,
+                tolerances: dict[str, Tolerance] | None = None) -> Comparison:
         ref, cand = self.snapshots["ref"], self.snapshots["cand"]
         try:
             if self.helper is None or self.helper_arena is None:
-                return compare_outputs(ref.unpack(ref_tree), cand.unpack(cand_tree), self.tolerances, trial,
-                                       noise=noise, errors=errors)
+                return compare_outputs(ref.unpack(ref_tree), cand.unpack(cand_tree), tolerances or self.tolerances,
+                                       trial, noise=noise, errors=errors)
             ref_at, offset = self.helper_arena.copy_from(ref, ref_tree, "out")
             cand_at, _ = self.helper_arena.copy_from(cand, cand_tree, "out", offset)
         except OutputHackError as exc:
             raise _hack(str(exc)) from None
         except (UnsupportedValue, ArenaFull, ValueError, TypeError, KeyError) as exc:
             raise _unreadable(exc) from None
-        reply = self.helper.compare(Compare(ref=ref_at, cand=cand_at, tolerances=tolerances_to_wire(self.tolerances),
+        reply = self.helper.compare(Compare(ref=ref_at, cand=cand_at, tolerances=tolerances_to_wire(tolerances or self.tolerances),
                                             trial=trial, noise=noise, errors=errors), 600.0)
         return self._compared(reply)
 

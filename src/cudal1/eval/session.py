@@ -122,9 +122,16 @@ class SessionFacts:
     beyond_distribution_trials: int | None = None
     builds: list[dict[str, Any]] = field(default_factory=list)  # the candidate's set-up builds: name, ok
     failed_build_log: str = ""  # the first failed build's compiler log (the result's compile_log)
+    # Where a stricter profile would have stopped: per rule (`evidence.stricter_tolerance`,
+    # `runtime.beyond_distribution`) its first occurrence, where (trial index, -1 for a timed call), the mismatch
+    # and the rules of the flags raised before it; what `cudal1.audit.views` derives other verdicts from.
+    stops: list[dict[str, Any]] = field(default_factory=list)
+    # The step the evaluation was in when it ended ("done" when it ran to the end): a failure during the extra
+    # trials is not a failure under a profile that runs none.
+    reached: str = ""
 
     RECORDED = ("clock", "calibration", "gpu_memory_gib", "precision", "samples", "tensors", "timing_spent_s",
-                "beyond_distribution_trials", "builds")
+                "beyond_distribution_trials", "builds", "stops", "reached")
 
     def recorded(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.RECORDED if getattr(self, k) not in (None, "", {}, [])}
@@ -460,11 +467,13 @@ class Session:
 
     def trials(self) -> None:
         t0 = time.perf_counter()
+        self.facts.reached = "trials"
         for trial in range(self.cfg.correctness_trials):
             self.trial(trial, "reference")
         self.phase_s["correctness"] = time.perf_counter() - t0
         extra = self.cfg.extra_trial_count
         if extra:
+            self.facts.reached = "extra trials"
             t1 = time.perf_counter()
             ran = sum(self.trial(self.cfg.correctness_trials + i, "heavy") for i in range(extra))
             self.facts.beyond_distribution_trials = ran
@@ -473,7 +482,7 @@ class Session:
     def trial(self, index: int, distribution: str) -> bool:
         """One trial: a pair of calls on fresh inputs, compared, inputs checked; False when the reference
         itself cannot run on these inputs (extra trials only: then the trial is skipped)."""
-        tol = self.cfg.profile_obj.tolerance("float32").atol
+        tol = self.cfg.profile_obj.noise_atol()
         # The reference's own float32 error is measured on the first trial; every later trial of its
         # distribution and every verified timed call is held to it (`check_precision`), so a candidate that
         # computes in full precision only on its first call, or only when not timed, is still caught.
@@ -534,9 +543,33 @@ class Session:
                           flag=F.OUTPUT_TYPE)
         assert self.plane is not None
         ref_tree = call_output(ref.reply.out, call, ref.calls)
+        stricter = self.cfg.profile_obj.stricter_tolerances
+        if stricter is not None:
+            first = self.plane.compare(ref_tree, cand_tree, trial, noise, errors=errors, tolerances=stricter)
+            if first.ok:
+                self.note_memory("helper", self.plane.helper_memory)
+                return first
+            self.note_stop(F.STRICTER_TOLERANCE, trial, first, f"outside the stricter tolerance: {first.message}")
         result = self.plane.compare(ref_tree, cand_tree, trial, noise, errors=errors)
         self.note_memory("helper", self.plane.helper_memory)
         return result
+
+    def note_stop(self, rule: str, trial: int, missed: Comparison, message: str) -> None:
+        """Where a stricter profile would have stopped (first time per rule): a flag, and in the facts the
+        trial, the mismatch and the flags raised before it, so that its verdict is read from the record."""
+        if any(stop["rule"] == rule for stop in self.facts.stops):
+            return
+        self.facts.stops.append({"rule": rule, "trial": trial, "flags_before": sorted({f.rule for f in self.flags}),
+                                 "mismatch": dataclasses.asdict(missed.mismatch) if missed.mismatch else None})
+        self.flags.append(runtime_flag(rule, message[:300]))
+
+    def beyond_distribution_failed(self, result: Comparison, where: str, trial: int) -> None:
+        """A wrong output on inputs beyond the reference's distribution: the `incorrect` verdict, or, where the
+        profile only records it (`Profile.beyond_distribution_decides`), a stop noted and the evaluation goes on."""
+        message = f"on inputs beyond the reference's distribution{where}: {result.message}"
+        if self.cfg.profile_obj.beyond_distribution_decides:
+            raise Verdict(Status.INCORRECT, message, flag=F.BEYOND_DISTRIBUTION, mismatch=result.mismatch)
+        self.note_stop(F.BEYOND_DISTRIBUTION, trial, result, message)
 
     def check_output(self, ref: CallRecord, cand: CallRecord, trial: int, call: int = 0, *, beyond: bool = False,
                      noise: Any = None, errors: bool = False) -> tuple[float | None, ...]:
@@ -546,8 +579,8 @@ class Session:
         if result.ok:
             return result.errors
         if beyond:
-            raise Verdict(Status.INCORRECT, "on inputs beyond the reference's distribution (heavy-tailed, "
-                          f"sign-varied): {result.message}", flag=F.BEYOND_DISTRIBUTION, mismatch=result.mismatch)
+            self.beyond_distribution_failed(result, " (heavy-tailed, sign-varied)", trial)
+            return result.errors
         raise Verdict(Status.INCORRECT, result.message, mismatch=result.mismatch)
 
     def check_inputs(self, stage_tree: dict[str, Any], ref: CallRecord, cand: CallRecord, where: str) -> None:

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from cudal1.analysis.context import AnalysisContext, build_context, call_name
 from cudal1.core import flags as F
+from cudal1.core.errors import ConfigError
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import CUSTOM_CLASSES, EvalResult, Flag, Severity, Status
-from cudal1.policy.presets import Policy, resolve_policy
+from cudal1.policy.presets import HARD_FORBIDDEN_OPS, Policy, resolve_policy
 
 #: torch calls that allocate or describe tensors, or manage devices and streams, not compute: CUDA Agent
 #: allows them around its own kernels.
@@ -66,6 +69,33 @@ def apply_policy(result: EvalResult, source: str, policy: str | Policy | None = 
 
 def violations(result: EvalResult, source: str, rules: Policy, *, task_source: str | None = None) -> list[Flag]:
     """Every rule of `rules` the evaluation's evidence breaks, as `policy.*` flags (ERROR)."""
+    return violations_from_facts(result, source_facts(source, task_source, rules.forbidden_ops), rules)
+
+
+def source_facts(source: str, task_source: str | None = None,
+                 forbidden_ops: tuple[str, ...] = HARD_FORBIDDEN_OPS) -> dict[str, Any]:
+    """What the policies read from the candidate's source, as JSON-ready data, so that a verdict under any
+    preset can be decided again from a record without the source (`violations_from_facts`): whether it
+    builds kernels, its first torch compute calls on the forward path, its uses of forbidden ops (the
+    task's `FORBIDDEN_OPS` and `forbidden_ops`; `ops_checked` names them), a compile call inside forward."""
+    try:
+        ctx = build_context(source)
+    except SyntaxError:
+        return {"parsed": False}
+    task_ops = task_forbidden_ops(task_source)
+    ops = tuple(dict.fromkeys((*task_ops, *forbidden_ops)))
+    build = next(((ext.origin, ext.line) for ext in ctx.extensions
+                  if ext.node is not None and ctx.in_reachable(ext.node)), None)
+    return {"parsed": True, "builds_kernels": bool(ctx.extensions or ctx.cuda_strings or ctx.triton_kernels),
+            "torch_compute_calls": [[name, line] for name, line in torch_compute_calls(ctx)[:3]],
+            "task_forbidden_ops": list(task_ops), "ops_checked": list(ops),
+            "forbidden_calls": [[op, line] for op, line in forbidden_calls(ctx, ops)],
+            "build_in_forward": None if build is None else [build[0], build[1]]}
+
+
+def violations_from_facts(result: EvalResult, facts: Mapping[str, Any], rules: Policy) -> list[Flag]:
+    """`violations` from the evaluation's evidence and the source's `source_facts`. `ConfigError` when the
+    policy forbids ops the facts did not look for (decide it from the source then)."""
     out: list[Flag] = []
     rule_names = {f.rule for f in result.flags}
     kind = result.kernel_class.value if result.kernel_class else "unknown"
@@ -86,29 +116,28 @@ def violations(result: EvalResult, source: str, rules: Policy, *, task_source: s
     if rules.reject_fallbacks and "exception_fallback" in rule_names:
         line = next(f.line for f in result.flags if f.rule == "exception_fallback")
         add("fallback", "a try/except fallback to PyTorch on the forward path", line)
-    try:
-        ctx = build_context(source)
-    except SyntaxError:
+    if not facts.get("parsed"):
         return out
-    builds_kernels = bool(ctx.extensions or ctx.cuda_strings or ctx.triton_kernels)
-    if (rules.reject_decoys and runtime_decoy is None and builds_kernels
+    if (rules.reject_decoys and runtime_decoy is None and facts["builds_kernels"]
             and result.kernel_class not in CUSTOM_CLASSES):
         # Kernels that are built but not guaranteed to run (never launched, or only inside a fallback): the
         # profiler's decoy check covers custom-classified candidates only, so this case is decided here.
         add("decoy_kernel", f"builds kernels that its forward is not guaranteed to run (kernel class {kind})")
     if rules.no_torch_ops:
-        for name, line in torch_compute_calls(ctx)[:1]:
+        for name, line in facts["torch_compute_calls"][:1]:
             add("torch_op", f"calls {name} on the forward path", line)
         if "guard.low_custom_share" in rule_names:
             add("torch_op", "its own kernels carried little of the forward's device time (profiled run)")
-    forbidden = task_forbidden_ops(task_source) or rules.forbidden_ops
-    for name, line in forbidden_calls(ctx, forbidden)[:1]:
+    forbidden = tuple(facts["task_forbidden_ops"]) or rules.forbidden_ops
+    unchecked = sorted(set(forbidden) - set(facts["ops_checked"]))
+    if unchecked:
+        raise ConfigError(f"the source facts did not look for {', '.join(unchecked)}: decide {rules.name} from the "
+                          "source")
+    for name, line in [c for c in facts["forbidden_calls"] if c[0] in forbidden][:1]:
         add("forbidden_op", f"uses {name}, which this task forbids", line)
-    if rules.no_build_in_forward:
-        for ext in ctx.extensions:
-            if ext.node is not None and ctx.in_reachable(ext.node):
-                add("build_in_forward", f"compiles an extension ({ext.origin}) inside forward", ext.line)
-                break
+    if rules.no_build_in_forward and facts["build_in_forward"] is not None:
+        origin, line = facts["build_in_forward"]
+        add("build_in_forward", f"compiles an extension ({origin}) inside forward", line)
     return out
 
 
