@@ -1,5 +1,5 @@
 """Everything a runner sends is hostile input: the schema enforced at decode, the channel's limits, and a fuzz
-of both with thousands of random and structured cases (cudal1.eval.shared.protocol, .channel)."""
+of both with thousands of random and structured cases (cudal1.eval.shared.schema, .protocol, .channel)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import socket
 import pytest
 
 from cudal1.eval.shared import protocol as P
+from cudal1.eval.shared import schema as S
 from cudal1.eval.shared.channel import Channel, ChannelClosed, ProtocolError, socket_pair
 
 CALL = P.Call(seq=1, slot=0, inputs={})
@@ -56,12 +57,12 @@ def test_trees_are_bounded_in_depth_and_size_without_recursion():
     deep: object = 0
     for _ in range(100_000):  # far deeper than Python's recursion limit
         deep = [deep]
-    with pytest.raises(P.MalformedMessage, match="nested deeper"):
-        P.check_tree(deep, "x")
-    with pytest.raises(P.MalformedMessage, match="more than"):
-        P.check_tree(list(range(P.MAX_TREE_NODES + 1)), "x")
+    with pytest.raises(S.MalformedMessage, match="nested deeper"):
+        S.check_tree(deep, "x")
+    with pytest.raises(S.MalformedMessage, match="more than"):
+        S.check_tree(list(range(S.MAX_TREE_NODES + 1)), "x")
     seq = TENSOR
-    for _ in range(P.MAX_DESCRIPTOR_DEPTH + 1):
+    for _ in range(S.MAX_DESCRIPTOR_DEPTH + 1):
         seq = {"t": "seq", "type": "tuple", "items": [seq]}
     with pytest.raises(P.MalformedReply, match="deeper than a descriptor tree"):
         P.decode_reply(CALL, reply_with(out=seq))
