@@ -2,7 +2,7 @@
 aliasing gain.
 
     PYTHONPATH=src python scripts/bench_hostile_channel.py OUT_DIR [--device cpu] [--repeat 3]
-        [--profile strict] [--only nan_time,alias_output]
+        [--profile strict] [--only nan_time,alias_output] [--ref tests/fixtures/candidates/refs/relu_large.py]
 
 Every candidate of `tests/fixtures/channel/` (a runner that sends NaN or zero times, strings for numbers,
 unknown fields, replies nested past the parser's recursion or bloated past their size, garbage frames,
@@ -11,7 +11,9 @@ output region) is evaluated `repeat` times through the real evaluator beside the
 (`honest_control.py`, and `alias_twin.py`, the in-place twin of `alias_output.py`), interleaved in rounds.
 Printed per candidate: its verdicts, the message of the first, its median evaluation wall time over the
 honest control's (the goal: within 2x), and for the aliasing pair the median speedup of `alias_output` over
-that of `alias_twin` (the goal: no gain above 1.05x; a `hack_detected` verdict gains nothing either).
+that of `alias_twin` (the goal: no gain above 1.05x; a `hack_detected` verdict gains nothing either). The
+aliasing figure needs calls the clock resolves: on a GPU, `--ref .../relu_large.py` (about 1 ms a call) with
+`--only alias_output`.
 Everything, per evaluation, in OUT_DIR/hostile_channel.json, written after every round.
 """
 
@@ -66,13 +68,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--profile", default="strict")
     parser.add_argument("--only", default="", help="comma-separated fixture names (the controls always run)")
+    parser.add_argument("--ref", type=Path, default=RELU, help="the reference (a relu: every fixture computes one)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     names = sorted(p.stem for p in CHANNEL.glob("*.py"))
     if args.only:
         wanted = set(args.only.split(",")) | set(CONTROLS)
         names = [n for n in names if n in wanted]
-    task = load_file(RELU)
+    task = load_file(args.ref)
     cfg = EvalConfig(device=args.device, profile=args.profile)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for round_index in range(args.repeat):
@@ -89,7 +92,7 @@ def main() -> int:
                                "candidate_ms": data["candidate_ms"], "ref_ms": data["ref_ms"]})
             print(f"round {round_index} {name}: {result.status.value} "
                   f"{'' if result.speedup is None else f'{result.speedup:.3f}x '}{wall:.1f} s", flush=True)
-        report = {"device": args.device, "profile": args.profile, "repeat": args.repeat,
+        report = {"device": args.device, "profile": args.profile, "repeat": args.repeat, "ref": str(args.ref),
                   "summary": summarize(runs), "runs": runs}
         (args.out / "hostile_channel.json").write_text(json.dumps(report, indent=1))
     print(f"\n{'candidate':20s} {'verdicts':38s} {'wall/honest':>11s} {'speedup':>8s}  note")
