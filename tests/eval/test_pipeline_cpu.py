@@ -480,14 +480,37 @@ def test_a_noisy_measurement_is_flagged_measured_again_and_both_shown(task):
     assert quiet.status is Status.CORRECT and not any(f.rule == "timing.noisy" for f in quiet.flags)
 
 
-def test_a_cuda_build_on_a_machine_without_a_gpu_says_so(task):
-    """Not a compile error of the candidate (it used to read "CUDA_HOME not set"): no verdict at all."""
-    source = ("import torch\nfrom torch.utils.cpp_extension import load_inline\n"
-              "ext = load_inline(name='k', cpp_sources='', cuda_sources='__global__ void k() {}')\n"
-              "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
-    r = evaluate_candidate(task, source, EvalConfig(**FAST))
-    assert r.status is Status.INFRA_ERROR and "needs a GPU" in r.message
-    assert not r.status.is_verdict
+_CUDA_BUILD = ("import torch\nfrom torch.utils.cpp_extension import load_inline\n"
+               "ext = load_inline(name='k', cpp_sources='', cuda_sources='__global__ void k() {}')\n"
+               "class ModelNew(torch.nn.Module):\n    def forward(self, x, b):\n        return x\n")
+# What the CUDA build of torch (the one `pip install` brings by default) has on a machine without a GPU: a CUDA
+# version and a CUDA_HOME, and no device. Its load_inline then fails in its arch detection (`arch_list[-1]` of
+# an empty list: "IndexError: list index out of range"), which no message pattern of a CPU build matches.
+_AS_THE_CUDA_BUILD_OF_TORCH = ("import torch\nimport torch.utils.cpp_extension\n"
+                               "torch.version.cuda = '12.8'\ntorch.utils.cpp_extension.CUDA_HOME = '/usr/local/cuda'\n")
+
+
+@pytest.mark.parametrize("torch_build", ["cpu", "cuda"])
+def test_a_cuda_build_on_a_machine_without_a_gpu_says_so(task, tmp_path, torch_build):
+    """Not a compile error of the candidate ("CUDA_HOME not set" with a CPU build of torch, "IndexError: list
+    index out of range" with its CUDA build, each stored as the candidate's): no verdict at all, and nothing
+    stored. The candidate's runner refuses the build because it has no GPU, whatever torch would have said."""
+    source = _CUDA_BUILD if torch_build == "cpu" else _AS_THE_CUDA_BUILD_OF_TORCH + _CUDA_BUILD
+    if torch_build == "cuda":  # the torch path as the CUDA build takes it, without the hooks: that error
+        import subprocess
+        import sys
+
+        probe = tmp_path / "probe.py"
+        probe.write_text(source)
+        run_it = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120,
+                                env={"PATH": "/usr/bin:/bin", "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+        assert "IndexError: list index out of range" in run_it.stderr, run_it.stderr[-2000:]
+    store = ResultsStore(tmp_path / "store.sqlite")
+    # skip_static: the simulation patches torch, which the static filter rejects (not what is tested here).
+    r = evaluate_candidate(task, source, EvalConfig(**FAST, skip_static=True), store=store)
+    assert r.status is Status.INFRA_ERROR and "needs a GPU" in r.message, r.message
+    assert "no GPU" in r.message and "IndexError" not in r.message and "CUDA_HOME" not in r.message
+    assert not r.status.is_verdict and store.query_evaluations() == []
 
 
 _RAW_COPY = """import torch
