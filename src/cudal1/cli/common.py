@@ -25,6 +25,7 @@ from cudal1.core.errors import SourceError
 from cudal1.core.names import PROFILE_ALIASES, canonical_profile, describe_choices
 from cudal1.eval.config import PROFILES, EvalConfig, profile_choices
 from cudal1.llm.prompts import FORM_CHOICES
+from cudal1.tasks.task import MAX_SOURCE_BYTES, size_problem, source_problem
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -95,17 +96,25 @@ def add_id_column(table: Any, ids: Iterable[str], header: str = "task") -> None:
 
 
 def read_source(path: Path, what: str) -> str:
-    """The text of a user's Python file; `SourceError` (one line) when it is missing, a folder or not UTF-8."""
+    """The text of a user's Python file; `SourceError` (one line) when it is missing, a folder, not UTF-8, or
+    over the size limit of a source (`MAX_SOURCE_BYTES`)."""
     if path.is_dir():
         raise SourceError(f"{what} {path} is a folder, not a file")
     if not path.is_file():
         raise SourceError(f"no such {what} file: {path}")
     try:
-        return path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_SOURCE_BYTES:  # before reading it: a file of GBs is refused as fast as one of MBs
+            raise SourceError(f"{what} {path} cannot be evaluated: it is {size_problem(size)}")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise SourceError(f"{what} {path} is not UTF-8 text (byte {exc.start}): is it a Python source?") from None
     except OSError as exc:
         raise SourceError(f"cannot read {what} {path}: {exc.strerror}") from None
+    problem = source_problem(text)
+    if problem:
+        raise SourceError(f"{what} {path} cannot be evaluated: {problem}")
+    return text
 
 
 def open_existing_store(path: Path | None) -> Any:

@@ -27,7 +27,7 @@ from cudal1.eval.shared.compile_log import build_failure_message
 from cudal1.eval.static_checks import static_rejection, static_report
 from cudal1.eval.supply import RunnerSupply
 from cudal1.policy import apply_policy
-from cudal1.tasks.task import Task, source_hash, text_problem
+from cudal1.tasks.task import Task, size_problem, source_hash, source_problem
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +87,18 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
 
 
 def not_a_source_file(task: Task, source: str) -> EvalResult | None:
-    """The `unparseable` verdict for a text that cannot be a Python file (a lone surrogate, a NUL), else None;
-    given before anything runs or is stored, by `evaluate_candidate` and by the pools."""
-    problem = text_problem(source)
+    """The `unparseable` verdict for a text that cannot be a Python file (a lone surrogate, a NUL) or is over
+    `MAX_SOURCE_BYTES`, and `infra_error` for a task whose reference is over it (not the candidate's doing),
+    else None; given before anything runs or is stored, by `evaluate_candidate` and by the pools."""
+    reference = size_problem(task.source)
+    if reference is not None:
+        return EvalResult(status=Status.INFRA_ERROR, message=f"the reference of {task.id} cannot be evaluated: "
+                          f"it is {reference} (the task's, not the candidate's)", task_id=task.id,
+                          candidate_hash=source_hash(source))
+    problem = source_problem(source)
     if problem is None:
         return None
-    return EvalResult(status=Status.UNPARSEABLE, message=f"the candidate is not a source file: {problem}",
+    return EvalResult(status=Status.UNPARSEABLE, message=f"the candidate cannot be evaluated: {problem}",
                       task_id=task.id, candidate_hash=source_hash(source))
 
 
