@@ -110,7 +110,7 @@ def test_island_settings_reach_the_sampler():
     sampler = make_sampler("island", sampler_config(cfg))
     assert (sampler.config.num_islands, sampler.config.migrate_every, sampler.config.reset_every,
             sampler.config.temperature) == (7, 3, 9, 0.5)
-    with pytest.raises(ConfigError, match="islands >= 1"):
+    with pytest.raises(ConfigError, match="islands must be >= 1"):
         RLStageConfig(**BASE, islands=0)
 
 
@@ -208,3 +208,59 @@ def test_a_renamed_setting_is_read_under_its_new_name_with_a_warning(tmp_path):
     assert cfg.eval_threads == 3
     with pytest.raises(ConfigError, match="give only eval_threads"):
         load_config(RLStageConfig, path, ["eval_threads=2"])
+
+
+def _stage_values(cls, tmp_path) -> dict:
+    extra = {"dataset": str(tmp_path / "d.jsonl")} if cls is SFTStageConfig else {}
+    return {**BASE, "output_dir": str(tmp_path / "run"), **extra}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_every_float_setting_must_be_finite_and_every_range_is_enforced(stage, tmp_path):
+    """`--set learning_rate=nan` reached the optimizer ("Invalid learning rate: nan", a bug to the CLI): NaN
+    passes every `x <= 0` check. Each float refuses nan and inf by name, each declared range the value just
+    outside it, through the same path as `--set`."""
+    import dataclasses
+    import typing
+
+    from cudal1.core.ranges import in_range
+
+    cls = STAGES[stage]
+    base = _stage_values(cls, tmp_path)
+    hints = typing.get_type_hints(cls)
+    floats = [f.name for f in dataclasses.fields(cls) if hints[f.name] is float]
+    assert "learning_rate" in floats and len(floats) >= 8
+    for name in floats:
+        for raw in ("nan", "inf", "-inf", ".nan"):
+            with pytest.raises(ConfigError, match=f"^{name} must be a finite number"):
+                load_config(cls, None, {**base, **parse_overrides([f"{name}={raw}"])})
+    ranges = cls(**base).ranges()
+    assert {"learning_rate", "seed", "warmup_ratio", "eval_timeout_s"} <= set(ranges)
+    for name, spec in ranges.items():
+        numbers = [float(n) for n in spec.strip("[]()<>= ").replace(",", " ").split()]
+        outside = [v for n in numbers for v in (n - 1, n - 1e-3, n, n + 1e-3, n + 1) if not in_range(v, spec)]
+        assert outside, (name, spec)
+        kind = hints[name]
+        value = kind(outside[0]) if kind is float else int(outside[0]) if not in_range(int(outside[0]), spec) \
+            else int(outside[-1])
+        with pytest.raises(ConfigError, match=f"^{name} must be"):
+            cls(**{**base, name: value})
+
+
+def test_an_output_dir_that_is_a_file_and_an_empty_config_are_named(tmp_path):
+    """`train -o FILE` said `[Errno 17] File exists`; an empty YAML trained on the defaults without a word."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match=f"output_dir {afile} is a file, not a folder"):
+        RLStageConfig(**{**BASE, "output_dir": str(afile)})
+    for text in ("", "# only comments\n", "---\n"):
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        with pytest.raises(ConfigError, match="is empty \\(no settings\\)"):
+            load_config(RLStageConfig, empty, BASE)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must be a mapping of settings, not a list"):
+        load_config(RLStageConfig, listing, BASE)
+    with pytest.raises(ConfigError, match="failure_rewards must map statuses to finite numbers"):
+        RLStageConfig(**BASE, failure_rewards={"compile_error": float("nan")})

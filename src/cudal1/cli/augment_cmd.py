@@ -45,7 +45,7 @@ def augment_command(
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     eval_set: list[str] = EvalSetOpt,
-    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, callback=common.finite, help="Sampling temperature."),
     max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
     concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight per model."),
     max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -57,11 +58,19 @@ def choice(*values: str) -> Callable[[str], str]:
     return check
 
 
+def finite(value: float | None) -> float | None:
+    """A callback for every float option: `nan` and `inf` parse as floats, and pass a `min=` bound (inf) or
+    every later comparison (nan)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value:g} is not a finite number")
+    return value
+
+
 def positive(value: float | None) -> float | None:
-    """A callback for numbers that must be > 0 (click's ranges cannot exclude their bound)."""
+    """A callback for numbers that must be finite and > 0 (click's ranges cannot exclude their bound)."""
     if value is not None and not value > 0:
         raise typer.BadParameter(f"{value:g} is not > 0")
-    return value
+    return finite(value)
 
 
 DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)

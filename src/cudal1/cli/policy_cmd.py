@@ -20,7 +20,7 @@ def evaluate_policy_command(
     split: str = typer.Option("test", "--split", help="train, test or all."),
     splits_file: str = typer.Option("", "--splits-file", help="Split JSON written by training (splits.json)."),
     samples: int = typer.Option(8, "--samples", "-k", min=1, help="Completions per task."),
-    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, callback=common.finite, help="Sampling temperature."),
     max_new_tokens: int = typer.Option(4096, "--max-new-tokens", min=1, help="Longest completion."),
     max_tasks: int = typer.Option(0, "--max-tasks", min=0, help="At most this many tasks (0: all)."),
     form: str = common.FormOpt,
