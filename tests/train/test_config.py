@@ -186,8 +186,23 @@ def test_each_rank_of_a_multi_process_run_times_on_its_own_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert rank_device("cuda") == "cuda:3" and rank_device("cuda:1") == "cuda:1" and rank_device("cpu") == "cpu"
     assert rank_device("auto") == "auto"  # no GPU here: auto stays the CPU
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine: cuda is a valid setting
     cfg = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "eval_device": "cuda"})
     assert cfg.eval_config().device == "cuda:3"
+
+
+def test_an_evaluator_gpu_where_there_is_none_is_an_error_before_training(monkeypatch):
+    """`--set eval_device=cuda` on a CPU machine trained on, every reward failing later; the fix is named as
+    training spells it (a `fix` the CLI writes as --set eval_device=cpu)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible; use device=cpu") as info:
+        RLStageConfig(**BASE, eval_device="cuda")
+    assert info.value.fix == ("device", "cpu")
+    assert RLStageConfig(**BASE, eval_device="cuda", workers="http://127.0.0.1:9").workers  # evaluated elsewhere
 
 
 def test_log_completions_is_a_setting_of_stages_2_and_3(tmp_path):

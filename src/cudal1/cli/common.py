@@ -76,7 +76,7 @@ def positive(value: float | None) -> float | None:
 DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)
 ProfileOpt = typer.Option("strict", "--profile", callback=check_profile,
                           help=f"Correctness profile: {profile_choices(typed=True)}. Other harnesses' "
-                               "acceptance rules: --policy.")
+                               "acceptance rules: cudal1 eval --policy.")
 TrialsOpt = typer.Option(5, "--trials", min=1, help="Correctness trials with fresh inputs.")
 SizesOpt = typer.Option("auto", "--sizes", callback=choice("auto", "full", "small"),
                         help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
@@ -84,7 +84,8 @@ StoreOpt = typer.Option(None, "--store", help="Results database (default: user d
 NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the results store.")
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
 BucketsOpt = typer.Option(7, "--buckets", min=1, help="Timing buckets (their spread is the stability; the "
-                                                       "speedup pools all calls unless --estimator buckets).")
+                                                       "speedup pools all calls, unless cudal1 eval --estimator "
+                                                       "buckets).")
 TimeoutOpt = typer.Option(600.0, "--timeout-s", callback=positive,
                           help="Wall-clock limit per candidate (builds excluded).")
 SandboxOpt = typer.Option("auto", "--sandbox", callback=choice("auto", "required", "none"),

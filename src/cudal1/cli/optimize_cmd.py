@@ -85,7 +85,8 @@ def optimize_command(
     source: list[str] = SourceOpt,
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt,
-    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, eval_set: list[str] = EvalSetOpt,
+    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
+    eval_set: list[str] = EvalSetOpt,
     feedback: bool = typer.Option(True, "--feedback/--no-feedback", help="Feed the last round's failure back."),
     seed: int = typer.Option(0, "--seed", help="Seed of exemplar sampling."),
     out: Path | None = OutOpt,
@@ -113,7 +114,7 @@ def optimize_command(
     from cudal1.loops.optimize import LLMUnavailableError, OptimizeConfig, optimize
 
     eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
-                                    buckets=buckets, timeout_s=timeout_s), **parse_eval_sets(eval_set)})
+                                    buckets=buckets, timeout_s=timeout_s, sandbox=sandbox), **parse_eval_sets(eval_set)})
     config = OptimizeConfig(
         llm=LLMConfig(spec=llm, temperature=temperature, max_tokens=max_tokens, concurrency=concurrency,
                       max_retries=max_retries),

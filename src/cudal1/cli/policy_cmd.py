@@ -32,8 +32,8 @@ def evaluate_policy_command(
     workers: str = common.WorkersOpt,
     output: str = typer.Option("", "--output", help="Write the JSON report here."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
-    sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    sizes: str = common.SizesOpt, sandbox: str = common.SandboxOpt, store_path: Path | None = common.StoreOpt,
+    no_store: bool = common.NoStoreOpt, as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Score a policy on a task split: pass@k, speedups.
 
@@ -49,7 +49,7 @@ def evaluate_policy_command(
         typer.echo(f"note: --workers {workers} is read as --eval-threads {workers}; --workers names an "
                    "evaluator pool, as in eval, optimize and serve", err=True)
         eval_threads, workers = int(workers), ""
-    eval_cfg = common.make_config(device, profile, trials, sizes)
+    eval_cfg = common.make_config(device, profile, trials, sizes, sandbox=sandbox)
     store = common.open_store(store_path, no_store)
     from cudal1.service.evaluator import make_evaluator
 

@@ -296,5 +296,6 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {requested!r} requested but no CUDA GPU is visible; use --device cpu")
+        raise ConfigError(f"device {requested!r} requested but no CUDA GPU is visible; use device=cpu",
+                          fix=("device", "cpu"))
     return requested

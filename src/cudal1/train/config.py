@@ -29,7 +29,7 @@ from cudal1.core.names import canonical_profile
 from cudal1.core.ranges import check_ranges
 from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS, SPEEDUP_ESTIMATES
 from cudal1.core.types import Status
-from cudal1.eval.config import EvalConfig, profile_choices, resolve_device
+from cudal1.eval.config import SANDBOX_MODES, EvalConfig, profile_choices, resolve_device
 from cudal1.llm.prompts import FORM_CHOICES, resolve_form
 from cudal1.policy.presets import policy_choices
 from cudal1.service.evaluator import is_evaluator_spec
@@ -96,6 +96,8 @@ class CommonTrainConfig:
     eval_trials: int = _f(5, "Evaluator correctness trials per candidate.")
     eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
     eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
+    eval_sandbox: str = _f("auto", "Evaluator OS sandbox: auto (the best of this host; the strict profile refuses "
+                                   "to run without one), required, or none (an opt-out recorded in every result).")
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
     eval_policy: str = _f("cuda-l1", f"Verdict policy of the rewards: {policy_choices()}; a violation earns the "
                                      "policy's violation_reward, else failure_rewards.hack_detected.")
@@ -150,6 +152,8 @@ class CommonTrainConfig:
         if not targets or any(t not in REPORT_TARGETS for t in targets) or ("none" in targets and len(targets) > 1):
             raise ConfigError(f"report_to must be tensorboard, wandb, both comma-separated, or none; "
                               f"got {self.report_to!r}")
+        if self.eval_sandbox not in SANDBOX_MODES:
+            raise ConfigError(f"eval_sandbox must be one of {', '.join(SANDBOX_MODES)}, not {self.eval_sandbox!r}")
         if self.eval_threads < 1:
             raise ConfigError(f"eval_threads must be >= 1, got {self.eval_threads}")
         if self.time_budget_s < 0:
@@ -158,15 +162,16 @@ class CommonTrainConfig:
         if not is_evaluator_spec(self.workers):
             raise ConfigError(f"workers must be empty, local, ray:auto, ray://HOST:PORT or http(s)://HOST:PORT, "
                               f"not {self.workers!r}")
+        where = self._evaluation_device()
         if self.form == "auto":  # the form that runs where the rewards are computed (so in config.yaml)
-            self.form = resolve_form("auto", self._evaluation_device())
+            self.form = resolve_form("auto", where)
 
     def _evaluation_device(self) -> str:
         """Where candidates are evaluated: `remote` for a Ray pool or a reward server, else this machine's
         evaluator device (a local pool's slots run on it too)."""
         if self.workers and self.workers != "local":
             return "remote"
-        return resolve_device("auto") if self.eval_device == "auto" else self.eval_device
+        return resolve_device(self.eval_device)  # a GPU asked for where there is none: an error now, not later
 
     def eval_config(self) -> EvalConfig:
         """The evaluator settings of this run as an `EvalConfig`. In a multi-process run (accelerate, torchrun)
@@ -175,7 +180,7 @@ class CommonTrainConfig:
         return EvalConfig(device=rank_device(self.eval_device), profile=canonical_profile(self.eval_profile),
                           correctness_trials=self.eval_trials,
                           sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets,
-                          policy=self.eval_policy)
+                          policy=self.eval_policy, sandbox=self.eval_sandbox)
 
     @property
     def report_targets(self) -> list[str]:
