@@ -217,8 +217,10 @@ class PlainProgress:
     def __enter__(self) -> PlainProgress:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for job in self._jobs.values():
+            if exc_type is not None and not job["completed"] and job["printed"] is None:
+                continue  # failed before any work: the error is the one line to read, no "0" above it
             self._print(job)
 
     def add_task(self, description: str, total: float | None = None, visible: bool = True, **fields: Any) -> int:
