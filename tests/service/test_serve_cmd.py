@@ -131,9 +131,9 @@ def test_sigterm_drains_the_running_request_and_leaves_nothing_behind(tmp_path):
         sender = _send_while_running(url, answer)
         proc.terminate()  # SIGTERM while the evaluation runs
         stopped = time.monotonic()
-        sender.join(120)
-        proc.wait(90)
-        assert time.monotonic() - stopped < 70
+        sender.join(150)
+        proc.wait(150)
+        assert time.monotonic() - stopped < 60 + 60  # its grace, and a loaded machine's margin to stop
     finally:
         if proc.poll() is None:
             proc.kill()
