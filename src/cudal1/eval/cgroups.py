@@ -187,8 +187,10 @@ def _rmdir(folder: Path) -> None:
         pass
 
 
-def reap_stale_groups() -> int:
-    """End what the groups of parents that are gone still hold, and remove them; returns how many."""
+def reap_stale_groups(owner_pid: int | None = None) -> int:
+    """End what the groups of parents that are gone still hold (thawed first: a frozen process cannot act on
+    its SIGKILL), and remove them; returns how many. `owner_pid`: only that parent's, which the caller knows
+    is gone (the reaper: its parent may still be a zombie, which looks alive)."""
     import signal
     import time
 
@@ -199,7 +201,9 @@ def reap_stale_groups() -> int:
                 owner = int(folder.name[len(PREFIX):].split("-")[0])
             except ValueError:
                 continue
-            if owner == os.getpid() or _alive(owner):
+            if owner_pid is not None and owner != owner_pid:
+                continue
+            if owner_pid is None and (owner == os.getpid() or _alive(owner)):
                 continue
             group = RunnerGroup({controller: folder})
             group.freeze(False)

@@ -13,9 +13,11 @@ parent enforces:
 - `freeze()` / `thaw()`: SIGSTOP/SIGCONT of the runner (every thread of it) while the other model runs, so
   nothing the candidate left running competes with the reference for the CPU;
 - death: every process of the sandbox dies with the runner's tree (`kill`), with the parent (bwrap
-  `--die-with-parent`; a plain child gets PR_SET_PDEATHSIG), and a restart removes the folders a killed run
-  left and ends what still runs in them (`reap_stale_folders`: a parent killed while bubblewrap sets a
-  sandbox up can leave bubblewrap's idle init behind);
+  `--die-with-parent`; a plain child gets PR_SET_PDEATHSIG), and the parent's reaper (`reaper.py`), the moment
+  the parent ends however it ends (SIGKILL included), thaws the runners' frozen control groups (a frozen
+  process cannot act on its SIGKILL), ends what still runs in their folders and removes them; a restart
+  removes what a killed run left when its reaper was killed too (`reap_stale_folders`: a parent killed while
+  bubblewrap sets a sandbox up can leave bubblewrap's idle init behind);
 - its output: stdout and stderr go through a pipe of which the parent keeps the first and last few KB
   (`OutputTail`), whatever the runner writes;
 - its replies: each is decoded as its request's reply class; anything else is a `RunnerFailed` with
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.eval.cgroups import RunnerGroup
+from cudal1.eval.reaper import ensure_reaper
 from cudal1.eval.sandbox import SandboxInfo, SandboxSpec, detect_sandbox, sandbox_environment, wrap_command
 from cudal1.eval.shared.channel import Channel, ChannelClosed, ChannelTimeout, ProtocolError, socket_pair
 from cudal1.eval.shared.protocol import Hello, MalformedReply, Message, decode_reply
@@ -188,6 +191,7 @@ class RunnerProcess:
         self.info = info or detect_sandbox()
         self.device = device
         self.spec = spec or SandboxSpec(gpu=device.startswith("cuda"))
+        ensure_reaper()  # before its first folder: whatever ends this process, its runners are cleaned up at once
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
         (self.folder / "owner").write_text(str(os.getpid()))
         self.scratch = self.folder / "scratch"
@@ -522,16 +526,21 @@ class RunnerProcess:
         self.close()
 
 
-def reap_stale_folders() -> int:
+def reap_stale_folders(owner_pid: int | None = None, root: str | os.PathLike | None = None) -> int:
     """Remove the runner folders of parents that are gone (a killed CLI or server), and end what still runs
-    in them; returns how many folders."""
-    root = Path(tempfile.gettempdir())
+    in them; returns how many folders. `owner_pid`: only that parent's, which the caller knows is gone (the
+    reaper); `root`: where the folders are (default: this process's temporary folder)."""
+    root = Path(root or tempfile.gettempdir())
     stale = []
     for folder in root.glob(FOLDER_PREFIX + "*"):
         try:
             owner = int((folder / "owner").read_text())
         except (OSError, ValueError):
             owner = -1
+        if owner_pid is not None:
+            if owner == owner_pid:
+                stale.append(folder)
+            continue
         if owner > 0 and owner != os.getpid():
             try:
                 os.kill(owner, 0)
@@ -546,6 +555,9 @@ def reap_stale_folders() -> int:
     _kill_processes_naming(stale)
     for folder in stale:
         shutil.rmtree(folder, ignore_errors=True)
+        if folder.exists():  # a process that held a file in it was still dying: once more, after a moment
+            time.sleep(0.2)
+            shutil.rmtree(folder, ignore_errors=True)
     return len(stale)
 
 
