@@ -258,8 +258,8 @@ def baseline_cell(record: BaselineRecord | None, reason_chars: int = 40) -> str:
 def null_test_summary(records: Iterable[BaselineRecord]) -> str | None:
     """One sentence on the protocol's null test: the eager baseline's measured speedups (the reference timed
     as a candidate against itself: 1.00x would be no bias) over the given records, and how far their median
-    lies from 1.00x, as measured, not as hoped (on a shared 2-core CPU a median of 0.95x over the 29 built-in
-    tasks, docs/log.md); None without any."""
+    lies from 1.00x, as measured, not as hoped (the 29 built-in tasks on shared 2-core CPUs: medians of 0.95x
+    and 0.983x, docs/log.md 2026-12-07); None without any."""
     xs = sorted(r.measured_speedup for r in records if r.name == "eager" and r.ok and r.measured_speedup)
     if not xs:
         return None

@@ -10,6 +10,9 @@ parent made, ends whatever still runs in the parent's runner folders (a bubblewr
 sandbox up leaves its idle init) and removes them, then exits.
 
 `ensure_reaper()` starts one per process, before that process's first runner (a forked child gets its own).
+What a run leaves is known here too: its folders (`FOLDER_PREFIX`, an `owner` file naming the parent) and the
+processes whose command line names them (`reap_stale_folders`, also run once by every evaluating process for
+parents that are gone, `evaluation.reap_once`).
 The reaper runs in a session of its own: Ctrl-C in a terminal reaches the CLI, not its reaper.
 
     python -m cudal1.eval.reaper PARENT_PID PIPE_FD TMPDIR      # started by ensure_reaper, not by hand
@@ -20,12 +23,17 @@ server's restart, removes what they left (`evaluation.reap_once`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -75,11 +83,69 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+#: Prefix of the parent-side folders of runners (stderr log, scratch); `reap_stale_folders` knows them by it.
+FOLDER_PREFIX = "cudal1-run-"
+
+
+def reap_stale_folders(owner_pid: int | None = None, root: str | os.PathLike | None = None) -> int:
+    """Remove the runner folders of parents that are gone (a killed CLI or server), and end what still runs
+    in them; returns how many folders. `owner_pid`: only that parent's, which the caller knows is gone (the
+    reaper); `root`: where the folders are (default: this process's temporary folder)."""
+    root = Path(root or tempfile.gettempdir())
+    stale = []
+    for folder in root.glob(FOLDER_PREFIX + "*"):
+        try:
+            owner = int((folder / "owner").read_text())
+        except (OSError, ValueError):
+            owner = -1
+        if owner_pid is not None:
+            if owner == owner_pid:
+                stale.append(folder)
+            continue
+        if owner > 0 and owner != os.getpid():
+            try:
+                os.kill(owner, 0)
+                continue  # its parent still runs
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        elif owner == os.getpid():
+            continue
+        stale.append(folder)
+    _kill_processes_naming(stale)
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+        if folder.exists():  # a process that held a file in it was still dying: once more, after a moment
+            time.sleep(0.2)
+            shutil.rmtree(folder, ignore_errors=True)
+    return len(stale)
+
+
+def _kill_processes_naming(folders: list[Path]) -> None:
+    """SIGKILL every process whose command line names one of `folders`. A parent killed while bubblewrap
+    was still setting a sandbox up can leave bubblewrap's own init behind (its parent-death signal was not
+    armed yet): it idles, holding the folder's mounts, until something ends it."""
+    if not folders:
+        return
+    names = [str(f).encode() for f in folders]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if any(name in cmdline for name in names):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
 def reap(parent_pid: int, tmpdir: str) -> int:
     """Thaw and empty the control groups `parent_pid` made, end what runs in its runner folders under `tmpdir`
     and remove them; returns how many groups and folders went."""
     from cudal1.eval.cgroups import reap_stale_groups
-    from cudal1.eval.runner_process import reap_stale_folders
 
     groups = reap_stale_groups(owner_pid=parent_pid)  # first: a frozen runner dies only once thawed
     return groups + reap_stale_folders(owner_pid=parent_pid, root=tmpdir)
@@ -89,7 +155,6 @@ def main(argv: list[str]) -> int:
     parent_pid, read_fd, tmpdir = int(argv[0]), int(argv[1]), argv[2]
     # Imported now, while the parent runs: at its end the clean-up starts at once.
     import cudal1.eval.cgroups  # noqa: F401
-    import cudal1.eval.runner_process  # noqa: F401
 
     while True:
         try:

@@ -30,7 +30,6 @@ follows the thread): start runners from long-lived threads.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import logging
@@ -47,15 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.eval.cgroups import RunnerGroup
-from cudal1.eval.reaper import ensure_reaper
+from cudal1.eval.reaper import FOLDER_PREFIX, ensure_reaper, reap_stale_folders  # noqa: F401 (re-exported)
 from cudal1.eval.sandbox import SandboxInfo, SandboxSpec, detect_sandbox, sandbox_environment, wrap_command
 from cudal1.eval.shared.channel import Channel, ChannelClosed, ChannelTimeout, ProtocolError, socket_pair
 from cudal1.eval.shared.protocol import Hello, MalformedReply, Message, decode_reply
 
 logger = logging.getLogger(__name__)
 
-#: Prefix of the parent-side folders of runners (stderr log, scratch); `reap_stale_folders` knows them by it.
-FOLDER_PREFIX = "cudal1-run-"
 #: Where a runner sees its scratch folder (a candidate's prepared build is copied there before setup).
 SCRATCH_INSIDE = "/tmp/ext"
 MEMORY_POLL_S = 0.1
@@ -524,61 +521,6 @@ class RunnerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def reap_stale_folders(owner_pid: int | None = None, root: str | os.PathLike | None = None) -> int:
-    """Remove the runner folders of parents that are gone (a killed CLI or server), and end what still runs
-    in them; returns how many folders. `owner_pid`: only that parent's, which the caller knows is gone (the
-    reaper); `root`: where the folders are (default: this process's temporary folder)."""
-    root = Path(root or tempfile.gettempdir())
-    stale = []
-    for folder in root.glob(FOLDER_PREFIX + "*"):
-        try:
-            owner = int((folder / "owner").read_text())
-        except (OSError, ValueError):
-            owner = -1
-        if owner_pid is not None:
-            if owner == owner_pid:
-                stale.append(folder)
-            continue
-        if owner > 0 and owner != os.getpid():
-            try:
-                os.kill(owner, 0)
-                continue  # its parent still runs
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-        elif owner == os.getpid():
-            continue
-        stale.append(folder)
-    _kill_processes_naming(stale)
-    for folder in stale:
-        shutil.rmtree(folder, ignore_errors=True)
-        if folder.exists():  # a process that held a file in it was still dying: once more, after a moment
-            time.sleep(0.2)
-            shutil.rmtree(folder, ignore_errors=True)
-    return len(stale)
-
-
-def _kill_processes_naming(folders: list[Path]) -> None:
-    """SIGKILL every process whose command line names one of `folders`. A parent killed while bubblewrap
-    was still setting a sandbox up can leave bubblewrap's own init behind (its parent-death signal was not
-    armed yet): it idles, holding the folder's mounts, until something ends it."""
-    if not folders:
-        return
-    names = [str(f).encode() for f in folders]
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if any(name in cmdline for name in names):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry), signal.SIGKILL)
 
 
 def copy_into_scratch(runner: RunnerProcess, source: str | os.PathLike) -> None:
