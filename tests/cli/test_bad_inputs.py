@@ -186,7 +186,16 @@ def corpus(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "self-supervised", "--model", "scratch", "-o", str(tmp / "run"), "--set", "top_p=1.5"],
          "top_p must be in (0, 1]"),
         (["train", "rl", "-o", str(tmp / "run")], "set model"),
+        *([([*train_rl, "--set", "eval_device=cuda"], "no CUDA GPU is visible; use --set eval_device=cpu"),
+           (["quickstart", "--device", "cuda", "--no-store"], "no CUDA GPU is visible; use --device cpu")]
+          if not _has_gpu() else []),
     ]
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def test_the_corpus_covers_every_command_and_the_walk_through(tmp_path):

@@ -193,16 +193,27 @@ def test_each_rank_of_a_multi_process_run_times_on_its_own_gpu(monkeypatch):
     assert cfg.eval_config().device == "cuda:3"
 
 
-def test_an_evaluator_gpu_where_there_is_none_is_an_error_before_training(monkeypatch):
-    """`--set eval_device=cuda` on a CPU machine trained on, every reward failing later; the fix is named as
-    training spells it (a `fix` the CLI writes as --set eval_device=cpu)."""
+def test_an_evaluator_gpu_where_there_is_none_is_an_error_before_training(monkeypatch, tmp_path):
+    """`--set eval_device=cuda` on a CPU machine trained on, every reward failing later: the stages that evaluate
+    check the machine first, before a model is loaded; the fix is named as training spells it (a `fix` the CLI
+    writes as --set eval_device=cpu). A recipe for a GPU machine stays a valid config anywhere."""
     import torch
 
+    from cudal1.train.common import check_evaluation_device
+    from cudal1.train.rl import run_rl
+    from cudal1.train.self_supervised import run_self_supervised
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = RLStageConfig(**{**BASE, "output_dir": str(tmp_path / "rl")}, eval_device="cuda")  # valid as a config
     with pytest.raises(ConfigError, match="no CUDA GPU is visible; use device=cpu") as info:
-        RLStageConfig(**BASE, eval_device="cuda")
+        check_evaluation_device(cfg)
     assert info.value.fix == ("device", "cpu")
-    assert RLStageConfig(**BASE, eval_device="cuda", workers="http://127.0.0.1:9").workers  # evaluated elsewhere
+    for run, stage in ((run_rl, cfg), (run_self_supervised, SelfSupervisedConfig(
+            **{**BASE, "output_dir": str(tmp_path / "ss")}, eval_device="cuda"))):
+        with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+            run(stage)
+        assert not Path(stage.output_dir).exists()  # refused before anything was written or loaded
+    check_evaluation_device(RLStageConfig(**BASE, eval_device="cuda", workers="http://127.0.0.1:9"))  # elsewhere
 
 
 def test_log_completions_is_a_setting_of_stages_2_and_3(tmp_path):

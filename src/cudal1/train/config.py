@@ -162,16 +162,15 @@ class CommonTrainConfig:
         if not is_evaluator_spec(self.workers):
             raise ConfigError(f"workers must be empty, local, ray:auto, ray://HOST:PORT or http(s)://HOST:PORT, "
                               f"not {self.workers!r}")
-        where = self._evaluation_device()
         if self.form == "auto":  # the form that runs where the rewards are computed (so in config.yaml)
-            self.form = resolve_form("auto", where)
+            self.form = resolve_form("auto", self._evaluation_device())
 
     def _evaluation_device(self) -> str:
         """Where candidates are evaluated: `remote` for a Ray pool or a reward server, else this machine's
         evaluator device (a local pool's slots run on it too)."""
         if self.workers and self.workers != "local":
             return "remote"
-        return resolve_device(self.eval_device)  # a GPU asked for where there is none: an error now, not later
+        return resolve_device("auto") if self.eval_device == "auto" else self.eval_device
 
     def eval_config(self) -> EvalConfig:
         """The evaluator settings of this run as an `EvalConfig`. In a multi-process run (accelerate, torchrun)
