@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,25 @@ def test_ci_runs_the_readme_quick_start_and_ruff():
     assert "ruff check src tests" in ci
     quick = _commands(_section("Quick start"))
     assert quick[0] == ["quickstart"]
+
+
+def test_the_quick_start_installs_as_root_without_sudo_and_with_it(tmp_path):
+    """A root container has no sudo binary: the first command stopped at a bare `sudo`."""
+    first = _section("Quick start").split("```bash\n", 1)[1].splitlines()[0]
+    install = first.split("&&")[0].strip()
+    assert install.startswith("$(command -v sudo) apt-get install") and " sudo " not in f" {install} "
+    (tmp_path / "apt-get").write_text("#!/bin/sh\necho apt-get ran\n")
+    (tmp_path / "sudo").write_text('#!/bin/sh\necho through sudo; exec "$@"\n')
+    for tool in ("apt-get", "sudo"):
+        (tmp_path / tool).chmod(0o755)
+    without = tmp_path / "without"
+    without.mkdir()
+    (without / "apt-get").symlink_to(tmp_path / "apt-get")
+    for path, said in ((str(without), "apt-get ran"), (str(tmp_path), "through sudo")):
+        done = subprocess.run([shutil.which("bash"), "-c", install], env={"PATH": path}, capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0 and said in done.stdout, (path, done.stdout, done.stderr)
+    assert "download.pytorch.org/whl/cpu" in _section("Quick start")  # the wheel a CPU-only machine wants
 
 
 @pytest.mark.slow

@@ -192,8 +192,8 @@ def test_report_says_which_baselines_were_measured_failed_or_left(release, store
     written = report_audit(outcome, cfg, store, tmp_path / "null", plots=False)
     md = " ".join(written["report.md"].read_text().split())
     assert "### Protocol null test" in md
-    assert ("Null test (the reference timed as a candidate against itself; unbiased: 1.00x), 2 task(s): "
-            "median 1.000x, p5 0.982x, p95 1.018x (min 0.980x, max 1.020x).") in md
+    assert ("Null test (the reference timed as a candidate against itself; no bias would read 1.00x), 2 task(s): "
+            "median 1.000x (within 1 % of it), p5 0.982x, p95 1.018x (min 0.980x, max 1.020x).") in md
     assert json.loads(written["audit.json"].read_text())["baseline_coverage"]["null_test"] == [0.98, 1.02]
 
     # Every stored baseline per task, in the cells `cudal1 baseline` prints.

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cudal1.cli.main import app, main
+from cudal1.core.schemas import schema_problems
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -96,8 +97,7 @@ def test_eval_statuses(name, status, capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["status"] == status
-    for key in ("speedup", "ref_ms", "candidate_ms", "stability", "flags", "message"):
-        assert key in out
+    assert schema_problems("eval_result", out) == []  # cudal1/schemas/eval_result.schema.json
     assert (out["speedup"] is not None) == (status == "correct")
 
 

@@ -117,8 +117,21 @@ def test_baseline_eager_on_cpu_prints_the_null_test(tmp_path, capsys):
     assert main(args) == 0
     printed = " ".join(capsys.readouterr().out.split())  # Rich wraps long lines
     assert "(1.00x)" in printed
-    assert "Null test (the reference timed as a candidate against itself; unbiased: 1.00x), 1 task(s): median" \
-        in printed
+    assert "Null test (the reference timed as a candidate against itself; no bias would read 1.00x), 1 task(s): " \
+        "median" in printed
+    assert "unbiased" not in printed  # it read as a claim, beside a median of 0.95x on a CPU
+
+
+def test_the_null_test_says_how_far_its_median_lies_from_one():
+    from cudal1.baselines.runner import BaselineRecord, null_test_summary
+
+    def eager(x):
+        return BaselineRecord(task_id="t", task_hash="h", name="eager", status="ok", ms=1.0, ref_ms=1.0,
+                              measured_speedup=x)
+
+    assert "median 0.950x (5% low: speedups here lean that way)" in null_test_summary([eager(0.94), eager(0.95),
+                                                                                        eager(0.96)])
+    assert "(within 1 % of it)" in null_test_summary([eager(1.004)])
 
 
 def test_baseline_table_shows_time_speedup_and_the_start_of_a_failure_reason():
@@ -139,3 +152,26 @@ def test_baseline_table_shows_time_speedup_and_the_start_of_a_failure_reason():
     narrow.print(baseline_table([BaselineRecord(long_id, "h", "eager", "ok", ms=2.0, speedup_vs_eager=1.0)],
                                 ["eager", "torch_compile", "cuda_graph"], "baselines"))
     assert f"│ {long_id} │" in narrow.export_text()
+
+
+def test_rows_the_report_cannot_use_are_skipped_and_counted(tmp_path, capsys):
+    """One `correct` row with a NaN speedup (as an older version could store it) made `cudal1 report` fail as
+    "a bug" for the whole store, leaving an empty report/plots/: it is left out, and the report says so."""
+    import json
+    import sqlite3
+
+    store = tmp_path / "s.sqlite"
+    _fill(store)
+    with sqlite3.connect(store) as conn:  # the first correct row (2.0x) as an older version wrote it
+        (row_id, text), = conn.execute("SELECT id, result_json FROM evaluations WHERE speedup = 2.0").fetchall()
+        data = json.loads(text)
+        data["speedup"] = data["timing"]["speedup"] = float("nan")
+        conn.execute("UPDATE evaluations SET speedup = NULL, result_json = ? WHERE id = ?", (json.dumps(data), row_id))
+    out = tmp_path / "report"
+    assert main(["report", "--store", str(store), "--out", str(out), "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "unexpected" not in captured.err
+    assert "Skipped 1 stored evaluation(s) that cannot be reported (x/level1/t0: a correct verdict with speedup " \
+           "nan)" in " ".join(captured.out.split())
+    md = (out / "report.md").read_text()
+    assert "| skipped | 1 stored evaluation(s)" in md and "x/level2/t1" in md and "nan" not in md.split("skipped")[0]

@@ -95,4 +95,7 @@ def test_runtime_defences_hold_without_static_analysis(name):
     task = load_file(CORPUS / "refs" / entry["ref"])
     result = evaluate_candidate(task, (CORPUS / name).read_text(), EvalConfig(**{**CPU_FAST, "skip_static": True}))
     assert result.status in RUNTIME_ONLY[name], (result.status, result.message)
-    assert result.status is not Status.CORRECT or result.speedup < 1.2, result.speedup  # nothing gained
+    # Nothing gained, as far as its own measurement can tell (the low end of its 95 % interval, which widens
+    # with a loaded machine's noise; a trick that worked would gain several times).
+    low = min(result.speedup or 0.0, *(result.timing.speedup_ci or [])[:1]) if result.timing else 0.0
+    assert result.status is not Status.CORRECT or low < 1.2, (result.speedup, result.timing)

@@ -124,8 +124,9 @@ def test_a_lazy_build_failure_is_built_ahead_remembered_and_replayed(tmp_path, m
                            scratch_from=service.build_directory(result.key))
     assert outcome.value is not None, outcome.describe_failure()
     assert outcome.value["forward_ok"] is True
-    assert [(b["variant"], b["seconds"] < 0.5, b["phase"]) for b in outcome.value["builds"]] == [
-        ("remembered", True, "forward")]
+    # "remembered": torch's ninja run was replaced by the remembered output, so no compiler ran (no wall time
+    # asserted: a loaded machine stretches even a replay)
+    assert [(b["variant"], b["phase"]) for b in outcome.value["builds"]] == [("remembered", "forward")]
 
 
 # Killed in the middle of a build: torch's lock file of the extension directory stays behind.
@@ -231,7 +232,7 @@ def test_a_remembered_load_failure_is_replayed_by_torch_as_the_real_one(monkeypa
     _fresh_process(ce, "rb")
     with pytest.raises(RuntimeError):
         ce.load("rb", [str(bad)], is_python_module=False)
-    assert recorder.records[0].variant == "remembered" and recorder.records[0].seconds < 0.5
+    assert recorder.records[0].variant == "remembered"  # replayed: no compiler ran
     # Another source under the name, or the lever off: compiled for real.
     bad.write_text(BAD_CPP.replace("x + 1", "x + 2"))
     for levers in (BuildLevers(), BuildLevers(remember_failures=False)):

@@ -33,7 +33,8 @@ def test_a_trusted_entry_runs_and_its_value_comes_back():
 def test_an_entry_that_never_answers_costs_its_deadline_only():
     started = time.monotonic()
     outcome = run_isolated(f"{PROBE}:sleep", {"s": 3600}, limits=Limits(timeout_s=3))
-    assert outcome.timed_out and time.monotonic() - started < 30
+    # Its 3 s deadline, not the hour it sleeps: 120 s is the margin a loaded machine needs to start a runner.
+    assert outcome.timed_out and time.monotonic() - started < 120
 
 
 def test_a_runner_that_misses_its_deadline_is_killed_with_everything_it_started():

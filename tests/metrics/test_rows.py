@@ -75,3 +75,19 @@ def test_dict_round_trip():
                                    sol={"reference": 0.2, "candidate": 0.3})
     assert ResultRow.from_dict(row.to_dict()) == row
     assert ResultRow.from_dict({**row.to_dict(), "unknown_key": 1}) == row
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"speedup": float("nan")}, "a correct verdict with speedup nan"),
+    ({"speedup": None}, "a correct verdict with speedup None"),
+    ({"speedup": -1.0}, "a correct verdict with speedup -1.0"),
+    ({"speedup_warm": float("inf")}, "speedup_warm inf"),
+    ({"baselines": {"cuda_graph": float("nan")}}, "baselines.cuda_graph nan"),
+    ({"status": "great"}, "status 'great' is not one of the statuses"),
+])
+def test_a_stored_verdict_the_metrics_cannot_use_says_why(change, reason):
+    from cudal1.metrics.rows import unusable
+
+    good = EvalResult(Status.CORRECT, task_id="t", speedup=2.0).to_dict()
+    assert unusable(good) is None and unusable(EvalResult(Status.INCORRECT).to_dict()) is None
+    assert reason in (unusable({**good, **change}) or "")

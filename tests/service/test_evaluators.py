@@ -96,3 +96,26 @@ def test_as_evaluator_takes_a_pool_or_a_function():
                            concurrency=2)
     assert [r.speedup for r in over_fn.evaluate([(tiny_task(), fake_source(speedup=3))] * 2)] == [3.0, 3.0]
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("spec", ["", "local"])
+def test_a_source_over_the_size_limit_in_a_batch_costs_its_item_only_with_no_traceback(spec, tmp_path, caplog):
+    """A batch whose one task had a 5 MB reference, beside normal ones, logged a 40-line traceback ("the evaluator
+    inprocess failed on a batch of 2") and failed every item with the runner channel's ProtocolError. Over the
+    size limit of a source, an item is refused before anything runs: its reference's (infra_error, the task's
+    doing) or the candidate's (unparseable); the others are evaluated."""
+    from cudal1.tasks.task import MAX_SOURCE_BYTES, Task
+
+    over = "#" * (MAX_SOURCE_BYTES + 1)
+    big_task = Task(id="test/big", source=tiny_task().source + over)
+    evaluator = make_evaluator(spec, FAST_CONFIG, store=ResultsStore(tmp_path / "s.sqlite"))
+    try:
+        with caplog.at_level("WARNING"):
+            results = evaluator.evaluate([(big_task, TINY_CANDIDATE), (tiny_task(), TINY_CANDIDATE + over),
+                                          (tiny_task(), TINY_CANDIDATE)])
+    finally:
+        evaluator.close()
+    assert [r.status for r in results] == [Status.INFRA_ERROR, Status.UNPARSEABLE, Status.CORRECT]
+    assert "the reference of test/big cannot be evaluated" in results[0].message and "524288" in results[0].message
+    assert "the candidate cannot be evaluated: it is" in results[1].message
+    assert not [r for r in caplog.records if r.exc_info or "failed on a batch" in r.getMessage()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -131,9 +132,9 @@ def test_sigterm_drains_the_running_request_and_leaves_nothing_behind(tmp_path):
         sender = _send_while_running(url, answer)
         proc.terminate()  # SIGTERM while the evaluation runs
         stopped = time.monotonic()
-        sender.join(120)
-        proc.wait(90)
-        assert time.monotonic() - stopped < 70
+        sender.join(150)
+        proc.wait(150)
+        assert time.monotonic() - stopped < 60 + 60  # its grace, and a loaded machine's margin to stop
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -145,12 +146,19 @@ def test_sigterm_drains_the_running_request_and_leaves_nothing_behind(tmp_path):
 
 
 def test_a_killed_server_leaves_no_runner_and_a_restart_cleans_its_folders(tmp_path):
+    """Killed together with its reaper (which would clean up at once: tests/eval/test_reaper.py), the server
+    leaves folders that its restart removes before serving."""
     proc, url = _start_server(tmp_path)
     answer: list = []
     sender = _send_while_running(url, answer)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not _folders_of(tmp_path, proc.pid):
         time.sleep(0.05)  # its runners are starting
+    from cudal1.eval.runner_process import process_tree
+
+    for pid in process_tree(proc.pid):
+        if b"cudal1.eval.reaper" in open(f"/proc/{pid}/cmdline", "rb").read():
+            os.kill(pid, signal.SIGKILL)
     proc.kill()  # SIGKILL: no handler runs
     proc.wait(10)
     sender.join(30)

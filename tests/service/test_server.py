@@ -125,6 +125,43 @@ def test_batch_and_request_errors(fake_server):
     assert empty.status_code == 422
 
 
+def test_a_source_over_the_size_limit_is_413_before_any_work_and_every_answer_keeps_its_schema():
+    """It was a 200 with runtime_error (the runner channel refused the message), a penalty charged to the
+    candidate; the CLI refused it as a bug. One limit, the CLI's and the loaders': 413 naming it. Every answer
+    body conforms to cudal1/schemas/server_answers.schema.json."""
+    from cudal1.core.schemas import schema_problems
+    from cudal1.tasks.task import MAX_SOURCE_BYTES
+
+    fakes.reset_counters()
+    pool = LocalPool(FAST_CONFIG, LocalPoolConfig(cpu_slots=1, max_queue=8), evaluate_fn=fake_evaluate)
+    answers = []
+    with running_server(pool, max_body_bytes=8 * 2**20) as (url, _):
+        def post(path, body):
+            r = httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=60)
+            answers.append((r.status_code, path, r.json()))
+            return r
+
+        over = "#" * (MAX_SOURCE_BYTES + 1)
+        for body in (dict(_item(), source=over), dict(_item(), reference_source=TINY_REF + over)):
+            r = post("/v1/evaluate", body)
+            assert r.status_code == 413 and "over the limit of 524288 bytes" in r.json()["detail"], r.json()
+        assert post("/v1/evaluate_batch", {"items": [_item(), dict(_item(), source=over)]}).status_code == 413
+        assert fakes.CALLS == []  # nothing was evaluated
+        assert post("/v1/evaluate", _item(speedup=2)).status_code == 200
+        assert post("/v1/evaluate_batch", {"items": [_item(), _item(status="incorrect")]}).status_code == 200
+        for bad in ({"source": "x"}, {"task_id": "nope/none", "source": "x"}, {"items": []}):
+            assert post("/v1/evaluate" if "items" not in bad else "/v1/evaluate_batch", bad).status_code >= 400
+        health = httpx.get(f"{url}/healthz", timeout=10)
+        answers.append((health.status_code, "/healthz", health.json()))
+    pool.close()
+    for code, path, body in answers:
+        kind = "refusal" if code >= 400 else {"/v1/evaluate": "evaluate", "/v1/evaluate_batch": "batch",
+                                              "/healthz": "health"}[path]
+        assert schema_problems("server_answers", body, definition=kind) == [], (code, path, body)
+        assert schema_problems("server_answers", body) == []
+    assert schema_problems("server_answers", {"detail": 3}, definition="refusal") != []
+
+
 def test_token_is_required_unless_explicitly_insecure(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDAL1_SERVER_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="token"):

@@ -135,3 +135,56 @@ def test_loading_never_executes_candidate_code(tmp_path):
     path.write_text(json.dumps(rows[0]))
     (task, cand), = load_release(path)
     assert "SystemExit" in cand.source
+
+
+_ROW = {"level_id": 1, "task_id": 1, "ref_code": TINY, "custom_code": "class ModelNew: pass"}
+
+
+@pytest.mark.parametrize("rows, words", [
+    ([{**_ROW, "score_default": "fast"}], ['score_default is "fast", not a published speedup']),
+    ([{**_ROW, "score_default": -2.0}], ["score_default is -2.0"]),
+    ([{**_ROW, "task_id": None}], ["task_id is null, not an integer"]),
+    ([{**_ROW, "task_id": "a/b"}], ['task_id is "a/b"']),
+    ([{**_ROW, "level_id": "one"}], ['level_id is "one", not an integer']),
+    ([{**_ROW, "ref_code": 5}], ["ref_code is 5, not the reference module's source"]),
+    ([{**_ROW, "custom_code": ["x"]}], ['custom_code is ["x"], not the published candidate']),
+    ([{k: v for k, v in _ROW.items() if k != "ref_code"}], ["ref_code is missing"]),
+    ([["level_id", 1]], ["not a release row: it is"]),
+    ([_ROW, {**_ROW, "custom_code": None}], [":2: level_id 1, task_id 1 repeats line 1: one row per task"]),
+    ([{**_ROW, "ref_code": TINY + "#" * 2**20}], ["ref_code cannot be evaluated: it is", "over the limit of 524288"]),
+    ([{**_ROW, "custom_code": "#" * 2**20}], ["custom_code cannot be evaluated: it is 1048576 bytes, over the limit"]),
+    ([{**_ROW, "cudnn_code": "#" * 2**20}], ["cudnn_code cannot be evaluated"]),
+], ids=["score-string", "score-negative", "task-id-null", "task-id-slash", "level-string", "ref-not-string",
+        "custom-not-string", "ref-missing", "not-an-object", "duplicate", "ref-too-large", "custom-too-large",
+        "cudnn-too-large"])
+def test_a_bad_release_row_is_one_line_naming_the_row_the_field_and_what_was_expected(tmp_path, rows, words):
+    """Each used to pass silently (null task ids, duplicates), or fail later as a bug of ours: `could not
+    convert string to float: 'fast'`, `message of 5243551 bytes exceeds 4194304` (from a runner)."""
+    path = tmp_path / "rel.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SourceError) as info:
+        load_release(path)
+    message = str(info.value)
+    assert "\n" not in message and f"rel.jsonl:{len(rows)}" in message, message
+    assert all(w in message for w in words), message
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_score_json_does_not_allow_is_refused(tmp_path, constant):
+    path = tmp_path / "rel.jsonl"
+    path.write_text(json.dumps(_ROW)[:-1] + f', "score_default": {constant}}}\n')
+    with pytest.raises(SourceError, match=f"rel.jsonl:1: not a release row \\(not JSON: {constant} is not a number"):
+        load_release(path)
+
+
+def test_a_task_file_over_the_size_limit_is_refused_before_anything_runs(tmp_path):
+    big = tmp_path / "big.py"
+    big.write_text(TINY + "#" * 2**20)
+    with pytest.raises(TaskError, match="file/big: the reference cannot be evaluated: it is .* bytes, over the "
+                                        "limit of 524288 bytes"):
+        load_file(big)
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "big.py").write_text(big.read_text())
+    with pytest.raises(SourceError, match="task file .*big.py cannot be evaluated"):
+        load_tasks(str(folder))

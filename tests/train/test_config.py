@@ -110,7 +110,7 @@ def test_island_settings_reach_the_sampler():
     sampler = make_sampler("island", sampler_config(cfg))
     assert (sampler.config.num_islands, sampler.config.migrate_every, sampler.config.reset_every,
             sampler.config.temperature) == (7, 3, 9, 0.5)
-    with pytest.raises(ConfigError, match="islands >= 1"):
+    with pytest.raises(ConfigError, match="islands must be >= 1"):
         RLStageConfig(**BASE, islands=0)
 
 
@@ -186,8 +186,34 @@ def test_each_rank_of_a_multi_process_run_times_on_its_own_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert rank_device("cuda") == "cuda:3" and rank_device("cuda:1") == "cuda:1" and rank_device("cpu") == "cpu"
     assert rank_device("auto") == "auto"  # no GPU here: auto stays the CPU
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine: cuda is a valid setting
     cfg = load_config(RLStageConfig, None, {"model": "scratch", "output_dir": "/tmp/x", "eval_device": "cuda"})
     assert cfg.eval_config().device == "cuda:3"
+
+
+def test_an_evaluator_gpu_where_there_is_none_is_an_error_before_training(monkeypatch, tmp_path):
+    """`--set eval_device=cuda` on a CPU machine trained on, every reward failing later: the stages that evaluate
+    check the machine first, before a model is loaded; the fix is named as training spells it (a `fix` the CLI
+    writes as --set eval_device=cpu). A recipe for a GPU machine stays a valid config anywhere."""
+    import torch
+
+    from cudal1.train.common import check_evaluation_device
+    from cudal1.train.rl import run_rl
+    from cudal1.train.self_supervised import run_self_supervised
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = RLStageConfig(**{**BASE, "output_dir": str(tmp_path / "rl")}, eval_device="cuda")  # valid as a config
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible; use device=cpu") as info:
+        check_evaluation_device(cfg)
+    assert info.value.fix == ("device", "cpu")
+    for run, stage in ((run_rl, cfg), (run_self_supervised, SelfSupervisedConfig(
+            **{**BASE, "output_dir": str(tmp_path / "ss")}, eval_device="cuda"))):
+        with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+            run(stage)
+        assert not Path(stage.output_dir).exists()  # refused before anything was written or loaded
+    check_evaluation_device(RLStageConfig(**BASE, eval_device="cuda", workers="http://127.0.0.1:9"))  # elsewhere
 
 
 def test_log_completions_is_a_setting_of_stages_2_and_3(tmp_path):
@@ -208,3 +234,59 @@ def test_a_renamed_setting_is_read_under_its_new_name_with_a_warning(tmp_path):
     assert cfg.eval_threads == 3
     with pytest.raises(ConfigError, match="give only eval_threads"):
         load_config(RLStageConfig, path, ["eval_threads=2"])
+
+
+def _stage_values(cls, tmp_path) -> dict:
+    extra = {"dataset": str(tmp_path / "d.jsonl")} if cls is SFTStageConfig else {}
+    return {**BASE, "output_dir": str(tmp_path / "run"), **extra}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_every_float_setting_must_be_finite_and_every_range_is_enforced(stage, tmp_path):
+    """`--set learning_rate=nan` reached the optimizer ("Invalid learning rate: nan", a bug to the CLI): NaN
+    passes every `x <= 0` check. Each float refuses nan and inf by name, each declared range the value just
+    outside it, through the same path as `--set`."""
+    import dataclasses
+    import typing
+
+    from cudal1.core.ranges import in_range
+
+    cls = STAGES[stage]
+    base = _stage_values(cls, tmp_path)
+    hints = typing.get_type_hints(cls)
+    floats = [f.name for f in dataclasses.fields(cls) if hints[f.name] is float]
+    assert "learning_rate" in floats and len(floats) >= 8
+    for name in floats:
+        for raw in ("nan", "inf", "-inf", ".nan"):
+            with pytest.raises(ConfigError, match=f"^{name} must be a finite number"):
+                load_config(cls, None, {**base, **parse_overrides([f"{name}={raw}"])})
+    ranges = cls(**base).ranges()
+    assert {"learning_rate", "seed", "warmup_ratio", "eval_timeout_s"} <= set(ranges)
+    for name, spec in ranges.items():
+        numbers = [float(n) for n in spec.strip("[]()<>= ").replace(",", " ").split()]
+        outside = [v for n in numbers for v in (n - 1, n - 1e-3, n, n + 1e-3, n + 1) if not in_range(v, spec)]
+        assert outside, (name, spec)
+        kind = hints[name]
+        value = kind(outside[0]) if kind is float else int(outside[0]) if not in_range(int(outside[0]), spec) \
+            else int(outside[-1])
+        with pytest.raises(ConfigError, match=f"^{name} must be"):
+            cls(**{**base, name: value})
+
+
+def test_an_output_dir_that_is_a_file_and_an_empty_config_are_named(tmp_path):
+    """`train -o FILE` said `[Errno 17] File exists`; an empty YAML trained on the defaults without a word."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match=f"output_dir {afile} is a file, not a folder"):
+        RLStageConfig(**{**BASE, "output_dir": str(afile)})
+    for text in ("", "# only comments\n", "---\n"):
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        with pytest.raises(ConfigError, match="is empty \\(no settings\\)"):
+            load_config(RLStageConfig, empty, BASE)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must be a mapping of settings, not a list"):
+        load_config(RLStageConfig, listing, BASE)
+    with pytest.raises(ConfigError, match="failure_rewards must map statuses to finite numbers"):
+        RLStageConfig(**BASE, failure_rewards={"compile_error": float("nan")})

@@ -23,7 +23,7 @@ from typing import Any
 from cudal1.baselines.runner import LABEL_PREFIX, BaselineRecord, attach_baselines, load_baselines
 from cudal1.baselines.sol import cached_task_cost, sol_fraction, stored_peaks
 from cudal1.core.types import EvalResult, Status
-from cudal1.metrics.rows import ResultRow
+from cudal1.metrics.rows import ResultRow, unusable
 from cudal1.tasks.task import Task
 
 logger = logging.getLogger(__name__)
@@ -105,12 +105,22 @@ def published_for(store: Any, candidate_hash: str, label: str) -> dict[str, Any]
     return {}
 
 
-def rows_from_store(store: Any, labels: Sequence[str] | None = None, *, with_sol: bool = True) -> list[ResultRow]:
-    """One row per (label, task) from the store; `labels` None means every non-baseline label."""
+def rows_from_store(store: Any, labels: Sequence[str] | None = None, *, with_sol: bool = True,
+                    skipped: list[tuple[dict[str, Any], str]] | None = None) -> list[ResultRow]:
+    """One row per (label, task) from the store; `labels` None means every non-baseline label. A stored
+    evaluation that cannot be a row (`metrics.rows.unusable`: a correct verdict with a NaN speedup, written by an
+    older version) is left out, with why, in `skipped` when given: one bad row never breaks a report."""
     rows: list[ResultRow] = []
     for label in labels if labels is not None else stored_labels(store):
         best: dict[str, dict[str, Any]] = {}
         for rec in store.query_evaluations(label=label, latest_per_task_candidate=True):
+            reason = unusable(rec["result"])
+            if reason is not None:  # the caller that collects them says so; otherwise the log does
+                (logger.info if skipped is not None else logger.warning)("%s (%s): skipped, %s", rec["task_id"],
+                                                                         label, reason)
+                if skipped is not None:
+                    skipped.append((rec, reason))
+                continue
             current = best.get(rec["task_id"])
             if current is None or _better(rec, current):
                 best[rec["task_id"]] = rec

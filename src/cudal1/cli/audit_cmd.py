@@ -37,7 +37,7 @@ _LIMIT_OPT = typer.Option(None, "--limit", min=1, help="At most N selected items
 _CHUNK_OPT = typer.Option(None, "--chunk", help="Only chunk I/N of the selection, e.g. 2/5.")
 _BASELINES_OPT = typer.Option("", "--baselines", help="Baselines to measure too, e.g. eager,cuda_graph.")
 _OUT_OPT = typer.Option(None, "--out", "-o", help="Report folder (default audit-RELEASE-PROFILE).")
-_TIME_BUDGET_S_OPT = typer.Option(None, "--time-budget-s", help="Stop starting batches after this.")
+_TIME_BUDGET_S_OPT = typer.Option(None, "--time-budget-s", callback=common.positive, help="Stop starting batches after this.")
 _BATCH_SIZE_OPT = typer.Option(16, "--batch-size", help="Items per parallel-build batch.")
 _PLOTS_OPT = typer.Option(None, "--plots/--no-plots", show_default=False,
                           help="Draw plots (matplotlib, the report extra); default: when matplotlib is "
@@ -53,7 +53,7 @@ _FROM_AUDIT_OPT = typer.Option(None, "--from-audit", help=(
 _COMPARE_TO_OPT = typer.Option(None, "--compare-to", help=(
     "An earlier audit.json (or its report folder): compare the shared tasks with it, write comparison.json, "
     "exit 1 when this run does not reproduce it."))
-_TOLERANCE_OPT = typer.Option(DEFAULT_TOLERANCE, "--tolerance", min=0.001, help=(
+_TOLERANCE_OPT = typer.Option(DEFAULT_TOLERANCE, "--tolerance", min=0.001, callback=common.finite, help=(
     "New/earlier speedup medians must lie within x(1+T) either way (0.1: 0.909-1.100)."))
 _EARLIER_ARG = typer.Argument(..., help="The earlier audit.json (or its report folder).")
 _NEW_ARG = typer.Argument(..., help="The new audit.json (or its report folder).")

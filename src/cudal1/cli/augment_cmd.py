@@ -44,8 +44,8 @@ def augment_command(
     no_hf_dataset: bool = typer.Option(False, "--no-hf-dataset", help="Write only the JSONL."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
-    eval_set: list[str] = EvalSetOpt,
-    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    sandbox: str = common.SandboxOpt, eval_set: list[str] = EvalSetOpt,
+    temperature: float = typer.Option(1.0, "--temperature", min=0, callback=common.finite, help="Sampling temperature."),
     max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
     concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight per model."),
     max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),
@@ -63,7 +63,7 @@ def augment_command(
     from cudal1.loops.augment import AugmentConfig, augment
 
     eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
-                                    buckets=buckets, timeout_s=timeout_s), **parse_eval_sets(eval_set)})
+                                    buckets=buckets, timeout_s=timeout_s, sandbox=sandbox), **parse_eval_sets(eval_set)})
     config = AugmentConfig(llms=list(llm), sources=list(source), task_ids=list(task), levels=list(level),
                            max_tasks=max_tasks, splits_file=splits_file, samples=samples, keep=keep, max_slowdown=max_slowdown, form=form,
                            contrastive=contrastive, from_release=[str(p) for p in from_release],

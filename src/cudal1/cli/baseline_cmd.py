@@ -39,14 +39,14 @@ def baseline_command(
     device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
     buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
-    peaks: bool = _PEAKS_OPT,
+    peaks: bool = _PEAKS_OPT, sandbox: str = common.SandboxOpt,
 ) -> None:
     """Time and cache baselines per task (resumable).
 
     Baselines: eager, torch.compile, CUDA Graph, cuDNN flags; eager also runs the null test.
     """
     kinds = parse_kinds(kind)
-    cfg = common.make_config(device, "strict", trials, sizes, buckets=buckets, timeout_s=timeout_s)
+    cfg = common.make_config(device, "strict", trials, sizes, buckets=buckets, timeout_s=timeout_s, sandbox=sandbox)
     tasks = _select(source, level, task, limit)
     store = common.open_store(store_path, False)
     if peaks:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ from cudal1.core.errors import SourceError
 from cudal1.core.names import PROFILE_ALIASES, canonical_profile, describe_choices
 from cudal1.eval.config import PROFILES, EvalConfig, profile_choices
 from cudal1.llm.prompts import FORM_CHOICES
+from cudal1.tasks.task import MAX_SOURCE_BYTES, size_problem, source_problem
 
 # Non-terminal output (CI logs, pipes) gets a wide table instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -56,17 +58,25 @@ def choice(*values: str) -> Callable[[str], str]:
     return check
 
 
+def finite(value: float | None) -> float | None:
+    """A callback for every float option: `nan` and `inf` parse as floats, and pass a `min=` bound (inf) or
+    every later comparison (nan)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value:g} is not a finite number")
+    return value
+
+
 def positive(value: float | None) -> float | None:
-    """A callback for numbers that must be > 0 (click's ranges cannot exclude their bound)."""
+    """A callback for numbers that must be finite and > 0 (click's ranges cannot exclude their bound)."""
     if value is not None and not value > 0:
         raise typer.BadParameter(f"{value:g} is not > 0")
-    return value
+    return finite(value)
 
 
 DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)
 ProfileOpt = typer.Option("strict", "--profile", callback=check_profile,
                           help=f"Correctness profile: {profile_choices(typed=True)}. Other harnesses' "
-                               "acceptance rules: --policy.")
+                               "acceptance rules: cudal1 eval --policy.")
 TrialsOpt = typer.Option(5, "--trials", min=1, help="Correctness trials with fresh inputs.")
 SizesOpt = typer.Option("auto", "--sizes", callback=choice("auto", "full", "small"),
                         help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
@@ -74,7 +84,8 @@ StoreOpt = typer.Option(None, "--store", help="Results database (default: user d
 NoStoreOpt = typer.Option(False, "--no-store", help="Do not read or write the results store.")
 ForceOpt = typer.Option(False, "--force", help="Re-evaluate even when the store has this result.")
 BucketsOpt = typer.Option(7, "--buckets", min=1, help="Timing buckets (their spread is the stability; the "
-                                                       "speedup pools all calls unless --estimator buckets).")
+                                                       "speedup pools all calls, unless cudal1 eval --estimator "
+                                                       "buckets).")
 TimeoutOpt = typer.Option(600.0, "--timeout-s", callback=positive,
                           help="Wall-clock limit per candidate (builds excluded).")
 SandboxOpt = typer.Option("auto", "--sandbox", callback=choice("auto", "required", "none"),
@@ -95,17 +106,25 @@ def add_id_column(table: Any, ids: Iterable[str], header: str = "task") -> None:
 
 
 def read_source(path: Path, what: str) -> str:
-    """The text of a user's Python file; `SourceError` (one line) when it is missing, a folder or not UTF-8."""
+    """The text of a user's Python file; `SourceError` (one line) when it is missing, a folder, not UTF-8, or
+    over the size limit of a source (`MAX_SOURCE_BYTES`)."""
     if path.is_dir():
         raise SourceError(f"{what} {path} is a folder, not a file")
     if not path.is_file():
         raise SourceError(f"no such {what} file: {path}")
     try:
-        return path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_SOURCE_BYTES:  # before reading it: a file of GBs is refused as fast as one of MBs
+            raise SourceError(f"{what} {path} cannot be evaluated: it is {size_problem(size)}")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise SourceError(f"{what} {path} is not UTF-8 text (byte {exc.start}): is it a Python source?") from None
     except OSError as exc:
         raise SourceError(f"cannot read {what} {path}: {exc.strerror}") from None
+    problem = source_problem(text)
+    if problem:
+        raise SourceError(f"{what} {path} cannot be evaluated: {problem}")
+    return text
 
 
 def open_existing_store(path: Path | None) -> Any:
@@ -198,8 +217,10 @@ class PlainProgress:
     def __enter__(self) -> PlainProgress:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for job in self._jobs.values():
+            if exc_type is not None and not job["completed"] and job["printed"] is None:
+                continue  # failed before any work: the error is the one line to read, no "0" above it
             self._print(job)
 
     def add_task(self, description: str, total: float | None = None, visible: bool = True, **fields: Any) -> int:

@@ -38,7 +38,7 @@ def eval_command(
     estimator: str = typer.Option("pooled", "--estimator", callback=common.choice("pooled", "buckets"),
                                   help="pooled: median of all reference calls over median of all candidate "
                                        "calls; buckets: median of the buckets' ratios (CUDA-L1's)."),
-    bracket_work_ms: float = typer.Option(EvalConfig.bracket_work_ms, "--bracket-work-ms", min=0.0,
+    bracket_work_ms: float = typer.Option(EvalConfig.bracket_work_ms, "--bracket-work-ms", min=0.0, callback=common.finite,
                                           help="Calls of a small model per bracket of the parent's clock: as many "
                                                "as fill this much of the reference's time; 0: one call per "
                                                "bracket (each on a flushed L2). Only for code you trust: a "

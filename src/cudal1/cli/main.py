@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = app(args=argv, standalone_mode=False)
     except Cudal1Error as exc:
         # soft_wrap: one line in a log too; escape: a message may hold brackets that are not markup.
-        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        message = spelled_fix(str(exc), exc.fix, sys.argv[1:] if argv is None else argv)
+        err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
         return 2
     except typer.Exit as exc:
         return exc.exit_code
@@ -78,6 +79,49 @@ def main(argv: list[str] | None = None) -> int:
         return _unexpected(exc)
     # Without standalone mode, click returns the code of a `typer.Exit` instead of raising it.
     return rc if isinstance(rc, int) else 0
+
+
+def invoked_command(argv: list[str]) -> object | None:
+    """The click command `argv` runs (the leaf of its subcommands), or None when it names none."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    for word in argv:
+        subcommands = getattr(command, "commands", None)
+        if not subcommands:
+            return command
+        if word in subcommands:
+            command = subcommands[word]
+    return None if getattr(command, "commands", None) else command
+
+
+def spelled_fix(message: str, fix: tuple[str, str] | None, argv: list[str]) -> str:
+    """`message` with its closing `setting=value` (a `Cudal1Error.fix`) as the invoked command spells it: its
+    own option (`--sandbox none`), a training setting (`--set eval_sandbox=none`), an evaluation setting
+    (`--eval-set sandbox=none`), or left as it is when the command has none of them."""
+    tail = f"{fix[0]}={fix[1]}" if fix else ""
+    command = invoked_command(argv) if fix and message.endswith(tail) else None
+    if command is None:
+        return message
+    opts = {o for param in getattr(command, "params", []) for o in getattr(param, "opts", [])}
+    option = "--" + fix[0].replace("_", "-")
+    if option in opts:
+        spelling = f"{option} {fix[1]}"
+    elif "--set" in opts:  # a training stage: its evaluator's settings are eval_<name>, its pool's `workers`
+        import dataclasses
+
+        from cudal1.train.config import CommonTrainConfig
+
+        fields = {f.name for f in dataclasses.fields(CommonTrainConfig)}
+        name = next((n for n in (f"eval_{fix[0]}", fix[0]) if n in fields), None)
+        if name is None:
+            return message
+        spelling = f"--set {name}={fix[1]}"
+    elif "--eval-set" in opts:
+        spelling = f"--eval-set {tail}"
+    else:
+        return message
+    return message[:-len(tail)] + spelling
 
 
 def _usage_error(exc: Exception) -> int:

@@ -85,7 +85,8 @@ def optimize_command(
     source: list[str] = SourceOpt,
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
     sizes: str = common.SizesOpt,
-    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, eval_set: list[str] = EvalSetOpt,
+    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
+    eval_set: list[str] = EvalSetOpt,
     feedback: bool = typer.Option(True, "--feedback/--no-feedback", help="Feed the last round's failure back."),
     seed: int = typer.Option(0, "--seed", help="Seed of exemplar sampling."),
     out: Path | None = OutOpt,
@@ -96,9 +97,9 @@ def optimize_command(
     seed_from_store: bool = typer.Option(True, "--seed-from-store/--no-seed-from-store",
                                          help="Start from the correct candidates the store already knows."),
     baselines: str = typer.Option("auto", "--baselines", help="Baselines for the header: auto, none or a list."),
-    time_budget_s: float = typer.Option(0.0, "--time-budget-s", min=0,
+    time_budget_s: float = typer.Option(0.0, "--time-budget-s", min=0, callback=common.finite,
                                         help="Stop after this many seconds (0: none)."),
-    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, callback=common.finite, help="Sampling temperature."),
     max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
     concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight."),
     max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),
@@ -113,7 +114,7 @@ def optimize_command(
     from cudal1.loops.optimize import LLMUnavailableError, OptimizeConfig, optimize
 
     eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
-                                    buckets=buckets, timeout_s=timeout_s), **parse_eval_sets(eval_set)})
+                                    buckets=buckets, timeout_s=timeout_s, sandbox=sandbox), **parse_eval_sets(eval_set)})
     config = OptimizeConfig(
         llm=LLMConfig(spec=llm, temperature=temperature, max_tokens=max_tokens, concurrency=concurrency,
                       max_retries=max_retries),

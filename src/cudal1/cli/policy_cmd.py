@@ -20,7 +20,7 @@ def evaluate_policy_command(
     split: str = typer.Option("test", "--split", help="train, test or all."),
     splits_file: str = typer.Option("", "--splits-file", help="Split JSON written by training (splits.json)."),
     samples: int = typer.Option(8, "--samples", "-k", min=1, help="Completions per task."),
-    temperature: float = typer.Option(1.0, "--temperature", min=0, help="Sampling temperature."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0, callback=common.finite, help="Sampling temperature."),
     max_new_tokens: int = typer.Option(4096, "--max-new-tokens", min=1, help="Longest completion."),
     max_tasks: int = typer.Option(0, "--max-tasks", min=0, help="At most this many tasks (0: all)."),
     form: str = common.FormOpt,
@@ -32,8 +32,8 @@ def evaluate_policy_command(
     workers: str = common.WorkersOpt,
     output: str = typer.Option("", "--output", help="Write the JSON report here."),
     device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
-    sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    sizes: str = common.SizesOpt, sandbox: str = common.SandboxOpt, store_path: Path | None = common.StoreOpt,
+    no_store: bool = common.NoStoreOpt, as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Score a policy on a task split: pass@k, speedups.
 
@@ -49,7 +49,7 @@ def evaluate_policy_command(
         typer.echo(f"note: --workers {workers} is read as --eval-threads {workers}; --workers names an "
                    "evaluator pool, as in eval, optimize and serve", err=True)
         eval_threads, workers = int(workers), ""
-    eval_cfg = common.make_config(device, profile, trials, sizes)
+    eval_cfg = common.make_config(device, profile, trials, sizes, sandbox=sandbox)
     store = common.open_store(store_path, no_store)
     from cudal1.service.evaluator import make_evaluator
 

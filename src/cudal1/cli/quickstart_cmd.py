@@ -20,6 +20,7 @@ def quickstart_command(
     form: list[str] = typer.Option([], "--form", help="Example forms: torch, load_inline (also cuda), "
                                                       "raw_cuda (also raw); default: all runnable here."),
     store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt, force: bool = common.ForceOpt,
+    sandbox: str = common.SandboxOpt,
 ) -> None:
     """Evaluate the built-in examples (no GPU or LLM needed).
 
@@ -31,7 +32,7 @@ def quickstart_command(
     resolved = resolve_device(device)
     forms = [EXAMPLE_FORM_NAMES.get(f, f) for f in form]  # the names optimize's --form uses, too
     pairs = example_candidates(resolved.split(":")[0], forms or None)
-    cfg = EvalConfig(device=resolved)
+    cfg = EvalConfig(device=resolved, sandbox=sandbox)
     store = common.open_store(store_path, no_store)
     common.console.print(f"Evaluating {len(pairs)} built-in example candidate(s) on {resolved} "
                          f"(profile strict, sizes {cfg.resolved(resolved).sizes})", highlight=False)

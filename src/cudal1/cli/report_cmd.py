@@ -11,6 +11,7 @@ from cudal1.audit.rows import rows_from_store, stored_labels
 from cudal1.cli import common
 from cudal1.core.errors import MissingDependencyError, SourceError
 from cudal1.metrics.noise import cpu_noise_note, measured_on_cpu
+from cudal1.metrics.rows import unusable
 from cudal1.report import evaluations_section, plots_available, write_report
 
 
@@ -27,6 +28,13 @@ def report_meta(store: Any, labels: list[str], results: list[dict[str, Any]]) ->
     if any(measured_on_cpu(r["result"]) and r["result"].get("speedup") is not None for r in results):
         meta["timing"] = cpu_noise_note()
     return meta
+
+
+def skipped_note(skipped: list[tuple[dict[str, Any], str]]) -> str:
+    """One line: how many stored evaluations the report left out, and why (the first few)."""
+    shown = "; ".join(f"{rec['task_id']}: {reason}" for rec, reason in skipped[:3])
+    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return f"{len(skipped)} stored evaluation(s) that cannot be reported ({shown}{more})"
 
 
 _OUT_OPT = typer.Option(..., "--out", "-o", help="Output folder (report.md, report.html, plots/).")
@@ -62,15 +70,20 @@ def report_command(
     if missing:
         raise SourceError(f"no results labelled {', '.join(missing)} in {store.path} "
                           f"(labels: {', '.join(sorted(known)) or 'none'})")
-    rows = rows_from_store(store, labels, with_sol=sol)
-    results = [r for lb in labels for r in store.query_evaluations(label=lb)]
+    skipped: list[tuple[dict[str, Any], str]] = []
+    rows = rows_from_store(store, labels, with_sol=sol, skipped=skipped)
+    results = [r for lb in labels for r in store.query_evaluations(label=lb) if unusable(r["result"]) is None]
+    meta = report_meta(store, labels, results)
+    if skipped:
+        meta["skipped"] = skipped_note(skipped)
     with common.writing_into(out):
-        written = write_report(rows, out, title=title, meta=report_meta(store, labels, results),
-                               plots=drawable if plots is None else plots,
+        written = write_report(rows, out, title=title, meta=meta, plots=drawable if plots is None else plots,
                                extra_blocks=evaluations_section(results))
     tasks = len({r["task_id"] for r in results})
     common.console.print(f"{len(results)} evaluation(s) of {tasks} task(s) from {len(labels)} label(s) -> "
                          + ", ".join(str(p) for p in written.values()), highlight=False, markup=False)
+    if skipped:
+        common.console.print(f"Skipped {meta['skipped']}", highlight=False, markup=False, soft_wrap=True)
     if plots is None and not drawable:
         common.console.print("No plots: matplotlib is not installed (pip install 'cudal1[report]').",
                              highlight=False, markup=False)

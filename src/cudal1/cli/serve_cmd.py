@@ -30,7 +30,7 @@ def serve_command(
                                         help="Items per evaluate_batch request."),
     request_timeout_s: float = typer.Option(1800.0, "--request-timeout-s", callback=common.positive,
                                             help="A request's answer within this (504 beyond)."),
-    shutdown_grace_s: float = typer.Option(30.0, "--shutdown-grace-s", min=0,
+    shutdown_grace_s: float = typer.Option(30.0, "--shutdown-grace-s", min=0, callback=common.finite,
                                            help="On SIGTERM, how long running requests may finish."),
     cpu_slots: int = typer.Option(1, "--cpu-slots", min=1,
                                   help="Local pool evaluating on cpu (--device cpu, or no GPU): parallel slots."),

@@ -24,6 +24,7 @@ SplitOpt = typer.Option(None, "--split", help="train, test or all.")
 ResumeOpt = typer.Option(None, "--resume", help="Checkpoint directory, or 'latest'.")
 SetOpt = typer.Option([], "--set", help="Override any config field: KEY=VALUE (repeatable).")
 PrintOpt = typer.Option(False, "--print-config", help="Print the documented defaults as YAML and exit.")
+SandboxOpt = typer.Option(None, "--sandbox", help="Evaluator OS sandbox: auto, required or none (eval_sandbox).")
 
 
 def _overrides(model: str | None, output_dir: str | None, source: str | None, split: str | None,
@@ -75,25 +76,27 @@ def self_supervised_command(config: Path | None = ConfigOpt, model: str | None =
                                                               help="Maximum rounds."),
                             samples: int | None = typer.Option(None, "--samples", min=1,
                                                                help="Samples per task per round."),
-                            sets: list[str] = SetOpt, print_config: bool = PrintOpt) -> None:
+                            sandbox: str | None = SandboxOpt, sets: list[str] = SetOpt,
+                            print_config: bool = PrintOpt) -> None:
     """Stage 2: sample, evaluate, keep successes, fine-tune.
 
     Rounds of sample -> evaluate -> keep successes -> fine-tune.
     """
     _run("self_supervised", config, _overrides(model, output_dir, source, split, resume, sets, rounds=rounds,
-                                               samples_per_task=samples), print_config)
+                                               samples_per_task=samples, eval_sandbox=sandbox), print_config)
 
 
 def rl_command(config: Path | None = ConfigOpt, model: str | None = ModelOpt, output_dir: str | None = OutOpt,
                source: str | None = SourceOpt, split: str | None = SplitOpt, resume: str | None = ResumeOpt,
                exemplar_db: str | None = typer.Option(None, "--exemplar-db", help="Exemplar database (SQLite)."),
-               sets: list[str] = SetOpt, print_config: bool = PrintOpt) -> None:
+               sandbox: str | None = SandboxOpt, sets: list[str] = SetOpt,
+               print_config: bool = PrintOpt) -> None:
     """Stage 3: contrastive GRPO rewarded by the evaluator.
 
     Stage 3: contrastive GRPO (TRL GRPOTrainer) rewarded by the hardened evaluator.
     """
-    _run("rl", config, _overrides(model, output_dir, source, split, resume, sets, exemplar_db=exemplar_db),
-         print_config)
+    _run("rl", config, _overrides(model, output_dir, source, split, resume, sets, exemplar_db=exemplar_db,
+                                  eval_sandbox=sandbox), print_config)
 
 
 def register(app: typer.Typer) -> None:

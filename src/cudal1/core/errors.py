@@ -4,7 +4,13 @@ from __future__ import annotations
 
 
 class Cudal1Error(Exception):
-    """Base class: anything the CLI should print as one line instead of a traceback."""
+    """Base class: anything the CLI should print as one line instead of a traceback.
+
+    `fix`, when set, is the (setting, value) that resolves the error, named by its config field, and the message
+    ends with `setting=value`: the CLI writes it as the command at hand spells it (`--sandbox none`, or
+    `--set eval_sandbox=none` in training), so that an error never names an option its command lacks."""
+
+    fix: tuple[str, str] | None = None
 
 
 class TaskError(Cudal1Error):
@@ -22,6 +28,10 @@ class SourceError(Cudal1Error):
 
 class ConfigError(Cudal1Error, ValueError):
     """A configuration value is invalid or two values contradict each other."""
+
+    def __init__(self, message: str, *, fix: tuple[str, str] | None = None):
+        super().__init__(message)
+        self.fix = fix
 
 
 class MissingDependencyError(Cudal1Error, ImportError):

@@ -187,31 +187,41 @@ def _rmdir(folder: Path) -> None:
         pass
 
 
-def reap_stale_groups() -> int:
-    """End what the groups of parents that are gone still hold, and remove them; returns how many."""
+def reap_stale_groups(owner_pid: int | None = None) -> int:
+    """End what the groups of parents that are gone still hold (thawed first: a frozen process cannot act on
+    its SIGKILL), and remove them; returns how many folders went. `owner_pid`: only that parent's, which the
+    caller knows is gone (the reaper: its parent may still be a zombie, which looks alive). A group is one
+    folder per controller: all of them are handled together, so that its freezer is thawed before the
+    processes its other folders hold are waited for."""
     import signal
     import time
 
-    removed = 0
+    groups: dict[str, dict[str, Path]] = {}
     for controller, parent in _layout().items():
         for folder in parent.glob(PREFIX + "*"):
+            groups.setdefault(folder.name, {})[controller] = folder
+    removed = 0
+    for name, folders in sorted(groups.items()):
+        try:
+            owner = int(name[len(PREFIX):].split("-")[0])
+        except ValueError:
+            continue
+        if owner_pid is not None and owner != owner_pid:
+            continue
+        if owner_pid is None and (owner == os.getpid() or _alive(owner)):
+            continue
+        group = RunnerGroup(folders)
+        group.freeze(False)
+        for pid in group.pids():
             try:
-                owner = int(folder.name[len(PREFIX):].split("-")[0])
-            except ValueError:
-                continue
-            if owner == os.getpid() or _alive(owner):
-                continue
-            group = RunnerGroup({controller: folder})
-            group.freeze(False)
-            for pid in group.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            for _ in range(50):
-                if not group.pids():
-                    break
-                time.sleep(0.02)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for _ in range(100):
+            if not group.pids():
+                break
+            time.sleep(0.02)
+        for folder in folders.values():
             _rmdir(folder)
             removed += not folder.exists()
     return removed

@@ -13,6 +13,7 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.names import PROFILE_ALIASES, describe_choices
+from cudal1.core.ranges import check_ranges
 from cudal1.eval.shared.compare import Tolerance, tolerance_for
 from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import resolve_policy
@@ -213,6 +214,7 @@ class EvalConfig:
                                       "is reported as mostly library work.")
 
     def __post_init__(self) -> None:
+        check_ranges(self, {})  # every float finite (a NaN passes every comparison below)
         if self.profile not in PROFILES:
             raise ConfigError(f"unknown profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
         if self.sizes not in ("auto", "full", "small"):
@@ -320,5 +322,6 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {requested!r} requested but no CUDA GPU is visible; use --device cpu")
+        raise ConfigError(f"device {requested!r} requested but no CUDA GPU is visible; use device=cpu",
+                          fix=("device", "cpu"))
     return requested

@@ -179,8 +179,8 @@ def check_sandbox_policy(cfg: EvalConfig) -> str:
         return "none (opted out)"
     if needed and info.level == "none":
         raise ConfigError(f"profile {cfg.profile!r} evaluates untrusted code only in an OS sandbox and this host "
-                          f"has none ({info.mechanism}); install bubblewrap, or pass --sandbox none to run without "
-                          "one (recorded in every result)")
+                          f"has none ({info.mechanism}); install bubblewrap, or run without one (recorded in every "
+                          "result): sandbox=none", fix=("sandbox", "none"))
     return info.level
 
 

@@ -46,6 +46,20 @@ CALL_FAILURES = {"raised": Status.RUNTIME_ERROR, "oom": Status.RUNTIME_ERROR, "a
 #: Kinds of failure at the candidate's set-up (import and construction) -> the status they mean.
 SETUP_FAILURES = {"syntax": Status.COMPILE_ERROR, "import": Status.COMPILE_ERROR, "build": Status.COMPILE_ERROR,
                   "no_modelnew": Status.COMPILE_ERROR, "construct": Status.RUNTIME_ERROR, "oom": Status.RUNTIME_ERROR}
+#: The message of a candidate that cannot run where it is evaluated (CUDA code on the CPU): no verdict.
+NEEDS_A_GPU = "this candidate compiles CUDA code, which needs a GPU: evaluate it on a machine with one (device cuda)"
+
+
+def setup_verdict(reply: ErrorReply, device: str) -> Verdict:
+    """The verdict for a candidate's set-up that its runner says failed. `no_gpu` (the runner's build hooks
+    refused a CUDA build: its process has no GPU) is no verdict (`infra_error`, never stored) where the
+    evaluation runs on the CPU; on a GPU the runner has one, so the claim is the candidate's own failure."""
+    if reply.kind == "no_gpu":
+        if device.startswith("cuda"):
+            return Verdict(Status.RUNTIME_ERROR, reply.message or "set-up failed")
+        return Verdict(Status.INFRA_ERROR, f"{NEEDS_A_GPU} ({reply.message[:200]})")
+    status = SETUP_FAILURES.get(reply.kind, Status.RUNTIME_ERROR)
+    return Verdict(status, reply.message or "set-up failed", compile_log=reply.compile_log)
 
 
 def call_verdict(reply: ErrorReply, where: str) -> Verdict:

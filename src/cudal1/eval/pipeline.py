@@ -21,12 +21,13 @@ from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs,
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.decoys import reclassify
 from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candidate
+from cudal1.eval.outcomes import NEEDS_A_GPU
 from cudal1.eval.runner_pairs import measured_in_pairs
 from cudal1.eval.shared.compile_log import build_failure_message
 from cudal1.eval.static_checks import static_rejection, static_report
 from cudal1.eval.supply import RunnerSupply
 from cudal1.policy import apply_policy
-from cudal1.tasks.task import Task, source_hash, text_problem
+from cudal1.tasks.task import Task, size_problem, source_hash, source_problem
 
 logger = logging.getLogger(__name__)
 
@@ -38,20 +39,15 @@ def uses_load_inline(source: str) -> bool:
 _CUDA_BUILD = re.compile(r"cuda_sources\s*=|CUDAExtension\b|['\"][^'\"\n]*\.cu['\"]")
 
 
-_NO_CUDA = re.compile(r"CUDA_HOME|Torch not compiled with CUDA|No CUDA (runtime|GPUs)|nvcc.*not found")
-
-
 def needs_a_gpu(result: EvalResult, source: str, cfg: EvalConfig) -> bool:
-    """Whether a failure on a machine without a GPU only says that CUDA is missing (the candidate's own build
-    errors, found before a compiler runs, stay its `compile_error`). A raw-CUDA candidate's kernels launch on
-    a GPU only, so whatever it raised while running on the CPU says nothing about it."""
-    raw = launches_raw_cuda(source)
-    if cfg.device.startswith("cuda") or not (raw or builds_cuda(source)):
+    """Whether a failure on the CPU says only that the candidate's CUDA code cannot run there: it builds or
+    launches CUDA and failed while running. Decided from where it ran, not from the error's text (the CPU
+    and CUDA builds of torch fail differently on a machine without a GPU). Its set-up failures are decided by
+    its runner's build hooks (`outcomes.setup_verdict`); its compile errors (syntax, a build certain to fail
+    on any machine) stay its own."""
+    if cfg.device.startswith("cuda") or not (launches_raw_cuda(source) or builds_cuda(source)):
         return False
-    if raw and result.status is Status.RUNTIME_ERROR:
-        return True
-    failed = result.status in (Status.COMPILE_ERROR, Status.RUNTIME_ERROR)
-    return failed and _NO_CUDA.search(f"{result.message}\n{result.compile_log or ''}") is not None
+    return result.status is Status.RUNTIME_ERROR
 
 
 def builds_cuda(source: str) -> bool:
@@ -91,12 +87,18 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
 
 
 def not_a_source_file(task: Task, source: str) -> EvalResult | None:
-    """The `unparseable` verdict for a text that cannot be a Python file (a lone surrogate, a NUL), else None;
-    given before anything runs or is stored, by `evaluate_candidate` and by the pools."""
-    problem = text_problem(source)
+    """The `unparseable` verdict for a text that cannot be a Python file (a lone surrogate, a NUL) or is over
+    `MAX_SOURCE_BYTES`, and `infra_error` for a task whose reference is over it (not the candidate's doing),
+    else None; given before anything runs or is stored, by `evaluate_candidate` and by the pools."""
+    reference = size_problem(task.source)
+    if reference is not None:
+        return EvalResult(status=Status.INFRA_ERROR, message=f"the reference of {task.id} cannot be evaluated: "
+                          f"it is {reference} (the task's, not the candidate's)", task_id=task.id,
+                          candidate_hash=source_hash(source))
+    problem = source_problem(source)
     if problem is None:
         return None
-    return EvalResult(status=Status.UNPARSEABLE, message=f"the candidate is not a source file: {problem}",
+    return EvalResult(status=Status.UNPARSEABLE, message=f"the candidate cannot be evaluated: {problem}",
                       task_id=task.id, candidate_hash=source_hash(source))
 
 
@@ -191,8 +193,7 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, runners: Runner
                                cfg.runner_pairs)
     lap("run")
     if needs_a_gpu(result, source, cfg):  # not the candidate's fault: no verdict
-        result = EvalResult(status=Status.INFRA_ERROR, message="this candidate compiles CUDA code, which needs a "
-                            f"GPU: evaluate it on a machine with one, --device cuda ({result.message[:120]})")
+        result = EvalResult(status=Status.INFRA_ERROR, message=f"{NEEDS_A_GPU} ({result.message[:120]})")
     flags = static_flags + list(result.flags)
     if kernel_class is not None:  # a decoy, or CUDA that never built, counts as what actually ran
         kernel_class = reclassify(kernel_class, flags, builds=result.protocol.get("builds", ()),

@@ -13,9 +13,11 @@ parent enforces:
 - `freeze()` / `thaw()`: SIGSTOP/SIGCONT of the runner (every thread of it) while the other model runs, so
   nothing the candidate left running competes with the reference for the CPU;
 - death: every process of the sandbox dies with the runner's tree (`kill`), with the parent (bwrap
-  `--die-with-parent`; a plain child gets PR_SET_PDEATHSIG), and a restart removes the folders a killed run
-  left and ends what still runs in them (`reap_stale_folders`: a parent killed while bubblewrap sets a
-  sandbox up can leave bubblewrap's idle init behind);
+  `--die-with-parent`; a plain child gets PR_SET_PDEATHSIG), and the parent's reaper (`reaper.py`), the moment
+  the parent ends however it ends (SIGKILL included), thaws the runners' frozen control groups (a frozen
+  process cannot act on its SIGKILL), ends what still runs in their folders and removes them; a restart
+  removes what a killed run left when its reaper was killed too (`reap_stale_folders`: a parent killed while
+  bubblewrap sets a sandbox up can leave bubblewrap's idle init behind);
 - its output: stdout and stderr go through a pipe of which the parent keeps the first and last few KB
   (`OutputTail`), whatever the runner writes;
 - its replies: each is decoded as its request's reply class; anything else is a `RunnerFailed` with
@@ -28,7 +30,6 @@ follows the thread): start runners from long-lived threads.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import logging
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.eval.cgroups import RunnerGroup
+from cudal1.eval.reaper import FOLDER_PREFIX, ensure_reaper, reap_stale_folders  # noqa: F401 (re-exported)
 from cudal1.eval.sandbox import SandboxInfo, SandboxSpec, detect_sandbox, sandbox_environment, wrap_command
 from cudal1.eval.shared.channel import Channel, ChannelClosed, ChannelTimeout, ProtocolError, socket_pair
 from cudal1.eval.shared.protocol import (
@@ -59,8 +61,6 @@ from cudal1.eval.shared.protocol import (
 
 logger = logging.getLogger(__name__)
 
-#: Prefix of the parent-side folders of runners (stderr log, scratch); `reap_stale_folders` knows them by it.
-FOLDER_PREFIX = "cudal1-run-"
 #: Where a runner sees its scratch folder (a candidate's prepared build is copied there before setup).
 SCRATCH_INSIDE = "/tmp/ext"
 MEMORY_POLL_S = 0.1
@@ -201,6 +201,7 @@ class RunnerProcess:
         self.info = info or detect_sandbox()
         self.device = device
         self.spec = spec or SandboxSpec(gpu=device.startswith("cuda"))
+        ensure_reaper()  # before its first folder: whatever ends this process, its runners are cleaned up at once
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
         (self.folder / "owner").write_text(str(os.getpid()))
         self.scratch = self.folder / "scratch"
@@ -563,53 +564,6 @@ class RunnerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def reap_stale_folders() -> int:
-    """Remove the runner folders of parents that are gone (a killed CLI or server), and end what still runs
-    in them; returns how many folders."""
-    root = Path(tempfile.gettempdir())
-    stale = []
-    for folder in root.glob(FOLDER_PREFIX + "*"):
-        try:
-            owner = int((folder / "owner").read_text())
-        except (OSError, ValueError):
-            owner = -1
-        if owner > 0 and owner != os.getpid():
-            try:
-                os.kill(owner, 0)
-                continue  # its parent still runs
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-        elif owner == os.getpid():
-            continue
-        stale.append(folder)
-    _kill_processes_naming(stale)
-    for folder in stale:
-        shutil.rmtree(folder, ignore_errors=True)
-    return len(stale)
-
-
-def _kill_processes_naming(folders: list[Path]) -> None:
-    """SIGKILL every process whose command line names one of `folders`. A parent killed while bubblewrap
-    was still setting a sandbox up can leave bubblewrap's own init behind (its parent-death signal was not
-    armed yet): it idles, holding the folder's mounts, until something ends it."""
-    if not folders:
-        return
-    names = [str(f).encode() for f in folders]
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if any(name in cmdline for name in names):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry), signal.SIGKILL)
 
 
 def copy_into_scratch(runner: RunnerProcess, source: str | os.PathLike) -> None:

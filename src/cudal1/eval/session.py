@@ -45,13 +45,13 @@ from cudal1.eval.correctness import precision_evidence
 from cudal1.eval.decoys import decoy_flags
 from cudal1.eval.device_helper import DeviceHelper
 from cudal1.eval.outcomes import (
-    SETUP_FAILURES,
     CandidateDied,
     InfraFailure,
     Verdict,
     call_verdict,
     error_hint,
     reference_failure,
+    setup_verdict,
 )
 from cudal1.eval.planes import Runners, TensorPlane, make_plane, max_calls
 from cudal1.eval.runner_process import RunnerFailed, RunnerProcess
@@ -317,8 +317,7 @@ class Session:
         reply = self.ask_candidate(ImportCandidate(cand_source=self.source, seed=self.cfg.seed),
                                    "importing and constructing the candidate", self.ref_times["setup"], builds=True)
         if isinstance(reply, ErrorReply):
-            status = SETUP_FAILURES.get(reply.kind, Status.RUNTIME_ERROR)
-            raise Verdict(status, reply.message or "set-up failed", compile_log=reply.compile_log)
+            raise setup_verdict(reply, self.cfg.device)
         assert isinstance(reply, CandidateReady)
         self.flags += flags_of(reply.flags)
         self._note_builds(reply.builds)

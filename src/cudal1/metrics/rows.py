@@ -21,6 +21,28 @@ EAGER_WARM = "eager_warm"
 _STATUS_VALUES = frozenset(s.value for s in Status)
 
 
+def _bad_speedup(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0
+
+
+def unusable(d: dict[str, Any]) -> str | None:
+    """Why a stored verdict (`EvalResult.to_dict()` output) cannot be a report row, or None: an unknown status,
+    or a correct verdict whose speedup (vs eager, warm, or vs a baseline) is missing, not finite or not > 0.
+    The metrics refuse such speedups; a report skips the row and says how many it skipped, and why."""
+    status = d.get("status")
+    if status not in _STATUS_VALUES:
+        return f"status {status!r} is not one of the statuses"
+    if status != Status.CORRECT.value:
+        return None
+    timing = d.get("timing") or {}
+    figures = {"speedup": d.get("speedup"), "speedup_warm": d.get("speedup_warm", timing.get("speedup_warm")),
+               **{f"baselines.{k}": v for k, v in (d.get("baselines") or {}).items()}}
+    for name, value in figures.items():
+        if (value is not None or name == "speedup") and _bad_speedup(value):
+            return f"a correct verdict with {name} {value!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class ResultRow:
     """One task's outcome in one run, flattened for tables and plots.

@@ -282,7 +282,8 @@ class RayPool:
         gpus = self.ray.cluster_resources().get("GPU", 0)
         n = int(gpus // pc.num_gpus_per_actor) if pc.num_gpus_per_actor else 0
         if n < 1:
-            raise ConfigError("the Ray cluster has no GPU: use --workers local, or set device='cpu' and n_actors")
+            raise ConfigError("the Ray cluster has no GPU: evaluate on its CPUs (set device='cpu' and n_actors), or on "
+                              "this machine's GPUs: workers=local", fix=("workers", "local"))
         return n
 
     def _start_actor(self, slot: _Slot) -> None:

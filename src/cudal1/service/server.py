@@ -60,7 +60,7 @@ from cudal1.service.pool import PoolBusyError
 from cudal1.service.recheck import RecheckingPool
 from cudal1.store import ResultsStore
 from cudal1.tasks.sources import load_tasks
-from cudal1.tasks.task import Task, check_syntax, source_hash, text_problem
+from cudal1.tasks.task import Task, check_syntax, size_problem, source_hash, text_problem
 
 try:
     from fastapi import FastAPI, Request
@@ -344,6 +344,7 @@ class ServerState:
             problem = text_problem(text)
             if problem:
                 raise RequestError(400, f"{name} cannot be evaluated: {problem}")
+        _check_size("source", source)
         reference = data.get("reference_source")
         if reference is not None:
             return self._request_task(task_id, reference), source, label
@@ -364,6 +365,7 @@ class ServerState:
         problem = text_problem(reference)
         if problem:
             raise RequestError(400, f"reference_source cannot be evaluated: {problem}")
+        _check_size("reference_source", reference)
         try:
             check_syntax(reference, task_id)  # parsing only: the reference runs in the sandboxed runners
         except TaskError as exc:
@@ -416,6 +418,14 @@ class ServerState:
             if time.monotonic() >= deadline:
                 self.metrics.count_rejected("deadline")
                 raise RequestError(504, f"no result within {self.config.request_timeout_s:.0f} s (request_timeout_s)")
+
+
+def _check_size(name: str, text: str) -> None:
+    """413 for a source over `MAX_SOURCE_BYTES`, the one size limit of a source (the CLI's and the loaders'),
+    before anything is queued."""
+    problem = size_problem(text)
+    if problem:
+        raise RequestError(413, f"{name} cannot be evaluated: it is {problem}")
 
 
 class ClientGone(Exception):

@@ -23,11 +23,13 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from cudal1.core.errors import MissingDependencyError, SourceError, TaskError
 from cudal1.core.hub import offline_if_unreachable
+from cudal1.core.schemas import schema_problems
 from cudal1.tasks.builtin import BUILTIN_DIR
-from cudal1.tasks.task import Candidate, Task, check_syntax, text_problem
+from cudal1.tasks.task import Candidate, Task, check_syntax, size_problem, source_problem
 
 HF_DEFAULT_DATASET = "ScalingIntelligence/KernelBench"
 LEVEL_DIR = re.compile(r"^level_?(\d+)$")
@@ -68,9 +70,17 @@ def _load_level_dirs(root: Path, prefix: str) -> list[Task]:
         for path in sorted(level_dir.glob("*.py"), key=_natural_key):
             if path.name.startswith("_"):
                 continue
-            tasks.append(Task(id=f"{prefix}/level{level}/{path.stem}", source=path.read_text(),
+            tasks.append(Task(id=f"{prefix}/level{level}/{path.stem}", source=_task_text(path),
                               level=level, origin=str(path)))
     return tasks
+
+
+def _task_text(path: Path) -> str:
+    """A task file's text; `SourceError` naming it when it is over the size limit of a source."""
+    problem = size_problem(path.stat().st_size)
+    if problem:
+        raise SourceError(f"task file {path} cannot be evaluated: it is {problem}")
+    return path.read_text()
 
 
 def load_directory(path: Path) -> list[Task]:
@@ -81,7 +91,7 @@ def load_directory(path: Path) -> list[Task]:
     files = sorted((p for p in root.glob("*.py") if not p.name.startswith("_")), key=_natural_key)
     if not files:
         raise SourceError(f"{path}: no task files (expected levelN/ folders or *.py files)")
-    return [Task(id=f"{root.name}/{p.stem}", source=p.read_text(), origin=str(p)) for p in files]
+    return [Task(id=f"{root.name}/{p.stem}", source=_task_text(p), origin=str(p)) for p in files]
 
 
 def load_file(path: Path | str) -> Task:
@@ -135,8 +145,40 @@ def load_hf(name: str = HF_DEFAULT_DATASET, split: str | None = None) -> list[Ta
     return tasks
 
 
+#: The fields of a release row that hold a module's source (each within `MAX_SOURCE_BYTES`).
+SOURCE_FIELDS = ("ref_code", "custom_code", "cuda_graph_code", "cudnn_code")
+
+
+def _not_a_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def release_row(row: Any, where: str) -> tuple[int, Any, dict[str, float | None]]:
+    """(level, task id, published scores) of one parsed release row, checked against its schema
+    (`cudal1/schemas/release_row.schema.json`) and the size limit of a source; `SourceError` naming the row,
+    the field and what was expected."""
+    problems = schema_problems("release_row", row)
+    if problems:
+        raise SourceError(f"{where}: not a release row: {'; '.join(problems)}")
+    for name in SOURCE_FIELDS:
+        text = row.get(name)
+        # The reference must be a source file (it is stored and run); a published candidate that holds a NUL or
+        # an unencodable character is kept, and its evaluation says so (`unparseable`); none may exceed the size
+        # limit, which no runner could take.
+        problem = (source_problem(text) if name == "ref_code" else size_problem(text)) if isinstance(text, str) else None
+        if problem:
+            raise SourceError(f"{where}: {name} cannot be evaluated: "
+                              f"{problem if name == 'ref_code' else 'it is ' + problem}")
+    scores = {}
+    for key, value in row.items():
+        if key.startswith(SCORE_PREFIX):
+            scores[key] = None if value in NULL_CODE else float(value)
+    return row["level_id"], row["task_id"], scores
+
+
 def load_release(path: str | Path) -> list[tuple[Task, Candidate | None]]:
-    """A JSONL release in CUDA-L1's schema: each line gives a task and (maybe) its published candidate."""
+    """A JSONL release in CUDA-L1's schema: each line gives a task and (maybe) its published candidate. Every row
+    is checked (`release_row`) and no two may name the same task; `SourceError` names the first that fails."""
     path = Path(path)
     label = path.stem
     pairs: list[tuple[Task, Candidate | None]] = []
@@ -144,29 +186,28 @@ def load_release(path: str | Path) -> list[tuple[Task, Candidate | None]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise SourceError(f"cannot read {path}: {exc}") from None
+    seen: dict[str, int] = {}
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{path}:{lineno}"
         try:
-            row = json.loads(line)
-            level, number, ref = int(row["level_id"]), row["task_id"], row["ref_code"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SourceError(f"{path}:{lineno}: not a release row ({type(exc).__name__}: {exc})") from None
-        # A reference must be a source file (it is stored and run); a published candidate that is not one is
-        # kept, and its evaluation says so (`unparseable`).
-        problem = text_problem(ref) if isinstance(ref, str) else "not a string"
-        if problem is None and not (row.get("custom_code") in NULL_CODE or isinstance(row["custom_code"], str)):
-            problem = "custom_code is not a string"
-        if problem:
-            raise SourceError(f"{path}:{lineno}: not a release row ({problem})")
+            row = json.loads(line, parse_constant=_not_a_constant)
+        except ValueError as exc:
+            raise SourceError(f"{where}: not a release row (not JSON: {exc})") from None
+        except RecursionError:
+            raise SourceError(f"{where}: not a release row (not JSON: it nests too deeply)") from None
+        level, number, scores = release_row(row, where)
         task_id = f"{label}/level{level}/{number}"
+        if task_id in seen:
+            raise SourceError(f"{where}: level_id {level}, task_id {json.dumps(number)} repeats line {seen[task_id]}: "
+                              "one row per task")
+        seen[task_id] = lineno
         meta = {k: row[k] for k in ("cuda_graph_code", "cudnn_code") if row.get(k) not in NULL_CODE}
-        task = Task(id=task_id, source=ref, level=level, origin=f"{path}:{lineno}", meta=meta)
-        scores = {k: (None if v in NULL_CODE else float(v)) for k, v in row.items()
-                  if k.startswith(SCORE_PREFIX)}
+        task = Task(id=task_id, source=row["ref_code"], level=level, origin=where, meta=meta)
         code = row.get("custom_code")
         candidate = None if code in NULL_CODE else Candidate(
-            task_id=task_id, source=code, origin=f"{path}:{lineno}", label=label, published=scores)
+            task_id=task_id, source=code, origin=where, label=label, published=scores)
         pairs.append((task, candidate))
     return pairs
 

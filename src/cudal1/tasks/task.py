@@ -30,6 +30,28 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: The largest source, reference or candidate, in UTF-8 bytes: one limit, checked where a source enters (files,
+#: release rows, server requests, `evaluate_candidate`), before any runner starts. Rationale: a source crosses
+#: to its sandboxed runner in one message of at most 4 MiB (`eval/shared/channel.MAX_MESSAGE_BYTES`), and JSON's
+#: escapes can make it up to 6x longer (a control character becomes `\u0001`); 512 KiB is 19x the largest
+#: source of the CUDA-L1 releases (27 KB). tests/eval/shared/test_channel.py keeps the two in step.
+MAX_SOURCE_BYTES = 512 * 2**10
+
+
+def size_problem(text: str | int) -> str | None:
+    """Why `text` (or a text of this many bytes) is too large to be evaluated (over `MAX_SOURCE_BYTES`), or None."""
+    size = text if isinstance(text, int) else len(text.encode("utf-8", "surrogatepass"))
+    if size <= MAX_SOURCE_BYTES:
+        return None
+    return f"{size} bytes, over the limit of {MAX_SOURCE_BYTES} bytes (512 KiB) for a source"
+
+
+def source_problem(text: str) -> str | None:
+    """Why `text` cannot be evaluated as a source, or None: `text_problem`, or "it is N bytes, over the limit"."""
+    problem = size_problem(text)
+    return text_problem(text) or (f"it is {problem}" if problem else None)
+
+
 def text_problem(text: str) -> str | None:
     """Why `text` cannot be a Python source file (a lone surrogate, which UTF-8 cannot encode; a NUL byte,
     which the compiler refuses), or None. Checked where text enters: requests, releases, candidates."""
@@ -107,7 +129,10 @@ class Reference:
 
 
 def check_syntax(source: str, task_id: str) -> ast.Module:
-    """Parse a task source and check that the required names are defined at module level."""
+    """Check a task source's size, parse it and check that the required names are defined at module level."""
+    too_large = size_problem(source)
+    if too_large:
+        raise TaskError(task_id, f"the reference cannot be evaluated: it is {too_large}")
     try:
         tree = parse_python(source)
     except SyntaxError as exc:

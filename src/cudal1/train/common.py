@@ -19,6 +19,7 @@ from typing import Any
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
+from cudal1.eval.config import resolve_device
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
 from cudal1.service.evaluator import Evaluator as ServiceEvaluator
 from cudal1.service.evaluator import as_evaluator, make_evaluator
@@ -204,6 +205,15 @@ def open_store(spec: str) -> Any:
         return None
 
     return ResultsStore(spec or None)
+
+
+def check_evaluation_device(config: CommonTrainConfig) -> None:
+    """`ConfigError` (fix: device=cpu) when this machine evaluates the rewards (no pool elsewhere) on a GPU it
+    does not have: called first by the stages that evaluate, before a model is loaded, where `--set
+    eval_device=cuda` on a CPU machine failed every reward later. Not in the config's checks: a recipe for a GPU
+    machine is a valid config anywhere."""
+    if not config.workers or config.workers == "local":
+        resolve_device(config.eval_config().device)
 
 
 def default_evaluator(config: CommonTrainConfig, store: Any = None, run_id: str | None = None,

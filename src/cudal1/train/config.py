@@ -14,20 +14,22 @@ Required inputs that vary per run (`model`, `output_dir`) have no usable default
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
 from cudal1.core.errors import ConfigError
 from cudal1.core.names import canonical_profile
+from cudal1.core.ranges import check_ranges
 from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS, SPEEDUP_ESTIMATES
 from cudal1.core.types import Status
-from cudal1.eval.config import EvalConfig, profile_choices, resolve_device
+from cudal1.eval.config import SANDBOX_MODES, EvalConfig, profile_choices, resolve_device
 from cudal1.llm.prompts import FORM_CHOICES, resolve_form
 from cudal1.policy.presets import policy_choices
 from cudal1.service.evaluator import is_evaluator_spec
@@ -94,6 +96,8 @@ class CommonTrainConfig:
     eval_trials: int = _f(5, "Evaluator correctness trials per candidate.")
     eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
     eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
+    eval_sandbox: str = _f("auto", "Evaluator OS sandbox: auto (the best of this host; the strict profile refuses "
+                                   "to run without one), required, or none (an opt-out recorded in every result).")
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
     eval_policy: str = _f("cuda-l1", f"Verdict policy of the rewards: {policy_choices()}; a violation earns the "
                                      "policy's violation_reward, else failure_rewards.hack_detected.")
@@ -103,14 +107,29 @@ class CommonTrainConfig:
                           "a time), local (a pool: one slot per GPU), ray:auto or ray://HOST:PORT (a Ray pool), "
                           "or http(s)://HOST:PORT (a reward server; token from $CUDAL1_SERVER_TOKEN).")
 
+    #: Numeric ranges (core.ranges), merged along the class hierarchy; every float must also be finite.
+    RANGES: ClassVar[dict[str, str]] = {
+        "test_fraction": "[0, 1)", "max_tasks": ">= 0", "learning_rate": "> 0", "warmup_ratio": "[0, 1]",
+        "weight_decay": ">= 0", "max_grad_norm": ">= 0", "num_train_epochs": ">= 0", "seed": "[0, 4294967295]",
+        "per_device_train_batch_size": ">= 1", "gradient_accumulation_steps": ">= 1", "lora_dropout": "[0, 1)",
+        "logging_steps": ">= 1", "save_steps": ">= 1", "save_total_limit": ">= 1", "time_budget_s": ">= 0",
+        "eval_trials": ">= 1", "eval_timeout_s": "> 0", "eval_buckets": ">= 1", "eval_threads": ">= 1"}
+
     def __post_init__(self) -> None:
         self._check_common()
 
+    def ranges(self) -> dict[str, str]:
+        """This stage's numeric ranges: its class's `RANGES` over its bases'."""
+        return {k: v for cls in reversed(type(self).__mro__) for k, v in vars(cls).get("RANGES", {}).items()}
+
     def _check_common(self) -> None:
+        check_ranges(self, self.ranges())
         if not self.model:
             raise ConfigError("set model: a path, a hub id or 'scratch' (e.g. --model scratch)")
         if not self.output_dir:
             raise ConfigError("set output_dir: the run directory (e.g. --output-dir runs/sft)")
+        if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
+            raise ConfigError(f"output_dir {self.output_dir} is a file, not a folder: give a run directory")
         if self.split not in SPLITS:
             raise ConfigError(f"split must be one of {', '.join(SPLITS)}, not {self.split!r}")
         if not 0.0 <= self.test_fraction < 1.0:
@@ -133,6 +152,8 @@ class CommonTrainConfig:
         if not targets or any(t not in REPORT_TARGETS for t in targets) or ("none" in targets and len(targets) > 1):
             raise ConfigError(f"report_to must be tensorboard, wandb, both comma-separated, or none; "
                               f"got {self.report_to!r}")
+        if self.eval_sandbox not in SANDBOX_MODES:
+            raise ConfigError(f"eval_sandbox must be one of {', '.join(SANDBOX_MODES)}, not {self.eval_sandbox!r}")
         if self.eval_threads < 1:
             raise ConfigError(f"eval_threads must be >= 1, got {self.eval_threads}")
         if self.time_budget_s < 0:
@@ -158,7 +179,7 @@ class CommonTrainConfig:
         return EvalConfig(device=rank_device(self.eval_device), profile=canonical_profile(self.eval_profile),
                           correctness_trials=self.eval_trials,
                           sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets,
-                          policy=self.eval_policy)
+                          policy=self.eval_policy, sandbox=self.eval_sandbox)
 
     @property
     def report_targets(self) -> list[str]:
@@ -198,6 +219,9 @@ class SFTStageConfig(CommonTrainConfig):
                                           "with stage 3's contrastive prompt: lower-scored examples of the same task "
                                           "as exemplars, the answer in three sections. 0: plain prompts only.")
     exemplars_per_prompt: int = _f(2, "Contrastive examples: exemplars shown per prompt (the paper: N = 2).")
+
+    RANGES: ClassVar[dict[str, str]] = {"eval_fraction": "[0, 1)", "eval_steps": ">= 0", "max_length": ">= 16",
+                                        "contrastive_fraction": "[0, 1]", "exemplars_per_prompt": ">= 1"}
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -244,6 +268,11 @@ class SelfSupervisedConfig(CommonTrainConfig):
                                      "cudal1/train/completions.py); false: write none.")
     max_length: int = _f(8192, "Longest tokenized fine-tuning example.")
     learning_rate: float = _f(1e-5, "Peak learning rate of each round's fine-tuning.")
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "rounds": ">= 1", "samples_per_task": ">= 1", "temperature": ">= 0", "top_p": "(0, 1]",
+        "max_new_tokens": ">= 1", "generation_batch_size": ">= 1", "max_kept_per_task": ">= 1",
+        "target_success_rate": "[0, 1]", "patience": ">= 0", "min_improvement": ">= 0", "max_length": ">= 16"}
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -341,6 +370,14 @@ class RLStageConfig(CommonTrainConfig):
                                        "speedup, or INFRA_ERROR's reward when there is none) or open (keep the "
                                        "evaluator's verdict).")
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "num_generations": ">= 2", "generation_batch_size": ">= 0", "beta": ">= 0", "epsilon": "> 0",
+        "num_iterations": ">= 1", "max_completion_length": ">= 1", "temperature": "> 0", "top_p": "(0, 1]",
+        "reward_bound": "> 0", "reward_log_floor": "> 0", "reward_clip_k": "> 0", "exemplars_per_prompt": ">= 1",
+        "bucket_width": "> 0", "sampler_temperature": "> 0", "islands": ">= 1", "island_migrate_every": ">= 0",
+        "island_reset_every": ">= 0", "max_exemplars_per_task": ">= 1", "prompt_token_budget": ">= 1",
+        "vllm_gpu_memory_utilization": "(0, 1)", "judge_jump_factor": "> 1"}
+
     def __post_init__(self) -> None:
         self._check_common()
         if self.num_generations < 2:
@@ -378,6 +415,10 @@ class RLStageConfig(CommonTrainConfig):
         if unknown:
             raise ConfigError(f"failure_rewards has unknown statuses {sorted(unknown)}; "
                               f"known: {sorted(DEFAULT_FAILURE_REWARDS)}")
+        bad = {k: v for k, v in self.failure_rewards.items()
+               if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)}
+        if bad:
+            raise ConfigError(f"failure_rewards must map statuses to finite numbers; got {bad}")
         self.failure_rewards = {**DEFAULT_FAILURE_REWARDS, **{k: float(v) for k, v in self.failure_rewards.items()}}
         if self.exemplar_sampler not in ("bucket", "island", "random"):
             raise ConfigError(f"exemplar_sampler must be bucket, island or random, not {self.exemplar_sampler!r}")
@@ -476,11 +517,14 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
     values: dict[str, Any] = {}
     if path:
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from None
+            raise ConfigError(f"cannot read config {path}: {' '.join(str(exc).split())}") from None
+        if loaded is None:  # it used to train on the defaults without a word
+            raise ConfigError(f"config {path} is empty (no settings): give it settings (--print-config lists them), "
+                              "or leave --config out to train on the defaults")
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config {path} must be a mapping of settings")
+            raise ConfigError(f"config {path} must be a mapping of settings, not a {type(loaded).__name__}")
         values.update(loaded)
     values.update(overrides if isinstance(overrides, dict) else parse_overrides(overrides))
     return build_config(cls, renamed_settings(values))

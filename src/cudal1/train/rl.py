@@ -44,6 +44,7 @@ from cudal1.train.common import (
     Evaluator,
     RunRecorder,
     StageResult,
+    check_evaluation_device,
     default_evaluator,
     is_main_process,
     make_training_args,
@@ -268,6 +269,8 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     be replaced, e.g. by tests with a controlled reward or short prompts.
     """
 
+    if evaluator is None and reward_funcs is None:
+        check_evaluation_device(config)
     store = open_store(config.store)
     recorder = RunRecorder("grpo", config, store)
     tasks = resolve_tasks(config, tasks)

@@ -48,6 +48,7 @@ from cudal1.train.common import (
     Evaluator,
     RunRecorder,
     StageResult,
+    check_evaluation_device,
     default_evaluator,
     evaluate_batch,
     fenced,
@@ -218,6 +219,8 @@ def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, toke
                           "fine-tunes briefly; launch it without torchrun/accelerate")
     started = time.monotonic()
     deadline = started + config.time_budget_s if config.time_budget_s > 0 else None
+    if evaluator is None:
+        check_evaluation_device(config)
     store = open_store(config.store)
     recorder = RunRecorder("self_supervised", config, store)
     tasks = resolve_tasks(config, tasks)

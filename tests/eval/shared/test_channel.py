@@ -40,3 +40,25 @@ def test_what_is_not_a_json_object_breaks_the_protocol(raw):
     finally:
         a.close()
         b.close()
+
+
+def test_the_largest_source_fits_one_message_whatever_it_holds():
+    """The size limit of a source (`MAX_SOURCE_BYTES`, checked where a source enters) is below what one message
+    can carry even when every character is one JSON escapes into six (a control character: `\\u0001`), with
+    room for the rest of the request: a source the loaders accept never fails as an oversized message."""
+    from cudal1.eval.shared.protocol import ImportCandidate, ModelSettings, SetupReference
+    from cudal1.tasks.task import MAX_SOURCE_BYTES, size_problem
+
+    worst = "\x01" * MAX_SOURCE_BYTES
+    assert size_problem(worst) is None and size_problem(worst + "x") is not None
+    model = ModelSettings(device="cpu", task_id="t" * 300, ref_source=worst, sizes="full", seed=1, threads=1,
+                          exact_fp32=True, gpu_memory_fraction=0.5)
+    a, b = socket_pair()
+    try:
+        for message in (SetupReference(model=model), ImportCandidate(cand_source=worst, seed=1)):
+            Channel(a).send(message.encode())
+            received, _ = Channel(b).recv(timeout_s=30)
+            assert len(received) >= 1
+    finally:
+        a.close()
+        b.close()

@@ -16,6 +16,12 @@ decision recorded at build time (light or original headers, file `TORCH_EXTENSIO
 so the arguments, the ninja file and the build directory are identical and torch finds nothing to rebuild.
 `BUILD_LISTENERS` hear of every real build that starts (the candidate's runner tells its parent).
 
+In a candidate's runner without a GPU (`install_build_hooks(cuda_usable=False)`: torch sees no CUDA device, be it
+a CPU build of torch or a CUDA build on a machine without a GPU), a call that compiles CUDA code raises
+`NoGpuError` at once, recorded as variant `no_gpu`: decided from what the process has, not from the error torch
+would raise (a CPU build says "CUDA_HOME not set", a CUDA build an IndexError from its arch detection). The
+calls certain to fail (above) still fail first: they are the candidate's own errors on any machine.
+
 Limits: a candidate that compiles through other means (setuptools, raw nvcc, ctypes) is not recorded. A
 `load` call whose other arguments hold per-process paths is never replayed as remembered.
 """
@@ -378,6 +384,27 @@ def _raise_build_error(recorder: BuildRecorder, name: Any, variant: str, log: st
     raise RuntimeError(f"{BUILD_ERROR} '{name}':\n{log}")
 
 
+class NoGpuError(RuntimeError):
+    """A CUDA build refused in a process without a GPU: the machine's lack, not the candidate's error."""
+
+
+def builds_cuda_code(cuda_sources: Any = None, sources: Any = None, with_cuda: Any = None) -> bool:
+    """Whether a `load_inline` call (`cuda_sources`) or a `load` call (`sources`) compiles CUDA code: torch's
+    own rule (`with_cuda`, else any CUDA source)."""
+    if with_cuda is not None:
+        return bool(with_cuda)
+    if cuda_sources:
+        return True
+    paths = [sources] if isinstance(sources, str) else sources if isinstance(sources, list | tuple) else []
+    return any(isinstance(p, str) and p.endswith((".cu", ".cuh")) for p in paths)
+
+
+def _raise_no_gpu(recorder: BuildRecorder, name: Any) -> NoReturn:
+    log = f"{name}: compiles CUDA code, and this process has no GPU (torch.cuda.is_available() is False)"
+    recorder.records.append(BuildRecord(name, 0.0, False, log, "no_gpu"))
+    raise NoGpuError(log)
+
+
 def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args: tuple, kwargs: dict,
                 remember: str | None = None) -> Any:
     """Call the real builder, record time and outcome; re-raise its exception (the candidate may catch it).
@@ -408,12 +435,14 @@ def _timed_call(recorder: BuildRecorder, fn: Any, name: str, variant: str, args:
     raise error
 
 
-def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecorder:
+def install_build_hooks(levers: BuildLevers | dict | None = None, *, cuda_usable: bool | None = None) -> BuildRecorder:
     """Wrap `torch.utils.cpp_extension.load_inline` and `load` with recording, lever-applying hooks.
 
     Call before importing a candidate, in the build child and in the candidate's runner alike (same
     levers, same environment). `levers=None` takes them from `$CUDAL1_BUILD_LEVERS` (set by
-    `compile.build_environment`), else the defaults. Returns the recorder (one `BuildRecord` per call).
+    `compile.build_environment`), else the defaults. `cuda_usable=False` (a candidate's runner without a GPU)
+    refuses CUDA builds with `NoGpuError`; None (a build child, which may build for a GPU it does not see)
+    builds them. Returns the recorder (one `BuildRecord` per call).
     """
     import torch.utils.cpp_extension as cpp_extension
 
@@ -435,6 +464,8 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
         failure = _certain_failure(levers, cpp_extension, name, cpp_sources, cuda_sources, kwargs)
         if failure is not None:
             _raise_build_error(recorder, name, *failure)
+        if cuda_usable is False and builds_cuda_code(cuda_sources, with_cuda=kwargs.get("with_cuda")):
+            _raise_no_gpu(recorder, name)
         remember = call_key(name, [cpp_sources, cuda_sources], args, kwargs)
         output = recorder.remembered_failure(remember) if remember is not None else None
         if output is not None:  # the source as written failed before: torch replays it without compiling
@@ -467,6 +498,8 @@ def install_build_hooks(levers: BuildLevers | dict | None = None) -> BuildRecord
     def load(name, sources, *args, **kwargs):
         if levers.quiet:
             kwargs["verbose"] = False
+        if cuda_usable is False and builds_cuda_code(sources=sources, with_cuda=kwargs.get("with_cuda")):
+            _raise_no_gpu(recorder, name)
         remember = call_key(name, _file_digests(sources), args, kwargs)
         output = recorder.remembered_failure(remember) if remember is not None else None
         if output is not None:

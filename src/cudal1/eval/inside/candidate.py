@@ -82,6 +82,9 @@ def _as_build_failure(exc: BaseException, failed: list[BuildRecord]) -> Candidat
     """The `build` failure behind an exception the candidate's set-up raised, known by its type: a build the
     hooks recorded as failed (torch's load_inline/load), a compiler process that failed, or the raw-CUDA
     layer's compile error; None when the exception is not a build's."""
+    refused = [r for r in failed if r.variant == "no_gpu"]
+    if refused:  # the machine's lack, not the candidate's error: the parent decides what it means
+        return CandidateFailed("no_gpu", refused[0].log)
     if failed:
         return _build_failure(failed[0].log)
     raw = sys.modules.get("cudal1.raw_cuda.errors")
@@ -173,7 +176,7 @@ class CandidateRole:
         workdir.mkdir(parents=True, exist_ok=True)
         # The levers of the build that prepared this candidate, from its environment; the recorder tells which
         # of its builds failed, also those its own code caught (it then runs what it falls back to).
-        recorder = install_build_hooks()
+        recorder = install_build_hooks(cuda_usable=torch.cuda.is_available())
         t0 = wall_clock()
         self.module = import_candidate(request.cand_source, workdir, recorder)
         self.import_ms = (wall_clock() - t0) * 1e3
