@@ -7,7 +7,7 @@ docs/audit/cuda-l1-releases/chunks say what is done, so any later run continues 
 
     python scripts/audit_release.py chunk --release h100 --out OUT --budget-s 400   # on the GPU: next chunk
     python scripts/audit_release.py ingest OUT                                      # here: records in, pages
-    python scripts/audit_release.py pages --static-from ../shared/data/cuda-l1      # static half and pages
+    python scripts/audit_release.py pages --static-from RELEASES_DIR               # static half and pages
 
 Phases, each resuming from the store: (1) the candidates of a per-level sample, (2) every candidate, (3) the
 `--all-baselines` (default: the CUDA graph) for every task, (4) the `--baselines` (default: all kinds) for

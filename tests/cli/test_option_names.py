@@ -95,6 +95,7 @@ def _messages(tree: ast.AST):
 # Where a library error can surface: module (or module:Class/function) -> the commands that reach it.
 # Each command must have every option the error names; a new module whose errors name options is listed here.
 REACH = {
+    "audit/pages.py": ["audit-pages", "audit-ingest"],
     "audit/select.py": ["audit"],
     "loops/augment.py": ["augment"],
     "service/server.py": ["serve"],

@@ -65,9 +65,9 @@ logger = logging.getLogger(__name__)
 
 #: Where an audit of every release lives, relative to the repository's root.
 DEFAULT_AUDIT_DIR = "docs/audit/cuda-l1-releases"
-#: Where the releases lie, relative to the repository's root (their licence forbids nothing, but they are not
-#: committed: 17 MB of other people's code).
-DEFAULT_DATA_DIR = "../shared/data/cuda-l1"
+#: Where release names (`h100` for `h100.jsonl`) are looked up: the current folder unless `--data-dir` says
+#: otherwise (the releases are not committed: 17 MB of other people's code).
+DEFAULT_DATA_DIR = "."
 CHUNKS_DIR = "chunks"
 DEFAULT_BASELINES = ("cuda_graph", "eager", "torch_compile")
 # Rationale: no verdict and no survival count needs eager's null test or torch.compile, and torch.compile

@@ -544,7 +544,8 @@ def rebuild(config: PagesConfig) -> list[Path]:
         for name in config.releases:
             write_static_records(Path(config.static_from) / f"{name}.jsonl", root)
     if not (root / "static").is_dir():
-        raise SourceError(f"{root} holds no static records: give --static-from DATA_DIR first")
+        raise SourceError(f"{root} holds no static records: write them first with "
+                          "`cudal1 audit-pages --static-from RELEASES_DIR`")
     return write_pages(root, earlier={k: v for k, v in config.earlier_map().items() if Path(v).exists()},
                        plots=config.plots)
 

@@ -1,7 +1,7 @@
 """The static half of an audit: what every published candidate is, read from its source alone (no GPU).
 
     from cudal1.audit.static_half import static_records, write_static_records
-    lines = static_records("../shared/data/cuda-l1/h100.jsonl")
+    lines = static_records("releases/h100.jsonl")
 
 One line per release (`kind: release`: its name, the hash of its file, how many tasks and candidates) and one
 per candidate (`kind: candidate`): its task, level and content hashes, the static analysis's kernel class and

@@ -2,7 +2,7 @@
 
     cudal1 audit-chunk h100 --out OUT --budget-s 400          # on the GPU: the next chunk, its record in OUT
     cudal1 audit-ingest OUT                                   # here: copy the record in, rebuild the pages
-    cudal1 audit-pages --static-from ../shared/data/cuda-l1   # the static half of every release, and the pages
+    cudal1 audit-pages --static-from RELEASES_DIR             # the static half of every release, and the pages
 """
 
 from __future__ import annotations
