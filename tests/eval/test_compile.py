@@ -592,7 +592,7 @@ def test_service_reports_a_hanging_build_as_timeout(tmp_path):
         [result] = build_candidates([source], arch="9.0", device="cpu", cache_dir=str(tmp_path), timeout_s=1.0)
         # (an hour's sleep: a build that waited for it would outlast the test's own time limit)
         assert not result.ok and not result.cached and 1.0 <= result.seconds
-        assert result.log.startswith("build timed out after")
+        assert result.log.startswith("build timed out after") and result.timed_out  # typed, not read from text
         assert not (tmp_path / "torch_extensions" / result.key / ".cudal1_ok").exists()
 
 

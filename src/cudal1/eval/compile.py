@@ -302,6 +302,8 @@ class BuildResult:
     #: Not ok, yet the import (and construction) succeeded: the candidate's own code caught a failed build
     #: (a compiler's verdict, not a lack of resources) and falls back to code that runs without it.
     fallback: bool = False
+    #: The build child ran past the build's time limit (a timeout, not a compiler's verdict).
+    timed_out: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "ok": self.ok, "cached": self.cached, "seconds": self.seconds,
@@ -496,7 +498,8 @@ class CompileService:
             detail = trim_compiler_log(outcome.stderr_tail, max_lines=6) if outcome.stderr_tail.strip() else ""
             log = "\n".join(x for x in (f"build {outcome.describe_failure()}", detail) if x)
             logger.info("build %s: no result (%s)", key[:12], outcome.describe_failure())
-            return BuildResult(key=key, ok=False, cached=False, seconds=outcome.duration_s, log=log)
+            return BuildResult(key=key, ok=False, cached=False, seconds=outcome.duration_s, log=log,
+                               timed_out=outcome.timed_out)
         builds = tuple(ExtensionBuild.from_dict(b, lazy=False) for b in value.get("builds", []))
         ok, seconds = bool(value.get("ok")), outcome.duration_s
         if (ok and cfg.warm_lazy_builds and ref_source is not None and build_call_sites(source) > len(builds)

@@ -80,7 +80,7 @@ def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
     prepared = PreparedBuild(service.environment(key), None, service.build_directory(key))
     if built.ok or built.fallback:  # a fallback runs: its runner reports the failed build beside the verdict
         return prepared
-    status = Status.TIMEOUT if "timed out" in built.log else Status.COMPILE_ERROR
+    status = Status.TIMEOUT if built.timed_out else Status.COMPILE_ERROR
     prepared.result = EvalResult(status=status, message=build_failure_message(built.log), compile_log=built.log,
                                  task_id=task.id)
     return prepared

@@ -209,6 +209,7 @@ class RunnerProcess:
         self._chown_for_sandbox(self.scratch)
         self.limits = RunnerLimits()
         self.killed_reason: str | None = None
+        self.killed_for_memory = False  # the reason was one of its memory limits (`kill(..., memory=True)`)
         self._last_memory_check = 0.0
         self._last_gpu_check = 0.0
         self.runner_pid: int | None = None
@@ -440,7 +441,7 @@ class RunnerProcess:
         if self.killed_reason is not None:
             for fd in fds:
                 os.close(fd)
-            raise self._failure(self.killed_reason, memory="memory" in self.killed_reason)
+            raise self._failure(self.killed_reason, memory=self.killed_for_memory)
         return raw, fds
 
     def check_alive(self) -> None:
@@ -448,8 +449,7 @@ class RunnerProcess:
         the runner is gone or was killed for a limit."""
         self._check_memory(force=False)
         if self.killed_reason is not None or self.proc.poll() is not None:
-            raise self._failure(self.killed_reason or "the runner exited",
-                                memory="memory" in (self.killed_reason or ""))
+            raise self._failure(self.killed_reason or "the runner exited", memory=self.killed_for_memory)
 
     def _tick(self) -> None:
         self._check_memory(force=False)
@@ -466,14 +466,14 @@ class RunnerProcess:
             pids = self.pids()
             used = tree_rss_bytes(pids)
             if used > self.limits.memory_bytes:
-                self.kill(f"exceeded the host memory limit ({used / 2**30:.1f} GiB > "
+                self.kill(memory=True, reason=f"exceeded the host memory limit ({used / 2**30:.1f} GiB > "
                           f"{self.limits.memory_bytes / 2**30:.1f} GiB)")
                 return
         if self.limits.gpu_memory_bytes and now - self._last_gpu_check >= GPU_MEMORY_POLL_S:
             self._last_gpu_check = now
             used = _gpu_memory_of(pids or self.pids())
             if used is not None and used > self.limits.gpu_memory_bytes:
-                self.kill(f"exceeded the GPU memory limit ({used / 2**30:.1f} GiB > "
+                self.kill(memory=True, reason=f"exceeded the GPU memory limit ({used / 2**30:.1f} GiB > "
                           f"{self.limits.gpu_memory_bytes / 2**30:.1f} GiB)")
 
     def _failure(self, reason: str, *, timed_out: bool = False, memory: bool = False,
@@ -484,9 +484,10 @@ class RunnerProcess:
             self.kill(self.killed_reason or "did not exit")
             code = self.proc.wait()
         if not timed_out and self.group is not None and self.group.oom_killed() and self.killed_reason is None:
+            self.killed_for_memory = True
             self.killed_reason = (f"exceeded the host memory limit "
                                   f"({(self.limits.memory_bytes or 0) / 2**30:.1f} GiB)")
-        if self.killed_reason is not None and "memory limit" in self.killed_reason:
+        if self.killed_reason is not None and self.killed_for_memory:
             reason, memory = self.killed_reason, True
         sig = None
         if code is not None and code < 0:
@@ -525,10 +526,11 @@ class RunnerProcess:
             except OSError:
                 pass
 
-    def kill(self, reason: str = "killed") -> None:
-        """SIGKILL the whole tree and its control group (the sandbox goes with it)."""
+    def kill(self, reason: str = "killed", *, memory: bool = False) -> None:
+        """SIGKILL the whole tree and its control group (the sandbox goes with it); `memory`: for one of its
+        memory limits (the failure then says so, `RunnerFailed.memory`)."""
         if self.killed_reason is None:
-            self.killed_reason = reason
+            self.killed_reason, self.killed_for_memory = reason, memory
         pids = set(process_tree(self.proc.pid))
         if self.group is not None:
             self.group.freeze(False)  # a frozen process takes its SIGKILL only once thawed
