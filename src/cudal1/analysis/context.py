@@ -98,12 +98,6 @@ class AnalysisContext:
             cur = self.parents.get(cur)
         return False
 
-    def enclosing_function(self, node: ast.AST) -> ast.AST | None:
-        cur = self.parents.get(node)
-        while cur is not None and not isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            cur = self.parents.get(cur)
-        return cur
-
 
 def qualname(node: ast.AST, imports: dict[str, str]) -> str | None:
     """Dotted name of `a.b.c` with the leading import alias resolved (`nn.ReLU` -> `torch.nn.ReLU`)."""

@@ -167,10 +167,3 @@ def lora_config(config: Any) -> Any:
     target = targets[0] if len(targets) == 1 and targets[0] == "all-linear" else list(targets)
     return peft.LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                            target_modules=target, task_type="CAUSAL_LM")
-
-
-def trainable_parameter_count(model: Any) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, total
