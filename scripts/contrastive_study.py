@@ -82,9 +82,30 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def protocol_from(items: list[str] | None):
+    """The study's `Protocol` with `KEY=VALUE` overrides (a pipeline test's smaller budgets)."""
+    import dataclasses
+
+    import yaml
+
+    from cudal1.study.arms import Protocol
+
+    values = {}
+    for item in items or []:
+        key, _, raw = item.partition("=")
+        values[key.strip()] = yaml.safe_load(raw)
+    if "checkpoints" in values:
+        values["checkpoints"] = tuple(values["checkpoints"])
+    known = {f.name for f in dataclasses.fields(Protocol)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SystemExit(f"unknown protocol settings {unknown}; known: {sorted(known)}")
+    return Protocol(**values)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("measure", "spotcheck", "run", "summarize", "surrogate"))
+    p.add_argument("command", choices=("measure", "spotcheck", "run", "summarize", "surrogate", "advantages"))
     p.add_argument("out_dir", type=Path)
     p.add_argument("--table", type=Path, help="The table (default OUT_DIR/table.json).")
     p.add_argument("--budget-s", type=float, help="measure: 230 s; spotcheck: 240 s.")
@@ -92,10 +113,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", default="*", help="measure: a glob over task ids or family names.")
     p.add_argument("--cells", type=int, default=60, help="spotcheck: cells evaluated (>= 50).")
     p.add_argument("--profile", default="cuda-l1", help="spotcheck: the evaluator's profile.")
-    p.add_argument("--seeds", default="0-9", help="run: '3', '0-9' or '0,2,5'.")
-    p.add_argument("--arms", nargs="+", help="run: a subset of the arms (default: all seven).")
+    p.add_argument("--seeds", default="0-19", help="run: '3', '0-9' or '0,2,5'.")
+    p.add_argument("--arms", nargs="+", help="run: a subset of the arms (default: all nine).")
+    p.add_argument("--protocol", nargs="+", metavar="KEY=VALUE",
+                   help="run: protocol overrides (a pipeline test's; a published study uses the defaults).")
     p.add_argument("--allow-surrogate", action="store_true", help="run: accept a surrogate table (tests only).")
-    p.add_argument("--pretrain-examples", type=int, default=40000)
     p.add_argument("--spotcheck", type=Path, help="summarize: the spot-check's spotcheck.json (default: beside "
                                                   "the table).")
     p.add_argument("--against", type=Path, help="run/summarize: a committed contrastive_study.json to compare with.")
@@ -136,7 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         from cudal1.study.run import run_study
 
         run_study(args.out_dir, table, parse_seeds(args.seeds), arms=args.arms,
-                  pretrain_examples=args.pretrain_examples, allow_surrogate=args.allow_surrogate)
+                  protocol=protocol_from(args.protocol), allow_surrogate=args.allow_surrogate)
+    elif args.command == "advantages":
+        import json
+
+        from cudal1.study.shaping import measure_run
+
+        found = measure_run(args.out_dir, table)
+        (args.out_dir / "advantages.json").write_text(json.dumps(found, indent=1))
+        print(json.dumps(found, indent=1))
     if args.command in ("run", "summarize"):
         import json
 
