@@ -41,9 +41,12 @@ SPEEDUP_ESTIMATES = ("point", "lower")
 DEFAULT_REWARD_BOUND = 3.0
 #: `log`: the smallest raw reward taken before the logarithm (a failure's 0 maps to ln(0.1)).
 DEFAULT_LOG_FLOOR = 0.1
-#: The smoothing's dead band (`smooth_rewards(noise_floor=...)`), relative: measured on the contrastive
-#: study's noisy rewards (docs/log.md, 2026-12-07).
-DEFAULT_NOISE_FLOOR = 0.02
+#: The smoothing's dead band (`smooth_rewards(noise_floor=...)`), relative. Measured on the contrastive study's
+#: noisy rewards (docs/log.md, 2026-12-07): on groups a GRPO-trained policy proposed, with the noise of two
+#: evaluations of one kernel on an H100 (sigma about 2 %), 0.05 cut the advantages' noise share from 0.22 to 0.13
+#: and raised their correlation with the true relative gains from 0.67 to 0.73, while spreads above about 2.5
+#: sigma are standardised as before. Revisit for an evaluator whose noise differs (a floor near 2.5 sigma).
+DEFAULT_NOISE_FLOOR = 0.05
 #: The failure-table key for a CORRECT candidate without a usable speedup.
 CORRECT_UNMEASURED = "correct_unmeasured"
 

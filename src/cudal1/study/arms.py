@@ -91,13 +91,18 @@ class Protocol:
     perturb_seed: int = 0
     noise_scale: float = 1.0  # x the measured per-cell noise of an evaluation (`Table.noise`)
     refine_turns: int = 2  # refine: own attempts shown per prompt
-    search_repeats: int = 2  # held-out searches per trained policy (other seeded recipes), averaged
+    search_repeats: int = 4  # held-out searches per trained policy (other seeded recipes), averaged
     pretrain_seeds: int = 4  # pre-trainings; study seed s starts from pre-training s % pretrain_seeds
     pretrain_examples: int = 24000
 
 
 def sub_seed(*parts: Any) -> int:
     return int(hashlib.sha256(repr(parts).encode()).hexdigest()[:8], 16)
+
+
+def search_seed(seed: int, repeat: int) -> int:
+    """The seed of a study seed's `repeat`-th held-out search (its seeded recipes, noise and proposals)."""
+    return seed if repeat == 0 else sub_seed("repeat", seed, repeat)
 
 
 def seed_recipes(table: Table, task_ids: Sequence[str], k: int, seed: int) -> dict[str, list[str]]:
@@ -186,7 +191,7 @@ def search(table: Table, tasks: dict[str, Task], features: dict[str, list[str]],
            seed: int, work_dir: Path, policy: Any = None, *, repeat: int = 0,
            lookup: dict[str, list[str]] | None = None) -> dict[str, Search]:
     """Every held-out task's search, seeds first (module docstring); `repeat` draws other seeded recipes."""
-    rseed = seed if repeat == 0 else sub_seed("repeat", seed, repeat)
+    rseed = search_seed(seed, repeat)
     seeds = seed_recipes(table, list(tasks), protocol.exemplars, rseed)
     evals = TableEvaluations(table, sub_seed("held-out", rseed), protocol.noise_scale)
     scores = {tid: {r: evals.score(tid, r) for r in chosen} for tid, chosen in seeds.items()}

@@ -23,7 +23,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from cudal1.study.arms import ARMS, ORDERED, Protocol, curve, lookup_rankings, one_shot, search, train_grpo
+from cudal1.study.arms import (
+    ARMS,
+    ORDERED,
+    Protocol,
+    curve,
+    lookup_rankings,
+    one_shot,
+    search,
+    search_seed,
+    seed_recipes,
+    train_grpo,
+)
 from cudal1.study.improver import ImproverSize, pretrain
 from cudal1.study.ops import task_by_id, visible_features
 from cudal1.study.perturb import perturb_table
@@ -113,6 +124,9 @@ def run_seed(out_dir: Path, table: Table, seed: int, *, arms: list[str], protoco
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.is_file() else {"seed": seed, "arms": {}}
     data["pretrain_seed"] = seed % protocol.pretrain_seeds
+    _, held_ids = table.split()
+    data["seed_recipes"] = {repeat: seed_recipes(table, held_ids, protocol.exemplars, search_seed(seed, repeat))
+                            for repeat in range(protocol.search_repeats)}  # every arm's first evaluations
     for arm in arms:
         if arm in data["arms"]:
             continue
@@ -243,8 +257,9 @@ def summarize(out_dir: Path, table_path: Path, spotcheck_path: Path | None = Non
     table = study_table(table_path, protocol)
     seeds = [json.loads(p.read_text()) for p in sorted((out_dir / "seeds").glob("seed*.json"),
                                                         key=lambda p: int(p.stem[4:]))]
-    arms = [a for a in ARMS if all(a in s["arms"] for s in seeds)]
-    per_seed = {arm: {s["seed"]: seed_metrics(s["arms"][arm], protocol.exemplars) for s in seeds} for arm in arms}
+    arms = [a for a in ARMS if any(a in s["arms"] for s in seeds)]  # each over the seeds that ran it
+    per_seed = {arm: {s["seed"]: seed_metrics(s["arms"][arm], protocol.exemplars) for s in seeds if arm in s["arms"]}
+                for arm in arms}
     results: dict[str, Any] = {}
     for arm in arms:
         values = list(per_seed[arm].values())
@@ -255,7 +270,7 @@ def summarize(out_dir: Path, table_path: Path, spotcheck_path: Path | None = Non
     a, b = PRIMARY_CONTRAST
     if a in per_seed and b in per_seed:
         primary = _contrast(per_seed, a, b, None)
-        diffs = [per_seed[a][s][PRIMARY] - per_seed[b][s][PRIMARY] for s in sorted(per_seed[a])]
+        diffs = [per_seed[a][s][PRIMARY] - per_seed[b][s][PRIMARY] for s in sorted(set(per_seed[a]) & set(per_seed[b]))]
         primary["seeds_for_target"] = seeds_needed(diffs)
         contrasts[f"{a} - {b}"] = {"role": "primary", **primary}
     family = [(x, y) for x, y in SECONDARY if x in per_seed and y in per_seed]
