@@ -194,9 +194,12 @@ class SFTStageConfig(CommonTrainConfig):
     packing: bool = _f(False, "Pack several examples into one sequence.")
     num_train_epochs: float = _f(3.0, "Epochs over the data (ignored when max_steps > 0).")
     learning_rate: float = _f(2e-5, "Peak learning rate (AdamW).")
-    contrastive_fraction: float = _f(0.0, "Share of the examples with a score (the augment export's speedup) shown "
-                                          "with stage 3's contrastive prompt: lower-scored examples of the same task "
-                                          "as exemplars, the answer in three sections. 0: plain prompts only.")
+    contrastive_fraction: float = _f(0.875, "Share of the examples with a score (the augment export's speedup) "
+                                            "shown with stage 3's contrastive prompt: lower-scored examples of the "
+                                            "same task as exemplars, the answer in three sections. The default is the "
+                                            "contrastive study's: its policy learns from 7 of 8 examples in that "
+                                            "format and then reads the scores it is shown (docs/log.md, 2026-12-07). "
+                                            "0: plain prompts only.")
     exemplars_per_prompt: int = _f(2, "Contrastive examples: exemplars shown per prompt (the paper: N = 2).")
 
     def __post_init__(self) -> None:
