@@ -16,10 +16,11 @@ evaluated in parallel (`eval_threads`). Every completion, with its verdict and r
 `<output_dir>/completions.jsonl` (`log_completions`, see `completions.py`); the exemplar database is
 `<output_dir>/exemplars.sqlite` unless `exemplar_db` is set.
 
-Prompts reach the model whole, on every TRL that `trl>=0.20` admits: TRL 0.20-0.25 keep only the last
-`max_prompt_length` tokens of a prompt, 512 by default, which cut a contrastive prompt (reference and
-exemplars, thousands of tokens) down to its last exemplar; 0.26-0.27 deprecate the setting (default None:
-no truncation) and 0.28 removed it. `grpo_args` sets it to None wherever it exists (the prompt builder keeps
+Prompts reach the model whole, on every TRL that `trl>=0.20` admits: TRL 0.20-0.25 cut a prompt to
+`max_prompt_length` tokens, 512 by default (0.20-0.23 keep the last ones, 0.24-0.25 cut on the tokenizer's
+truncation side), which left a contrastive prompt (reference and exemplars, thousands of tokens) with its
+last exemplar or without its instructions; 0.26-0.27 deprecate the setting (default None: no truncation) and
+0.28 removed it. `grpo_args` sets it to None wherever it exists (the prompt builder keeps
 prompts within `prompt_token_budget` instead), and the trainer checks every generation round that the
 prompt tokens fed to the model are as many as the built prompt has, stopping with `PromptTruncatedError`
 otherwise (`check_prompts_whole`); the summary records the longest prompt fed (`prompt_tokens_max`).
