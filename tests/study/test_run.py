@@ -58,6 +58,7 @@ def test_every_arm_runs_resumes_and_summarizes(table_path, tmp_path, monkeypatch
     assert set(summary["arms"]) == set(ARMS) and summary["arms"]["lookup"]["held_out_log_regret"]["n"] == 2
     primary = summary["contrasts"]["grpo-bucket - grpo-plain"]
     assert primary["role"] == "primary" and primary["held_out_log_regret"]["p"] is not None
+    assert primary["by_pretraining"]["seeds"] == {"0": 1, "1": 1} and primary["by_pretraining"]["over_pretrainings"]["n"] == 2
     assert all("p_holm" in c["held_out_log_regret"] for c in summary["contrasts"].values() if c["role"] == "secondary")
     assert "Holm" in summary["multiplicity"] and summary["perturbation"]["fields"] == 3
     cpu = summary["provenance"]["cpu_half"][0]

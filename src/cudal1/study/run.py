@@ -239,6 +239,18 @@ def _contrast(per_seed: dict[str, dict[int, dict]], a: str, b: str, alpha: float
     return out
 
 
+def by_pretraining(per_seed: dict[str, dict[int, dict]], a: str, b: str,
+                   pretrain_of: dict[int, int | None]) -> dict[str, Any]:
+    """The primary contrast per pre-training (the mean over the seeds that started from it) and the interval
+    over pre-trainings: what generalises over pre-trainings, not only over the seeds after them."""
+    clusters: dict[str, list[float]] = {}
+    for s in sorted(set(per_seed[a]) & set(per_seed[b])):
+        clusters.setdefault(str(pretrain_of.get(s)), []).append(per_seed[a][s][PRIMARY] - per_seed[b][s][PRIMARY])
+    means = {p: round(statistics.fmean(v), 5) for p, v in clusters.items()}
+    return {"means": means, "seeds": {p: len(v) for p, v in clusters.items()},
+            "over_pretrainings": mean_ci(list(means.values()))}
+
+
 def seeds_needed(diffs: list[float], half_width: float = TARGET_HALF_WIDTH) -> int | None:
     """Seeds the paired contrast would need for a 95 % interval of +-`half_width`, at its observed spread."""
     if len(diffs) < 2:
@@ -272,6 +284,7 @@ def summarize(out_dir: Path, table_path: Path, spotcheck_path: Path | None = Non
         primary = _contrast(per_seed, a, b, None)
         diffs = [per_seed[a][s][PRIMARY] - per_seed[b][s][PRIMARY] for s in sorted(set(per_seed[a]) & set(per_seed[b]))]
         primary["seeds_for_target"] = seeds_needed(diffs)
+        primary["by_pretraining"] = by_pretraining(per_seed, a, b, {s["seed"]: s.get("pretrain_seed") for s in seeds})
         contrasts[f"{a} - {b}"] = {"role": "primary", **primary}
     family = [(x, y) for x, y in SECONDARY if x in per_seed and y in per_seed]
     alpha = 0.05 / max(1, len(family))
