@@ -61,6 +61,10 @@ def test_every_arm_runs_resumes_and_summarizes(table_path, tmp_path, monkeypatch
     assert primary["by_pretraining"]["seeds"] == {"0": 1, "1": 1} and primary["by_pretraining"]["over_pretrainings"]["n"] == 2
     assert all("p_holm" in c["held_out_log_regret"] for c in summary["contrasts"].values() if c["role"] == "secondary")
     assert "Holm" in summary["multiplicity"] and summary["perturbation"]["fields"] == 3
+    found = summary["answers"]
+    assert found["primary"]["contrast"] == "grpo-bucket - grpo-plain" and found["primary"]["half_width"] >= 0
+    assert 0 < found["lookup"]["held_out_fraction_of_best"] <= 1 and "grpo-bucket" in found["mechanism"]
+    assert found["budget"]["distinct_evaluations_per_held_out_task"] == 8
     cpu = summary["provenance"]["cpu_half"][0]
     assert {"git_commit", "source_sha256", "versions", "host", "date"} <= set(cpu) and cpu["versions"]["trl"]
     assert "NOT measured" in summary["provenance"]["gpu_half"]["method"]

@@ -296,6 +296,7 @@ def summarize(out_dir: Path, table_path: Path, spotcheck_path: Path | None = Non
     train_ids, held_ids = table.split()
     raw_table = load_table(table_path)
     summary = {
+        "answers": answers(results, contrasts, protocol),
         "table_kind": table.kind, "protocol": record["protocol"], "improver": record["improver"],
         "pretrain": record["pretrain"], "seeds": [s["seed"] for s in seeds],
         "pretrain_seed_of": {s["seed"]: s.get("pretrain_seed") for s in seeds},
@@ -316,6 +317,27 @@ def summarize(out_dir: Path, table_path: Path, spotcheck_path: Path | None = Non
         summary["table"]["spotcheck"] = {k: v for k, v in spot.items() if k != "rows"}
     (out_dir / "contrastive_study.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def answers(results: dict[str, Any], contrasts: dict[str, Any], protocol: Protocol) -> dict[str, Any]:
+    """What the study was built to show, in one place: the primary contrast and its interval's half-width, how
+    much room the no-feedback lookup leaves, the within-policy mechanism per arm, and the budgets spent."""
+    name = " - ".join(PRIMARY_CONTRAST)
+    out: dict[str, Any] = {"budget": {"distinct_evaluations_per_held_out_task": protocol.budget,
+                                      "searches_per_policy": protocol.search_repeats,
+                                      "random_fill_per_task": {a: r["held_out_fallback"]["mean"]
+                                                               for a, r in results.items() if "held_out_fallback" in r}}}
+    if name in contrasts:
+        ci = contrasts[name][PRIMARY]
+        out["primary"] = {"contrast": name, "metric": PRIMARY, "mean": ci["mean"], "lo": ci["lo"], "hi": ci["hi"],
+                          "half_width": round((ci["hi"] - ci["lo"]) / 2, 5) if ci["lo"] is not None else None,
+                          "target_half_width": TARGET_HALF_WIDTH, "seeds": ci["n"]}
+    if "lookup" in results:
+        fraction = results["lookup"]["held_out_fraction"]["mean"]
+        out["lookup"] = {"held_out_fraction_of_best": fraction, "room": round(1 - fraction, 5),
+                         "held_out_log_regret": results["lookup"][PRIMARY]["mean"]}
+    out["mechanism"] = {a: r["mechanism"] for a, r in results.items() if "mechanism" in r}
+    return out
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
