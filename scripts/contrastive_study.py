@@ -2,8 +2,9 @@
 
     PYTHONPATH=src python scripts/contrastive_study.py measure OUT_DIR [--budget-s 230]     # GPU: the table
     PYTHONPATH=src python scripts/contrastive_study.py spotcheck OUT_DIR [--budget-s 240]   # GPU: vs the evaluator
-    PYTHONPATH=src python scripts/contrastive_study.py run OUT_DIR --table T --seeds 0-9   # CPU: the arms
+    PYTHONPATH=src python scripts/contrastive_study.py run OUT_DIR --table T --seeds 0-23  # CPU: the arms
     PYTHONPATH=src python scripts/contrastive_study.py summarize OUT_DIR --table T         # CPU: CIs, results
+    PYTHONPATH=src python scripts/contrastive_study.py advantages OUT_DIR --table T        # CPU: the dead band
     PYTHONPATH=src python scripts/contrastive_study.py run OUT_DIR --table T --seeds 0 \
         --against docs/results/contrastive_study.json      # one seed again, against the committed seeds' spread
     PYTHONPATH=src python scripts/contrastive_study.py surrogate OUT_DIR   # CPU: a SURROGATE table (tests only)
@@ -15,51 +16,71 @@ memory staging, work mapping: `cudal1/study/recipes.py`) that templates turn int
 compiles, checks and times every cell on one GPU (CUDA events, L2 flushed, >= 5 timings per cell, median and
 spread; `cudal1/study/bench.py`), writing `OUT_DIR/table.json` as it goes (a timeout keeps what was measured;
 running it again measures what is missing). `spotcheck` evaluates a stratified sample of >= 50 cells through
-the project's evaluator and writes the agreement to `OUT_DIR/spotcheck.json`.
+the project's evaluator and writes the agreement to `OUT_DIR/spotcheck.json`. Both record their provenance
+(commit, a digest of the sources, library versions, host, date: `cudal1/study/provenance.py`).
+
+Held out: 14 tasks, whole families of every kind (mish, logsumexp, rmsnorm, transpose_gelu). So that held-out
+success needs feedback (the first study's held-out tasks were answered by their features: a lookup of the
+training tasks by kind and size found 0.99 of their best with no feedback at all):
+- a policy sees a task's kind only (`feature_set: kind`, `cudal1/study/ops.py`), not its sizes;
+- each held-out task's table is the measured one with 3 of the 6 recipe fields relabelled by a fixed random
+  permutation of their values (`cudal1/study/perturb.py`): the same measurements, the optimum moved away
+  from where the training siblings put it (the permutations are in the results, `perturbation`).
+Every evaluation draws the cell's measured noise (`Table.draw`: a log-normal around the table's speedup
+with the standard error of a median of its timings, and the 95 % interval the evaluator would report), so
+the scores a policy is shown, the exemplar database's median scores and `reward_speedup: lower` see noise;
+what is scored is the table's median.
 
 The policy: a 0.35 M-parameter Llama over a word-level vocabulary, pre-trained on the CPU with the project's
-SFT stage as an in-context improver on SYNTHETIC landscapes only (input: task features and k scored recipes;
-output: a better recipe; `cudal1/study/landscapes.py`), once per study (seed 0; the seeds below vary
-everything after it). RL arms then train it with the project's stage 3 (`run_rl`: TRL's GRPO, `KernelReward`,
-the exemplar database, default reward smoothing) on the 28 training tasks.
+SFT stage as an in-context improver on SYNTHETIC landscapes only (input: the kind and k scored recipes;
+output: a better recipe; 7 of 8 examples show exemplars; `cudal1/study/landscapes.py`), once per
+pre-training seed (`pretrain_seeds`: 4; study seed s starts from pre-training s mod 4). RL arms then train
+it with the project's stage 3 (`run_rl`: TRL's GRPO, `KernelReward`, the exemplar database, stage 3's
+default reward shaping: group normalization with its dead band, the clip, TRL not rescaling, a copy of a
+shown exemplar paid its score less 5 %) on the 28 training tasks: 60 steps x 8 tasks x 8 completions.
 
-Held out: 14 tasks, whole families of every kind (mish, logsumexp, rmsnorm, transpose_gelu); a policy sees
-a task only through features it shares with training tasks (`cudal1/study/ops.py`).
-
-Arms, at an equal evaluation budget on the held-out tasks (every arm: the same 4 random correct recipes per
-task seeded per seed, counted as its first 4 evaluations, then proposals in rounds of 8 up to 64 evaluations.
-An evaluation is a distinct recipe, as the results store makes it: a repeat is served from the store and an
-unparseable answer is never evaluated; both spend samples, at most 256 per task, after which a policy that
-keeps repeating itself stops short of 64). RL arms also spend the same training budget (100 GRPO steps x 8
-tasks x 8 completions = 6,400 evaluations on training tasks).
+Arms (`cudal1/study/arms.py`):
 - `grpo-bucket`: contrastive GRPO, exemplars by CUDA-L1's bucket sampler; searches with bucket prompts;
 - `grpo-random`: contrastive GRPO, exemplars drawn uniformly;
 - `grpo-shuffled`: contrastive GRPO whose exemplars' scores are permuted among them (and shown in the order
   of the permuted scores): do the scores matter, or only the code text?
 - `grpo-plain`: GRPO with the plain prompt (no exemplars); held-out: best-of-N samples;
+- `grpo-refine`: multi-turn refinement (as Kevin-32B and Dr.Kernel train): GRPO whose prompt shows the
+  policy's own last two attempts on the task with their measured results; held-out: 8 trajectories per task,
+  each turn showing its own last two attempts (rewards per turn, not discounted over the trajectory);
 - `evolution`: contrastive prompting without RL: the pre-trained improver iterated with the database;
-- `random-search`: uniform proposals without repeats (best-of-N at random);
-- `sft-only`: the pre-trained improver with the plain prompt (best-of-N).
+- `random-search`: uniform proposals without repeats;
+- `sft-only`: the pre-trained improver with the plain prompt (best-of-N);
+- `lookup`: no learning, no feedback: recipes in the order of their mean fraction of the best on the
+  training tasks of the same kind.
 
-Metrics (fixed before the runs; per arm and seed, means over the 14 held-out tasks, each task's values as a
-fraction of its best speedup in the table, failures 0):
-1. PRIMARY `held_out_auc`: the best speedup found against evaluations spent, summarized: the best found after
-   8, 16, 32 and 64 evaluations (`held_out_curve`, which also has 4: the seeds alone), averaged over those
-   four budgets. The study's question is the paired difference grpo-bucket - grpo-plain over seeds (95 % t
-   interval); grpo-bucket - grpo-shuffled asks whether the scores matter. `held_out_best_at_budget`: the best
-   found after all 64 (it saturates: on these landscapes many recipes are within a few % of the best).
-2. `one_shot_fraction_of_best`: the mean of 32 answers sampled with the 4 seeded exemplars in the prompt
-   (the arm's own prompt style; random-search: the mean over all recipes); `one_shot_correct_rate`.
-3. `held_out_correct_rate`: the share of the evaluations that are correct; `held_out_samples`: the samples
-   drawn per task to spend the budget (64 - 4 for i.i.d.-like proposals, more for a policy that repeats).
-4. RL arms: the fraction of the best of each training batch (`train_curve`), first and last 10 % of steps.
-Each arm: mean and 95 % t interval over >= 10 seeds; contrasts: paired by seed (`cudal1/study/run.py`).
+Budgets: every arm evaluates exactly 32 distinct recipes per held-out task (`budget`), the same 4 random
+correct ones first (seeded per seed and search; listed in each seed file). An evaluation is a distinct
+recipe, as the results store makes it: a repeat is served from the store and an unparseable answer is never
+evaluated; both spend samples, at most 128 per task, after which the rest of the 32 are random recipes not
+evaluated yet (counted: `held_out_fallback`). Each trained policy searches 4 times (`search_repeats`, other
+seeded recipes); a seed's value is the mean of its 4 searches.
 
-Costs: `measure` about 3-4 minutes on one H200 (16 cores compile in parallel), `spotcheck` 4 minutes by its
-budget; `run` about 5-6 minutes per seed (all 7 arms) on one CPU core after a 3-5 minute pre-training.
-`run` is resumable per seed and per arm (`--seeds 3` or `--seeds 0-9`). A table whose `kind` is
-`surrogate` (an analytic model, `cudal1/study/surrogate.py`) is only for testing the pipeline: `run` refuses
-it without `--allow-surrogate`, and its results are never published.
+Metrics (fixed before the runs; per arm and seed, means over the 14 held-out tasks and the 4 searches):
+1. PRIMARY `held_out_log_regret`: ln(task's best / best found) after 8, 16 and 32 evaluations, averaged
+   (0 is perfect; it does not saturate as a fraction does); `held_out_fraction` is exp(-log-regret), the
+   geometric-mean fraction of the best. The study's question is the paired difference grpo-bucket -
+   grpo-plain over seeds (a plain 95 % t interval, the one pre-registered contrast); the other contrasts
+   are one family with Holm-adjusted p-values and Bonferroni intervals (`cudal1/study/run.py`).
+2. `evaluations_to_95`, `evaluations_to_99`: evaluations spent when the best found first reached 0.95, 0.99 of
+   the task's best (33 when never); `held_out_curve`: the best found after 4, 8, 16 and 32.
+3. The mechanism, within one policy: `mechanism` = the mean fraction of the best of 32 answers to the 4
+   seeded recipes shown with their scores, minus the same with the scores permuted among the recipes
+   (`mechanism_true_scores`, `mechanism_permuted_scores`); `one_shot_fraction_of_best`: 32 answers to the
+   arm's own prompt built from the seeded recipes.
+4. RL arms: the fraction of the best of each training batch (`train_curve`), first and last 10 % of steps,
+   and the share of completions that copy a recipe their prompt shows (`train_copies_last`).
+
+Costs on one CPU core (2026-12-07): a pre-training about 165 CPU s; a seed's nine arms about 3 CPU minutes.
+`run` is resumable per seed and per arm (`--seeds 3` or `--seeds 0-23`); a folder holds one protocol
+(`--protocol KEY=VALUE` overrides it for a pipeline test). A table whose `kind` is `surrogate` (an analytic
+model, `cudal1/study/surrogate.py`) is only for testing the pipeline: `run` refuses it without
+`--allow-surrogate`, and its results are never published.
 """
 
 from __future__ import annotations
@@ -82,9 +103,30 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def protocol_from(items: list[str] | None):
+    """The study's `Protocol` with `KEY=VALUE` overrides (a pipeline test's smaller budgets)."""
+    import dataclasses
+
+    import yaml
+
+    from cudal1.study.arms import Protocol
+
+    values = {}
+    for item in items or []:
+        key, _, raw = item.partition("=")
+        values[key.strip()] = yaml.safe_load(raw)
+    if "checkpoints" in values:
+        values["checkpoints"] = tuple(values["checkpoints"])
+    known = {f.name for f in dataclasses.fields(Protocol)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SystemExit(f"unknown protocol settings {unknown}; known: {sorted(known)}")
+    return Protocol(**values)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("measure", "spotcheck", "run", "summarize", "surrogate"))
+    p.add_argument("command", choices=("measure", "spotcheck", "run", "summarize", "surrogate", "advantages"))
     p.add_argument("out_dir", type=Path)
     p.add_argument("--table", type=Path, help="The table (default OUT_DIR/table.json).")
     p.add_argument("--budget-s", type=float, help="measure: 230 s; spotcheck: 240 s.")
@@ -92,10 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", default="*", help="measure: a glob over task ids or family names.")
     p.add_argument("--cells", type=int, default=60, help="spotcheck: cells evaluated (>= 50).")
     p.add_argument("--profile", default="cuda-l1", help="spotcheck: the evaluator's profile.")
-    p.add_argument("--seeds", default="0-9", help="run: '3', '0-9' or '0,2,5'.")
-    p.add_argument("--arms", nargs="+", help="run: a subset of the arms (default: all seven).")
+    p.add_argument("--seeds", default="0-19", help="run: '3', '0-9' or '0,2,5'.")
+    p.add_argument("--arms", nargs="+", help="run: a subset of the arms (default: all nine).")
+    p.add_argument("--protocol", nargs="+", metavar="KEY=VALUE",
+                   help="run: protocol overrides (a pipeline test's; a published study uses the defaults).")
     p.add_argument("--allow-surrogate", action="store_true", help="run: accept a surrogate table (tests only).")
-    p.add_argument("--pretrain-examples", type=int, default=40000)
     p.add_argument("--spotcheck", type=Path, help="summarize: the spot-check's spotcheck.json (default: beside "
                                                   "the table).")
     p.add_argument("--against", type=Path, help="run/summarize: a committed contrastive_study.json to compare with.")
@@ -136,7 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         from cudal1.study.run import run_study
 
         run_study(args.out_dir, table, parse_seeds(args.seeds), arms=args.arms,
-                  pretrain_examples=args.pretrain_examples, allow_surrogate=args.allow_surrogate)
+                  protocol=protocol_from(args.protocol), allow_surrogate=args.allow_surrogate)
+    elif args.command == "advantages":
+        import json
+
+        from cudal1.study.shaping import measure_run
+
+        found = measure_run(args.out_dir, table)
+        (args.out_dir / "advantages.json").write_text(json.dumps(found, indent=1))
+        print(json.dumps(found, indent=1))
     if args.command in ("run", "summarize"):
         import json
 

@@ -138,3 +138,20 @@ def test_no_nan_or_inf_is_ever_paid_or_smoothed(bad):
     with pytest.raises(ValueError, match="violation reward"):
         reward_of(violated)
     assert reward_of(correct(float("nan"))) == 0.0  # a broken speedup is `correct_unmeasured`, never NaN
+
+
+def test_the_dead_band_keeps_noise_from_being_standardised_into_full_advantages():
+    """A group of correct candidates within 3 % of each other (timing noise) standardises to +-1 (clip or not);
+    with a dead band of 5 % of the mean it gets values a fraction of that, while a group with real
+    differences is normalized as before."""
+    ties = [1.00, 1.01, 1.02, 1.03, 0.99, 1.00, 1.02, 1.01]
+    plain = smooth_rewards(ties, clip_k=1.5)
+    banded = smooth_rewards(ties, clip_k=1.5, noise_floor=0.05)
+    assert max(abs(v) for v in plain) > 1.4 and max(abs(v) for v in banded) < 0.45
+    assert [a > 0 for a in plain] == [b > 0 for b in banded]  # the order is kept, only the size shrinks
+    real = [0.0, 1.0, 2.0, 3.0]
+    assert smooth_rewards(real, noise_floor=0.05) == pytest.approx(smooth_rewards(real))
+    logs = [math.log(v) for v in ties]  # log rewards: the floor is absolute (their differences are relative)
+    assert max(abs(v) for v in smooth_rewards(logs, noise_floor=0.05, floor_scale="one")) < 0.45
+    with pytest.raises(ValueError, match="floor_scale"):
+        smooth_rewards(ties, noise_floor=0.05, floor_scale="max")

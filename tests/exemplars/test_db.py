@@ -97,9 +97,37 @@ def test_a_file_written_before_scores_were_kept_still_opens(tmp_path):
         conn.execute("INSERT INTO exemplars(task_id, norm_hash, source_hash, code, score, created_s, updated_s) "
                      "VALUES ('t', ?, 'h', ?, 3.0, 0, 0)", (normalized_hash(CODE), CODE))
     db = ExemplarDB(path)
-    assert db.best("t").meta["scores"] == [3.0]
+    assert db.best("t").meta["scores"] == [3.0] and db.best("t").meta["context"] == ""
     db.add("t", CODE, 1.0)
     assert db.best("t").score == 2.0 and db.best("t").meta["scores"] == [3.0, 1.0]
+    db.add("t", CODE, 9.0, context="H100 | strict | 17 | full")  # the migrated file takes the new key
+    assert ExemplarDB(path).count("t") == 2 and ExemplarDB(path, context="").best("t").score == 2.0
+
+
+def test_scores_are_keyed_by_what_measured_them(tmp_path):
+    """An H100's and an A100's speedups of one source are two rows whose scores never mix; a database opened
+    with a context (a run's GPU, profile, protocol and sizes) shows and counts that context's rows only."""
+    from cudal1.core.types import EvalResult, Status
+    from cudal1.exemplars.db import score_context
+
+    h100 = score_context(EvalResult(Status.CORRECT, environment={"gpu_name": "NVIDIA H100"},
+                                    protocol={"profile": "strict", "version": "17", "sizes": "full"}))
+    a100 = score_context({"environment": {"gpu_name": "NVIDIA A100"},
+                          "protocol": {"profile": "cuda-l1", "version": "17", "sizes": "full"}})
+    assert h100 == "NVIDIA H100 | strict | 17 | full" and a100 != h100 and score_context(EvalResult(Status.CORRECT)) == ""
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    db.add("t", CODE, [2.0, 2.2], context=h100)
+    db.add("t", CODE, 5.0, context=a100)
+    db.add("t", DIFFERENT, 1.5, context=a100)
+    assert db.count("t") == 3  # no context: every row
+    on_h100 = ExemplarDB(tmp_path / "ex.sqlite", context=h100)
+    assert [(r.score, r.meta["scores"]) for r in on_h100.list("t")] == [(2.1, [2.0, 2.2])]
+    on_h100.add("t", CODE, 2.4)  # the database's own context by default
+    assert on_h100.best("t").meta["scores"] == [2.0, 2.2, 2.4] and on_h100.count("t") == 1
+    assert ExemplarDB(tmp_path / "ex.sqlite", context=a100).best("t").meta["scores"] == [5.0]
+    copy = ExemplarDB(tmp_path / "copy.sqlite")
+    copy.copy_from(db, ["t"])
+    assert ExemplarDB(tmp_path / "copy.sqlite", context=a100).count("t") == 2  # contexts travel with the rows
 
 
 def test_eviction_drops_lowest_scores(tmp_path):

@@ -43,14 +43,14 @@ def exact_pair_probabilities(tau: float) -> dict[frozenset, float]:
 
 
 def test_bucketize_known_buckets():
-    buckets = bucketize(pool_of(SCORES), 0.1)
+    buckets = bucketize(pool_of(SCORES), 0.1, "linear")
     assert {k: sorted(c.score for c in v) for k, v in buckets.items()} == {
         3: [0.3], 10: [1.02, 1.04, 1.06], 15: [1.55], 20: [2.01, 2.09], 30: [3.05]}
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.5])
 def test_bucket_sampling_frequencies_match_the_formula(tau):
-    sampler = BucketSampler(BucketSamplingConfig(n=2, bucket_width=0.1, temperature=tau), rng=1234)
+    sampler = BucketSampler(BucketSamplingConfig(n=2, bucket_width=0.1, temperature=tau, scale="linear"), rng=1234)
     pool = pool_of(SCORES)
     draws = 20000
     pairs: Counter = Counter()
@@ -75,13 +75,32 @@ def test_bucket_sampling_frequencies_match_the_formula(tau):
 
 
 def test_bucket_sampling_with_fewer_buckets_than_n_and_first_draw_probabilities():
-    sampler = BucketSampler(BucketSamplingConfig(n=3), rng=0)
+    sampler = BucketSampler(BucketSamplingConfig(n=3, temperature=1.0, scale="linear"), rng=0)
     pool = pool_of([1.01, 1.02, 2.5])
     assert sorted(c.score for c in sampler.sample(pool))[-1] == 2.5 and len(sampler.sample(pool)) == 2
     assert sampler.sample(pool_of([1.5])) == pool_of([1.5])
     assert sampler.sample([]) == []
     probs = sampler.bucket_probabilities(pool)
     assert probs[25] / probs[10] == pytest.approx(math.exp(2.5 - 1.015))
+
+
+def test_the_default_scale_is_relative_a_pool_ten_times_faster_is_sampled_alike():
+    """The paper's units are absolute: the same relative spread at 10x gives a 20x bucket e^10 the weight of
+    a 10x one. Read in ln(speedup) (the default), Δs and τ are relative: scaling every score leaves the
+    bucket probabilities as they were, and a bucket twice as fast weighs e^(ln 2 / τ) times more."""
+    slow = pool_of([1.0, 1.2, 1.5, 2.0])
+    fast = pool_of([10.0, 12.0, 15.0, 20.0])
+    log = BucketSampler()
+    assert log.config.scale == "log" and log.config.temperature == 0.7
+    assert sorted(log.bucket_probabilities(slow).values()) == pytest.approx(
+        sorted(log.bucket_probabilities(fast).values()))
+    by_score = dict(zip([1.0, 2.0], [log.bucket_probabilities(slow)[k] for k in (0, 6)], strict=True))
+    assert by_score[2.0] / by_score[1.0] == pytest.approx(math.exp(math.log(2.0) / 0.7))
+    linear = BucketSampler(BucketSamplingConfig(temperature=1.0, scale="linear"))
+    top_slow, top_fast = max(linear.bucket_probabilities(slow).values()), max(linear.bucket_probabilities(fast).values())
+    assert top_fast > 0.99 > 0.5 > top_slow  # absolute units: at 10x the best bucket takes everything
+    with pytest.raises(ValueError, match="scale"):
+        BucketSamplingConfig(scale="sqrt")
 
 
 def test_seeded_samplers_are_reproducible():
@@ -133,12 +152,15 @@ def test_island_sample_properties():
     assert sampler.sample(pool[:1], task_id="tiny") == pool[:1]
 
 
-def test_island_softmax_prefers_high_scores_within_an_island():
+@pytest.mark.parametrize("scale", ["linear", "log"])
+def test_island_softmax_prefers_high_scores_within_an_island(scale):
     pool = pool_of([1.0, 1.0, 1.0, 6.0])
-    sampler = IslandSampler(IslandSamplingConfig(n=1, num_islands=1, migrate_every=0), rng=11)
+    config = IslandSamplingConfig(n=1, num_islands=1, migrate_every=0, temperature=1.0, scale=scale)
+    sampler = IslandSampler(config, rng=11)
     hits = sum(sampler.sample(pool, task_id="t")[0].score == 6.0 for _ in range(2000))
-    expected = math.exp(5.0) / (math.exp(5.0) + 3)
-    assert abs(hits / 2000 - expected) < 0.02
+    gap = 5.0 if scale == "linear" else math.log(6.0)  # in the scale's units
+    expected = math.exp(gap) / (math.exp(gap) + 3)
+    assert abs(hits / 2000 - expected) < 0.03
 
 
 def test_island_migration_copies_a_best_code_into_the_worst_island():

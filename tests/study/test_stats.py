@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from cudal1.study.stats import mean_ci, paired_ci, prediction_interval, spearman
+from cudal1.study.stats import (
+    adjusted_ci,
+    holm,
+    mean_ci,
+    p_value,
+    paired_ci,
+    prediction_interval,
+    spearman,
+    t_975,
+    t_quantile,
+    t_sf,
+)
 
 
 def test_mean_ci_uses_student_t():
@@ -33,9 +44,20 @@ def test_prediction_interval_and_spearman():
 def test_a_rerun_is_placed_against_the_committed_seeds():
     from cudal1.study.run import against
 
-    committed = {"per_seed": {"grpo-plain": {s: {"held_out_auc": v} for s, v in enumerate([0.90, 0.92, 0.91, 0.93])}}}
-    now = {"per_seed": {"grpo-plain": {0: {"held_out_auc": 0.915}}, "evolution": {0: {"held_out_auc": 0.5}}}}
+    key = "held_out_log_regret"
+    committed = {"per_seed": {"grpo-plain": {s: {key: v} for s, v in enumerate([0.090, 0.092, 0.091, 0.093])}}}
+    now = {"per_seed": {"grpo-plain": {0: {key: 0.0915}}, "evolution": {0: {key: 0.5}}}}
     found = against(now, committed)
     assert set(found) == {"grpo-plain"} and found["grpo-plain"]["inside"] is True
-    now["per_seed"]["grpo-plain"][0]["held_out_auc"] = 0.5
+    now["per_seed"]["grpo-plain"][0][key] = 0.5
     assert against(now, committed)["grpo-plain"]["inside"] is False
+
+
+def test_t_distribution_agrees_with_the_tables_and_holm_adjusts_a_family():
+    for df, t in ((2, 4.303), (9, 2.262), (30, 2.042)):
+        assert t_quantile(0.05, df) == pytest.approx(t, abs=2e-3) and t_sf(t, df) == pytest.approx(0.05, abs=1e-3)
+    assert t_975(60) == pytest.approx(2.000, abs=2e-3) and t_quantile(0.01, 10) == pytest.approx(3.169, abs=2e-3)
+    assert p_value([0.1, 0.2, 0.3]) == pytest.approx(t_sf(0.2 / (0.1 / 3 ** 0.5), 2))
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None}) == {"a": 0.03, "c": 0.06, "b": 0.06, "d": None}
+    wide, narrow = adjusted_ci([0.1, 0.2, 0.3, 0.2], 0.05 / 10), mean_ci([0.1, 0.2, 0.3, 0.2])
+    assert wide["lo"] < narrow["lo"] < narrow["hi"] < wide["hi"]  # Bonferroni over 10: wider than 95 %

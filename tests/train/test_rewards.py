@@ -232,10 +232,64 @@ def test_the_llm_judge_without_a_verdict_fails_closed(tmp_path, tiny_tasks):
     assert out == [1.2] and reward.history[-1]["judge_errors"] == 1
 
 
-@pytest.mark.parametrize("field", ["clip_k", "bound", "log_floor", "judge_jump_factor"])
+@pytest.mark.parametrize("field", ["clip_k", "bound", "log_floor", "judge_jump_factor", "noise_floor", "copy_margin"])
 def test_a_reward_config_with_a_nan_or_inf_is_refused_by_name(field):
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match=f"{field} must be finite"):
             RewardConfig(**{field: bad})
     with pytest.raises(ValueError, match="failure reward of hack_detected must be finite"):
         RewardConfig(failure_rewards={"hack_detected": float("nan")})
+
+
+@pytest.mark.parametrize(("mode", "paid"), [("margin", 2.0 * 0.9), ("zero", 0.0), ("full", 2.6)])
+def test_a_copy_of_a_shown_exemplar_earns_what_the_configuration_says(tmp_path, tiny_tasks, mode, paid):
+    """The exemplar its prompt showed, written again (comments and formatting aside: same norm_hash), is
+    evaluated (its speedup joins the exemplar's evaluations) and flagged, but paid as copy_reward says; the
+    same code with no exemplar shown is no copy."""
+    from cudal1.exemplars import normalized_hash
+    from cudal1.train.completions import CompletionLog
+
+    task = tiny_tasks[0]
+    exemplar = correct_code(task)
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    db.add(task.id, exemplar, 2.0)
+    shown = [{"norm_hash": normalized_hash(exemplar), "score": 2.0}]
+    metrics = {}
+    log = CompletionLog(tmp_path / "completions.jsonl")
+
+    def evaluator(t, source):
+        return EvalResult(status=Status.CORRECT, speedup=2.6, task_id=t.id)
+
+    cfg = RewardConfig(normalize=False, copy_reward=mode, copy_margin=0.1)
+    reward = KernelReward(tiny_tasks, evaluator, cfg, exemplar_db=db, completion_log=log)
+    copy = "# my own idea\n" + exemplar
+    out = reward([_completion(copy), _completion(copy)], task_id=[task.id] * 2, shown_exemplars=[shown, []],
+                 log_metric=lambda k, v: metrics.__setitem__(k, v))
+    assert out == pytest.approx([paid, 2.6])
+    assert metrics["kernel/exemplar_copies"] == 1.0 and reward.history[-1]["exemplar_copies"] == 1
+    assert db.best(task.id).meta["scores"] == [2.0, 2.6, 2.6]  # evaluated again all the same
+    import json
+
+    lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert [line["exemplar_copy"] for line in lines] == [True, False] and lines[0]["reward"] == pytest.approx(paid)
+    with pytest.raises(ValueError, match="copy_reward"):
+        RewardConfig(copy_reward="half")
+
+
+def test_a_vetoed_copy_keeps_the_judge_s_verdict(tmp_path, tiny_tasks):
+    from cudal1.exemplars import normalized_hash
+
+    task = tiny_tasks[0]
+    code = correct_code(task)
+
+    class Judge:
+        def check(self, t, source, result):
+            return False
+
+    reward = KernelReward(tiny_tasks, lambda t, s: EvalResult(status=Status.CORRECT, speedup=50.0, task_id=t.id),
+                          RewardConfig(normalize=False, judge_jump_factor=3.0, failure_rewards={"hack_detected": -1.0}),
+                          exemplar_db=ExemplarDB(tmp_path / "ex.sqlite"), judge=Judge())
+    reward._best[task.id] = 1.0
+    out = reward([_completion(code)], task_id=[task.id], shown_exemplars=[[{"norm_hash": normalized_hash(code),
+                                                                            "score": 1.0}]])
+    assert out == [-1.0] and reward.history[-1]["exemplar_copies"] == 0

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 
+import pytest
 import torch
 
 from cudal1.exemplars import ExemplarDB
@@ -113,10 +114,25 @@ def test_controlled_reward_raises_the_rewarded_probability(tmp_path, tiny_tasks)
     model, tok = load_policy("scratch", seed=0)
     prompt = ShortPrompt().build(task)
     before = _p_rewarded(model, tok, prompt)
-    run_rl(_controlled_config(tmp_path), model=model, tokenizer=tok, tasks=[task],
+    # the reward reads the first token of answers cut at 2: here they are trained on although cut short
+    run_rl(_controlled_config(tmp_path, mask_truncated_completions=False), model=model, tokenizer=tok, tasks=[task],
            reward_funcs=[_ascii_first_reward], prompt_builder=ShortPrompt())
     after = _p_rewarded(model, tok, prompt)
     assert after > before + 0.1, (before, after)
+
+
+def test_truncated_completions_are_masked_by_default(tmp_path, tiny_tasks):
+    """Answers cut at max_completion_length (a random policy never ends one in 2 tokens) are no evidence:
+    with stage 3's default they leave the loss, and the same controlled reward moves nothing."""
+    task = tiny_tasks[0]
+    model, tok = load_policy("scratch", seed=0)
+    prompt = ShortPrompt().build(task)
+    before = _p_rewarded(model, tok, prompt)
+    config = _controlled_config(tmp_path)
+    assert config.mask_truncated_completions
+    run_rl(config, model=model, tokenizer=tok, tasks=[task], reward_funcs=[_ascii_first_reward],
+           prompt_builder=ShortPrompt())
+    assert _p_rewarded(model, tok, prompt) == pytest.approx(before, abs=1e-3)
 
 
 def test_grpo_resumes_from_a_checkpoint(tmp_path, tiny_tasks):

@@ -134,3 +134,7 @@ def test_sft_can_teach_the_contrastive_format(tmp_path, tiny_tasks):
     assert half == load_sft_records(path, tiny_tasks, contrastive_fraction=0.5)  # stable choice
     with pytest.raises(ConfigError, match="contrastive_fraction"):
         load_config(SFTStageConfig, None, common_overrides(tmp_path, dataset=str(path), contrastive_fraction=2.0))
+    # by default most scored examples teach the contrastive format (the study's share), not none of them
+    default = load_config(SFTStageConfig, None, common_overrides(tmp_path, dataset=str(path))).contrastive_fraction
+    by_default = load_sft_records(path, tiny_tasks, contrastive_fraction=default)
+    assert default > 0.5 and sum("## Previous implementations" in r["prompt"][-1]["content"] for r in by_default) >= 2

@@ -40,3 +40,8 @@ class MissingDependencyError(Cudal1Error, ImportError):
     def __init__(self, package: str, extra: str, purpose: str = ""):
         what = f" for {purpose}" if purpose else ""
         super().__init__(f"'{package}' is needed{what}: pip install 'cudal1[{extra}]'")
+
+
+class PromptTruncatedError(Cudal1Error):
+    """The trainer fed the model fewer prompt tokens than the prompt has (a library truncated it): training on
+    a prompt without its reference or exemplars is training on another task."""

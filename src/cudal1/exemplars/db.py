@@ -12,6 +12,12 @@ time it is evaluated again (a recheck moved a 3.05x exemplar to 1.48x). At most 
 per task (default 256; design section 5 leaves the size open): the lowest scores are evicted first,
 the oldest first among equal scores.
 
+Scores are keyed by what measured them (`context`, `score_context`: the GPU, the evaluator's profile, its
+protocol version and problem sizes): a speedup measured on an H100 under `strict` is not one of an A100
+under `cuda-l1`. A source evaluated in two contexts has one row in each, whose scores are never mixed; a
+database opened with a `context` lists and counts the rows of that context only (opened without one, all
+rows, as before contexts existed; rows written before then have the empty context).
+
 Limits: string contents (e.g. CUDA sources inside Python strings) are compared verbatim, so two kernels
 that differ only in CUDA comments are distinct. Each call opens its own short connection, configured as the
 results store's are (WAL, busy timeout, retries when a lock stays busy: two training ranks opening a fresh
@@ -53,6 +59,7 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS exemplars(
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         task_id TEXT NOT NULL,
+        context TEXT NOT NULL DEFAULT '',
         norm_hash TEXT NOT NULL,
         source_hash TEXT NOT NULL,
         code TEXT NOT NULL,
@@ -62,10 +69,27 @@ _SCHEMA = (
         scores_json TEXT NOT NULL DEFAULT '[]',
         created_s REAL NOT NULL,
         updated_s REAL NOT NULL,
-        UNIQUE(task_id, norm_hash)
+        UNIQUE(task_id, context, norm_hash)
     )""",
     "CREATE INDEX IF NOT EXISTS exemplars_task_score ON exemplars(task_id, score)",
 )
+#: The columns of a file written before `context` existed, copied when it is migrated.
+_OLD_COLUMNS = ("id", "task_id", "norm_hash", "source_hash", "code", "score", "model", "meta_json", "scores_json",
+                "created_s", "updated_s")
+
+
+def score_context(result: Any) -> str:
+    """What measured a verdict's speedup, as an exemplar's score key: 'GPU | profile | protocol version |
+    sizes' from an `EvalResult`'s (or its `to_dict()`'s) environment and protocol ('' when it records
+    neither)."""
+    if isinstance(result, dict):
+        env, protocol = result.get("environment") or {}, result.get("protocol") or {}
+    else:
+        env, protocol = getattr(result, "environment", None) or {}, getattr(result, "protocol", None) or {}
+    parts = (env.get("gpu_name"), protocol.get("profile"), protocol.get("version"), protocol.get("sizes"))
+    if not any(parts):
+        return ""
+    return " | ".join("?" if p is None else str(p) for p in parts)
 
 
 @dataclass(frozen=True)
@@ -145,7 +169,8 @@ def normalized_hash(code: str) -> str:
 class ExemplarDB:
     """Scored candidates per task in an SQLite file (see the module docstring)."""
 
-    def __init__(self, path: str | Path, *, max_per_task: int = DEFAULT_MAX_PER_TASK, statistic: str = "median"):
+    def __init__(self, path: str | Path, *, max_per_task: int = DEFAULT_MAX_PER_TASK, statistic: str = "median",
+                 context: str | None = None):
         if str(path) == ":memory:" or not str(path):
             raise ValueError("ExemplarDB needs a database file path (each call opens its own connection)")
         if max_per_task < 1:
@@ -155,13 +180,21 @@ class ExemplarDB:
         self.path = Path(path)
         self.max_per_task = max_per_task
         self.statistic = statistic
+        self.context = context  # the score context listed and counted (None: every context)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as conn, write_transaction(conn):
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(exemplars)")}
+            if columns and "scores_json" not in columns:  # written before scores were kept: each row's is one
+                conn.execute("ALTER TABLE exemplars ADD COLUMN scores_json TEXT NOT NULL DEFAULT '[]'")
+            if columns and "context" not in columns:  # written before contexts: a new table (a new key)
+                conn.execute("ALTER TABLE exemplars RENAME TO exemplars_before_context")
+                conn.execute("DROP INDEX IF EXISTS exemplars_task_score")
             for statement in _SCHEMA:
                 conn.execute(statement)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(exemplars)")}
-            if "scores_json" not in columns:  # a file written before scores were kept: each row's score is one
-                conn.execute("ALTER TABLE exemplars ADD COLUMN scores_json TEXT NOT NULL DEFAULT '[]'")
+            if columns and "context" not in columns:
+                names = ", ".join(_OLD_COLUMNS)
+                conn.execute(f"INSERT INTO exemplars({names}) SELECT {names} FROM exemplars_before_context")
+                conn.execute("DROP TABLE exemplars_before_context")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -172,10 +205,11 @@ class ExemplarDB:
             conn.close()
 
     def add(self, task_id: str, code: str, score: float | Sequence[float],
-            meta: dict[str, Any] | None = None) -> AddResult:
-        """Store one evaluation of a successful candidate (or several: a sequence of scores). A duplicate (same
-        normalised source) adds its score to the row's, whose score becomes their statistic; the row keeps
-        the code and metadata it was first stored with.
+            meta: dict[str, Any] | None = None, *, context: str | None = None) -> AddResult:
+        """Store one evaluation of a successful candidate (or several: a sequence of scores) measured in
+        `context` (default: the database's, else ''). A duplicate (same normalised source and context) adds its
+        score to the row's, whose score becomes their statistic; the row keeps the code and metadata it was
+        first stored with.
 
         `meta` is stored as JSON; its "model" key also fills the model column.
         """
@@ -185,7 +219,8 @@ class ExemplarDB:
         meta = dict(meta or {})
         norm = normalized_hash(code)
         now_s = time.time()
-        row = (task_id, norm, source_hash(code), code, scores, str(meta.get("model", "")),
+        ctx = context if context is not None else (self.context or "")
+        row = (task_id, ctx, norm, source_hash(code), code, scores, str(meta.get("model", "")),
                json.dumps(meta, sort_keys=True, default=str), now_s, now_s)
         # One write transaction: the read-then-write must not interleave with another writer.
         with self._connect() as conn, write_transaction(conn):
@@ -195,9 +230,9 @@ class ExemplarDB:
         return float(STATISTICS[self.statistic](scores))
 
     def _add_locked(self, conn: sqlite3.Connection, row: tuple[Any, ...]) -> AddResult:
-        task_id, norm, src_hash, code, new_scores, model, meta_json, created_s, now_s = row
-        existing = conn.execute("SELECT id, score, scores_json FROM exemplars WHERE task_id = ? AND norm_hash = ?",
-                                (task_id, norm)).fetchone()
+        task_id, ctx, norm, src_hash, code, new_scores, model, meta_json, created_s, now_s = row
+        existing = conn.execute("SELECT id, score, scores_json FROM exemplars WHERE task_id = ? AND context = ? "
+                                "AND norm_hash = ?", (task_id, ctx, norm)).fetchone()
         if existing is not None:
             scores = (json.loads(existing[2]) or [existing[1]]) + new_scores
             scores = scores[-MAX_SCORES_KEPT:]
@@ -208,18 +243,19 @@ class ExemplarDB:
                 return AddResult.IMPROVED
             return AddResult.LOWERED if score < existing[1] else AddResult.DUPLICATE
         scores = new_scores[-MAX_SCORES_KEPT:]
-        cursor = conn.execute("INSERT INTO exemplars(task_id, norm_hash, source_hash, code, score, scores_json, "
-                              "model, meta_json, created_s, updated_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                              (task_id, norm, src_hash, code, self._score(scores), json.dumps(scores), model,
+        cursor = conn.execute("INSERT INTO exemplars(task_id, context, norm_hash, source_hash, code, score, "
+                              "scores_json, model, meta_json, created_s, updated_s) "
+                              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              (task_id, ctx, norm, src_hash, code, self._score(scores), json.dumps(scores), model,
                                meta_json, created_s, now_s))
         new_id = cursor.lastrowid
-        evicted = self._evict(conn, task_id)
+        evicted = self._evict(conn, task_id, ctx)
         return AddResult.EVICTED if new_id in evicted else AddResult.INSERTED
 
-    def _evict(self, conn: sqlite3.Connection, task_id: str) -> set[int]:
-        """Drop the lowest-scored rows beyond `max_per_task` (oldest first among equal scores)."""
-        rows = conn.execute("SELECT id FROM exemplars WHERE task_id = ? ORDER BY score ASC, id ASC",
-                            (task_id,)).fetchall()
+    def _evict(self, conn: sqlite3.Connection, task_id: str, context: str) -> set[int]:
+        """Drop the lowest-scored rows of a context beyond `max_per_task` (oldest first among equal scores)."""
+        rows = conn.execute("SELECT id FROM exemplars WHERE task_id = ? AND context = ? ORDER BY score ASC, id ASC",
+                            (task_id, context)).fetchall()
         excess = len(rows) - self.max_per_task
         if excess <= 0:
             return set()
@@ -228,23 +264,30 @@ class ExemplarDB:
         logger.debug("evicted %d exemplars of task %s", len(doomed), task_id)
         return set(doomed)
 
+    def _where(self, task_id: str) -> tuple[str, tuple[Any, ...]]:
+        if self.context is None:
+            return "task_id = ?", (task_id,)
+        return "task_id = ? AND context = ?", (task_id, self.context)
+
     def list(self, task_id: str) -> list[ScoredCode]:
-        """All exemplars of a task, best score first (ties: oldest first). Each one's `meta["scores"]` holds
-        the scores of its evaluations (most recent last)."""
+        """All exemplars of a task (of the database's context, when it has one), best score first (ties: oldest
+        first). Each one's `meta["scores"]` holds the scores of its evaluations (most recent last), and
+        `meta["context"]` what measured them."""
+        where, args = self._where(task_id)
         with self._connect() as conn:
             rows = conn.execute("SELECT id, code, score, model, meta_json, created_s, source_hash, norm_hash, "
-                                "scores_json FROM exemplars WHERE task_id = ? ORDER BY score DESC, id ASC",
-                                (task_id,)).fetchall()
+                                f"scores_json, context FROM exemplars WHERE {where} ORDER BY score DESC, id ASC",
+                                args).fetchall()
         return [_row_to_scored(task_id, r) for r in rows]
 
     def copy_from(self, other: ExemplarDB, task_ids: Sequence[str], **meta: Any) -> int:
-        """Add every exemplar of `other` for `task_ids`, with all its evaluations' scores (and `meta`);
-        returns how many rows were added or rescored."""
+        """Add every exemplar of `other` for `task_ids` (of its context, when it has one), with all its
+        evaluations' scores, in their own contexts (and `meta`); returns how many rows were added or rescored."""
         added = 0
         for task_id in task_ids:
             for row in other.list(task_id):
                 keep = {k: v for k, v in row.meta.items() if k not in _ROW_KEYS}
-                self.add(task_id, row.code, row.meta["scores"], {**keep, **meta})
+                self.add(task_id, row.code, row.meta["scores"], {**keep, **meta}, context=row.meta["context"])
                 added += 1
         return added
 
@@ -254,9 +297,10 @@ class ExemplarDB:
         return rows[0] if rows else None
 
     def count(self, task_id: str) -> int:
-        """Number of distinct exemplars stored for a task."""
+        """Number of distinct exemplars stored for a task (of the database's context, when it has one)."""
+        where, args = self._where(task_id)
         with self._connect() as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM exemplars WHERE task_id = ?", (task_id,)).fetchone()[0])
+            return int(conn.execute(f"SELECT COUNT(*) FROM exemplars WHERE {where}", args).fetchone()[0])
 
     def tasks(self) -> list[str]:
         """Task ids that have at least one exemplar, sorted."""
@@ -265,13 +309,14 @@ class ExemplarDB:
 
 
 #: The keys `list` fills in from the row itself (not the stored metadata).
-_ROW_KEYS = ("id", "task_id", "created_s", "source_hash", "norm_hash", "scores", "evaluations")
+_ROW_KEYS = ("id", "task_id", "created_s", "source_hash", "norm_hash", "scores", "evaluations", "context")
 
 
 def _row_to_scored(task_id: str, row: tuple[Any, ...]) -> ScoredCode:
-    row_id, code, score, model, meta_json, created_s, src_hash, norm, scores_json = row
+    row_id, code, score, model, meta_json, created_s, src_hash, norm, scores_json, context = row
     scores = json.loads(scores_json or "[]") or [float(score)]
     meta = json.loads(meta_json or "{}")
     meta.update({"id": row_id, "task_id": task_id, "model": model, "created_s": created_s,
-                 "source_hash": src_hash, "norm_hash": norm, "scores": scores, "evaluations": len(scores)})
+                 "source_hash": src_hash, "norm_hash": norm, "scores": scores, "evaluations": len(scores),
+                 "context": context})
     return ScoredCode(code=code, score=float(score), meta=meta)

@@ -6,11 +6,15 @@ by name with `make_sampler(name, config, rng=...)`. `sample(pool, task_id=...)` 
 best implementation comes last**, right before the model is asked to beat it (the paper shows previous
 implementations with their scores; it does not publish their order, so this is our choice).
 
-Bucket sampling (CUDA-L1, design section 5): scores are put in buckets of width `bucket_width` (Δs, in
-speedup units: default 0.1, i.e. 1.00-1.10x, 1.10-1.20x, ...); a bucket's score is the mean of its members;
-N distinct buckets are drawn one after another without replacement, each with probability proportional to
-exp((bucket_mean - mean of all bucket means) / τ) among those not yet drawn (τ default 1.0); then one code
-is drawn uniformly from each chosen bucket. Δs and τ are not published; these defaults are ours.
+Bucket sampling (CUDA-L1, design section 5): scores are put in buckets of width `bucket_width` (Δs); a
+bucket's score is the mean of its members; N distinct buckets are drawn one after another without
+replacement, each with probability proportional to exp((bucket_mean - mean of all bucket means) / τ)
+among those not yet drawn; then one code is drawn uniformly from each chosen bucket. Δs and τ are not
+published. `scale` says in which units they are read: `log` (the default) buckets and weighs ln(score), so
+both are relative: Δs = 0.1 is a bucket of 10.5 % at any speed, and τ = 0.7 (about ln 2) gives a bucket
+twice as fast e^1 = 2.7 times the weight of another, at 1x as at 10x; `linear` reads them in speedup units,
+as the paper writes them (Δs = 0.1: 1.00-1.10x, 1.10-1.20x, ...; with τ = 1 a 20x bucket outweighs a 10x one
+by e^10, and at 0.3x every code shares two buckets). The island sampler's τ is read on the same `scale`.
 With fewer buckets than N, every bucket is used once (fewer than N codes come back).
 
 Limits: `island` keeps its island assignment, migrations and resets in memory, per task, for the life of
@@ -68,11 +72,22 @@ def _key(code: ScoredCode) -> str:
     return str(code.meta.get("norm_hash") or normalized_hash(code.code))
 
 
-def bucketize(pool: Sequence[ScoredCode], bucket_width: float) -> dict[int, list[ScoredCode]]:
-    """Codes grouped by floor(score / bucket_width); keys ascending."""
+#: The units a sampler reads scores in (module docstring).
+SCALES = ("log", "linear")
+#: The smallest score `log` reads (a speedup of 0 would have no logarithm).
+_LOG_FLOOR = 1e-6
+
+
+def scaled(score: float, scale: str) -> float:
+    """A score in the sampler's units: ln(score) (`log`) or the score itself (`linear`)."""
+    return math.log(max(score, _LOG_FLOOR)) if scale == "log" else score
+
+
+def bucketize(pool: Sequence[ScoredCode], bucket_width: float, scale: str = "linear") -> dict[int, list[ScoredCode]]:
+    """Codes grouped by floor(scaled score / bucket_width); keys ascending."""
     buckets: dict[int, list[ScoredCode]] = {}
     for code in pool:
-        buckets.setdefault(math.floor(code.score / bucket_width + 1e-9), []).append(code)
+        buckets.setdefault(math.floor(scaled(code.score, scale) / bucket_width + 1e-9), []).append(code)
     return dict(sorted(buckets.items()))
 
 
@@ -92,13 +107,20 @@ class BucketSamplingConfig:
 
     n: int = field(default=2, metadata={"help": "Exemplars per prompt (the paper: N=2)."})
     bucket_width: float = field(default=0.1, metadata={
-        "help": "Bucket width Δs in speedup units (0.1: 1.0-1.1x, 1.1-1.2x, ...). Not published; our default."})
-    temperature: float = field(default=1.0, metadata={
-        "help": "τ of the softmax over bucket means. Not published; our default."})
+        "help": "Bucket width Δs in the scale's units (log: 0.1 is a 10.5 % bucket; linear: 1.0-1.1x, 1.1-1.2x, "
+                "...). Not published; our default."})
+    temperature: float = field(default=0.7, metadata={
+        "help": "τ of the softmax over bucket means, in the scale's units (log: 0.7, about ln 2). Not published; "
+                "our default."})
+    scale: str = field(default="log", metadata={
+        "help": "Units of scores, Δs and τ: log (ln of the speedup: relative) or linear (speedup units, the "
+                "paper's)."})
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.bucket_width <= 0 or self.temperature <= 0:
             raise ValueError("set n >= 1, bucket_width > 0 and temperature > 0")
+        if self.scale not in SCALES:
+            raise ValueError(f"scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
 
 
 class BucketSampler:
@@ -112,14 +134,19 @@ class BucketSampler:
 
     def bucket_probabilities(self, pool: Sequence[ScoredCode]) -> dict[int, float]:
         """Probability of each bucket as the *first* draw (for inspection and tests)."""
-        buckets = bucketize(pool, self.config.bucket_width)
-        means = [sum(c.score for c in members) / len(members) for members in buckets.values()]
-        return dict(zip(buckets, softmax_weights(means, self.config.temperature), strict=True))
+        buckets = bucketize(pool, self.config.bucket_width, self.config.scale)
+        return dict(zip(buckets, softmax_weights(self._means(buckets.values()), self.config.temperature),
+                        strict=True))
+
+    def _means(self, buckets: Any) -> list[float]:
+        """Each bucket's mean score, in the scale's units."""
+        scale = self.config.scale
+        return [sum(scaled(c.score, scale) for c in members) / len(members) for members in buckets]
 
     def sample(self, pool: Sequence[ScoredCode], *, task_id: str = "") -> list[ScoredCode]:
         """Up to `n` codes from distinct buckets, ascending by score."""
-        buckets = list(bucketize(pool, self.config.bucket_width).values())
-        means = [sum(c.score for c in members) / len(members) for members in buckets]
+        buckets = list(bucketize(pool, self.config.bucket_width, self.config.scale).values())
+        means = self._means(buckets)
         weights = softmax_weights(means, self.config.temperature)
         chosen = _draw_distinct(weights, self.config.n, self.rng)
         return _ascending([self.rng.choice(buckets[i]) for i in chosen])
@@ -156,7 +183,10 @@ class IslandSamplingConfig:
 
     n: int = field(default=2, metadata={"help": "Exemplars per prompt."})
     num_islands: int = field(default=4, metadata={"help": "Islands K; a code's island is its hash modulo K."})
-    temperature: float = field(default=1.0, metadata={"help": "τ of the softmax over scores within an island."})
+    temperature: float = field(default=0.7, metadata={
+        "help": "τ of the softmax over scores within an island, in the scale's units."})
+    scale: str = field(default="log", metadata={
+        "help": "Units of scores and τ: log (ln of the speedup: relative) or linear (speedup units)."})
     migrate_every: int = field(default=16, metadata={
         "help": "Every M new codes, the best code of a random island is copied into the worst island "
                 "(worst = lowest best score). 0 disables migration."})
@@ -169,6 +199,8 @@ class IslandSamplingConfig:
             raise ValueError("set n >= 1, num_islands >= 1 and temperature > 0")
         if self.migrate_every < 0 or self.reset_every < 0:
             raise ValueError("migrate_every and reset_every must be >= 0 (0 disables)")
+        if self.scale not in SCALES:
+            raise ValueError(f"scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
 
 
 @dataclass
@@ -202,7 +234,8 @@ class IslandSampler:
         self.rng.shuffle(islands)  # uniform island first, then others in random order for top-up
         for island in islands:
             candidates = [c for c in island if _key(c) not in taken]
-            weights = softmax_weights([c.score for c in candidates], self.config.temperature)
+            weights = softmax_weights([scaled(c.score, self.config.scale) for c in candidates],
+                                      self.config.temperature)
             for i in _draw_distinct(weights, self.config.n - len(chosen), self.rng):
                 chosen.append(candidates[i])
                 taken.add(_key(candidates[i]))

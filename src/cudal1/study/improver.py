@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.study.landscapes import improver_example
+from cudal1.study.ops import visible_features
 from cudal1.study.prompting import prompt_text
 from cudal1.study.recipes import parse_recipe
 
@@ -55,20 +56,23 @@ def build_improver(size: ImproverSize | None = None, seed: int = 0) -> tuple[Any
     return LlamaForCausalLM(config), tok
 
 
-def pretrain_records(n: int, seed: int, k_choices: tuple[int, ...] | None = None) -> list[dict[str, str]]:
+def pretrain_records(n: int, seed: int, k_choices: tuple[int, ...] | None = None,
+                     feature_set: str = "full") -> list[dict[str, str]]:
     """`n` synthetic (prompt, answer) examples (see `landscapes.improver_example`; `k_choices`: the numbers of
-    exemplars drawn from, default its own)."""
+    exemplars drawn from, default its own; `feature_set`: what the prompts show of a landscape's features,
+    `ops.FEATURE_SETS`)."""
     rng = random.Random(seed)
     records = []
     for _ in range(n):
         land, shown, target = improver_example(rng, k_choices) if k_choices else improver_example(rng)
-        records.append({"prompt": prompt_text(land.features, shown), "completion": " " + target})
+        records.append({"prompt": prompt_text(visible_features(land.features, feature_set), shown),
+                        "completion": " " + target})
     return records
 
 
 def pretrain(out_dir: Path, *, seed: int = 0, examples: int = 40000, epochs: float = 1.0, batch: int = 64,
              learning_rate: float = 2e-3, size: ImproverSize | None = None,
-             k_choices: tuple[int, ...] | None = None) -> Path:
+             k_choices: tuple[int, ...] | None = None, feature_set: str = "full") -> Path:
     """Pre-train an improver with the project's SFT stage; returns the saved policy's folder (reused when it
     exists: `out_dir/final`)."""
     from cudal1.train.config import SFTStageConfig, load_config
@@ -86,7 +90,8 @@ def pretrain(out_dir: Path, *, seed: int = 0, examples: int = 40000, epochs: flo
         "lr_scheduler_type": "cosine", "warmup_ratio": 0.02, "num_train_epochs": epochs,
         "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1, "logging_steps": 50,
         "save_steps": 10**9, "eval_fraction": 0.0, "max_length": size.max_positions})
-    trainer = fit_sft(model, tok, pretrain_records(examples, seed, k_choices), [], config, output_dir=str(out_dir),
+    trainer = fit_sft(model, tok, pretrain_records(examples, seed, k_choices, feature_set), [], config,
+                      output_dir=str(out_dir),
                       max_length=size.max_positions, extra_args={"save_strategy": "no"})
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     logger.info("improver pre-trained: %d steps, loss %.3f -> %.3f", trainer.state.global_step,
@@ -113,7 +118,7 @@ def sample(model: Any, tok: Any, prompts: Sequence[str], n: int, seed: int,
 
 
 def exemplar_reading(model: Any, tok: Any, *, landscapes: int = 60, samples: int = 16, k: int = 4,
-                     seed: int = 1234) -> dict[str, Any]:
+                     seed: int = 1234, feature_set: str = "full") -> dict[str, Any]:
     """Does the improver read exemplars? On fresh SYNTHETIC landscapes (never trained on), the mean fraction of
     the best of its answers given k scored exemplars (`true`), the same exemplars with their scores permuted
     among them (`shuffled`, shown in the permuted order), and of random recipes (`random`, the landscape's
@@ -133,8 +138,9 @@ def exemplar_reading(model: Any, tok: Any, *, landscapes: int = 60, samples: int
             rng.shuffle(permuted)
         shuffled = sorted(((r, s) for (r, _), s in zip(shown, permuted, strict=True)), key=lambda e: e[1])
         lands.append(land)
-        true_prompts.append(prompt_text(land.features, shown))
-        shuffled_prompts.append(prompt_text(land.features, shuffled))
+        features = visible_features(land.features, feature_set)
+        true_prompts.append(prompt_text(features, shown))
+        shuffled_prompts.append(prompt_text(features, shuffled))
     values: dict[str, list[float]] = {}
     for name, prompts in (("true", true_prompts), ("shuffled", shuffled_prompts)):
         answers = sample(model, tok, prompts, samples, seed)

@@ -15,15 +15,14 @@ import fnmatch
 import json
 import logging
 import multiprocessing
-import subprocess
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from cudal1.study.bench import compile_all, run_worker
 from cudal1.study.kernels import kernel_source
 from cudal1.study.ops import study_tasks
+from cudal1.study.provenance import provenance
 from cudal1.study.recipes import SPACE
 from cudal1.study.table import load_table, new_table, write_table
 
@@ -33,15 +32,6 @@ MAX_RESTARTS = 6
 METHOD = ("cudal1.study.bench: CUDA events around one call on the current stream, L2 flushed (a write of "
           "twice its size) before each; `reps` rounds, each over every correct cell and the reference twice "
           "in a fresh random order; a cell's time is the median of its rounds")
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def measure(out_dir: Path, *, budget_s: float = 230.0, reps: int = 5, tasks: str = "*") -> Path:
@@ -54,9 +44,8 @@ def measure(out_dir: Path, *, budget_s: float = 230.0, reps: int = 5, tasks: str
     if path.is_file():
         data = load_table(path)
     else:
-        data = new_table("measured", {"method": METHOD, "reps": reps, "ref_reps": 2 * reps,
-                                      "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-                                      "git_commit": _git_commit(), "tolerance": "|y - ref| <= 1e-4 + 1e-4 |ref|"})
+        data = new_table("measured", provenance(method=METHOD, reps=reps, ref_reps=2 * reps,
+                                                tolerance="|y - ref| <= 1e-4 + 1e-4 |ref|"))
     _compile_families(data, {t.family.name: t for t in chosen})
     write_table(path, data)
     logger.info("compiles done in %.0f s", time.time() - started)

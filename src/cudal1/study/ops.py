@@ -6,10 +6,12 @@ an H200), so no task is launch-bound. The references are written as PyTorch woul
 kernels: `x * torch.sigmoid(x)`, softmax from max, exp and sum), the form KernelBench tasks take, so a fused
 kernel has something to gain; `row_sum` is left to PyTorch's own reduction (little to gain: some tasks are so).
 
-A policy sees a task only through its features (`features`): the kind, how many tensors it reads, whether
-its math is heavy (transcendentals), the passes over a row its natural algorithm makes, whether it writes a
-row or a value per row, and the log2 sizes. Never the family's name: a held-out family is described by
-features the training families also have.
+A task's features (`features`): the kind, how many tensors it reads, whether its math is heavy
+(transcendentals), the passes over a row its natural algorithm makes, whether it writes a row or a value per
+row, and the log2 sizes. Never the family's name. What a policy is shown of them is a feature set
+(`FEATURE_SETS`, `visible_features`): `full` (all seven; the first study's, under which a lookup of the
+training tasks' results by kind and size already found 0.99 of the held-out best without any feedback) or
+`kind` (the kind alone: the study's default, so that what a task needs must come from feedback).
 
 Held-out (never trained on, `HELD_OUT_FAMILIES`): whole families, one or more per kind.
 """
@@ -21,6 +23,15 @@ from dataclasses import dataclass
 from cudal1.tasks.task import Task
 
 KINDS = ("ew", "row", "tr")
+#: What a policy is shown of a task's features: the first `n` of them (module docstring).
+FEATURE_SETS = {"full": 7, "kind": 1}
+
+
+def visible_features(features: list[str], feature_set: str) -> list[str]:
+    """The part of a task's features (`StudyTask.features` order) a policy is shown under `feature_set`."""
+    if feature_set not in FEATURE_SETS:
+        raise ValueError(f"feature set must be one of {sorted(FEATURE_SETS)}, not {feature_set!r}")
+    return list(features[:FEATURE_SETS[feature_set]])
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ are plain strings (TRL's standard format; SFT appends the end-of-sequence token 
 Prompt styles (`STYLES`), each a stage-3 prompt builder over the exemplar database (`StudyPromptBuilder`):
 `plain` (no exemplars), `bucket` (CUDA-L1's sampler), `random` (uniform), `shuffled` (the bucket sampler's
 exemplars with their scores permuted among them, then shown in the order of the permuted scores: the code
-text is kept, what the scores say about it is destroyed).
+text is kept, what the scores say about it is destroyed). Multi-turn refinement (`RefinePromptBuilder`)
+shows instead the policy's own last attempts on the task with their measured results (`RefineHistory`), in
+the same format, as Kevin-32B's and Dr.Kernel's multi-turn prompts show the last kernel and its feedback.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Hashable, Sequence
 from typing import Any
 
+from cudal1.exemplars import ScoredCode
 from cudal1.study.recipes import FIELDS
 from cudal1.train.rl import ContrastivePromptBuilder
 
@@ -54,6 +58,16 @@ def prompt_text(features: Sequence[str], exemplars: Sequence[tuple[str, float]])
     """The prompt for a task's features and (recipe, score) exemplars, in the order given."""
     shown = "".join(f" {recipe} {score_token(score)} ;" for recipe, score in exemplars)
     return f"{' '.join(features)} :{shown} =>"
+
+
+def permuted(shown: Sequence[tuple[str, float]], rng: random.Random) -> list[tuple[str, float]]:
+    """The same recipes with their scores permuted among them (never all left in place when they differ),
+    shown in the order of the permuted scores."""
+    scores = [s for _, s in shown]
+    moved = list(scores)
+    while moved == scores and len(set(scores)) > 1:
+        rng.shuffle(moved)
+    return sorted(((r, s) for (r, _), s in zip(shown, moved, strict=True)), key=lambda e: e[1])
 
 
 def make_tokenizer() -> Any:
@@ -90,3 +104,36 @@ class StudyPromptBuilder(ContrastivePromptBuilder):
             self._shuffle.shuffle(scores)
             shown = sorted(((code, s) for (code, _), s in zip(shown, scores, strict=True)), key=lambda e: e[1])
         return prompt_text(self.features[task.id], shown)
+
+
+class RefineHistory:
+    """Per trajectory (a task id, or any key), its last `turns` attempts (recipe, measured speedup)."""
+
+    def __init__(self, turns: int = 2):
+        if turns < 1:
+            raise ValueError(f"turns must be >= 1, got {turns}")
+        self.turns = turns
+        self._attempts: dict[Hashable, deque[tuple[str, float]]] = {}
+
+    def add(self, key: Hashable, recipe: str, speedup: float) -> None:
+        self._attempts.setdefault(key, deque(maxlen=self.turns)).append((recipe, float(speedup)))
+
+    def shown(self, key: Hashable) -> list[tuple[str, float]]:
+        """The attempts a prompt shows, ascending by score as every study prompt shows its recipes."""
+        return sorted(self._attempts.get(key, ()), key=lambda e: e[1])
+
+
+class RefinePromptBuilder(ContrastivePromptBuilder):
+    """Stage 3's prompt builder for multi-turn refinement: a task's prompt shows the policy's own last attempts
+    on it and their measured results (the history a reward function fills), not the exemplar database."""
+
+    def __init__(self, history: RefineHistory, features: dict[str, list[str]]):
+        super().__init__(None, sampler="random", sampler_config={"n": 1})
+        self.history = history
+        self.features = features
+
+    def exemplars(self, task: Any, step: int) -> list[Any]:
+        return [ScoredCode(recipe, score) for recipe, score in self.history.shown(task.id)]
+
+    def render(self, task: Any, exemplars: Sequence[Any]) -> str:  # type: ignore[override]
+        return prompt_text(self.features[task.id], [(e.code, e.score) for e in exemplars])

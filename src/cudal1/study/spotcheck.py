@@ -27,6 +27,7 @@ from typing import Any
 from cudal1.core.types import EvalResult, Status
 from cudal1.study.kernels import candidate_source
 from cudal1.study.ops import task_by_id
+from cudal1.study.provenance import provenance
 from cudal1.study.recipes import BY_TEXT
 from cudal1.study.stats import spearman
 from cudal1.study.table import Table
@@ -100,10 +101,12 @@ def spotcheck(table_path: Path, out_dir: Path, *, n: int = 60, budget_s: float =
              for i in todo]
     started = time.monotonic()
     spent = float(earlier.get("seconds", 0.0))
+    runs = [*earlier.get("runs", []), provenance(cells_to_evaluate=len(todo))]  # each run's code, host and date
 
     def write() -> dict[str, Any]:
         summary = {"profile": profile, "table": str(table_path), "table_kind": table.kind,
-                   "seconds": round(spent + time.monotonic() - started, 1), **agreement(rows), "rows": rows}
+                   "seconds": round(spent + time.monotonic() - started, 1), **agreement(rows), "runs": runs,
+                   "rows": rows}
         out.write_text(json.dumps(summary, indent=1))
         return summary
 

@@ -27,7 +27,7 @@ import yaml
 from cudal1.core.errors import ConfigError
 from cudal1.core.names import canonical_profile
 from cudal1.core.ranges import check_ranges
-from cudal1.core.rewards import CORRECT_UNMEASURED, REWARD_TRANSFORMS, SPEEDUP_ESTIMATES
+from cudal1.core.rewards import CORRECT_UNMEASURED, DEFAULT_NOISE_FLOOR, REWARD_TRANSFORMS, SPEEDUP_ESTIMATES
 from cudal1.core.types import Status
 from cudal1.eval.config import SANDBOX_MODES, EvalConfig, profile_choices, resolve_device
 from cudal1.llm.prompts import FORM_CHOICES, resolve_form
@@ -215,9 +215,12 @@ class SFTStageConfig(CommonTrainConfig):
     packing: bool = _f(False, "Pack several examples into one sequence.")
     num_train_epochs: float = _f(3.0, "Epochs over the data (ignored when max_steps > 0).")
     learning_rate: float = _f(2e-5, "Peak learning rate (AdamW).")
-    contrastive_fraction: float = _f(0.0, "Share of the examples with a score (the augment export's speedup) shown "
-                                          "with stage 3's contrastive prompt: lower-scored examples of the same task "
-                                          "as exemplars, the answer in three sections. 0: plain prompts only.")
+    contrastive_fraction: float = _f(0.875, "Share of the examples with a score (the augment export's speedup) "
+                                            "shown with stage 3's contrastive prompt: lower-scored examples of the "
+                                            "same task as exemplars, the answer in three sections. The default is the "
+                                            "contrastive study's: its policy learns from 7 of 8 examples in that "
+                                            "format and then reads the scores it is shown (docs/log.md, 2026-12-07). "
+                                            "0: plain prompts only.")
     exemplars_per_prompt: int = _f(2, "Contrastive examples: exemplars shown per prompt (the paper: N = 2).")
 
     RANGES: ClassVar[dict[str, str]] = {"eval_fraction": "[0, 1)", "eval_steps": ">= 0", "max_length": ">= 16",
@@ -306,7 +309,13 @@ class RLStageConfig(CommonTrainConfig):
     beta: float = _f(0.01, "KL weight to the reference (initial) policy. Not published; our default.")
     epsilon: float = _f(0.2, "PPO-style clip of the probability ratio (1 +/- epsilon).")
     loss_type: str = _f("grpo", "TRL loss aggregation: grpo (the paper's), dapo, dr_grpo, bnpo.")
-    scale_rewards: str = _f("group", "Advantage scaling: group (GRPO's group-normalized advantage), batch, none.")
+    scale_rewards: str = _f("none", "TRL's advantage scaling after the reward smoothing: none (the default: TRL "
+                                    "only subtracts the group mean, so the smoothing's clip and dead band hold), "
+                                    "group (divide again by the group's std: undoes them; measured in docs/log.md, "
+                                    "2026-12-07) or batch.")
+    mask_truncated_completions: bool = _f(True, "Leave completions cut at max_completion_length out of the loss "
+                                                "(TRL's mask_truncated_completions): an answer cut short is no "
+                                                "evidence against what it was writing.")
     num_iterations: int = _f(1, "Optimisation passes over each generated batch (mu).")
     max_completion_length: int = _f(4096, "Longest completion (analysis + design + code need thousands).")
     temperature: float = _f(1.0, "Sampling temperature during training.")
@@ -327,6 +336,18 @@ class RLStageConfig(CommonTrainConfig):
                                       "[-reward_clip_k, reward_clip_k]; off: rewards pass unnormalized and unclipped.")
     reward_clip_k: float = _f(1.5, "Reward smoothing: clip normalized rewards to [-k, k] (the paper: k = 1.5); not "
                                    "applied without reward_normalize.")
+    reward_noise_floor: float = _f(DEFAULT_NOISE_FLOOR, "Reward smoothing's dead band: a group is divided by max(std, "
+                                                        "this x its mean reward) (reward_transform=log: by max(std, "
+                                                        "this)), so candidates within measurement noise of each other "
+                                                        "get small advantages, not +-1; 0: plain standardisation. "
+                                                        "The default is measured (docs/log.md, 2026-12-07).")
+    exemplar_copy_reward: str = _f("margin", "What a correct copy of an exemplar shown in its prompt (same "
+                                             "normalised source, norm_hash) earns: margin (the exemplar's score less "
+                                             "exemplar_copy_margin of it), zero, or full (as evaluated: copying pays "
+                                             "what the exemplar did). Copies are flagged in completions.jsonl "
+                                             "(exemplar_copy) and the metrics (kernel/exemplar_copies).")
+    exemplar_copy_margin: float = _f(0.05, "exemplar_copy_reward=margin: the share of the exemplar's score a copy does "
+                                           "not earn.")
     reward_scope: str = _f("group", "Normalization scope of the smoothing: group (each prompt's num_generations "
                                     "completions on their own, so one task's large speedups do not compress "
                                     "another's) or batch.")
@@ -343,9 +364,15 @@ class RLStageConfig(CommonTrainConfig):
                                      "<output_dir>/completions.jsonl (one JSON line each; see "
                                      "cudal1/train/completions.py); false: write none.")
     exemplars_per_prompt: int = _f(2, "Exemplars shown per prompt (the paper: N = 2).")
-    bucket_width: float = _f(0.1, "Score bucket width (speedup units) of the bucket sampler. Not published.")
-    sampler_temperature: float = _f(1.0, "Softmax temperature tau over bucket means (bucket sampler) or over "
-                                         "scores within an island (island sampler). Not published.")
+    sampler_scale: str = _f("log", "Units the samplers read scores, bucket_width and sampler_temperature in: log "
+                                   "(ln of the speedup: relative, a 10 % gain weighs the same at 1x and at 10x) or "
+                                   "linear (speedup units, as the paper writes them).")
+    bucket_width: float = _f(0.1, "Score bucket width of the bucket sampler, in sampler_scale units (log: 0.1 is a "
+                                  "10.5 % bucket). Not published.")
+    sampler_temperature: float = _f(0.7, "Softmax temperature tau over bucket means (bucket sampler) or over "
+                                         "scores within an island (island sampler), in sampler_scale units (log: "
+                                         "0.7, about ln 2: a bucket twice as fast weighs e = 2.7 times more). "
+                                         "Not published.")
     islands: int = _f(4, "Island sampler: number of islands K (a code's island is its hash modulo K).")
     island_migrate_every: int = _f(16, "Island sampler: every M new codes the best of a random island is copied "
                                        "into the worst one; 0: no migration.")
@@ -424,6 +451,14 @@ class RLStageConfig(CommonTrainConfig):
             raise ConfigError(f"exemplar_sampler must be bucket, island or random, not {self.exemplar_sampler!r}")
         if self.exemplar_statistic not in ("median", "mean", "max"):
             raise ConfigError(f"exemplar_statistic must be median, mean or max, not {self.exemplar_statistic!r}")
+        if self.exemplar_copy_reward not in ("margin", "zero", "full"):
+            raise ConfigError(f"exemplar_copy_reward must be margin, zero or full, not {self.exemplar_copy_reward!r}")
+        if not 0.0 <= self.exemplar_copy_margin <= 1.0:
+            raise ConfigError(f"exemplar_copy_margin must be in [0, 1], got {self.exemplar_copy_margin}")
+        if self.reward_noise_floor < 0:
+            raise ConfigError(f"reward_noise_floor must be >= 0 (0: no dead band), got {self.reward_noise_floor}")
+        if self.sampler_scale not in ("log", "linear"):
+            raise ConfigError(f"sampler_scale must be log or linear, not {self.sampler_scale!r}")
         if self.exemplars_per_prompt < 1 or self.bucket_width <= 0 or self.sampler_temperature <= 0:
             raise ConfigError("need exemplars_per_prompt >= 1, bucket_width > 0 and sampler_temperature > 0")
         if self.islands < 1 or self.island_migrate_every < 0 or self.island_reset_every < 0:

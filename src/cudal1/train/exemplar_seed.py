@@ -12,7 +12,10 @@ already evaluated correct candidates of the same tasks; by default stage 3 start
   (its score is the database's statistic of them, the median by default).
 
 Only tasks the stage's database has no exemplar of are seeded, so a resumed run (or a database shared on
-purpose) is not seeded twice. Limits: store rows from any GPU and protocol are taken alike.
+purpose) is not seeded twice (a task counts as seeded when the database has exemplars of its own score context,
+`ExemplarDB.context`). Exemplars keep the context that measured them (`exemplars.db.score_context`): a
+store row of another GPU or protocol lands in its own context, which a database of this run's context does
+not show.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import Status
 from cudal1.exemplars import ExemplarDB
+from cudal1.exemplars.db import score_context
 from cudal1.tasks.task import Task
 from cudal1.train.config import RLStageConfig
 from cudal1.train.self_supervised import EXEMPLARS_FILE
@@ -67,15 +71,16 @@ def seed_from_store(db: ExemplarDB, store: Any, tasks: Sequence[Task]) -> int:
     """Each task's correct stored candidates (its current version) as exemplars; returns how many."""
     added = 0
     for task in tasks:
-        scores: dict[str, list[float]] = {}
+        scores: dict[tuple[str, str], list[float]] = {}
         for row in store.query_evaluations(task_id=task.id, status=Status.CORRECT):
             speedup = row.get("speedup")
             if row.get("task_hash") == task.hash and speedup is not None and math.isfinite(speedup) and speedup > 0:
-                scores.setdefault(row["candidate_hash"], []).append(float(speedup))
-        for candidate_hash, values in scores.items():
+                context = score_context(row.get("result") or {})
+                scores.setdefault((row["candidate_hash"], context), []).append(float(speedup))
+        for (candidate_hash, context), values in scores.items():
             candidate = store.get_candidate(candidate_hash)
             if candidate is not None:
                 db.add(task.id, candidate["source"], values, {"source": "results_store",
-                                                              "candidate_hash": candidate_hash})
+                                                              "candidate_hash": candidate_hash}, context=context)
                 added += 1
     return added

@@ -7,9 +7,20 @@ and `failure_rewards[status]` (default 0.0, the paper's) for any failure; then t
 Then reward smoothing (`cudal1.core.rewards.smooth_rewards`, design section 5), when `normalize` is set:
 normalize within each group of `group_size` completions of one prompt (`scope=group`, the default: one
 task's large speedups cannot set the scale of another task's rewards) or over the whole batch
-(`scope=batch`), and clip the normalized values to [-k, k] (k = 1.5). Without `normalize` the transformed
-rewards pass unchanged: the clip belongs to the smoothing and never caps raw speedups (a cap on raw
-speedups is `transform=bounded`). GRPO then forms the group-normalized advantage from these values.
+(`scope=batch`), and clip the normalized values to [-k, k] (k = 1.5). The normalization has a dead band
+(`noise_floor`): a group is divided by max(std, noise_floor x its mean), so candidates within measurement
+noise of each other get small rewards, not +-1 (with `transform=log`, whose differences are relative, the
+floor is `noise_floor` itself). Without `normalize` the transformed rewards pass unchanged: the clip belongs
+to the smoothing and never caps raw speedups (a cap on raw speedups is `transform=bounded`). GRPO then forms
+the advantage from these values; stage 3 tells TRL not to scale them again (`scale_rewards: none`: TRL's own
+division by the group's std would undo both the clip and the dead band).
+
+An exemplar copy (`copy_reward`): a correct candidate whose normalised source (`norm_hash`) is one of the
+exemplars its prompt showed (the trainer passes them as `shown_exemplars`) is paid as that exemplar's score
+less `copy_margin` of it (`margin`, the default), nothing (`zero`), or as evaluated (`full`, the paper's
+way, which paid the study's policy for copying 13 % of the time). It is still evaluated, so its speedup
+joins the exemplar's evaluations (a once-evaluated exemplar's noisy score is measured again), and it is
+flagged: `exemplar_copy` in completions.jsonl, `kernel/exemplar_copies` in the metrics.
 
 Side effects, by design:
 - every CORRECT candidate enters the exemplar database with its speedup as score (the contrastive prompts
@@ -40,6 +51,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from cudal1.core.rewards import (
     DEFAULT_LOG_FLOOR,
+    DEFAULT_NOISE_FLOOR,
     DEFAULT_REWARD_BOUND,
     REWARD_TRANSFORMS,
     SPEEDUP_ESTIMATES,
@@ -51,6 +63,7 @@ from cudal1.core.rewards import (
     transform_reward,
 )
 from cudal1.core.types import EvalResult, Flag, Severity, Status
+from cudal1.exemplars.db import normalized_hash, score_context
 from cudal1.llm.extract import extract_completion
 from cudal1.tasks.task import Task
 from cudal1.train.common import Evaluator, completion_text, evaluate_batch, first_failure
@@ -69,6 +82,8 @@ class Judge(Protocol):
 
 #: What a judge's failure does to a candidate's reward (`RewardConfig.judge_on_error`).
 JUDGE_ON_ERROR = ("closed", "open")
+#: What a copy of an exemplar shown in its prompt earns (`RewardConfig.copy_reward`).
+COPY_REWARDS = ("margin", "zero", "full")
 
 
 @dataclass
@@ -90,6 +105,14 @@ class RewardConfig:
         "help": "Reward smoothing: normalize rewards by mean/std (then clip to [-clip_k, clip_k]); off: the "
                 "transformed rewards pass unchanged, unclipped."})
     clip_k: float = field(default=1.5, metadata={"help": "Clip normalized rewards to [-k, k] (only with normalize)."})
+    noise_floor: float = field(default=DEFAULT_NOISE_FLOOR, metadata={
+        "help": "Dead band of the normalization: divide a group by max(std, noise_floor x its mean) (transform=log: "
+                "by max(std, noise_floor)); 0: plain standardisation."})
+    copy_reward: str = field(default="margin", metadata={
+        "help": "A correct copy of an exemplar shown in its prompt (same norm_hash) earns: margin (the exemplar's "
+                "score less copy_margin of it), zero, or full (as evaluated)."})
+    copy_margin: float = field(default=0.05, metadata={
+        "help": "copy_reward=margin: the share of the exemplar's score a copy does not earn."})
     scope: str = field(default="group", metadata={
         "help": "Normalization scope: group (each prompt's group_size completions on their own) or batch."})
     group_size: int = field(default=8, metadata={
@@ -103,7 +126,7 @@ class RewardConfig:
     eval_threads: int = field(default=4, metadata={"help": "Candidates evaluated in parallel."})
 
     def __post_init__(self) -> None:
-        for name in ("clip_k", "bound", "log_floor", "judge_jump_factor"):
+        for name in ("clip_k", "bound", "log_floor", "judge_jump_factor", "noise_floor", "copy_margin"):
             finite(getattr(self, name), name)
         check_failure_rewards(self.failure_rewards)
         if self.clip_k <= 0:
@@ -122,6 +145,12 @@ class RewardConfig:
                              f"not {self.speedup_estimate!r}")
         if self.judge_on_error not in JUDGE_ON_ERROR:
             raise ValueError(f"judge_on_error must be closed or open, not {self.judge_on_error!r}")
+        if self.noise_floor < 0:
+            raise ValueError(f"noise_floor must be >= 0, got {self.noise_floor}")
+        if self.copy_reward not in COPY_REWARDS:
+            raise ValueError(f"copy_reward must be one of {', '.join(COPY_REWARDS)}, not {self.copy_reward!r}")
+        if not 0.0 <= self.copy_margin <= 1.0:
+            raise ValueError(f"copy_margin must be in [0, 1], got {self.copy_margin}")
 
     def describe(self) -> str:
         """The reward in one line, as a report states it (e.g. 'raw speedup, unnormalized, unclipped')."""
@@ -131,7 +160,11 @@ class RewardConfig:
         if not self.normalize:
             return f"{kind} (failures: their failure reward), not normalized, not clipped"
         where = f"per group of {self.group_size}" if self.scope == "group" else "over the batch"
-        return f"{kind}, normalized {where}, clipped to [-{self.clip_k:g}, {self.clip_k:g}]"
+        band = f" (std floored at {self.noise_floor:g}{'' if self.transform == 'log' else ' x mean'})" \
+            if self.noise_floor else ""
+        copies = {"margin": f"; a copy of a shown exemplar earns its score less {self.copy_margin:g} of it",
+                  "zero": "; a copy of a shown exemplar earns 0", "full": ""}[self.copy_reward]
+        return f"{kind}, normalized {where}{band}, clipped to [-{self.clip_k:g}, {self.clip_k:g}]{copies}"
 
 
 class KernelReward:
@@ -167,26 +200,58 @@ class KernelReward:
         results = evaluate_batch(self.evaluator, list(zip(tasks, codes, strict=True)), self.config.eval_threads)
         raws = [float(reward_of(r, self.config.failure_rewards, self.config.speedup_estimate) or 0.0)
                 for r in results]
-        vetoed, judge_errors = self._judge_and_record(tasks, codes, results, raws)
+        copied = self._copies(codes, results, kwargs.get("shown_exemplars"))
+        vetoed, judge_errors, touched = self._judge_and_record(tasks, codes, results, raws)
+        copies = self._pay_copies(copied, touched, raws)
         cfg = self.config
         rewards = [transform_reward(v, cfg.transform, bound=cfg.bound, floor=cfg.log_floor) for v in raws]
         group = cfg.group_size if cfg.scope == "group" else None
         smoothed = smooth_rewards(rewards, normalize=cfg.normalize, clip_k=cfg.clip_k if cfg.normalize else None,
-                                  group_size=group)
-        self._log(results, raws, smoothed, vetoed, kwargs, judge_errors)
+                                  group_size=group, noise_floor=cfg.noise_floor,
+                                  floor_scale="one" if cfg.transform == "log" else "mean")
+        self._log(results, raws, smoothed, vetoed, kwargs, judge_errors, len(copies))
         if self.completion_log is not None:
             state = kwargs.get("trainer_state")
             self.completion_log.write(stage="grpo", tasks=tasks, texts=texts, codes=codes, results=results,
                                       prompts=kwargs.get("prompts"), reward=raws, reward_smoothed=smoothed,
+                                      exemplar_copy=[i in copies for i in range(len(results))],
                                       step=int(getattr(state, "global_step", 0)))
         return smoothed
 
+    def _copies(self, codes: list[str | None], results: list[EvalResult],
+                shown: Sequence[Any] | None) -> dict[int, float]:
+        """Index -> the shown exemplar's score, for each correct candidate whose normalised source is one of the
+        exemplars its prompt showed (`shown[i]`: [{"norm_hash", "score"}, ...], as the trainer passes them)."""
+        if not shown:
+            return {}
+        out = {}
+        for i, (code, result) in enumerate(zip(codes, results, strict=True)):
+            if code is None or result.status is not Status.CORRECT or not shown[i]:
+                continue
+            digest = normalized_hash(code)
+            match = next((e for e in shown[i] if e.get("norm_hash") == digest), None)
+            if match is not None:
+                out[i] = float(match["score"])
+        return out
+
+    def _pay_copies(self, copied: dict[int, float], touched: set[int], raws: list[float]) -> set[int]:
+        """Apply `copy_reward` to the copies the judge left alone; returns their indices."""
+        paid = {i: score for i, score in copied.items() if i not in touched}
+        for i, score in paid.items():
+            if self.config.copy_reward == "margin":
+                raws[i] = max(0.0, score * (1.0 - self.config.copy_margin))
+            elif self.config.copy_reward == "zero":
+                raws[i] = 0.0
+        return set(paid)
+
     def _judge_and_record(self, tasks: list[Task], codes: list[str | None], results: list[EvalResult],
-                          raws: list[float]) -> tuple[int, int]:
+                          raws: list[float]) -> tuple[int, int, set[int]]:
         """Ask the judge about suspicious jumps, add successes to the exemplar DB; returns the counts of vetoes
-        and of judge errors. A judge error fails closed unless `judge_on_error="open"` (module docstring):
-        `results[i]` is then flagged (or turned into INFRA_ERROR) and `raws[i]` capped."""
+        and of judge errors, and the indices whose reward the judge changed. A judge error fails closed unless
+        `judge_on_error="open"` (module docstring): `results[i]` is then flagged (or turned into INFRA_ERROR)
+        and `raws[i]` capped."""
         vetoed = errors = 0
+        touched: set[int] = set()
         hack_value = float(failure_reward(Status.HACK_DETECTED, self.config.failure_rewards) or 0.0)
         for i, (task, code, result) in enumerate(zip(tasks, codes, results, strict=True)):
             speedup = result.speedup
@@ -198,12 +263,14 @@ class KernelReward:
                 legit, why = self._ask_judge(task, code, result)
                 if legit is False:
                     vetoed += 1
+                    touched.add(i)
                     raws[i] = hack_value
                     logger.warning("judge vetoed a %.2fx candidate for %s (best so far %.2fx)",
                                    result.speedup, task.id, best)
                     continue
                 if legit is None and self.config.judge_on_error == "closed":
                     errors += 1
+                    touched.add(i)
                     results[i], raws[i] = self._fail_closed(result, raws[i], best, why)
                     continue
             with self._lock:
@@ -211,8 +278,8 @@ class KernelReward:
             if self.exemplar_db is not None:
                 meta = {"model": self.model_name, "kernel_class": result.kernel_class.value if result.kernel_class
                         else None, "candidate_hash": result.candidate_hash, "source": "grpo"}
-                self.exemplar_db.add(task.id, code, float(result.speedup), meta)
-        return vetoed, errors
+                self.exemplar_db.add(task.id, code, float(result.speedup), meta, context=score_context(result))
+        return vetoed, errors, touched
 
     def _suspicious(self, result: EvalResult, best: float) -> bool:
         """Whether to ask the judge: its own rule when it has one (`LLMJudge.should_check`, which also sees a
@@ -255,7 +322,7 @@ class KernelReward:
         return failed, float(failure_reward(Status.INFRA_ERROR, self.config.failure_rewards) or 0.0)
 
     def _log(self, results: list[EvalResult], raws: list[float], smoothed: list[float], vetoed: int,
-             kwargs: dict[str, Any], judge_errors: int = 0) -> None:
+             kwargs: dict[str, Any], judge_errors: int = 0, copies: int = 0) -> None:
         n = len(results)
         speedups = [r.speedup for r in results if r.status is Status.CORRECT and r.speedup is not None]
         statuses: dict[str, int] = {}
@@ -266,7 +333,8 @@ class KernelReward:
                  "max_speedup": max(speedups) if speedups else None,
                  "raw_reward_mean": sum(raws) / n if n else 0.0,
                  "smoothed_reward_mean": sum(smoothed) / n if n else 0.0,
-                 "judge_vetoes": vetoed, "judge_errors": judge_errors, "statuses": statuses}
+                 "judge_vetoes": vetoed, "judge_errors": judge_errors, "exemplar_copies": copies,
+                 "statuses": statuses}
         state = kwargs.get("trainer_state")
         if state is not None:
             entry["step"] = int(getattr(state, "global_step", 0))
@@ -278,6 +346,8 @@ class KernelReward:
             log_metric("kernel/mean_speedup", entry["mean_speedup"] or 0.0)
             log_metric("kernel/judge_vetoes", float(vetoed))
             log_metric("kernel/judge_errors", float(judge_errors))
-        logger.info("reward batch: %d candidates, %.0f%% correct, raw mean %.3f, statuses %s%s",
+            log_metric("kernel/exemplar_copies", float(copies))
+        logger.info("reward batch: %d candidates, %.0f%% correct, raw mean %.3f, statuses %s%s%s",
                     n, 100 * entry["success_rate"], entry["raw_reward_mean"], statuses,
+                    f"; {copies} exemplar copies paid by copy_reward={self.config.copy_reward}" if copies else "",
                     f"; first failure {why}" if (why := first_failure(results)) else "")

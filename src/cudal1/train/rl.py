@@ -16,6 +16,21 @@ evaluated in parallel (`eval_threads`). Every completion, with its verdict and r
 `<output_dir>/completions.jsonl` (`log_completions`, see `completions.py`); the exemplar database is
 `<output_dir>/exemplars.sqlite` unless `exemplar_db` is set.
 
+Prompts reach the model whole, on every TRL that `trl>=0.20` admits: TRL 0.20-0.25 cut a prompt to
+`max_prompt_length` tokens, 512 by default (0.20-0.23 keep the last ones, 0.24-0.25 cut on the tokenizer's
+truncation side), which left a contrastive prompt (reference and exemplars, thousands of tokens) with its
+last exemplar or without its instructions; 0.26-0.27 deprecate the setting (default None: no truncation) and
+0.28 removed it. `grpo_args` sets it to None wherever it exists (the prompt builder keeps
+prompts within `prompt_token_budget` instead), and the trainer checks every generation round that the
+prompt tokens fed to the model are as many as the built prompt has, stopping with `PromptTruncatedError`
+otherwise (`check_prompts_whole`); the summary records the longest prompt fed (`prompt_tokens_max`).
+TRL 0.20-0.21 read `scale_rewards` as a boolean (any string, "none" included, was True); it is mapped.
+
+The advantage: `KernelReward`'s smoothing normalizes each group (with a dead band) and clips it to
+[-1.5, 1.5]; TRL is told not to scale again (`scale_rewards: none`), since its own division by the group's
+std would undo both. Each row also carries the exemplars its prompt showed (`shown_exemplars`: their
+normalised-source hashes and scores), so that the reward pays a copy of one as `exemplar_copy_reward` says.
+
 Limits: TRL's loop is synchronous, so the evaluation of a batch overlaps with itself (parallel threads)
 but not with the generation of the next batch. `_generate_and_score_completions` is a private TRL method
 (stable from TRL 0.14 to 1.16, the version tested); a TRL release that renames it fails loudly at start.
@@ -27,6 +42,7 @@ Run: `cudal1 train rl --config rl.yaml --model runs/ss/final --output-dir runs/r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -36,8 +52,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cudal1.core.errors import ConfigError, MissingDependencyError
-from cudal1.exemplars import ExemplarDB, make_sampler
+from cudal1.core.errors import ConfigError, MissingDependencyError, PromptTruncatedError
+from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
+from cudal1.exemplars.db import score_context
 from cudal1.llm.prompts import build_contrastive_prompt
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
@@ -76,11 +93,15 @@ class ContrastivePromptBuilder:
         self.tokenizer = tokenizer
         self.seed = seed
         self.built = 0  # prompts built so far (for logging and tests)
+        self.last_exemplars: dict[str, list[Any]] = {}  # task id -> the exemplars of its last prompt
 
     def build(self, task: Task, step: int = 0) -> list[dict[str, str]]:
-        """The chat prompt for `task`, with exemplars drawn from the database's current contents."""
+        """The chat prompt for `task`, with exemplars drawn from the database's current contents; the exemplars
+        it shows are kept in `last_exemplars[task.id]` (the reward needs them to know a copy of one)."""
         self.built += 1
-        return self.render(task, self.exemplars(task, step))
+        exemplars = self.exemplars(task, step)
+        self.last_exemplars[task.id] = list(exemplars)
+        return self.render(task, exemplars)
 
     def exemplars(self, task: Task, step: int) -> list[Any]:
         """The exemplars shown at `step`, drawn by the sampler from the database as it is now."""
@@ -101,11 +122,11 @@ def sampler_config(config: RLStageConfig) -> dict[str, Any]:
     """The exemplar sampler's settings from the stage config (`exemplar_sampler` names the sampler)."""
     if config.exemplar_sampler == "bucket":
         return {"n": config.exemplars_per_prompt, "bucket_width": config.bucket_width,
-                "temperature": config.sampler_temperature}
+                "temperature": config.sampler_temperature, "scale": config.sampler_scale}
     if config.exemplar_sampler == "island":
         return {"n": config.exemplars_per_prompt, "num_islands": config.islands,
                 "temperature": config.sampler_temperature, "migrate_every": config.island_migrate_every,
-                "reset_every": config.island_reset_every}
+                "reset_every": config.island_reset_every, "scale": config.sampler_scale}
     return {"n": config.exemplars_per_prompt}
 
 
@@ -147,20 +168,69 @@ def contrastive_trainer_class() -> type:
             super().__init__(*args, **kwargs)
             self.prompt_builder = prompt_builder
             self.tasks_by_id = {t.id: t for t in tasks}
+            self.prompt_tokens_max = 0  # the longest prompt fed to the model (tokens)
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             step = int(self.state.global_step)
-            built: dict[str, list[dict[str, str]]] = {}
+            built: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
             rows = []
             for row in inputs:
                 task_id = row["task_id"]
                 if task_id not in built:  # one prompt per task per generation round: a group shares it
-                    built[task_id] = self.prompt_builder.build(self.tasks_by_id[task_id], step)
-                rows.append({**row, "prompt": built[task_id]})
-            return super()._generate_and_score_completions(rows)
+                    built[task_id] = built_prompt(self.prompt_builder, self.tasks_by_id[task_id], step)
+                prompt, shown = built[task_id]
+                rows.append({**row, "prompt": prompt, "shown_exemplars": shown})
+            output = super()._generate_and_score_completions(rows)
+            fed = check_prompts_whole([r["prompt"] for r in rows], output.get("prompt_mask"),
+                                      self.processing_class, getattr(self, "chat_template_kwargs", None))
+            self.prompt_tokens_max = max(self.prompt_tokens_max, max(fed, default=0))
+            return output
 
     _TRAINER_CLASS = ContrastiveGRPOTrainer
     return ContrastiveGRPOTrainer
+
+
+def built_prompt(builder: Any, task: Task, step: int) -> tuple[Any, list[dict[str, Any]]]:
+    """(the prompt, the exemplars it shows as {"norm_hash", "score"}) from a prompt builder; a builder that does
+    not say what it showed (no `last_exemplars`: a custom one) shows none."""
+    prompt = builder.build(task, step)
+    exemplars = getattr(builder, "last_exemplars", {}).get(task.id, [])
+    return prompt, [{"norm_hash": str(e.meta.get("norm_hash") or normalized_hash(e.code)), "score": float(e.score)}
+                    for e in exemplars]
+
+
+def prompt_tokens(prompt: Any, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> int:
+    """The tokens of a prompt as TRL tokenizes it: a chat prompt through the chat template (with the generation
+    prompt), a string as it is."""
+    if isinstance(prompt, str):
+        return len(tokenizer(text=prompt)["input_ids"])
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
+                                         **(chat_template_kwargs or {}))
+    return len(tokenizer(text=text, add_special_tokens=False)["input_ids"])
+
+
+#: Tokens by which a fed prompt may fall short of the built one before it counts as truncated (a special token
+#: that one path adds and the other does not).
+PROMPT_TOKEN_SLACK = 2
+
+
+def check_prompts_whole(prompts: Sequence[Any], prompt_mask: Any, tokenizer: Any,
+                        chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """The prompt tokens the trainer fed for each row (the mask's sums); `PromptTruncatedError` when one is
+    shorter than its prompt (module docstring). Without a mask (a TRL that returns none) nothing is checked."""
+    if prompt_mask is None:
+        return []
+    fed = [int(n) for n in prompt_mask.sum(dim=1).tolist()]
+    lengths: dict[str, int] = {}
+    for prompt, n in zip(prompts, fed, strict=True):
+        key = prompt if isinstance(prompt, str) else repr(prompt)
+        if key not in lengths:
+            lengths[key] = prompt_tokens(prompt, tokenizer, chat_template_kwargs)
+        if n + PROMPT_TOKEN_SLACK < lengths[key]:
+            raise PromptTruncatedError(
+                f"the trainer fed {n} of a prompt's {lengths[key]} tokens: the installed TRL truncates prompts "
+                "(max_prompt_length); upgrade TRL (>= 0.26) or lower prompt_token_budget")
+    return fed
 
 
 def load_judge(spec: str) -> Judge | None:
@@ -186,16 +256,30 @@ def grpo_args(config: RLStageConfig, **extra: Any) -> Any:
         from trl import GRPOConfig
     except ImportError:
         raise MissingDependencyError("trl", "train", "GRPO training") from None
+    fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
     values = {"num_generations": config.num_generations, "beta": config.beta, "epsilon": config.epsilon,
-              "loss_type": config.loss_type, "scale_rewards": config.scale_rewards,
+              "loss_type": config.loss_type, "scale_rewards": trl_scale_rewards(config.scale_rewards, fields),
               "num_iterations": config.num_iterations, "max_completion_length": config.max_completion_length,
+              "mask_truncated_completions": config.mask_truncated_completions,
               "temperature": config.temperature, "top_p": config.top_p, "remove_unused_columns": False,
               "log_completions": False}
+    if "max_prompt_length" in fields:  # TRL 0.20-0.25 keep the last 512 prompt tokens unless told (module doc)
+        values["max_prompt_length"] = None
     if config.generation_batch_size:
         values["generation_batch_size"] = config.generation_batch_size
     values.update(vllm_args(config))
     values.update(extra)
     return make_training_args(GRPOConfig, config, **values)
+
+
+def trl_scale_rewards(value: str, fields: dict[str, Any]) -> str | bool:
+    """`scale_rewards` as the installed TRL reads it: TRL 0.20-0.21 take a boolean (group: True, none: False)."""
+    field_ = fields.get("scale_rewards")
+    if field_ is None or not isinstance(field_.default, bool):
+        return value
+    if value == "batch":
+        raise ConfigError("scale_rewards=batch needs TRL >= 0.22 (this TRL scales per group or not at all)")
+    return value == "group"
 
 
 def vllm_available() -> bool:
@@ -248,12 +332,29 @@ def _wait_for_everyone() -> None:
         PartialState().wait_for_everyone()
 
 
+def run_score_context(config: RLStageConfig) -> str | None:
+    """The score context (`exemplars.db.score_context`) of this run's evaluations when it is known before the
+    first one: this machine's device and the evaluator's settings. Evaluated by a Ray pool or a reward server
+    (another GPU, perhaps), None: the database then lists every context."""
+    if config.workers not in ("", "local"):
+        return None
+    from cudal1.core.machine import describe_machine
+    from cudal1.eval.config import resolve_device
+
+    eval_config = config.eval_config()
+    device = resolve_device(eval_config.device)
+    return score_context({"environment": describe_machine(device),
+                          "protocol": eval_config.resolved(device).protocol()})
+
+
 def reward_config(config: RLStageConfig) -> RewardConfig:
     """How the stage's verdicts become rewards, from its config."""
     return RewardConfig(failure_rewards=config.failure_rewards, transform=config.reward_transform,
                         speedup_estimate=config.reward_speedup, bound=config.reward_bound,
                         log_floor=config.reward_log_floor, normalize=config.reward_normalize,
                         clip_k=config.reward_clip_k, scope=config.reward_scope, group_size=config.num_generations,
+                        noise_floor=config.reward_noise_floor, copy_reward=config.exemplar_copy_reward,
+                        copy_margin=config.exemplar_copy_margin,
                         judge_jump_factor=config.judge_jump_factor, judge_on_error=config.judge_on_error,
                         eval_threads=config.eval_threads)
 
@@ -279,7 +380,12 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
     args = grpo_args(config)  # first: its state also starts a multi-process run's process group
     _reference_path(model, config, tokenizer)
     db = exemplar_db or ExemplarDB(config.exemplar_db or Path(config.output_dir) / "exemplars.sqlite",
-                                   max_per_task=config.max_exemplars_per_task, statistic=config.exemplar_statistic)
+                                   max_per_task=config.max_exemplars_per_task, statistic=config.exemplar_statistic,
+                                   context=run_score_context(config))
+    if config.reward_normalize and config.scale_rewards != "none":
+        logger.warning("scale_rewards=%s: TRL divides the smoothed rewards by their std again, which undoes the "
+                       "clip to +-%g and the dead band (reward_noise_floor)", config.scale_rewards,
+                       config.reward_clip_k)
     seeded = seed_exemplars(db, config, tasks, store)
     reward = made = None
     if reward_funcs is None:
@@ -311,7 +417,8 @@ def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, t
                                # TRL's `reward` is after smoothing (about 0 whatever the policy does):
                                "smoothed_reward_first": rewards[0] if rewards else None,
                                "smoothed_reward_last": rewards[-1] if rewards else None,
-                               "prompts_built": builder.built, "stopped_by_time_budget": budget.stopped_early,
+                               "prompts_built": builder.built, "prompt_tokens_max": trainer.prompt_tokens_max,
+                               "stopped_by_time_budget": budget.stopped_early,
                                "exemplars_seeded": seeded, "exemplars": {t.id: db.count(t.id) for t in tasks}}
     if reward is not None:
         raw = [b["raw_reward_mean"] for b in reward.history]
