@@ -199,8 +199,13 @@ def main(argv: list[str] | None = None) -> int:
             found = against(summary, json.loads(args.against.read_text()))
             (args.out_dir / "against.json").write_text(json.dumps(found, indent=1))
             for arm, entry in found.items():
-                print(f"{arm:14s} {entry['now']} vs the {entry['committed_seeds']} committed seeds' 95 % interval "
-                      f"{entry['interval']}: {'inside' if entry['inside'] else 'OUTSIDE'}")
+                same = ""
+                if entry["reproduced"] is not None:
+                    same = f"; committed same seed {list(entry['same_seed_committed'].values())}: " + (
+                        "reproduced" if entry["reproduced"] else "differs (other machine or libraries)")
+                print(f"{arm:14s} {entry['now']} vs the {entry['committed_seeds']} committed seeds' prediction "
+                      f"interval {entry['interval']} ({entry['level']}): {'inside' if entry['inside'] else 'OUTSIDE'}"
+                      f"{same}")
     return 0
 
 

@@ -49,8 +49,16 @@ def test_a_rerun_is_placed_against_the_committed_seeds():
     now = {"per_seed": {"grpo-plain": {0: {key: 0.0915}}, "evolution": {0: {key: 0.5}}}}
     found = against(now, committed)
     assert set(found) == {"grpo-plain"} and found["grpo-plain"]["inside"] is True
+    assert found["grpo-plain"]["reproduced"] is False and found["grpo-plain"]["same_seed_committed"] == {"0": 0.090}
     now["per_seed"]["grpo-plain"][0][key] = 0.5
     assert against(now, committed)["grpo-plain"]["inside"] is False
+    now["per_seed"]["grpo-plain"] = {"0": {key: 0.090}}
+    assert against(now, committed)["grpo-plain"]["reproduced"] is True
+    # Several arms widen each arm's interval (one level for all of them at once).
+    wide = {"per_seed": {a: committed["per_seed"]["grpo-plain"] for a in ("grpo-plain", "b", "c", "d")}}
+    one = against(now, committed)["grpo-plain"]["interval"]
+    four = against({"per_seed": {a: now["per_seed"]["grpo-plain"] for a in wide["per_seed"]}}, wide)["grpo-plain"]["interval"]
+    assert four[0] < one[0] and four[1] > one[1]
 
 
 def test_t_distribution_agrees_with_the_tables_and_holm_adjusts_a_family():

@@ -126,13 +126,14 @@ def adjusted_ci(values: Sequence[float], alpha: float) -> dict[str, float | None
     return {"lo": round(mean - half, 5), "hi": round(mean + half, 5)}
 
 
-def prediction_interval(values: Sequence[float]) -> tuple[float, float]:
-    """Where one more seed should land with 95 % probability: mean +- t x s x sqrt(1 + 1/n)."""
+def prediction_interval(values: Sequence[float], alpha: float = 0.05) -> tuple[float, float]:
+    """Where one more seed should land with probability 1 - alpha: mean +- t x s x sqrt(1 + 1/n)."""
     n = len(values)
     mean = statistics.fmean(values)
     if n < 2:
         return mean, mean
-    half = t_975(n - 1) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
+    t = t_975(n - 1) if alpha == 0.05 else t_quantile(alpha, n - 1)
+    half = t * statistics.stdev(values) * math.sqrt(1 + 1 / n)
     return mean - half, mean + half
 
 
