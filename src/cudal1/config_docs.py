@@ -32,7 +32,7 @@ CONFIGS = (
     ("Audit of every release: the chunk's cost model", "cudal1.audit.chunks:CostModel"),
     ("Audit of every release: the pages (cudal1 audit-pages, audit-ingest)", "cudal1.audit.pages:PagesConfig"),
     ("LLM judge", "cudal1.judge.judge:JudgeConfig"),
-    ("Reward server", "cudal1.service.server:ServerConfig"),
+    ("Reward server", "cudal1.service.server_config:ServerConfig"),
     ("Local evaluator pool", "cudal1.service.pool:LocalPoolConfig"),
     ("Ray evaluator pool", "cudal1.service.ray_pool:RayPoolConfig"),
     ("Outlier re-check", "cudal1.service.recheck:RecheckConfig"),

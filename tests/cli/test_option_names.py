@@ -99,6 +99,7 @@ REACH = {
     "audit/select.py": ["audit"],
     "loops/augment.py": ["augment"],
     "service/server.py": ["serve"],
+    "service/server_config.py": ["serve"],
     "train/config.py": ["train sft", "train self-supervised", "train rl"],
     "train/config.py:SFTStageConfig": ["train sft"],
     "train/policy_eval.py": ["evaluate-policy"],

@@ -17,9 +17,10 @@ from cudal1.audit.run import asked_by_runs, collect_audit, measured_on, report_a
 from cudal1.audit.saved import SavedAudit, load_saved_audit, report_saved_audit, saved_audit_path
 from cudal1.baselines import parse_kinds
 from cudal1.cli import common
+from cudal1.cli.options import config_options
 from cudal1.core.errors import MissingDependencyError, SourceError
 from cudal1.core.types import EvalResult
-from cudal1.eval.config import profile_choices
+from cudal1.eval.config import EvalConfig, profile_choices
 from cudal1.metrics.rows import ResultRow
 from cudal1.report import plots_available
 from cudal1.tasks import Task
@@ -60,6 +61,8 @@ _NEW_ARG = typer.Argument(..., help="The new audit.json (or its report folder)."
 _JSON_OUT_OPT = typer.Option(None, "--json", help="Also write the comparison as JSON here.")
 
 
+@config_options(EvalConfig, common.eval_options("device", "correctness_trials", "sizes", "buckets", "timeout_s",
+                                                "sandbox"), into="evaluation")
 def audit_command(
     release: Path | None = _RELEASE_OPT,
     profile: str | None = _PROFILE_OPT,
@@ -72,12 +75,11 @@ def audit_command(
     out: Path | None = _OUT_OPT,
     time_budget_s: float | None = _TIME_BUDGET_S_OPT,
     batch_size: int = _BATCH_SIZE_OPT,
-    device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
-    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
     plots: bool | None = _PLOTS_OPT, report_only: bool = _REPORT_ONLY_OPT, gpu: str | None = _GPU_OPT,
     from_audit: Path | None = _FROM_AUDIT_OPT,
     compare_to: Path | None = _COMPARE_TO_OPT, tolerance: float = _TOLERANCE_OPT,
+    evaluation: dict[str, Any] | None = None,
 ) -> None:
     """Audit a release: which published speedups survive.
 
@@ -107,8 +109,7 @@ def audit_command(
             sample_per_level=sample_per_level, seed=seed, limit=limit, chunk=chunk,
             baselines=tuple(parse_kinds(baselines)) if baselines else (), batch_size=batch_size,
             time_budget_s=time_budget_s, force=force,
-            eval_config=common.make_config(device, profile or "strict", trials, sizes, buckets=buckets,
-                                           timeout_s=timeout_s, sandbox=sandbox))
+            eval_config=common.eval_config({**(evaluation or {}), "profile": profile or "strict"}))
         store = common.open_existing_store(store_path) if report_only else common.open_store(store_path, False)
         folder = common.check_output_folder(out or default_out)  # made when written: no empty folder left
         with common.writing_into(folder):

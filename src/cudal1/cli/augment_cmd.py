@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from cudal1.cli import common
-from cudal1.cli.optimize_cmd import EvalSetOpt, PoolOpt, open_pool, parse_eval_sets
+from cudal1.cli.optimize_cmd import EvalSetOpt, PoolOpt, open_pool
+from cudal1.cli.options import config_options, opt
 from cudal1.eval.config import EvalConfig
+from cudal1.llm.prompts import FORM_CHOICES
+from cudal1.loops.augment import AugmentConfig
 
 LlmOpt = typer.Option([], "--llm", help="A model spec (repeat for several models).")
 SourceOpt = typer.Option(["builtin"], "--source", "-s", help="Task sources to generate for.")
@@ -20,59 +24,42 @@ FromReleaseOpt = typer.Option([], "--from-release", help="Import a JSONL release
 OutDirOpt = typer.Option(Path("augment_data"), "--out-dir", "-o", help="Writes sft.jsonl and dataset/.")
 
 
+AUGMENT_FIELDS = [
+    opt("max_tasks", min=0), opt("splits_file"), opt("samples", min=1), opt("keep", min=1),
+    opt("max_slowdown", callback=common.positive), opt("form", callback=common.choice(*FORM_CHOICES)),
+    opt("contrastive", "--contrastive/--plain"), opt("from_examples"), opt("hf_dataset", "--hf-dataset/--no-hf-dataset"),
+    opt("temperature", min=0), opt("max_tokens", min=1), opt("concurrency", min=1), opt("max_retries", min=0),
+    opt("seed"), opt("run_name"), opt("resume", "--resume/--fresh"),
+]
+EVAL_FIELDS = common.eval_options("device", "profile", "correctness_trials", "sizes", "buckets", "timeout_s",
+                                  "sandbox")
+
+
+@config_options(AugmentConfig, AUGMENT_FIELDS, into="settings")
+@config_options(EvalConfig, EVAL_FIELDS, into="evaluation")
 def augment_command(
     llm: list[str] = LlmOpt,
     source: list[str] = SourceOpt,
     task: list[str] = TaskOpt,
     level: list[int] = LevelOpt,
-    max_tasks: int = typer.Option(0, "--max-tasks", min=0, help="At most this many tasks (0: all)."),
-    splits_file: str = typer.Option("", "--splits-file", help="Split JSON written by training: only its train "
-                                    "tasks are used (held-out tasks stay out of the SFT data)."),
-    samples: int = typer.Option(4, "--samples", min=1, help="Completions per task per model."),
-    keep: int = typer.Option(2, "--keep", min=1, help="At most this many examples per task per model."),
-    max_slowdown: float = typer.Option(1000.0, "--max-slowdown", callback=common.positive,
-                                       help="Keep only candidates at most this many times slower than the "
-                                            "reference."),
-    form: str = common.FormOpt,
-    contrastive: bool = typer.Option(True, "--contrastive/--plain", help="Contrastive prompts once exemplars exist."),
     from_release: list[Path] = FromReleaseOpt,
-    from_examples: bool = typer.Option(False, "--from-examples",
-                                       help="Import cudal1's example candidates that run here "
-                                            "(PyTorch-level ones on a CPU) once they pass the evaluator: "
-                                            "stage-1 data without an LLM."),
     out_dir: Path = OutDirOpt,
-    no_hf_dataset: bool = typer.Option(False, "--no-hf-dataset", help="Write only the JSONL."),
-    device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
-    sizes: str = common.SizesOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
-    sandbox: str = common.SandboxOpt, eval_set: list[str] = EvalSetOpt,
-    temperature: float = typer.Option(1.0, "--temperature", min=0, callback=common.finite, help="Sampling temperature."),
-    max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
-    concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight per model."),
-    max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),
-    seed: int = typer.Option(0, "--seed", help="Seed of exemplar sampling."),
-    run_name: str = typer.Option("", "--run-name", help="Run to create or continue (default: from the settings)."),
-    fresh: bool = typer.Option(False, "--fresh", help="Start a new run instead of continuing an identical one."),
+    eval_set: list[str] = EvalSetOpt,
     store_path: Path | None = common.StoreOpt,
     pool: str = PoolOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    settings: dict[str, Any] | None = None, evaluation: dict[str, Any] | None = None,
 ) -> None:
     """Build stage-1 SFT data from LLMs or releases.
 
     Build stage-1 SFT data: several models write variants per task; keep the executable, correct ones.
     """
-    from cudal1.loops.augment import AugmentConfig, augment
+    from cudal1.loops.augment import augment, ready_backends
 
-    eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
-                                    buckets=buckets, timeout_s=timeout_s, sandbox=sandbox), **parse_eval_sets(eval_set)})
+    eval_cfg = common.eval_config(evaluation or {}, eval_set, "--eval-set")
     config = AugmentConfig(llms=list(llm), sources=list(source), task_ids=list(task), levels=list(level),
-                           max_tasks=max_tasks, splits_file=splits_file, samples=samples, keep=keep, max_slowdown=max_slowdown, form=form,
-                           contrastive=contrastive, from_release=[str(p) for p in from_release],
-                           from_examples=from_examples, eval=eval_cfg,
-                           out_dir=str(out_dir), hf_dataset=not no_hf_dataset, temperature=temperature,
-                           max_tokens=max_tokens, concurrency=concurrency, max_retries=max_retries, seed=seed,
-                           run_name=run_name, resume=not fresh)
-    from cudal1.loops.augment import ready_backends
-
+                           from_release=[str(p) for p in from_release], eval=eval_cfg, out_dir=str(out_dir),
+                           **(settings or {}))
     backends = ready_backends(config)  # before any output: a missing extra is the only line printed
     store = common.open_store(store_path, False)
     evaluator_pool = open_pool(pool, eval_cfg, store)
@@ -91,7 +78,12 @@ def augment_command(
         store.close()
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
-        return
+    else:
+        _print_result(result)
+
+
+def _print_result(result: Any) -> None:
+    """The summary table of an augment run and where its data went."""
     from rich.table import Table
 
     table = Table(title=f"augment run {result.run_id}: {len(result.examples)} examples", title_justify="left")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -17,8 +18,9 @@ from cudal1.baselines import (
     parse_kinds,
 )
 from cudal1.cli import common
+from cudal1.cli.options import config_options
 from cudal1.core.errors import SourceError
-from cudal1.eval.config import resolve_device
+from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.tasks import Task, load_tasks
 
 _SOURCE_OPT = typer.Option(["builtin"], "--source", "-s", help="Task source(s): builtin, DIR, hf:, FILE.")
@@ -30,23 +32,23 @@ _LIMIT_OPT = typer.Option(None, "--limit", min=1, help="At most this many tasks.
 _PEAKS_OPT = typer.Option(True, "--peaks/--no-peaks", help="Also measure the device's peaks (cached).")
 
 
+@config_options(EvalConfig, common.eval_options("device", "correctness_trials", "sizes", "buckets", "timeout_s",
+                                                "sandbox"), into="evaluation")
 def baseline_command(
     source: list[str] = _SOURCE_OPT,
     kind: str = _KIND_OPT,
     level: list[int] = _LEVEL_OPT,
     task: list[str] = _TASK_OPT,
     limit: int | None = _LIMIT_OPT,
-    device: str = common.DeviceOpt, trials: int = common.TrialsOpt, sizes: str = common.SizesOpt,
-    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     store_path: Path | None = common.StoreOpt, force: bool = common.ForceOpt,
-    peaks: bool = _PEAKS_OPT, sandbox: str = common.SandboxOpt,
+    peaks: bool = _PEAKS_OPT, evaluation: dict[str, Any] | None = None,
 ) -> None:
     """Time and cache baselines per task (resumable).
 
     Baselines: eager, torch.compile, CUDA Graph, cuDNN flags; eager also runs the null test.
     """
     kinds = parse_kinds(kind)
-    cfg = common.make_config(device, "strict", trials, sizes, buckets=buckets, timeout_s=timeout_s, sandbox=sandbox)
+    cfg = common.eval_config(evaluation or {})
     tasks = _select(source, level, task, limit)
     store = common.open_store(store_path, False)
     if peaks:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import time
@@ -22,9 +21,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from cudal1.cli.options import Field, finite, opt, parse_sets
 from cudal1.core.errors import SourceError
 from cudal1.core.names import PROFILE_ALIASES, canonical_profile, describe_choices
-from cudal1.eval.config import PROFILES, EvalConfig, profile_choices
+from cudal1.eval.config import PROFILES, SANDBOX_MODES, EvalConfig, profile_choices
+from cudal1.eval.timing import ESTIMATORS
 from cudal1.llm.prompts import FORM_CHOICES
 from cudal1.tasks.task import MAX_SOURCE_BYTES, size_problem, source_problem
 
@@ -56,14 +57,6 @@ def choice(*values: str) -> Callable[[str], str]:
             raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
         return value
     return check
-
-
-def finite(value: float | None) -> float | None:
-    """A callback for every float option: `nan` and `inf` parse as floats, and pass a `min=` bound (inf) or
-    every later comparison (nan)."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value:g} is not a finite number")
-    return value
 
 
 def positive(value: float | None) -> float | None:
@@ -98,6 +91,28 @@ FormOpt = typer.Option("auto", "--form", callback=choice(*FORM_CHOICES),
 WorkersOpt = typer.Option("", "--workers", help="Evaluate through an evaluator pool: local (one slot per "
                                                 "GPU), ray:auto or ray://HOST:PORT, or a reward server's "
                                                 "http(s)://HOST:PORT (default: this process).")
+
+
+# The evaluation settings commands offer as options, generated from EvalConfig's fields (cli/options.py).
+EVAL_OPTIONS = {spec.name: spec for spec in (
+    opt("device", callback=check_device),
+    opt("profile", callback=check_profile),
+    opt("correctness_trials", "--trials", min=1),
+    opt("sizes", callback=choice("auto", "full", "small")),
+    opt("buckets", min=1),
+    opt("timeout_s", callback=positive),
+    opt("sandbox", callback=choice(*SANDBOX_MODES)),
+    opt("policy"),
+    opt("round_toward_one"),
+    opt("estimator", callback=choice(*ESTIMATORS)),
+    opt("bracket_work_ms", min=0.0),
+    opt("runner_pairs", min=1),
+)}
+
+
+def eval_options(*names: str) -> list[Field]:
+    """The `EVAL_OPTIONS` of `names`, in that order."""
+    return [EVAL_OPTIONS[name] for name in names]
 
 
 def add_id_column(table: Any, ids: Iterable[str], header: str = "task") -> None:
@@ -186,9 +201,13 @@ def output_file(path: Path) -> Path:
     return path
 
 
-def make_config(device: str, profile: str, trials: int, sizes: str, **extra: Any) -> EvalConfig:
-    return EvalConfig(device=device, profile=canonical_profile(profile), correctness_trials=trials,
-                      sizes=sizes, **extra)
+def eval_config(values: dict[str, Any], sets: Iterable[str] = (), option: str = "--set") -> EvalConfig:
+    """The evaluation config of a command: its generated options' `values` (field -> value, `EVAL_OPTIONS`),
+    then its `KEY=VALUE` settings (`sets`, the command's `option`) for any other field."""
+    values = {**values, **parse_sets(EvalConfig, sets, option)}
+    if "profile" in values:
+        values["profile"] = canonical_profile(values["profile"])
+    return EvalConfig(**values)
 
 
 def open_store(path: Path | None, disabled: bool) -> Any:

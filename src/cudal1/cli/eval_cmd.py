@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from cudal1.cli import common, verdicts
+from cudal1.cli.options import config_options
 from cudal1.core.errors import SourceError
 from cudal1.core.types import EvalResult
 from cudal1.eval import evaluate_candidate
 from cudal1.eval.config import EvalConfig, resolve_device
-from cudal1.policy.presets import policy_choices
 from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks import Task, find_task, load_tasks
 from cudal1.tasks.sources import load_candidates, load_file
 
+SetOpt = typer.Option([], "--set", help="Any other evaluation setting as KEY=VALUE (repeatable), e.g. "
+                                        "target_bucket_ms=20 or warm_buckets=0 (docs/configuration.md).")
+EVAL_FIELDS = common.eval_options("device", "profile", "correctness_trials", "sizes", "buckets", "timeout_s",
+                                  "sandbox", "policy", "round_toward_one", "estimator", "bracket_work_ms",
+                                  "runner_pairs")
 
+
+@config_options(EvalConfig, EVAL_FIELDS, into="evaluation")
 def eval_command(
     candidate: Path | None = typer.Option(None, "--candidate", "-c", help="Candidate module (defines ModelNew)."),
     ref: Path | None = typer.Option(None, "--ref", help="Reference module file (Model, get_inputs, get_init_inputs)."),
@@ -28,38 +36,21 @@ def eval_command(
                                                help="Batch: a folder of NAME.py candidates for --source's tasks."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Batch: at most this many candidates."),
     level: list[int] = typer.Option([], "--level", help="Batch: only these levels."),
-    device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
-    sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
-    force: bool = common.ForceOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
-    sandbox: str = common.SandboxOpt,
-    policy: str = typer.Option("cuda-l1", "--policy", help="Verdict policy on top of the evaluator's verdict: "
-                               f"{policy_choices()}."),
-    round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
-    estimator: str = typer.Option("pooled", "--estimator", callback=common.choice("pooled", "buckets"),
-                                  help="pooled: median of all reference calls over median of all candidate "
-                                       "calls; buckets: median of the buckets' ratios (CUDA-L1's)."),
-    bracket_work_ms: float = typer.Option(EvalConfig.bracket_work_ms, "--bracket-work-ms", min=0.0, callback=common.finite,
-                                          help="Calls of a small model per bracket of the parent's clock: as many "
-                                               "as fill this much of the reference's time; 0: one call per "
-                                               "bracket (each on a flushed L2). Only for code you trust: a "
-                                               "candidate can read the later calls' inputs and batch them."),
-    runner_pairs: int = typer.Option(EvalConfig.runner_pairs, "--runner-pairs", min=1,
-                                     help="Measure each candidate in this many fresh pairs of runners: the "
-                                          "median pair's speedup, an interval spanning every pair's."),
+    store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt, force: bool = common.ForceOpt,
     label: str = typer.Option("", "--label", help="Label stored with the results (e.g. a model name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per candidate."),
     workers: str = typer.Option("", "--workers", help="Batch: evaluate through an evaluator pool: local (one slot "
                                                       "per local GPU), ray:auto or ray://HOST:PORT, or a reward "
                                                       "server's http(s)://HOST:PORT (default: this process, "
                                                       "builds first)."),
+    sets: list[str] = SetOpt,
+    evaluation: dict[str, Any] | None = None,
 ) -> None:
     """Evaluate candidates: verdict, speedup, flags.
 
     The speedup is vs eager PyTorch, with cold and warm L2 caches, with its stability across timing buckets.
     """
-    cfg = common.make_config(device, profile, trials, sizes, round_toward_one=round_toward_one, buckets=buckets,
-                             sandbox=sandbox, timeout_s=timeout_s, policy=policy, estimator=estimator,
-                             bracket_work_ms=bracket_work_ms, runner_pairs=runner_pairs)
+    cfg = common.eval_config(evaluation or {}, sets)
     pairs = _collect(candidate, ref, task, source, release, candidates_dir)
     if level:
         pairs = [(t, s) for t, s in pairs if t.level in level]

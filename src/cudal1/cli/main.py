@@ -97,8 +97,9 @@ def invoked_command(argv: list[str]) -> object | None:
 
 def spelled_fix(message: str, fix: tuple[str, str] | None, argv: list[str]) -> str:
     """`message` with its closing `setting=value` (a `Cudal1Error.fix`) as the invoked command spells it: its
-    own option (`--sandbox none`), a training setting (`--set eval_sandbox=none`), an evaluation setting
-    (`--eval-set sandbox=none`), or left as it is when the command has none of them."""
+    own option (`--sandbox none`), an evaluation setting (`--eval-set sandbox=none`; `--set sandbox=none` where
+    `--set` sets the evaluator's), a training setting (`--set eval_sandbox=none`), or left as it is when the
+    command has none of them."""
     tail = f"{fix[0]}={fix[1]}" if fix else ""
     command = invoked_command(argv) if fix and message.endswith(tail) else None
     if command is None:
@@ -107,18 +108,22 @@ def spelled_fix(message: str, fix: tuple[str, str] | None, argv: list[str]) -> s
     option = "--" + fix[0].replace("_", "-")
     if option in opts:
         spelling = f"{option} {fix[1]}"
-    elif "--set" in opts:  # a training stage: its evaluator's settings are eval_<name>, its pool's `workers`
+    elif "--eval-set" in opts:
+        spelling = f"--eval-set {tail}"
+    elif "--set" in opts:  # a training stage's settings, or (eval, serve) the evaluator's
         import dataclasses
 
+        from cudal1.eval.config import EvalConfig
         from cudal1.train.config import CommonTrainConfig
 
-        fields = {f.name for f in dataclasses.fields(CommonTrainConfig)}
-        name = next((n for n in (f"eval_{fix[0]}", fix[0]) if n in fields), None)
+        training = getattr(command, "callback", None).__module__.endswith("train_cmd")
+        fields = {f.name for f in dataclasses.fields(CommonTrainConfig if training else EvalConfig)}
+        # a training stage: its evaluator's settings are eval_<name>, its pool's `workers`
+        names = (f"eval_{fix[0]}", fix[0]) if training else (fix[0],)
+        name = next((n for n in names if n in fields), None)
         if name is None:
             return message
         spelling = f"--set {name}={fix[1]}"
-    elif "--eval-set" in opts:
-        spelling = f"--eval-set {tail}"
     else:
         return message
     return message[:-len(tail)] + spelling

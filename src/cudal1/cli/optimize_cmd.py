@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,8 +9,11 @@ from typing import Any
 import typer
 
 from cudal1.cli import common, verdicts
-from cudal1.core.errors import ConfigError
+from cudal1.cli.options import config_options, opt, parse_sets
 from cudal1.eval.config import EvalConfig
+from cudal1.llm import LLMConfig
+from cudal1.llm.prompts import FORM_CHOICES
+from cudal1.loops.optimize import OptimizeConfig
 from cudal1.tasks import Task, find_task
 
 EvalSetOpt = typer.Option([], "--eval-set", help="Any evaluation setting as KEY=VALUE (repeatable), e.g. "
@@ -25,34 +27,8 @@ ExemplarDbOpt = typer.Option(None, "--exemplar-db", help="Exemplar database (def
 
 
 def parse_eval_sets(items: list[str]) -> dict[str, Any]:
-    """`KEY=VALUE` strings -> EvalConfig overrides, each value converted to the field's default's type."""
-    defaults = EvalConfig()
-    names = {f.name for f in dataclasses.fields(EvalConfig)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in names:
-            raise ConfigError(f"bad --eval-set {item!r}: use KEY=VALUE with KEY one of {', '.join(sorted(names))}")
-        default = getattr(defaults, key)
-        raw = raw.strip()
-        try:
-            if raw.lower() in ("none", "null") and (default is None or key == "memory_bytes"):
-                value: Any = None
-            elif isinstance(default, bool):
-                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(raw)
-                value = raw.lower() in ("true", "1", "yes")
-            elif isinstance(default, int):
-                value = int(raw)
-            elif isinstance(default, float):
-                value = float(raw)
-            else:
-                value = raw
-        except ValueError:
-            raise ConfigError(f"bad value for --eval-set {key}: {raw!r}") from None
-        out[key] = value
-    return out
+    """`KEY=VALUE` strings -> EvalConfig overrides, each value converted to the field's type."""
+    return parse_sets(EvalConfig, items, "--eval-set")
 
 
 def resolve_task(spec: str, sources: list[str]) -> Task:
@@ -74,54 +50,46 @@ def open_pool(spec: str, config: EvalConfig, store: Any) -> Any:
     return make_pool(spec, config, store=store)
 
 
+OPTIMIZE_FIELDS = [
+    opt("rounds", min=1), opt("samples", min=1), opt("sampler"),
+    opt("form", callback=common.choice(*FORM_CHOICES)), opt("feedback", "--feedback/--no-feedback"), opt("seed"),
+    opt("run_name"), opt("resume", "--resume/--fresh"),
+    opt("seed_from_store", "--seed-from-store/--no-seed-from-store"), opt("baselines"),
+    opt("time_budget_s", min=0),
+]
+LLM_FIELDS = [opt("temperature", min=0), opt("max_tokens", min=1), opt("concurrency", min=1),
+              opt("max_retries", min=0)]
+EVAL_FIELDS = common.eval_options("device", "profile", "correctness_trials", "sizes", "buckets", "timeout_s",
+                                  "sandbox")
+
+
+@config_options(OptimizeConfig, OPTIMIZE_FIELDS, into="settings")
+@config_options(LLMConfig, LLM_FIELDS, into="sampling")
+@config_options(EvalConfig, EVAL_FIELDS, into="evaluation")
 def optimize_command(
     task: str = typer.Argument(..., help="Task id (looked up in --source) or a module file (Model, get_inputs, "
                                           "get_init_inputs)."),
     llm: str = typer.Option(..., "--llm", help="Model: 'openai:MODEL@http://host:port/v1' or 'hf:PATH'."),
-    rounds: int = typer.Option(4, "--rounds", min=1, help="Rounds of generate -> evaluate -> update."),
-    samples: int = typer.Option(8, "--samples", min=1, help="Completions per round, generated in parallel."),
-    sampler: str = typer.Option("bucket", "--sampler", help="Exemplar sampler: bucket, island or random."),
-    form: str = common.FormOpt,
     source: list[str] = SourceOpt,
-    device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
-    sizes: str = common.SizesOpt,
-    buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt, sandbox: str = common.SandboxOpt,
     eval_set: list[str] = EvalSetOpt,
-    feedback: bool = typer.Option(True, "--feedback/--no-feedback", help="Feed the last round's failure back."),
-    seed: int = typer.Option(0, "--seed", help="Seed of exemplar sampling."),
     out: Path | None = OutOpt,
-    run_name: str = typer.Option("", "--run-name", help="Run to create or continue (default: from the settings)."),
-    fresh: bool = typer.Option(False, "--fresh", help="Start a new run instead of continuing an identical one."),
     store_path: Path | None = common.StoreOpt,
     exemplar_db: Path | None = ExemplarDbOpt,
-    seed_from_store: bool = typer.Option(True, "--seed-from-store/--no-seed-from-store",
-                                         help="Start from the correct candidates the store already knows."),
-    baselines: str = typer.Option("auto", "--baselines", help="Baselines for the header: auto, none or a list."),
-    time_budget_s: float = typer.Option(0.0, "--time-budget-s", min=0, callback=common.finite,
-                                        help="Stop after this many seconds (0: none)."),
-    temperature: float = typer.Option(1.0, "--temperature", min=0, callback=common.finite, help="Sampling temperature."),
-    max_tokens: int = typer.Option(8192, "--max-tokens", min=1, help="Maximum completion tokens per sample."),
-    concurrency: int = typer.Option(16, "--concurrency", min=1, help="Requests in flight."),
-    max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries of a failed request."),
     pool: str = PoolOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    settings: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> None:
     """Make one task faster with an LLM, verified.
 
     Make one task faster: LLM samples, verified by the evaluator, fed back as scored exemplars.
     """
-    from cudal1.llm import LLMConfig
-    from cudal1.loops.optimize import LLMUnavailableError, OptimizeConfig, optimize
+    from cudal1.loops.optimize import LLMUnavailableError, optimize
 
-    eval_cfg = EvalConfig(**{**dict(device=device, profile=profile, correctness_trials=trials, sizes=sizes,
-                                    buckets=buckets, timeout_s=timeout_s, sandbox=sandbox), **parse_eval_sets(eval_set)})
-    config = OptimizeConfig(
-        llm=LLMConfig(spec=llm, temperature=temperature, max_tokens=max_tokens, concurrency=concurrency,
-                      max_retries=max_retries),
-        rounds=rounds, samples=samples, sampler=sampler, form=form, eval=eval_cfg, feedback=feedback, seed=seed,
-        out=str(common.output_file(out)) if out else None, run_name=run_name, resume=not fresh,
-        exemplar_db=str(exemplar_db) if exemplar_db else None, seed_from_store=seed_from_store,
-        baselines=baselines, time_budget_s=time_budget_s)
+    eval_cfg = common.eval_config(evaluation or {}, eval_set, "--eval-set")
+    config = OptimizeConfig(llm=LLMConfig(spec=llm, **(sampling or {})), eval=eval_cfg,
+                            out=str(common.output_file(out)) if out else None,
+                            exemplar_db=str(exemplar_db) if exemplar_db else None, **(settings or {}))
     the_task = resolve_task(task, source)
     from cudal1.llm import make_backend
 
@@ -130,7 +98,7 @@ def optimize_command(
     evaluator_pool = open_pool(pool, eval_cfg, store)
     try:
         with common.progress_bar() as bar:
-            job = bar.add_task(f"optimizing {the_task.name}", total=rounds * samples, best="", visible=not as_json)
+            job = bar.add_task(f"optimizing {the_task.name}", total=config.rounds * config.samples, best="", visible=not as_json)
 
             def on_event(event: Any) -> None:
                 bar.update(job, advance=1 if event.kind == "sample" else 0,

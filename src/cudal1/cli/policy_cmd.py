@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from cudal1.cli import common
-from cudal1.eval.config import resolve_device
+from cudal1.cli.options import config_options
+from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.metrics.noise import cpu_noise_note
 
 
+@config_options(EvalConfig, common.eval_options("device", "profile", "correctness_trials", "sizes", "sandbox"),
+                into="evaluation")
 def evaluate_policy_command(
     checkpoint: str = typer.Argument("", help="Model directory (a training stage's final/ or checkpoint)."),
     llm: str = typer.Option("", "--llm", help="Instead of a checkpoint: openai:MODEL@URL or hf:PATH."),
@@ -31,9 +35,9 @@ def evaluate_policy_command(
                                      help="Candidates evaluated in parallel (as eval_threads in training)."),
     workers: str = common.WorkersOpt,
     output: str = typer.Option("", "--output", help="Write the JSON report here."),
-    device: str = common.DeviceOpt, profile: str = common.ProfileOpt, trials: int = common.TrialsOpt,
-    sizes: str = common.SizesOpt, sandbox: str = common.SandboxOpt, store_path: Path | None = common.StoreOpt,
-    no_store: bool = common.NoStoreOpt, as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    evaluation: dict[str, Any] | None = None,
 ) -> None:
     """Score a policy on a task split: pass@k, speedups.
 
@@ -49,7 +53,7 @@ def evaluate_policy_command(
         typer.echo(f"note: --workers {workers} is read as --eval-threads {workers}; --workers names an "
                    "evaluator pool, as in eval, optimize and serve", err=True)
         eval_threads, workers = int(workers), ""
-    eval_cfg = common.make_config(device, profile, trials, sizes, sandbox=sandbox)
+    eval_cfg = common.eval_config(evaluation or {})
     store = common.open_store(store_path, no_store)
     from cudal1.service.evaluator import make_evaluator
 

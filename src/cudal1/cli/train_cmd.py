@@ -14,26 +14,23 @@ from typing import Any
 import typer
 
 from cudal1.cli.common import console
+from cudal1.cli.options import config_options, opt
+from cudal1.train.config import RLStageConfig, SelfSupervisedConfig, SFTStageConfig
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="Stage YAML (see cudal1/configs/ or --print-config).")
-ModelOpt = typer.Option(None, "--model", help="Model path or hub id, or scratch (a random tiny Llama; sized "
-                                              "by e.g. scratch:hidden=64,layers=4).")
-OutOpt = typer.Option(None, "--output-dir", "-o", help="Run directory.")
-SourceOpt = typer.Option(None, "--source", help="Task source (builtin, folder, hf:NAME, jsonl:PATH).")
-SplitOpt = typer.Option(None, "--split", help="train, test or all.")
-ResumeOpt = typer.Option(None, "--resume", help="Checkpoint directory, or 'latest'.")
 SetOpt = typer.Option([], "--set", help="Override any config field: KEY=VALUE (repeatable).")
 PrintOpt = typer.Option(False, "--print-config", help="Print the documented defaults as YAML and exit.")
-SandboxOpt = typer.Option(None, "--sandbox", help="Evaluator OS sandbox: auto, required or none (eval_sandbox).")
+# Generated from the stages' fields (cli/options.py); default None: a setting the YAML file gives stays.
+COMMON_FIELDS = [opt("model", default=None), opt("output_dir", "--output-dir", "-o", default=None),
+                 opt("source", default=None), opt("split", default=None),
+                 opt("resume_from_checkpoint", "--resume", default=None)]
 
 
-def _overrides(model: str | None, output_dir: str | None, source: str | None, split: str | None,
-               resume: str | None, sets: list[str], **extra: Any) -> dict[str, Any]:
+def _overrides(settings: dict[str, Any] | None, sets: list[str]) -> dict[str, Any]:
+    """The options given (not None), then the `--set KEY=VALUE` overrides."""
     from cudal1.train.config import parse_overrides
 
-    values = {"model": model, "output_dir": output_dir, "source": source, "split": split,
-              "resume_from_checkpoint": resume, **extra}
-    out = {k: v for k, v in values.items() if v is not None}
+    out = {k: v for k, v in (settings or {}).items() if v is not None}
     out.update(parse_overrides(sets))
     return out
 
@@ -58,45 +55,37 @@ def _run(stage: str, config_path: Path | None, overrides: dict[str, Any], print_
                              indent=1, default=str), markup=False, highlight=False)
 
 
-def sft_command(config: Path | None = ConfigOpt, model: str | None = ModelOpt, output_dir: str | None = OutOpt,
-                dataset: str | None = typer.Option(None, "--dataset", help="JSONL exported by `cudal1 augment`."),
-                source: str | None = SourceOpt, split: str | None = SplitOpt, resume: str | None = ResumeOpt,
-                sets: list[str] = SetOpt, print_config: bool = PrintOpt) -> None:
+@config_options(SFTStageConfig, [*COMMON_FIELDS, opt("dataset", default=None)], into="settings")
+def sft_command(config: Path | None = ConfigOpt, sets: list[str] = SetOpt, print_config: bool = PrintOpt,
+                settings: dict[str, Any] | None = None) -> None:
     """Stage 1: supervised fine-tuning (TRL SFTTrainer).
 
     Trains on correct candidates (the JSONL `cudal1 augment` writes).
     """
-    _run("sft", config, _overrides(model, output_dir, source, split, resume, sets, dataset=dataset), print_config)
+    _run("sft", config, _overrides(settings, sets), print_config)
 
 
-def self_supervised_command(config: Path | None = ConfigOpt, model: str | None = ModelOpt,
-                            output_dir: str | None = OutOpt, source: str | None = SourceOpt,
-                            split: str | None = SplitOpt, resume: str | None = ResumeOpt,
-                            rounds: int | None = typer.Option(None, "--rounds", min=1,
-                                                              help="Maximum rounds."),
-                            samples: int | None = typer.Option(None, "--samples", min=1,
-                                                               help="Samples per task per round."),
-                            sandbox: str | None = SandboxOpt, sets: list[str] = SetOpt,
-                            print_config: bool = PrintOpt) -> None:
+@config_options(SelfSupervisedConfig, [*COMMON_FIELDS, opt("rounds", min=1, default=None),
+                                       opt("samples_per_task", "--samples", min=1, default=None),
+                                       opt("eval_sandbox", "--sandbox", default=None)], into="settings")
+def self_supervised_command(config: Path | None = ConfigOpt, sets: list[str] = SetOpt,
+                            print_config: bool = PrintOpt, settings: dict[str, Any] | None = None) -> None:
     """Stage 2: sample, evaluate, keep successes, fine-tune.
 
     Rounds of sample -> evaluate -> keep successes -> fine-tune.
     """
-    _run("self_supervised", config, _overrides(model, output_dir, source, split, resume, sets, rounds=rounds,
-                                               samples_per_task=samples, eval_sandbox=sandbox), print_config)
+    _run("self_supervised", config, _overrides(settings, sets), print_config)
 
 
-def rl_command(config: Path | None = ConfigOpt, model: str | None = ModelOpt, output_dir: str | None = OutOpt,
-               source: str | None = SourceOpt, split: str | None = SplitOpt, resume: str | None = ResumeOpt,
-               exemplar_db: str | None = typer.Option(None, "--exemplar-db", help="Exemplar database (SQLite)."),
-               sandbox: str | None = SandboxOpt, sets: list[str] = SetOpt,
-               print_config: bool = PrintOpt) -> None:
+@config_options(RLStageConfig, [*COMMON_FIELDS, opt("exemplar_db", default=None),
+                                opt("eval_sandbox", "--sandbox", default=None)], into="settings")
+def rl_command(config: Path | None = ConfigOpt, sets: list[str] = SetOpt, print_config: bool = PrintOpt,
+               settings: dict[str, Any] | None = None) -> None:
     """Stage 3: contrastive GRPO rewarded by the evaluator.
 
     Stage 3: contrastive GRPO (TRL GRPOTrainer) rewarded by the hardened evaluator.
     """
-    _run("rl", config, _overrides(model, output_dir, source, split, resume, sets, exemplar_db=exemplar_db,
-                                  eval_sandbox=sandbox), print_config)
+    _run("rl", config, _overrides(settings, sets), print_config)
 
 
 def register(app: typer.Typer) -> None:
