@@ -93,9 +93,9 @@ class CommonTrainConfig:
     store: str = _f("", "Results store path; empty: the default store; 'none': do not use one.")
     eval_device: str = _f("auto", "Evaluator device: auto, cuda, cuda:N or cpu.")
     eval_profile: str = _f("strict", f"Evaluator correctness profile: {profile_choices(typed=True)}.")
-    eval_trials: int = _f(5, "Evaluator correctness trials per candidate.")
+    eval_trials: int = _f(5, "Evaluator correctness trials, each with fresh random inputs and a new seed.")
     eval_sizes: str = _f("auto", "Evaluator problem sizes: full, small or auto (small on cpu).")
-    eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit per candidate (build excluded).")
+    eval_timeout_s: float = _f(600.0, "Evaluator wall-clock limit of one whole evaluation (build time excluded).")
     eval_sandbox: str = _f("auto", "Evaluator OS sandbox: auto (the best of this host; the strict profile refuses "
                                    "to run without one), required, or none (an opt-out recorded in every result).")
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
