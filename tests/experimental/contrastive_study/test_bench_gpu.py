@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from cudal1.study.bench import Launcher, compile_all, measure_task
-from cudal1.study.kernels import kernel_source, launch_config
-from cudal1.study.ops import FAMILIES, StudyTask
-from cudal1.study.recipes import BY_TEXT, SPACE
+from experimental.contrastive_study.bench import Launcher, compile_all, measure_task
+from experimental.contrastive_study.kernels import kernel_source, launch_config
+from experimental.contrastive_study.ops import FAMILIES, StudyTask
+from experimental.contrastive_study.recipes import BY_TEXT, SPACE
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
