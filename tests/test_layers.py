@@ -164,3 +164,32 @@ def test_the_evaluators_halves_import_nothing_of_the_parent():
                 if target.startswith("cudal1.eval") and not target.startswith(allowed) and target != "cudal1.eval":
                     crossing.append((module, target))
     assert not crossing, sorted(crossing)
+
+
+#: What the runners' modules may reach of cudal1, lazy imports included: the runner's halves, the ground
+#: floor, and two leaf modules (the reference's loader, the build hooks' comment stripper). The packages
+#: these sit in (`cudal1.tasks`, `cudal1.analysis`) export their names lazily, so importing the leaf loads
+#: none of its siblings.
+RUNNER_REACH = ("cudal1.eval.inside", "cudal1.eval.shared", "cudal1.core", "cudal1.tasks.task",
+                "cudal1.analysis.cuda_source")
+
+
+def test_the_runners_reach_only_their_prefixes():
+    """Everything the runner's modules (`eval.inside`, `eval.shared`) import, followed transitively, with the
+    `__init__` of every package on the way (it runs first), lies under `RUNNER_REACH` or is a package face
+    that imports nothing of cudal1."""
+    modules = _modules()
+    graph = _imports(modules)
+    seen: set[str] = set()
+    todo = [m for m in modules if m.startswith(("cudal1.eval.inside", "cudal1.eval.shared"))]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # the packages' __init__ run first
+        todo.extend(graph.get(module, ()))
+    face = {m for m in seen if modules[m].name == "__init__.py" and not graph.get(m)}
+    stray = sorted(m for m in seen - face if not any(m == p or m.startswith(p + ".") for p in RUNNER_REACH))
+    assert not stray, stray
