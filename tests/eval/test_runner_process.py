@@ -228,3 +228,30 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_malformed_failure_is_known_by_its_field_and_named_once():
+    """A malformed reply is a typed fact (`RunnerFailed.malformed`, `MalformedReply.detail`), and its reason
+    reads `protocol.malformed: <detail>` however it was made. The session once recognised the kind by the
+    reason's prefix (`reason.startswith(MALFORMED)`) and added it where missing, so a detail that began with
+    that text was taken as already named."""
+    from types import SimpleNamespace
+
+    from cudal1.core.types import Status
+    from cudal1.eval.session import Session
+    from cudal1.eval.shared.protocol import MALFORMED, MalformedReply, decode_reply
+
+    with pytest.raises(MalformedReply) as caught:
+        decode_reply(RunEntry(entry="os:getpid"), {"ok": True, "value": object()})
+    assert str(caught.value) == f"{MALFORMED}: {caught.value.detail}" and MALFORMED not in caught.value.detail
+    with pytest.raises(MalformedReply) as caught:
+        decode_reply(RunEntry(entry="os:getpid"), [])
+    assert caught.value.detail == "the reply to run_entry is not a reply"
+
+    failure = RunnerFailed("the runner answered before its call was rung", malformed=True)
+    assert failure.malformed and failure.reason == f"{MALFORMED}: the runner answered before its call was rung"
+    echoed = RunnerFailed(f"{MALFORMED} text the candidate wrote", malformed=True)
+    assert echoed.reason.count(MALFORMED) == 2  # named once by the parent, whatever the detail says
+    verdict = Session._candidate_failed(SimpleNamespace(candidate_imported=True), echoed, "call 1", 1.0)
+    assert verdict.status is Status.RUNTIME_ERROR and verdict.message.count(f"({MALFORMED}: ") == 1
+    assert not RunnerFailed("protocol.malformed-looking crash text").malformed

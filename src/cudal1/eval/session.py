@@ -61,7 +61,6 @@ from cudal1.eval.shared.compare import Comparison
 from cudal1.eval.shared.doorbell import ARMED, DONE, GO, DoorbellTimeout
 from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat
 from cudal1.eval.shared.protocol import (
-    MALFORMED,
     Analysis,
     Analyze,
     BuildOutcome,
@@ -257,9 +256,8 @@ class Session:
         if failure.memory:
             return Verdict(Status.RUNTIME_ERROR, f"{what}: {failure.reason}")
         if failure.malformed:
-            reason = failure.reason if failure.reason.startswith(MALFORMED) else f"{MALFORMED}: {failure.reason}"
             return Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process broke the protocol "
-                           f"({reason[:300]})", flag=F.PROTOCOL_MALFORMED)
+                           f"({failure.reason[:300]})", flag=F.PROTOCOL_MALFORMED)
         if failure.killed_from_outside:
             return CandidateDied(what)
         hint = error_hint(failure.stderr_tail)
@@ -402,7 +400,7 @@ class Session:
         if who == "ref":
             self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
         elif reply.ms > timeout * 1e3:
-            raise self._candidate_failed(RunnerFailed(f"{MALFORMED}: Called.ms is {reply.ms:g}, beyond the call's "
+            raise self._candidate_failed(RunnerFailed(f"Called.ms is {reply.ms:g}, beyond the call's "
                                                       f"limit of {timeout * 1e3:g} ms", malformed=True), what, timeout)
         self.note_memory("reference" if who == "ref" else "candidate", reply.memory)
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,

@@ -41,7 +41,12 @@ from cudal1.eval.shared.schema import (
 
 
 class MalformedReply(MalformedMessage):
-    """A reply that is not the class its request expects."""
+    """A reply that is not the class its request expects. `detail` says what is wrong; the text is
+    `protocol.malformed: <detail>`."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"{MALFORMED}: {detail}")
+        self.detail = detail
 
 
 @functools.cache
@@ -560,11 +565,11 @@ def decode_reply(request: Message, data: Any) -> Message:
     """The reply to `request`: its REPLY class or an ErrorReply; MalformedReply for anything else, with a
     message that says what is wrong (`protocol.malformed: Called.ms is not finite`)."""
     if not isinstance(data, dict) or not isinstance(data.get("ok"), bool):
-        raise MalformedReply(f"{MALFORMED}: the reply to {request.OP} is not a reply")
+        raise MalformedReply(f"the reply to {request.OP} is not a reply")
     body = {k: v for k, v in data.items() if k != "ok"}
     try:
         if not data["ok"]:
             return ErrorReply.decode(body)
         return request.REPLY.decode(body)  # type: ignore[attr-defined]
     except MalformedMessage as exc:
-        raise MalformedReply(f"{MALFORMED}: {exc}") from None
+        raise MalformedReply(str(exc)) from None
