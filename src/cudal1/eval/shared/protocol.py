@@ -17,6 +17,7 @@ plain dicts, checked node by node at decode (`schema.check_descriptors`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import typing
 from dataclasses import dataclass, field
@@ -38,6 +39,17 @@ from cudal1.eval.shared.schema import (
     Tree,
     check,
 )
+
+
+class Side(str, enum.Enum):
+    """Whose runner, arena or call: the reference's or the candidate's. A `str`, so its values are what travel
+    and what is recorded (`Bracket.who`, the timing series' keys, JSON): "ref" and "cand"."""
+
+    REF = "ref"
+    CAND = "cand"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class MalformedReply(MalformedMessage):
