@@ -1,6 +1,6 @@
 """The study's kernels on a GPU: every recipe of every family, at small sizes, is correct or fails for the
 reason the table expects (a static tile over 48 KB does not compile, staged rows over the limit cannot
-launch). Run before `contrastive_study.py measure`: `python -m pytest -m gpu tests/study -q`."""
+launch). Run before `contrastive_study.py measure`: `python -m pytest -m gpu tests/experimental/contrastive_study -q`."""
 
 from __future__ import annotations
 
