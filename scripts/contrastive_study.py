@@ -9,22 +9,22 @@
         --against docs/results/contrastive_study.json      # one seed again, against the committed seeds' spread
     PYTHONPATH=src python scripts/contrastive_study.py surrogate OUT_DIR   # CPU: a SURROGATE table (tests only)
 
-The table (`cudal1.study`): 42 tasks of 12 op families in three kinds (elementwise chains, row reductions
+The table (`experimental.contrastive_study`): 42 tasks of 12 op families in three kinds (elementwise chains, row reductions
 and normalizations, transposes fused with an op), 3-4 sizes each, none launch-bound (each moves >= 512 MB);
 a recipe grammar of 480 recipes (threads, vector width, items per thread, one-shot or grid-stride, shared-
-memory staging, work mapping: `cudal1/study/recipes.py`) that templates turn into raw-CUDA kernels. `measure`
+memory staging, work mapping: `experimental/contrastive_study/recipes.py`) that templates turn into raw-CUDA kernels. `measure`
 compiles, checks and times every cell on one GPU (CUDA events, L2 flushed, >= 5 timings per cell, median and
-spread; `cudal1/study/bench.py`), writing `OUT_DIR/table.json` as it goes (a timeout keeps what was measured;
+spread; `experimental/contrastive_study/bench.py`), writing `OUT_DIR/table.json` as it goes (a timeout keeps what was measured;
 running it again measures what is missing). `spotcheck` evaluates a stratified sample of >= 50 cells through
 the project's evaluator and writes the agreement to `OUT_DIR/spotcheck.json`. Both record their provenance
-(commit, a digest of the sources, library versions, host, date: `cudal1/study/provenance.py`).
+(commit, a digest of the sources, library versions, host, date: `experimental/contrastive_study/provenance.py`).
 
 Held out: 14 tasks, whole families of every kind (mish, logsumexp, rmsnorm, transpose_gelu). So that held-out
 success needs feedback (the first study's held-out tasks were answered by their features: a lookup of the
 training tasks by kind and size found 0.99 of their best with no feedback at all):
-- a policy sees a task's kind only (`feature_set: kind`, `cudal1/study/ops.py`), not its sizes;
+- a policy sees a task's kind only (`feature_set: kind`, `experimental/contrastive_study/ops.py`), not its sizes;
 - each held-out task's table is the measured one with 3 of the 6 recipe fields relabelled by a fixed random
-  permutation of their values (`cudal1/study/perturb.py`): the same measurements, the optimum moved away
+  permutation of their values (`experimental/contrastive_study/perturb.py`): the same measurements, the optimum moved away
   from where the training siblings put it (the permutations are in the results, `perturbation`).
 Every evaluation draws the cell's measured noise (`Table.draw`: a log-normal around the table's speedup
 with the standard error of a median of its timings, and the 95 % interval the evaluator would report), so
@@ -33,13 +33,13 @@ what is scored is the table's median.
 
 The policy: a 0.35 M-parameter Llama over a word-level vocabulary, pre-trained on the CPU with the project's
 SFT stage as an in-context improver on SYNTHETIC landscapes only (input: the kind and k scored recipes;
-output: a better recipe; 7 of 8 examples show exemplars; `cudal1/study/landscapes.py`), once per
+output: a better recipe; 7 of 8 examples show exemplars; `experimental/contrastive_study/landscapes.py`), once per
 pre-training seed (`pretrain_seeds`: 4; study seed s starts from pre-training s mod 4). RL arms then train
 it with the project's stage 3 (`run_rl`: TRL's GRPO, `KernelReward`, the exemplar database, stage 3's
 default reward shaping: group normalization with its dead band, the clip, TRL not rescaling, a copy of a
 shown exemplar paid its score less 5 %) on the 28 training tasks: 60 steps x 8 tasks x 8 completions.
 
-Arms (`cudal1/study/arms.py`):
+Arms (`experimental/contrastive_study/arms.py`):
 - `grpo-bucket`: contrastive GRPO, exemplars by CUDA-L1's bucket sampler; searches with bucket prompts;
 - `grpo-random`: contrastive GRPO, exemplars drawn uniformly;
 - `grpo-shuffled`: contrastive GRPO whose exemplars' scores are permuted among them (and shown in the order
@@ -66,7 +66,7 @@ Metrics (fixed before the runs; per arm and seed, means over the 14 held-out tas
    (0 is perfect; it does not saturate as a fraction does); `held_out_fraction` is exp(-log-regret), the
    geometric-mean fraction of the best. The study's question is the paired difference grpo-bucket -
    grpo-plain over seeds (a plain 95 % t interval, the one pre-registered contrast); the other contrasts
-   are one family with Holm-adjusted p-values and Bonferroni intervals (`cudal1/study/run.py`).
+   are one family with Holm-adjusted p-values and Bonferroni intervals (`experimental/contrastive_study/run.py`).
 2. `evaluations_to_95`, `evaluations_to_99`: evaluations spent when the best found first reached 0.95, 0.99 of
    the task's best (33 when never); `held_out_curve`: the best found after 4, 8, 16 and 32.
 3. The mechanism, within one policy: `mechanism` = the mean fraction of the best of 32 answers to the 4
@@ -79,7 +79,7 @@ Metrics (fixed before the runs; per arm and seed, means over the 14 held-out tas
 Costs on one CPU core (2026-12-07): a pre-training about 165 CPU s; a seed's nine arms about 3 CPU minutes.
 `run` is resumable per seed and per arm (`--seeds 3` or `--seeds 0-23`); a folder holds one protocol
 (`--protocol KEY=VALUE` overrides it for a pipeline test). A table whose `kind` is `surrogate` (an analytic
-model, `cudal1/study/surrogate.py`) is only for testing the pipeline: `run` refuses it without
+model, `experimental/contrastive_study/surrogate.py`) is only for testing the pipeline: `run` refuses it without
 `--allow-surrogate`, and its results are never published.
 """
 
@@ -92,6 +92,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))  # experimental/ (the contrastive study)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -109,7 +110,7 @@ def protocol_from(items: list[str] | None):
 
     import yaml
 
-    from cudal1.study.arms import Protocol
+    from experimental.contrastive_study.arms import Protocol
 
     values = {}
     for item in items or []:
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     table = args.table or args.out_dir / "table.json"
     if args.command == "measure":
-        from cudal1.study.measure import measure
-        from cudal1.study.table import Table
+        from experimental.contrastive_study.measure import measure
+        from experimental.contrastive_study.table import Table
 
         path = measure(args.out_dir, budget_s=args.budget_s or 230.0, reps=args.reps, tasks=args.tasks)
         t = Table.load(path)
@@ -165,25 +166,25 @@ def main(argv: list[str] | None = None) -> int:
         for tid in t.tasks:
             print(f"  {tid:30s} {t.landscape(tid)}")
     elif args.command == "spotcheck":
-        from cudal1.study.spotcheck import spotcheck
+        from experimental.contrastive_study.spotcheck import spotcheck
 
         found = spotcheck(table, args.out_dir, n=args.cells, budget_s=args.budget_s or 240.0, profile=args.profile)
         print({k: v for k, v in found.items() if k != "rows"})
     elif args.command == "surrogate":
-        from cudal1.study.surrogate import surrogate_table
-        from cudal1.study.table import write_table
+        from experimental.contrastive_study.surrogate import surrogate_table
+        from experimental.contrastive_study.table import write_table
 
         write_table(args.out_dir / "table.json", surrogate_table())
         print(f"{args.out_dir / 'table.json'}: a SURROGATE table (analytic model, not measured)")
     elif args.command == "run":
-        from cudal1.study.run import run_study
+        from experimental.contrastive_study.run import run_study
 
         run_study(args.out_dir, table, parse_seeds(args.seeds), arms=args.arms,
                   protocol=protocol_from(args.protocol), allow_surrogate=args.allow_surrogate)
     elif args.command == "advantages":
         import json
 
-        from cudal1.study.shaping import measure_run
+        from experimental.contrastive_study.shaping import measure_run
 
         found = measure_run(args.out_dir, table)
         (args.out_dir / "advantages.json").write_text(json.dumps(found, indent=1))
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "summarize"):
         import json
 
-        from cudal1.study.run import against, markdown_table, summarize
+        from experimental.contrastive_study.run import against, markdown_table, summarize
 
         summary = summarize(args.out_dir, table, args.spotcheck)
         print(markdown_table(summary))

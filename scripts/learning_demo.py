@@ -62,15 +62,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))  # experimental/ (the contrastive study)
 
 from cudal1.core.types import EvalResult, Status  # noqa: E402
 from cudal1.exemplars import ExemplarDB  # noqa: E402
 from cudal1.service.evaluator import as_evaluator  # noqa: E402
-from cudal1.study.stats import prediction_interval, spearman  # noqa: E402
 from cudal1.tasks.task import Task  # noqa: E402
 from cudal1.train.common import completion_text  # noqa: E402
 from cudal1.train.rewards import KernelReward, RewardConfig  # noqa: E402
 from cudal1.train.rl import ContrastivePromptBuilder  # noqa: E402
+from experimental.contrastive_study.stats import prediction_interval, spearman  # noqa: E402
 
 logger = logging.getLogger("learning_demo")
 

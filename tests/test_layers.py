@@ -11,9 +11,11 @@ Floors, lowest first (a package may import only packages on lower floors):
     baselines judge service                           built on the evaluator
     audit loops integrations                          whole jobs
     train                                             the three training stages
-    study                                             the contrastive study (tasks, kernels, arms) on them
     cli                                               the command line
     (top-level modules: __main__, config_docs)
+
+Beside the library, above all of it: `experimental/` at the repository's root (research code such as the
+contrastive study, not in the wheel). It may import any of cudal1; nothing of cudal1 imports it.
 """
 
 from __future__ import annotations
@@ -22,19 +24,22 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis"], ["exemplars"], ["tasks", "llm", "report", "policy"],
-          ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["study"], ["cli"]]
+          ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["cli"]]
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/
-
+EXPERIMENTAL = TOP + 1  # experimental/ at the repository's root
 
 
 def _modules() -> dict[str, Path]:
+    """cudal1's modules and those of `experimental/` (beside the library, not shipped)."""
     out = {}
-    for path in (SRC / "cudal1").rglob("*.py"):
-        parts = path.relative_to(SRC).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for root, package in ((SRC, "cudal1"), (ROOT, "experimental")):
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
@@ -61,7 +66,7 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
                     base = f"{anchor}.{base}" if base else anchor
                 names = [base] + [f"{base}.{a.name}" for a in node.names]
             for name in names:
-                target = known(name) if name.startswith("cudal1") else ""
+                target = known(name) if name.startswith(("cudal1", "experimental")) else ""
                 # A module's own package __init__ runs first anyway: not an edge.
                 if target and target != module and not module.startswith(target + "."):
                     graph[module].add(target)
@@ -69,6 +74,8 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def _floor(module: str) -> int:
+    if module.split(".")[0] == "experimental":
+        return EXPERIMENTAL
     parts = module.split(".")
     if len(parts) == 2 and parts[1] not in FLOOR:
         return TOP
@@ -77,7 +84,7 @@ def _floor(module: str) -> int:
 
 def test_every_package_has_a_floor():
     packages = {p.name for p in (SRC / "cudal1").iterdir() if (p / "__init__.py").exists()}
-    assert packages - {"experimental"} <= set(FLOOR), sorted(packages - set(FLOOR))
+    assert packages <= set(FLOOR), sorted(packages - set(FLOOR))
 
 
 def test_imports_run_down_the_floors():
@@ -86,11 +93,29 @@ def test_imports_run_down_the_floors():
     for module, targets in graph.items():
         for target in targets:
             src, dst = module.split(".")[1:2] or [""], target.split(".")[1:2] or [""]
-            if src == dst or module.startswith("cudal1.experimental"):
+            if src == dst:
                 continue
             if _floor(target) >= _floor(module):
                 upward.add((src[0], dst[0], module, target))
     assert not upward, sorted(upward)
+
+
+def test_the_library_imports_nothing_experimental():
+    """`experimental/` is not in the wheel: an import of it from cudal1 (top-level modules included) would
+    break every installed copy."""
+    graph = _imports(_modules())
+    reaching = sorted((module, target) for module, targets in graph.items() if module.startswith("cudal1")
+                      for target in targets if target.split(".")[0] == "experimental")
+    assert not reaching, reaching
+
+
+def test_the_wheel_holds_cudal1_only():
+    """pyproject.toml's package discovery (`where = ["src"]`) finds cudal1 and its subpackages, and nothing of
+    `experimental/`."""
+    from setuptools import find_packages
+
+    packages = find_packages(where=str(SRC))
+    assert packages and all(p == "cudal1" or p.startswith("cudal1.") for p in packages), packages
 
 
 def test_no_modules_import_each_other_in_a_circle():
@@ -139,3 +164,32 @@ def test_the_evaluators_halves_import_nothing_of_the_parent():
                 if target.startswith("cudal1.eval") and not target.startswith(allowed) and target != "cudal1.eval":
                     crossing.append((module, target))
     assert not crossing, sorted(crossing)
+
+
+#: What the runners' modules may reach of cudal1, lazy imports included: the runner's halves, the ground
+#: floor, and two leaf modules (the reference's loader, the build hooks' comment stripper). The packages
+#: these sit in (`cudal1.tasks`, `cudal1.analysis`) export their names lazily, so importing the leaf loads
+#: none of its siblings.
+RUNNER_REACH = ("cudal1.eval.inside", "cudal1.eval.shared", "cudal1.core", "cudal1.tasks.task",
+                "cudal1.analysis.cuda_source")
+
+
+def test_the_runners_reach_only_their_prefixes():
+    """Everything the runner's modules (`eval.inside`, `eval.shared`) import, followed transitively, with the
+    `__init__` of every package on the way (it runs first), lies under `RUNNER_REACH` or is a package face
+    that imports nothing of cudal1."""
+    modules = _modules()
+    graph = _imports(modules)
+    seen: set[str] = set()
+    todo = [m for m in modules if m.startswith(("cudal1.eval.inside", "cudal1.eval.shared"))]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # the packages' __init__ run first
+        todo.extend(graph.get(module, ()))
+    face = {m for m in seen if modules[m].name == "__init__.py" and not graph.get(m)}
+    stray = sorted(m for m in seen - face if not any(m == p or m.startswith(p + ".") for p in RUNNER_REACH))
+    assert not stray, stray

@@ -1,4 +1,5 @@
-"""tests/ mirrors the package: every test folder names a package of cudal1, and every package has tests."""
+"""tests/ mirrors the package: every test folder names a package of cudal1, and every package has tests;
+`tests/experimental/` mirrors `experimental/` (research code beside the library) the same way."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "cudal1"
-NOT_PACKAGES = {"fixtures", "helpers", "__pycache__"}  # test data and shared test utilities
-WITHOUT_TESTS = {"configs", "experimental", "__pycache__"}  # YAML data; the unstable-ideas area
+EXPERIMENTAL = ROOT / "experimental"
+NOT_PACKAGES = {"fixtures", "helpers", "experimental", "__pycache__"}  # test data, test utilities, see below
+WITHOUT_TESTS = {"configs", "__pycache__"}  # YAML data
 
 
 def test_test_folders_mirror_packages():
@@ -20,6 +22,12 @@ def test_every_package_has_tests():
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir()} - WITHOUT_TESTS
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()}
     assert packages <= folders, f"packages without tests: {sorted(packages - folders)}"
+
+
+def test_experimental_tests_mirror_experimental_packages():
+    folders = {p.name for p in (ROOT / "tests" / "experimental").iterdir() if p.is_dir()} - {"__pycache__"}
+    packages = {p.name for p in EXPERIMENTAL.iterdir() if (p / "__init__.py").exists()}
+    assert folders == packages, (sorted(folders), sorted(packages))
 
 
 def test_tests_stay_outside_the_installed_package():

@@ -19,7 +19,16 @@ from cudal1.eval.runner_process import (
     process_tree,
     reap_stale_folders,
 )
-from cudal1.eval.shared.protocol import EntryResult, ModelSettings, ReferenceReady, RunEntry, SetupReference
+from cudal1.eval.shared.protocol import (
+    EntryResult,
+    ImportCandidate,
+    ModelSettings,
+    ReferenceReady,
+    RunEntry,
+    SetupReference,
+    SetupTwin,
+    TwinReady,
+)
 from cudal1.eval.supply import RunnerSupply, usable_cpu_count
 
 PROBE = "tests.helpers.sandbox_probe"
@@ -79,6 +88,40 @@ def test_a_runner_holds_none_of_the_parents_modules():
             held = [m for m in loaded if m.startswith(PARENT_SIDE)]
             assert not held, held
             assert "cudal1.eval.inside.runner" in loaded and "cudal1.eval.shared.protocol" in loaded
+
+
+#: What the runners' modules may import of cudal1: the runner's halves, and the ground floor's vocabulary
+#: plus the two leaf modules a role needs (the reference's loader, the build hooks' comment stripper).
+RUNNER_PREFIXES = ("cudal1.eval.inside", "cudal1.eval.shared", "cudal1.core.", "cudal1.tasks.task",
+                   "cudal1.analysis.cuda_source")
+
+
+def _settings(task: Path) -> ModelSettings:
+    return ModelSettings(device="cpu", task_id=task.stem, ref_source=task.read_text(), sizes="small", seed=1,
+                         threads=1, exact_fp32=False, gpu_memory_fraction=0.45)
+
+
+def test_a_candidates_runner_loads_only_what_it_runs():
+    """The candidate's runner, as the evaluator starts it (its twin set up), and again after a `load_inline`
+    candidate's build: cudal1's modules it has loaded. Before the lazy faces of `cudal1.tasks` and
+    `cudal1.analysis`: 29 as the twin (`tasks.sources`, `tasks.builtin`, the hub and the schemas with it) and 42
+    after the build (the whole static analyzer, for one comment stripper); now 25 and 27. Every module is one
+    of `RUNNER_PREFIXES` (packages' `__init__` faces aside)."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    task = fixtures / "tasks" / "tiny_scale_add.py"
+    with RunnerProcess("cpu", warm=True) as runner:
+        ready = runner.ask(SetupTwin(model=_settings(task)), timeout_s=120.0)
+        assert isinstance(ready, TwinReady), ready
+        twin = runner.ask(RunEntry(entry="cudal1.eval.inside.runner:loaded_modules"), timeout_s=60.0).value["modules"]
+        source = (fixtures / "eval" / "fallback_duplicate_module.py").read_text()
+        runner.ask(ImportCandidate(cand_source=source, seed=1), timeout_s=120.0)  # its build fails at once
+        built = runner.ask(RunEntry(entry="cudal1.eval.inside.runner:loaded_modules"), timeout_s=60.0).value["modules"]
+    assert "cudal1.analysis.cuda_source" in built  # the build hooks ran
+    assert len(twin) <= 25 < 29, twin
+    assert len(built) <= 27 < 42, built
+    faces = {"cudal1", "cudal1.eval", "cudal1.core", "cudal1.tasks", "cudal1.analysis"}
+    stray = [m for m in built if m not in faces and not m.startswith(RUNNER_PREFIXES)]
+    assert not stray, stray
 
 
 def test_a_runners_output_is_capped_and_its_last_lines_kept():
@@ -185,3 +228,30 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_malformed_failure_is_known_by_its_field_and_named_once():
+    """A malformed reply is a typed fact (`RunnerFailed.malformed`, `MalformedReply.detail`), and its reason
+    reads `protocol.malformed: <detail>` however it was made. The session once recognised the kind by the
+    reason's prefix (`reason.startswith(MALFORMED)`) and added it where missing, so a detail that began with
+    that text was taken as already named."""
+    from types import SimpleNamespace
+
+    from cudal1.core.types import Status
+    from cudal1.eval.session import Session
+    from cudal1.eval.shared.protocol import MALFORMED, MalformedReply, decode_reply
+
+    with pytest.raises(MalformedReply) as caught:
+        decode_reply(RunEntry(entry="os:getpid"), {"ok": True, "value": object()})
+    assert str(caught.value) == f"{MALFORMED}: {caught.value.detail}" and MALFORMED not in caught.value.detail
+    with pytest.raises(MalformedReply) as caught:
+        decode_reply(RunEntry(entry="os:getpid"), [])
+    assert caught.value.detail == "the reply to run_entry is not a reply"
+
+    failure = RunnerFailed("the runner answered before its call was rung", malformed=True)
+    assert failure.malformed and failure.reason == f"{MALFORMED}: the runner answered before its call was rung"
+    echoed = RunnerFailed(f"{MALFORMED} text the candidate wrote", malformed=True)
+    assert echoed.reason.count(MALFORMED) == 2  # named once by the parent, whatever the detail says
+    verdict = Session._candidate_failed(SimpleNamespace(candidate_imported=True), echoed, "call 1", 1.0)
+    assert verdict.status is Status.RUNTIME_ERROR and verdict.message.count(f"({MALFORMED}: ") == 1
+    assert not RunnerFailed("protocol.malformed-looking crash text").malformed

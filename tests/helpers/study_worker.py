@@ -1,4 +1,4 @@
-"""A stand-in for `cudal1.study.bench.run_worker` (no GPU): it measures a task by writing made-up cells, and
+"""A stand-in for `experimental.contrastive_study.bench.run_worker` (no GPU): it measures a task by writing made-up cells, and
 dies like a CUDA context killed by a kernel the first time it reaches a chosen cell."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from cudal1.study.bench import task_entry
-from cudal1.study.ops import task_by_id
-from cudal1.study.recipes import SPACE
-from cudal1.study.table import load_table, write_table
+from experimental.contrastive_study.bench import task_entry
+from experimental.contrastive_study.ops import task_by_id
+from experimental.contrastive_study.recipes import SPACE
+from experimental.contrastive_study.table import load_table, write_table
 
 CRASH_AT = ("study/gelu_n26", "T128 V2 I2 O S0 M1")
 

@@ -119,3 +119,22 @@ def test_a_source_over_the_size_limit_in_a_batch_costs_its_item_only_with_no_tra
     assert "the reference of test/big cannot be evaluated" in results[0].message and "524288" in results[0].message
     assert "the candidate cannot be evaluated: it is" in results[1].message
     assert not [r for r in caplog.records if r.exc_info or "failed on a batch" in r.getMessage()]
+
+
+def test_evaluator_names_one_thing():
+    """`Evaluator` is the evaluator interface (`service.evaluator.Evaluator`) and nothing else: the training
+    stages' plain `(task, source) -> EvalResult` type was also called `Evaluator` (now `train.common.EvaluateFn`),
+    and `train/common.py` imported the interface as `ServiceEvaluator` to tell the two apart."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "src" / "cudal1"
+    defined = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = [node] if isinstance(node, ast.ClassDef) else \
+                getattr(node, "targets", [getattr(node, "target", None)])
+            names = [getattr(t, "name", None) or getattr(t, "id", None) for t in targets if t is not None]
+            if "Evaluator" in names:
+                defined.append(str(path.relative_to(package)))
+    assert defined == ["service/evaluator.py"], defined

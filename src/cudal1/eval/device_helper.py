@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 
 
+class AnsweredEarly(DoorbellTimeout):
+    """The helper answered on its socket while the parent waited for it to arm: its reply says why."""
+
+
 class DeviceHelper:
     """The trusted helper of one device (module docstring)."""
 
@@ -129,7 +133,7 @@ class DeviceHelper:
             self.doorbell.wait(ARMED, request.seq, timeout_s, tick=self._tick)
         except (RunnerFailed, DoorbellTimeout) as exc:
             reason = str(exc)
-            if "answered" in reason:
+            if isinstance(exc, AnsweredEarly):  # it failed before arming: its reply says why
                 reply = self.runner.reply(request, 10.0)
                 reason = getattr(reply, "message", reason)
             self._armed = None
@@ -165,7 +169,7 @@ class DeviceHelper:
             raise DoorbellTimeout("the device helper exited")
         if select.select([self.runner.channel.sock], [], [], 0)[0] and self._armed is not None \
                 and self.doorbell.read(ARMED) < self._armed.seq:  # it failed before arming: its reply says why
-            raise DoorbellTimeout("the device helper answered before it armed")
+            raise AnsweredEarly("the device helper answered before it armed")
 
     def close(self) -> None:
         self.runner.close()

@@ -35,6 +35,7 @@ from cudal1.core.types import Flag, Severity, Status, TimingStats
 from cudal1.eval import timing
 from cudal1.eval.outcomes import Verdict
 from cudal1.eval.session import CallRecord, Session
+from cudal1.eval.shared.protocol import Side
 
 #: Outputs up to this size are verified after every timed call...
 VERIFY_ALL_BYTES = 4 << 10
@@ -227,7 +228,7 @@ class Measurement:
                 started = time.perf_counter()
                 pair = self.series(1, 1, flush)
                 took.append(time.perf_counter() - started)
-                refs += pair.all("ref")
+                refs += pair.all(Side.REF)
             reference_ms = min(s.ms for s in refs)
             if self.s.set_calls(reference_ms) > 1:  # brackets of several calls: their wall per pair is new
                 started = time.perf_counter()
@@ -255,21 +256,21 @@ class Measurement:
             self.heavy = HEAVY_SHARE
         warmup = self.series(1, max(cfg.warmup_iters, 2), flush)
         # A bucket's pairs from the brackets' own time (the samples are per call)
-        ref_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all("ref"))
-        cand_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all("cand"))
-        self.s.ref_times["call"] = statistics.median(s.ms for s in warmup.all("ref")) / 1e3
+        ref_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all(Side.REF))
+        cand_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all(Side.CAND))
+        self.s.ref_times["call"] = statistics.median(s.ms for s in warmup.all(Side.REF)) / 1e3
         iters = timing.iterations_per_bucket(ref_call, cand_call, cfg.target_bucket_ms, cfg.min_iters_per_bucket,
                                              cfg.max_iters_per_bucket, cfg.buckets)
         device = self.s.device_type
         cold = self.series(cfg.buckets, iters, flush)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
-        bound = timing.counted_time(cold.all("cand"), calibration, device, self.cores, cold.all("ref"))
+        bound = timing.counted_time(cold.all(Side.CAND), calibration, device, self.cores, cold.all(Side.REF))
         floor_ms = self.floor_ms()
         found: list[Flag | None] = [
             *timing.bound_flags(bound), timing.interference_check(cold),
             timing.reference_slowed(cold, calibration, device), timing.floor_check(bound.counted_ms, floor_ms),
-            timing.flush_check([s.cpu_flush_ms for s in cold.all("ref") if s.cpu_flush_ms is not None],
-                               [s.cpu_flush_ms for s in cold.all("cand") if s.cpu_flush_ms is not None])]
+            timing.flush_check([s.cpu_flush_ms for s in cold.all(Side.REF) if s.cpu_flush_ms is not None],
+                               [s.cpu_flush_ms for s in cold.all(Side.CAND) if s.cpu_flush_ms is not None])]
         self.s.flags += [f for f in found if f is not None]
         self.s.facts.clock = timing.clock_summary(cold, bound, calibration)
         if cfg.record_samples:

@@ -52,6 +52,7 @@ from cudal1.eval.shared.protocol import (
     Compare,
     Compared,
     ErrorReply,
+    Side,
 )
 
 #: Room in an arena's `out` region beyond the reference's outputs (alignment, small extras).
@@ -61,7 +62,7 @@ SLOT_BUDGET_BYTES = 1 << 30
 MAX_SLOTS = 4
 #: A bracket holds the inputs and outputs of at most this many bytes of calls (`max_calls`).
 GROUP_BUDGET_BYTES = 128 << 20
-WHO = ("ref", "cand")
+WHO = (Side.REF, Side.CAND)
 
 
 def max_calls(in_bytes: int, out_bytes: int, wanted: int) -> int:
@@ -76,7 +77,7 @@ def slot_count(in_bytes: int) -> int:
 def layouts(in_bytes: int, out_bytes: int) -> dict[str, ArenaLayout]:
     """The two runners' arena layouts: the reference's has a staging region, the candidate's does not."""
     slots, out = slot_count(in_bytes), out_bytes + ARENA_SLACK_BYTES
-    return {"ref": ArenaLayout.of(in_bytes, out, slots, stage_bytes=in_bytes), "cand": ArenaLayout.of(in_bytes, out, slots)}
+    return {Side.REF: ArenaLayout.of(in_bytes, out, slots, stage_bytes=in_bytes), Side.CAND: ArenaLayout.of(in_bytes, out, slots)}
 
 
 @dataclass
@@ -87,7 +88,7 @@ class Runners:
     cand: RunnerProcess
 
     def __getitem__(self, who: str) -> RunnerProcess:
-        return self.ref if who == "ref" else self.cand
+        return self.ref if who == Side.REF else self.cand
 
 
 class TensorPlane(ABC):
@@ -124,21 +125,21 @@ class TensorPlane(ABC):
         try:
             reply = runner.ask(request, timeout_s=60.0, fds=(fd, *self.doorbells[who].descriptors))
         except RunnerFailed as failure:
-            if who == "cand":
+            if who == Side.CAND:
                 raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process {failure.reason}") from None
             raise InfraFailure(f"the reference's runner failed to map its arena: {failure.reason}") from None
         finally:
             runner.freeze()
         if not isinstance(reply, Attached):
             message = reply.message if isinstance(reply, ErrorReply) else "malformed reply"
-            if who == "cand":
+            if who == Side.CAND:
                 raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process failed to map its arena: {message}")
             raise InfraFailure(f"mapping an arena failed: {message}")
 
     @property
     def snapshot_bytes(self) -> int:
         """What a bracket's end keeps of the model's `out` region: the outputs of its calls, and some room."""
-        return min(self.layouts["cand"].out_bytes, self.calls * self.out_bytes + ARENA_SLACK_BYTES)
+        return min(self.layouts[Side.CAND].out_bytes, self.calls * self.out_bytes + ARENA_SLACK_BYTES)
 
     def place(self, who: str, stage_tree: dict[str, Any], slot: int) -> dict[str, Any]:
         """Where the inputs staged as `stage_tree` will lie in `who`'s slot `slot`."""
@@ -225,9 +226,9 @@ class DevicePlane(TensorPlane):
         return self._sid
 
     def _make_arenas(self) -> None:
-        made, fds = self.helper.make_arenas(self.sid, self.layouts["ref"].to_dict(), self.layouts["cand"].to_dict())
+        made, fds = self.helper.make_arenas(self.sid, self.layouts[Side.REF].to_dict(), self.layouts[Side.CAND].to_dict())
         try:
-            for who, fd, share in (("ref", fds[0], made.ref), ("cand", fds[1], made.cand)):
+            for who, fd, share in ((Side.REF, fds[0], made.ref), (Side.CAND, fds[1], made.cand)):
                 self._views[who] = _LayoutOnly(self.layouts[who])
                 self._give(who, AttachArena(layout=self.layouts[who].to_dict(), device=True,
                                             size=int(share.get("size", 0))), fd)
@@ -296,7 +297,7 @@ class HostPlane(TensorPlane):
 
     def stage(self, who: str, slot: int, stage_tree: dict[str, Any], timeout_s: float) -> None:
         try:
-            self.arenas[who].copy_from(self.arenas["ref"], stage_tree, f"slot{slot}")
+            self.arenas[who].copy_from(self.arenas[Side.REF], stage_tree, f"slot{slot}")
         except (UnsupportedValue, ArenaFull, ValueError) as exc:  # the reference's inputs: the task's problem
             raise InfraFailure(f"the reference's inputs cannot cross to the models: {exc}") from None
         if self.helper is not None:
@@ -310,7 +311,7 @@ class HostPlane(TensorPlane):
     def compare(self, ref_tree: dict[str, Any], cand_tree: dict[str, Any], trial: int,
                 noise: list[float | None] | None = None, *, errors: bool = False,
                 tolerances: dict[str, Tolerance] | None = None) -> Comparison:
-        ref, cand = self.snapshots["ref"], self.snapshots["cand"]
+        ref, cand = self.snapshots[Side.REF], self.snapshots[Side.CAND]
         try:
             if self.helper is None or self.helper_arena is None:
                 return compare_outputs(ref.unpack(ref_tree), cand.unpack(cand_tree), tolerances or self.tolerances,
@@ -328,8 +329,8 @@ class HostPlane(TensorPlane):
     def inputs_changed(self, stage_tree: dict[str, Any], ref_slot: dict[str, Any],
                        cand_slot: dict[str, Any]) -> tuple[list[int], bool]:
         try:
-            return changed_inputs((self.arenas["ref"], stage_tree), (self.arenas["ref"], ref_slot),
-                                  (self.arenas["cand"], cand_slot))
+            return changed_inputs((self.arenas[Side.REF], stage_tree), (self.arenas[Side.REF], ref_slot),
+                                  (self.arenas[Side.CAND], cand_slot))
         except (UnsupportedValue, ValueError, TypeError, KeyError) as exc:
             raise Verdict(Status.INCORRECT, f"the candidate's inputs after the call could not be read: {exc}") from None
 

@@ -74,11 +74,17 @@ START_TIMEOUT_S = 180.0
 
 
 class RunnerFailed(Exception):
-    """A request got no valid reply: the runner died, timed out, exceeded a limit or broke the protocol."""
+    """A request got no valid reply: the runner died, timed out, exceeded a limit or broke the protocol.
+
+    The kind is in the typed fields (`timed_out`, `memory`, `malformed`, `signal_number`, ...), never to be
+    read from `reason`, which is for people. A malformed reply's `reason` is given as its detail and always
+    reads `protocol.malformed: <detail>`."""
 
     def __init__(self, reason: str, *, timed_out: bool = False, memory: bool = False, signal_number: int | None = None,
                  exit_code: int | None = None, killed_by_parent: bool = False, stderr_tail: str = "",
                  malformed: bool = False):
+        if malformed:
+            reason = f"{MALFORMED}: {reason}"
         super().__init__(reason)
         self.reason, self.timed_out, self.memory = reason, timed_out, memory
         self.signal_number, self.exit_code, self.killed_by_parent = signal_number, exit_code, killed_by_parent
@@ -319,7 +325,7 @@ class RunnerProcess:
                 self.hello = Hello.decode(raw)
             except MalformedMessage as exc:
                 self.kill("broke the protocol")
-                raise self._failure(f"{MALFORMED}: {exc}", malformed=True) from None
+                raise self._failure(str(exc), malformed=True) from None
             self._resolve_pids()
             tree = process_tree(self.proc.pid)
             self.baseline_processes = len(tree)
@@ -365,7 +371,7 @@ class RunnerProcess:
                 os.close(fd)
             if progress_s is None:
                 self.kill("broke the protocol")
-                raise self._failure(f"{MALFORMED}: a progress note where none is allowed", malformed=True)
+                raise self._failure("a progress note where none is allowed", malformed=True)
             if not extended:
                 deadline, extended = max(deadline, time.monotonic() + progress_s), True
         t0 = time.perf_counter()
@@ -375,7 +381,7 @@ class RunnerProcess:
             for fd in fds:
                 os.close(fd)
             self.kill("broke the protocol")
-            raise self._failure(str(exc), malformed=True) from None
+            raise self._failure(exc.detail, malformed=True) from None
         finally:
             self.decode_s += time.perf_counter() - t0
         self._check_budget(fds)
@@ -396,7 +402,7 @@ class RunnerProcess:
             for fd in fds:
                 os.close(fd)
             self.kill("broke the protocol")
-            raise self._failure(f"{MALFORMED}: the runner sent {over}", malformed=True)
+            raise self._failure(f"the runner sent {over}", malformed=True)
 
     def ask(self, request: Message, timeout_s: float, fds: tuple[int, ...] = (), *,
             progress_s: float | None = None) -> Message:
@@ -430,7 +436,7 @@ class RunnerProcess:
         except ProtocolError as exc:
             self.received_bytes += self.channel.last_bytes
             self.kill("broke the protocol")
-            raise self._failure(f"{MALFORMED}: {exc}", malformed=True) from None
+            raise self._failure(str(exc), malformed=True) from None
         # The read and the parse are the parent's work on the runner's bytes (the wait before them is not).
         self.decode_s += max(0.0, time.perf_counter() - t0 - self.channel.last_wait_s)
         self.received_bytes += self.channel.last_bytes

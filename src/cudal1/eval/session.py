@@ -61,7 +61,6 @@ from cudal1.eval.shared.compare import Comparison
 from cudal1.eval.shared.doorbell import ARMED, DONE, GO, DoorbellTimeout
 from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat
 from cudal1.eval.shared.protocol import (
-    MALFORMED,
     Analysis,
     Analyze,
     BuildOutcome,
@@ -84,6 +83,7 @@ from cudal1.eval.shared.protocol import (
     ReferenceReady,
     SetupReference,
     SetupTwin,
+    Side,
     Staged,
     TwinReady,
 )
@@ -257,9 +257,8 @@ class Session:
         if failure.memory:
             return Verdict(Status.RUNTIME_ERROR, f"{what}: {failure.reason}")
         if failure.malformed:
-            reason = failure.reason if failure.reason.startswith(MALFORMED) else f"{MALFORMED}: {failure.reason}"
             return Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process broke the protocol "
-                           f"({reason[:300]})", flag=F.PROTOCOL_MALFORMED)
+                           f"({failure.reason[:300]})", flag=F.PROTOCOL_MALFORMED)
         if failure.killed_from_outside:
             return CandidateDied(what)
         hint = error_hint(failure.stderr_tail)
@@ -367,7 +366,7 @@ class Session:
         seq, slot = self.seq, self.rng.randrange(plane.layouts[who].slots)
         slot_tree = plane.place(who, stage_tree, slot)
         reference_s = max(self.ref_times.get("call", 0.001), 1e-4) * self.calls
-        timeout = self.deadlines.reference() if who == "ref" else self.deadlines.candidate(reference_s)
+        timeout = self.deadlines.reference() if who == Side.REF else self.deadlines.candidate(reference_s)
         request = Call(seq=seq, slot=slot, inputs=slot_tree)
         plane.open_bracket(who, slot, stage_tree, flush, timeout)
         bracket_done = False
@@ -387,7 +386,7 @@ class Session:
             bracket_done = True
             reply = runner.reply(request, timeout, max_bytes=self._call_reply_limit(who))
         except RunnerFailed as failure:
-            if who == "ref":
+            if who == Side.REF:
                 raise self._reference_failed(failure, what) from None
             raise self._candidate_failed(failure, what, timeout) from None
         finally:
@@ -399,12 +398,12 @@ class Session:
         if isinstance(reply, ErrorReply):
             raise self._call_failed(who, reply, what)
         assert isinstance(reply, Called)
-        if who == "ref":
+        if who == Side.REF:
             self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
         elif reply.ms > timeout * 1e3:
-            raise self._candidate_failed(RunnerFailed(f"{MALFORMED}: Called.ms is {reply.ms:g}, beyond the call's "
+            raise self._candidate_failed(RunnerFailed(f"Called.ms is {reply.ms:g}, beyond the call's "
                                                       f"limit of {timeout * 1e3:g} ms", malformed=True), what, timeout)
-        self.note_memory("reference" if who == "ref" else "candidate", reply.memory)
+        self.note_memory("reference" if who == Side.REF else "candidate", reply.memory)
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
                             model_ms=(t_done - t_go) * 1e3, after=self.last, helper=helper_figures,
                             cpu_ms=(cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else None,
@@ -416,7 +415,7 @@ class Session:
         """The largest reply to a call the parent reads: the reference's may be as large as the channel allows
         (a model with many outputs); the candidate's, ten times the reference's largest (the same outputs),
         and never less than a call reply's own limit."""
-        if who == "ref":
+        if who == Side.REF:
             return MAX_MESSAGE_BYTES
         return max(Called.MAX_BYTES, CALL_REPLY_MARGIN * self.ref_reply_bytes)
 
@@ -426,7 +425,7 @@ class Session:
         t0 = time.perf_counter()
         reply = runner.ask(FlushCpu(), timeout)
         if isinstance(reply, ErrorReply):
-            raise Verdict(Status.RUNTIME_ERROR, f"the cache flush failed: {reply.message}") if who == "cand" else \
+            raise Verdict(Status.RUNTIME_ERROR, f"the cache flush failed: {reply.message}") if who == Side.CAND else \
                 InfraFailure(f"the reference's cache flush failed: {reply.message}")
         return (time.perf_counter() - t0) * 1e3
 
@@ -452,7 +451,7 @@ class Session:
 
     def _call_failed(self, who: str, reply: ErrorReply, what: str) -> Verdict:
         """The verdict for a call its runner says failed: the reference's own failure, or the candidate's."""
-        if who == "ref":
+        if who == Side.REF:
             return reference_failure(f"the reference failed ({what}): {reply.message}")
         return call_verdict(reply, what)
 
@@ -460,9 +459,9 @@ class Session:
 
     def pair(self, stage_tree: dict[str, Any], *, flush: bool, what: str) -> tuple[CallRecord, CallRecord]:
         """Both models called on the same staged inputs, in an order drawn here."""
-        order = ("ref", "cand") if self.rng.random() < 0.5 else ("cand", "ref")
+        order = (Side.REF, Side.CAND) if self.rng.random() < 0.5 else (Side.CAND, Side.REF)
         records = {who: self.call(who, stage_tree, flush=flush, what=what) for who in order}
-        return records["ref"], records["cand"]
+        return records[Side.REF], records[Side.CAND]
 
     def trials(self) -> None:
         t0 = time.perf_counter()

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 from cudal1.core import flags as F
 from cudal1.core.types import Flag, Severity, TimingStats
+from cudal1.eval.shared.protocol import Side
 
 #: The bound compares this quantile of the candidate's brackets with the same quantile of its runner's calibrated
 #: overheads: a preempted call only adds time, so the lower part of both distributions is the steadier (on a
@@ -97,7 +98,7 @@ class Sample:
     stream_ms: float  # current stream only
     bracket_ms: float  # the parent's clock: staging, the call, the end probe
     model_ms: float = 0.0  # the parent's clock from the go to the model's done
-    after: str = ""  # whose call came right before, nothing else between: "ref", "cand" or ""
+    after: str = ""  # whose call came right before, nothing else between: "ref", "cand" (`Side`) or ""
     idle_us: float | None = None  # the helper's probe before the bracket (GPU)
     flush_ms: float | None = None  # the helper's own time for the L2 flush (GPU)
     cpu_flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
@@ -130,7 +131,7 @@ class PairedSeries:
     cand: list[list[Sample]] = field(default_factory=list)
 
     def all(self, who: str) -> list[Sample]:
-        return [s for b in (self.ref if who == "ref" else self.cand) for s in b]
+        return [s for b in (self.ref if who == Side.REF else self.cand) for s in b]
 
 
 def iterations_per_bucket(ref_ms: float, cand_ms: float, target_bucket_ms: float, lo: int, hi: int,
@@ -230,7 +231,7 @@ def overhead_diffs(cand: list[Sample], ref: list[Sample]) -> list[float]:
 
 
 def calibrate(series: PairedSeries) -> Calibration:
-    ref, twin = series.all("ref"), series.all("cand")
+    ref, twin = series.all(Side.REF), series.all(Side.CAND)
     ref_ms, twin_ms = statistics.median(s.ms for s in ref), statistics.median(s.ms for s in twin)
     null = ref_ms / max(twin_ms, 1e-9)
     lo, hi = bootstrap_ratio([s.ms for s in ref], [s.ms for s in twin])
@@ -419,8 +420,8 @@ def summarize_series(series: PairedSeries, *, stream_only: bool = False, estimat
         ref_mid = statistics.median(t(s) for s in ref_b)
         cand_mid = statistics.median(t(s) for s in cand_b) * cap
         bucket_speedups.append(ref_mid / max(cand_mid, 1e-9))
-    ref_ms = statistics.median(t(s) for s in series.all("ref"))
-    cand_ms = statistics.median(t(s) for s in series.all("cand")) * cap
+    ref_ms = statistics.median(t(s) for s in series.all(Side.REF))
+    cand_ms = statistics.median(t(s) for s in series.all(Side.CAND)) * cap
     median = statistics.median(bucket_speedups)
     # The pooled median uses every call at once: a bucket of 20 noisy calls has a median of its own noise,
     # and the median of 7 such ratios keeps more of it than one ratio of two 140-call medians.
@@ -467,13 +468,13 @@ def interference_check(series: PairedSeries) -> Flag | None:
     else between, takes longer after the candidate's calls than after the reference's: it waits for whatever
     the model that called last queued and left running on the device. In the median, by 25 us and half the
     base; in the 90th percentile, by a tenth of the candidate's own call too (`INTERFERENCE_TAIL_SHARE`)."""
-    everyone = series.all("ref") + series.all("cand")
-    after = {who: [s.idle_us for s in everyone if s.after == who and s.idle_us is not None] for who in ("ref", "cand")}
+    everyone = series.all(Side.REF) + series.all(Side.CAND)
+    after = {who: [s.idle_us for s in everyone if s.after == who and s.idle_us is not None] for who in (Side.REF, Side.CAND)}
     if min(len(v) for v in after.values()) < INTERFERENCE_MIN_SAMPLES:
         return None
-    call_us = 1e3 * statistics.median(s.model_ms * s.calls for s in series.all("cand"))
+    call_us = 1e3 * statistics.median(s.model_ms * s.calls for s in series.all(Side.CAND))
     for q in (0.5, 0.9):
-        slow, base = quantile(after["cand"], q), quantile(after["ref"], q)
+        slow, base = quantile(after[Side.CAND], q), quantile(after[Side.REF], q)
         tail = INTERFERENCE_TAIL_SHARE * call_us if q > 0.5 else 0.0
         if slow - base > max(INTERFERENCE_MIN_US, INTERFERENCE_REL * base, tail):
             return Flag(F.INTERFERENCE, Severity.ERROR,
@@ -485,9 +486,9 @@ def interference_check(series: PairedSeries) -> Flag | None:
 
 def reference_slowed(series: PairedSeries, calibration: Calibration | None, device_type: str) -> Flag | None:
     """Evidence when the reference ran slower beside the candidate than beside its twin (module docstring)."""
-    if calibration is None or not series.all("ref"):
+    if calibration is None or not series.all(Side.REF):
         return None
-    now = statistics.median(s.ms for s in series.all("ref"))
+    now = statistics.median(s.ms for s in series.all(Side.REF))
     floor = REFERENCE_SLOWED_MIN_MS.get(device_type, REFERENCE_SLOWED_MIN_MS["cpu"])
     if now > calibration.ref_ms * (1 + REFERENCE_SLOWED_REL) and now - calibration.ref_ms > floor:
         return Flag(F.REFERENCE_SLOWED, Severity.WARNING,
@@ -525,7 +526,7 @@ def stream_escape_ms(series: PairedSeries) -> tuple[float, float]:
     """Median time each model's work ran past the end of the current stream: (ref, candidate)."""
     def gap(samples: list[Sample]) -> float:
         return statistics.median(s.ms - s.stream_ms for s in samples)
-    return gap(series.all("ref")), gap(series.all("cand"))
+    return gap(series.all(Side.REF)), gap(series.all(Side.CAND))
 
 
 def paired_bound(series: PairedSeries, calibration: Calibration) -> dict[str, float]:
@@ -546,7 +547,7 @@ def clock_summary(series: PairedSeries, bound: Bound,
     out: dict[str, float | bool | str] = {"reported_ms": bound.reported_ms, "bound_ms": bound.bound_ms,
                                           "slack_ms": bound.slack_ms, "counted_ms": bound.counted_ms,
                                           "capped": bound.capped, "bound_clock": bound.clock,
-                                          "calls_per_bracket": max((s.calls for s in series.all("cand")), default=1),
+                                          "calls_per_bracket": max((s.calls for s in series.all(Side.CAND)), default=1),
                                           "slacks_ms": {k: round(v, 6) for k, v in bound.slacks.items()}}
     if calibration is not None:
         out["cand_overhead_calibrated_ms"] = calibration.cand_overhead_ms
@@ -555,11 +556,11 @@ def clock_summary(series: PairedSeries, bound: Bound,
     # Recorded for study, unused by the verdict: what the pairs say the candidate hides if the two runners'
     # harnesses cost alike, with no calibration. On an H100 its error on honest twins was 1.5-13 us where the
     # calibrated bounds' was up to 43 us: the runners' costs moved between the calibration and the timed calls.
-    excess = overhead_diffs(series.all("cand"), series.all("ref"))
+    excess = overhead_diffs(series.all(Side.CAND), series.all(Side.REF))
     if len(excess) >= CLOCK_MIN_PAIRS:
         out["pair_excess_ms"] = statistics.median(excess)
         out["pair_excess_se_ms"] = quantile_se(excess, 0.5)
-    for who in ("ref", "cand"):
+    for who in (Side.REF, Side.CAND):
         samples = series.all(who)
         out[f"{who}_bracket_ms"] = statistics.median(s.bracket_ms for s in samples)
         out[f"{who}_overhead_ms"] = statistics.median(s.overhead_ms for s in samples)
@@ -583,7 +584,7 @@ def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str
                 None if s.idle_us is None else round(s.idle_us, 1), r6(s.cpu_ms), r6(s.call_cpu_ms), s.after,
                 r6(s.stage_ms), None if s.helper_stage_us is None else round(s.helper_stage_us, 1),
                 None if s.helper_end_us is None else round(s.helper_end_us, 1)]
-    return {"ref": [[row(s) for s in b] for b in series.ref], "cand": [[row(s) for s in b] for b in series.cand]}
+    return {Side.REF: [[row(s) for s in b] for b in series.ref], Side.CAND: [[row(s) for s in b] for b in series.cand]}
 
 
 def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, bound: Bound, method: str, iters: int,
@@ -601,7 +602,7 @@ def build_stats(cold: PairedSeries, warm: PairedSeries | None, *, bound: Bound, 
     return TimingStats(ref_ms=ref_ms, candidate_ms=cand_ms, speedup=speedup, stability=stability,
                        bucket_speedups=buckets, speedup_warm=warm_values[0], ref_ms_warm=warm_values[1],
                        candidate_ms_warm=warm_values[2], method=method, iterations=iters * len(buckets),
-                       ref_outside_ms=statistics.median(s.bracket_ms for s in cold.all("ref")),
-                       candidate_outside_ms=statistics.median(s.bracket_ms for s in cold.all("cand")),
+                       ref_outside_ms=statistics.median(s.bracket_ms for s in cold.all(Side.REF)),
+                       candidate_outside_ms=statistics.median(s.bracket_ms for s in cold.all(Side.CAND)),
                        floor_ms=floor_ms, verified_calls=verified_calls,
                        speedup_ci=list(interval) if interval is not None else None)

@@ -21,8 +21,7 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import resolve_device
 from cudal1.integrations.common import completion_text  # noqa: F401 - used by the stages
-from cudal1.service.evaluator import Evaluator as ServiceEvaluator
-from cudal1.service.evaluator import as_evaluator, make_evaluator
+from cudal1.service.evaluator import Evaluator, as_evaluator, make_evaluator
 from cudal1.store import ResultsStore
 from cudal1.tasks import load_tasks
 from cudal1.tasks.splits import TaskSplit, load_or_make_split, select_tasks
@@ -31,8 +30,9 @@ from cudal1.train.config import CommonTrainConfig, write_resolved_config
 
 logger = logging.getLogger(__name__)
 
-#: `(task, candidate source) -> EvalResult`; the default wraps `evaluate_candidate`.
-Evaluator = Callable[[Task, str], EvalResult]
+#: A plain function `(task, candidate source) -> EvalResult`. Where a stage evaluates it takes one of these or an
+#: `Evaluator` (`service.evaluator`: this process, a pool, a reward server); `as_evaluator` makes either one.
+EvaluateFn = Callable[[Task, str], EvalResult]
 
 
 def resolve_tasks(config: CommonTrainConfig, tasks: Sequence[Task] | None = None) -> list[Task]:
@@ -217,13 +217,13 @@ def check_evaluation_device(config: CommonTrainConfig) -> None:
 
 
 def default_evaluator(config: CommonTrainConfig, store: Any = None, run_id: str | None = None,
-                      label: str = "") -> ServiceEvaluator:
+                      label: str = "") -> Evaluator:
     """`(task, source) -> EvalResult` through the hardened evaluator with the run's settings and store, where
     `config.workers` says (this process, a pool or a reward server); the caller closes it."""
     return make_evaluator(config.workers, config.eval_config(), store=store, label=label, run_id=run_id)
 
 
-def evaluate_batch(evaluator: Evaluator | ServiceEvaluator, items: Sequence[tuple[Task, str | None]],
+def evaluate_batch(evaluator: EvaluateFn | Evaluator, items: Sequence[tuple[Task, str | None]],
                    threads: int) -> list[EvalResult]:
     """Evaluate a batch of (task, source) pairs through the evaluator interface (`service.evaluator`), in
     order. A None source (no code could be extracted) is UNPARSEABLE without evaluation; a candidate the

@@ -34,7 +34,7 @@ from cudal1.service.evaluator import make_evaluator
 from cudal1.tasks import load_tasks
 from cudal1.tasks.splits import SPLIT_NAMES, load_or_make_split, make_split, select_tasks
 from cudal1.tasks.task import Task
-from cudal1.train.common import Evaluator, evaluate_batch
+from cudal1.train.common import EvaluateFn, evaluate_batch
 from cudal1.train.models import load_policy
 from cudal1.train.rl import ContrastivePromptBuilder
 
@@ -204,7 +204,7 @@ def _prompts(config: PolicyEvalConfig, tasks: Sequence[Task], device: str) -> li
 
 
 def evaluate_policy(config: PolicyEvalConfig, *, eval_config: EvalConfig | None = None, store: Any = None,
-                    threads: int = 4, backend: Any = None, evaluator: Evaluator | None = None,
+                    threads: int = 4, backend: Any = None, evaluator: EvaluateFn | None = None,
                     tasks: Sequence[Task] | None = None) -> PolicyEvalReport:
     """Sample, evaluate and report (see the module docstring).
 

@@ -66,7 +66,7 @@ from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.exemplars.db import normalized_hash, score_context
 from cudal1.llm.extract import extract_completion
 from cudal1.tasks.task import Task
-from cudal1.train.common import Evaluator, completion_text, evaluate_batch, first_failure
+from cudal1.train.common import EvaluateFn, completion_text, evaluate_batch, first_failure
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class KernelReward:
 
     __name__ = "kernel_reward"  # TRL names the logged metric after the function
 
-    def __init__(self, tasks: Sequence[Task], evaluator: Evaluator, config: RewardConfig | None = None, *,
+    def __init__(self, tasks: Sequence[Task], evaluator: EvaluateFn, config: RewardConfig | None = None, *,
                  exemplar_db: Any = None, judge: Judge | None = None, model_name: str = "",
                  extract: Callable[[str], str | None] | None = None, completion_log: Any = None):
         self.tasks = {t.id: t for t in tasks}

@@ -58,7 +58,7 @@ from cudal1.exemplars.db import score_context
 from cudal1.llm.prompts import build_contrastive_prompt
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
-    Evaluator,
+    EvaluateFn,
     RunRecorder,
     StageResult,
     check_evaluation_device,
@@ -360,7 +360,7 @@ def reward_config(config: RLStageConfig) -> RewardConfig:
 
 
 def run_rl(config: RLStageConfig, *, model: Any = None, tokenizer: Any = None, tasks: Sequence[Task] | None = None,
-           evaluator: Evaluator | None = None, judge: Judge | None = None, reward_funcs: list | None = None,
+           evaluator: EvaluateFn | None = None, judge: Judge | None = None, reward_funcs: list | None = None,
            callbacks: list | None = None, exemplar_db: Any = None,
            prompt_builder: ContrastivePromptBuilder | None = None) -> StageResult:
     """Stage 3 end to end: contrastive GRPO, final policy in `<output_dir>/final`, rewards in the summary.

@@ -45,7 +45,7 @@ from cudal1.llm.extract import extract_completion
 from cudal1.llm.prompts import build_plain_prompt
 from cudal1.tasks.task import Task
 from cudal1.train.common import (
-    Evaluator,
+    EvaluateFn,
     RunRecorder,
     StageResult,
     check_evaluation_device,
@@ -131,7 +131,7 @@ def keep_successes(tasks: Sequence[Task], codes: Sequence[str | None], results: 
     return kept
 
 
-def sample_and_evaluate(tasks: Sequence[Task], sampler: CompletionSampler, evaluator: Evaluator,
+def sample_and_evaluate(tasks: Sequence[Task], sampler: CompletionSampler, evaluator: EvaluateFn,
                         config: SelfSupervisedConfig
                         ) -> tuple[list[Task], list[str | None], list[EvalResult], list, list[str]]:
     """Sample `samples_per_task` completions per task and evaluate them all; returns the flat lists (tasks,
@@ -212,7 +212,7 @@ def _load_finished(config: SelfSupervisedConfig) -> list[RoundStats]:
 
 def run_self_supervised(config: SelfSupervisedConfig, *, model: Any = None, tokenizer: Any = None,
                         tasks: Sequence[Task] | None = None, sampler: CompletionSampler | None = None,
-                        evaluator: Evaluator | None = None) -> StageResult:
+                        evaluator: EvaluateFn | None = None) -> StageResult:
     """Stage 2 end to end (see the module docstring); the final policy is saved in `<output_dir>/final`."""
     if world_size() > 1:
         raise ConfigError("stage 2 (self-supervised) runs in one process: each round samples every task, then "

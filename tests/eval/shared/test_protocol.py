@@ -66,3 +66,22 @@ def test_the_set_up_reply_carries_its_builds_checked_one_by_one():
     forged = {**P.encode_reply(ready), "builds": [{"name": "ext", "ok": "no"}]}
     with pytest.raises(P.MalformedReply):
         P.decode_reply(request, forged)
+
+
+def test_sides_are_one_vocabulary_with_the_wire_values():
+    """`Side` names whose runner, arena or call it is; its members are the strings that travel and are recorded
+    ("ref", "cand"), so a dict keyed by either finds the other and JSON stays as it was. The parent's modules
+    once spelled the two sides as ~45 string literals; none is left."""
+    import json
+    import re
+    from pathlib import Path
+
+    assert P.Side.REF == "ref" and P.Side.CAND == "cand" and str(P.Side.CAND) == "cand"
+    assert {"ref": 1}[P.Side.REF] == 1 and {P.Side.CAND: 2}["cand"] == 2
+    assert json.dumps({P.Side.REF: [P.Side.CAND]}) == '{"ref": ["cand"]}'
+    parent = Path(P.__file__).resolve().parents[1]  # src/cudal1/eval
+    literal = re.compile(r"""(?<![\w`])["'](ref|cand)["']""")
+    spelled = [f"{path.name}:{n}" for path in sorted(parent.glob("*.py"))
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if literal.search(line.split("#", 1)[0])]
+    assert not spelled, spelled

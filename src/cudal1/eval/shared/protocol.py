@@ -17,6 +17,7 @@ plain dicts, checked node by node at decode (`schema.check_descriptors`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import typing
 from dataclasses import dataclass, field
@@ -40,8 +41,24 @@ from cudal1.eval.shared.schema import (
 )
 
 
+class Side(str, enum.Enum):
+    """Whose runner, arena or call: the reference's or the candidate's. A `str`, so its values are what travel
+    and what is recorded (`Bracket.who`, the timing series' keys, JSON): "ref" and "cand"."""
+
+    REF = "ref"
+    CAND = "cand"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class MalformedReply(MalformedMessage):
-    """A reply that is not the class its request expects."""
+    """A reply that is not the class its request expects. `detail` says what is wrong; the text is
+    `protocol.malformed: <detail>`."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"{MALFORMED}: {detail}")
+        self.detail = detail
 
 
 @functools.cache
@@ -560,11 +577,11 @@ def decode_reply(request: Message, data: Any) -> Message:
     """The reply to `request`: its REPLY class or an ErrorReply; MalformedReply for anything else, with a
     message that says what is wrong (`protocol.malformed: Called.ms is not finite`)."""
     if not isinstance(data, dict) or not isinstance(data.get("ok"), bool):
-        raise MalformedReply(f"{MALFORMED}: the reply to {request.OP} is not a reply")
+        raise MalformedReply(f"the reply to {request.OP} is not a reply")
     body = {k: v for k, v in data.items() if k != "ok"}
     try:
         if not data["ok"]:
             return ErrorReply.decode(body)
         return request.REPLY.decode(body)  # type: ignore[attr-defined]
     except MalformedMessage as exc:
-        raise MalformedReply(f"{MALFORMED}: {exc}") from None
+        raise MalformedReply(str(exc)) from None

@@ -23,7 +23,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from cudal1.study.recipes import BY_TEXT, FIELDS, SPACE, distance, field_values
+from experimental.contrastive_study.recipes import BY_TEXT, FIELDS, SPACE, distance, field_values
 
 _FIELD_NAMES = tuple(FIELDS)
 #: Share of pre-training targets drawn near the best exemplar shown (the rest: better recipes anywhere).

@@ -17,11 +17,11 @@ import math
 import random
 from typing import Any
 
-from cudal1.study.bench import task_entry
-from cudal1.study.kernels import MAX_DYNAMIC_SHARED_BYTES, launch_config
-from cudal1.study.ops import StudyTask, study_tasks
-from cudal1.study.recipes import SPACE, Recipe
-from cudal1.study.table import new_table
+from experimental.contrastive_study.bench import task_entry
+from experimental.contrastive_study.kernels import MAX_DYNAMIC_SHARED_BYTES, launch_config
+from experimental.contrastive_study.ops import StudyTask, study_tasks
+from experimental.contrastive_study.recipes import SPACE, Recipe
+from experimental.contrastive_study.table import new_table
 
 SMS = 132
 DRAM_BPS = 4.0e12  # achievable copy bandwidth (KINDS.md measured about 4.3 TB/s)
@@ -166,7 +166,7 @@ def reference_time_s(task: StudyTask) -> float:
 def surrogate_table(seed: int = 0, reps: int = 5) -> dict[str, Any]:
     """The whole study's table from the model, with `reps` noisy timings per cell (module docstring)."""
     rng = random.Random(seed)
-    data = new_table("surrogate", {"method": "cudal1.study.surrogate: analytic roofline model, NOT measured",
+    data = new_table("surrogate", {"method": "experimental.contrastive_study.surrogate: analytic roofline model, NOT measured",
                                    "reps": reps, "seed": seed})
     for task in study_tasks():
         ref = [reference_time_s(task) * 1e3 * math.exp(rng.gauss(0, 0.015)) for _ in range(2 * reps)]

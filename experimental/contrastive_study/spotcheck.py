@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.types import EvalResult, Status
-from cudal1.study.kernels import candidate_source
-from cudal1.study.ops import task_by_id
-from cudal1.study.provenance import provenance
-from cudal1.study.recipes import BY_TEXT
-from cudal1.study.stats import spearman
-from cudal1.study.table import Table
+from experimental.contrastive_study.kernels import candidate_source
+from experimental.contrastive_study.ops import task_by_id
+from experimental.contrastive_study.provenance import provenance
+from experimental.contrastive_study.recipes import BY_TEXT
+from experimental.contrastive_study.stats import spearman
+from experimental.contrastive_study.table import Table
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
-"""The study's recipe grammar, tasks and split (cudal1.study.recipes, cudal1.study.ops)."""
+"""The study's recipe grammar, tasks and split (experimental.contrastive_study.recipes, experimental.contrastive_study.ops)."""
 
 from __future__ import annotations
 
 import torch
 
-from cudal1.study.kernels import output_shape
-from cudal1.study.ops import FAMILIES, HELD_OUT_FAMILIES, KINDS, StudyTask, study_tasks
-from cudal1.study.recipes import BY_TEXT, SPACE, distance, parse_recipe
+from experimental.contrastive_study.kernels import output_shape
+from experimental.contrastive_study.ops import FAMILIES, HELD_OUT_FAMILIES, KINDS, StudyTask, study_tasks
+from experimental.contrastive_study.recipes import BY_TEXT, SPACE, distance, parse_recipe
 
 
 def test_the_grammar_has_several_hundred_recipes_with_six_fields():

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from cudal1.study.arms import (
+from experimental.contrastive_study.arms import (
     ARMS,
     ORDERED,
     Protocol,
@@ -35,12 +35,20 @@ from cudal1.study.arms import (
     seed_recipes,
     train_grpo,
 )
-from cudal1.study.improver import ImproverSize, pretrain
-from cudal1.study.ops import task_by_id, visible_features
-from cudal1.study.perturb import perturb_table
-from cudal1.study.provenance import provenance
-from cudal1.study.stats import adjusted_ci, holm, mean_ci, p_value, paired_ci, prediction_interval, t_975
-from cudal1.study.table import Table, load_table
+from experimental.contrastive_study.improver import ImproverSize, pretrain
+from experimental.contrastive_study.ops import task_by_id, visible_features
+from experimental.contrastive_study.perturb import perturb_table
+from experimental.contrastive_study.provenance import provenance
+from experimental.contrastive_study.stats import (
+    adjusted_ci,
+    holm,
+    mean_ci,
+    p_value,
+    paired_ci,
+    prediction_interval,
+    t_975,
+)
+from experimental.contrastive_study.table import Table, load_table
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +178,8 @@ def run_study(out_dir: Path, table_path: Path, seeds: list[int], *, arms: list[s
         start = pretrain(out_dir / "pretrain" / f"p{p}", seed=p, examples=protocol.pretrain_examples, size=size,
                          feature_set=protocol.feature_set)
         if str(p) not in record["pretrain"]:  # once: the pre-trained improver's check on synthetic landscapes
-            from cudal1.study.improver import exemplar_reading
             from cudal1.train.models import load_policy
+            from experimental.contrastive_study.improver import exemplar_reading
 
             record["pretrain"][str(p)] = {
                 "seconds": round(time.monotonic() - started, 1), "cpu_s": round(time.process_time() - cpu, 1),

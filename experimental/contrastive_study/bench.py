@@ -36,9 +36,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cudal1.study.kernels import KERNEL_NAME, kernel_args, kernel_source, launch_config, output_shape
-from cudal1.study.ops import StudyTask
-from cudal1.study.recipes import SPACE, Recipe
+from experimental.contrastive_study.kernels import (
+    KERNEL_NAME,
+    kernel_args,
+    kernel_source,
+    launch_config,
+    output_shape,
+)
+from experimental.contrastive_study.ops import StudyTask
+from experimental.contrastive_study.recipes import SPACE, Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -227,8 +233,8 @@ def run_worker(table_path: str, task_ids: Sequence[str], reps: int, deadline: fl
     so a kernel that kills the CUDA context costs the cells in flight only (`measure.py` restarts it)."""
     import torch
 
-    from cudal1.study.ops import task_by_id
-    from cudal1.study.table import load_table, write_table
+    from experimental.contrastive_study.ops import task_by_id
+    from experimental.contrastive_study.table import load_table, write_table
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     by_id = task_by_id()

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.types import EvalResult, Status, TimingStats
-from cudal1.study.recipes import SPACE
 from cudal1.tasks.task import Task
+from experimental.contrastive_study.recipes import SPACE
 
 TABLE_FORMAT = 1
 KINDS = ("measured", "surrogate")

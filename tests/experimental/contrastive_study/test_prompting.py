@@ -1,12 +1,18 @@
-"""The policy's vocabulary, prompts and prompt styles (cudal1.study.prompting)."""
+"""The policy's vocabulary, prompts and prompt styles (experimental.contrastive_study.prompting)."""
 
 from __future__ import annotations
 
 import re
 
 from cudal1.exemplars import ExemplarDB
-from cudal1.study.prompting import SCORE_LEVELS, StudyPromptBuilder, make_tokenizer, prompt_text, score_token
 from cudal1.tasks.task import Task
+from experimental.contrastive_study.prompting import (
+    SCORE_LEVELS,
+    StudyPromptBuilder,
+    make_tokenizer,
+    prompt_text,
+    score_token,
+)
 
 FEATURES = ["row", "in1", "heavy", "p3", "fullout", "r16", "c11"]
 

@@ -1,13 +1,13 @@
-"""The task table (cudal1.study.table) and the SURROGATE table that stands in for the GPU's on a CPU."""
+"""The task table (experimental.contrastive_study.table) and the SURROGATE table that stands in for the GPU's on a CPU."""
 
 from __future__ import annotations
 
 import pytest
 
 from cudal1.core.types import Status
-from cudal1.study.ops import study_tasks, task_by_id
-from cudal1.study.surrogate import surrogate_table
-from cudal1.study.table import Table, load_table, new_table, write_table
+from experimental.contrastive_study.ops import study_tasks, task_by_id
+from experimental.contrastive_study.surrogate import surrogate_table
+from experimental.contrastive_study.table import Table, load_table, new_table, write_table
 
 
 @pytest.fixture(scope="module")

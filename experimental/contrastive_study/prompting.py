@@ -28,8 +28,8 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from cudal1.exemplars import ScoredCode
-from cudal1.study.recipes import FIELDS
 from cudal1.train.rl import ContrastivePromptBuilder
+from experimental.contrastive_study.recipes import FIELDS
 
 SCORE_LEVELS = tuple(float(f"{10 ** (i / 20):.3g}") for i in range(-26, 27))
 _LOG_LEVELS = [math.log(v) for v in SCORE_LEVELS]

@@ -1,4 +1,4 @@
-"""Recipe -> CUDA (cudal1.study.kernels): every family's template compiles for sm_90 (NVRTC, no GPU), the
+"""Recipe -> CUDA (experimental.contrastive_study.kernels): every family's template compiles for sm_90 (NVRTC, no GPU), the
 static-shared-memory limits fail as a hand-written kernel would, launches cover the data, and the candidate
 module the evaluator runs is well-formed and passes the static checks."""
 
@@ -12,9 +12,14 @@ import pytest
 from cudal1.analysis import analyze_source
 from cudal1.raw_cuda import compile_only
 from cudal1.raw_cuda.errors import RawCudaCompileError
-from cudal1.study.kernels import MAX_DYNAMIC_SHARED_BYTES, candidate_source, kernel_source, launch_config
-from cudal1.study.ops import FAMILIES, StudyTask, study_tasks
-from cudal1.study.recipes import BY_TEXT, SPACE
+from experimental.contrastive_study.kernels import (
+    MAX_DYNAMIC_SHARED_BYTES,
+    candidate_source,
+    kernel_source,
+    launch_config,
+)
+from experimental.contrastive_study.ops import FAMILIES, StudyTask, study_tasks
+from experimental.contrastive_study.recipes import BY_TEXT, SPACE
 
 
 def _compile(source: str) -> bytes:

@@ -1,4 +1,4 @@
-"""How the study's arms spend their evaluations (cudal1.study.arms), on the SURROGATE table: noisy
+"""How the study's arms spend their evaluations (experimental.contrastive_study.arms), on the SURROGATE table: noisy
 evaluations, equal distinct-evaluation budgets, the no-feedback lookup, the multi-turn refinement."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import random
 import pytest
 
 from cudal1.core.rewards import reward_of
-from cudal1.study import arms
-from cudal1.study.arms import Protocol, TableEvaluations, lookup_rankings, search
-from cudal1.study.ops import task_by_id, visible_features
-from cudal1.study.prompting import RefineHistory
-from cudal1.study.surrogate import surrogate_table
-from cudal1.study.table import Table
+from experimental.contrastive_study import arms
+from experimental.contrastive_study.arms import Protocol, TableEvaluations, lookup_rankings, search
+from experimental.contrastive_study.ops import task_by_id, visible_features
+from experimental.contrastive_study.prompting import RefineHistory
+from experimental.contrastive_study.surrogate import surrogate_table
+from experimental.contrastive_study.table import Table
 
 PROTOCOL = Protocol(exemplars=2, budget=8, round_size=4, checkpoints=(2, 4, 8))
 

@@ -41,18 +41,18 @@ from typing import Any
 
 from cudal1.core.types import EvalResult
 from cudal1.exemplars import ExemplarDB
-from cudal1.study.improver import sample
-from cudal1.study.prompting import (
+from cudal1.tasks.task import Task
+from cudal1.train.common import completion_text
+from experimental.contrastive_study.improver import sample
+from experimental.contrastive_study.prompting import (
     RefineHistory,
     RefinePromptBuilder,
     StudyPromptBuilder,
     permuted,
     prompt_text,
 )
-from cudal1.study.recipes import SPACE, parse_recipe
-from cudal1.study.table import Table
-from cudal1.tasks.task import Task
-from cudal1.train.common import completion_text
+from experimental.contrastive_study.recipes import SPACE, parse_recipe
+from experimental.contrastive_study.table import Table
 
 #: arm -> (how it trains: "grpo" or None, how it proposes: a prompt style of `prompting.STYLES`, "refine",
 #: "uniform" or "lookup")

@@ -29,10 +29,10 @@ from typing import Any
 
 from cudal1.core.rewards import smooth_rewards
 from cudal1.exemplars import ExemplarDB
-from cudal1.study.arms import fill_db, seed_recipes, sub_seed
-from cudal1.study.improver import sample
-from cudal1.study.prompting import StudyPromptBuilder
-from cudal1.study.table import Table
+from experimental.contrastive_study.arms import fill_db, seed_recipes, sub_seed
+from experimental.contrastive_study.improver import sample
+from experimental.contrastive_study.prompting import StudyPromptBuilder
+from experimental.contrastive_study.table import Table
 
 #: Relative dead bands measured for stage 3's smoothing followed by TRL's centring (`scale_rewards: none`).
 NOISE_FLOORS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1)
@@ -78,8 +78,8 @@ def sample_groups(table: Table, policy: Any, features: dict[str, list[str]], tas
                   rounds: int, size: int, seed: int, work_dir: Path) -> list[tuple[str, list[str | None]]]:
     """`rounds` groups of `size` answers per task from `policy` to bucket-style prompts over a database seeded
     with 4 random correct recipes per task (as the study's training starts)."""
-    from cudal1.study.arms import TableEvaluations
-    from cudal1.study.ops import task_by_id
+    from experimental.contrastive_study.arms import TableEvaluations
+    from experimental.contrastive_study.ops import task_by_id
 
     seeds = seed_recipes(table, list(task_ids), 4, sub_seed("shaping", seed))
     evals = TableEvaluations(table, sub_seed("shaping-evals", seed))
@@ -144,10 +144,10 @@ def measure_run(out_dir: Path, table_path: Path, *, rounds: int = 5, draws: int 
     2.5 % median difference between two evaluations of one kernel through the evaluator on an H100)."""
     import json
 
-    from cudal1.study.arms import Protocol
-    from cudal1.study.ops import visible_features
-    from cudal1.study.run import study_table
     from cudal1.train.models import load_policy
+    from experimental.contrastive_study.arms import Protocol
+    from experimental.contrastive_study.ops import visible_features
+    from experimental.contrastive_study.run import study_table
 
     record = json.loads((out_dir / "protocol.json").read_text())
     protocol = Protocol(**{**record["protocol"], "checkpoints": tuple(record["protocol"]["checkpoints"])})

@@ -3,8 +3,8 @@ cell recorded as a runtime_error (the worker is a stand-in, tests/helpers/study_
 
 from __future__ import annotations
 
-from cudal1.study import measure as measure_module
-from cudal1.study.table import Table
+from experimental.contrastive_study import measure as measure_module
+from experimental.contrastive_study.table import Table
 from tests.helpers.study_worker import CRASH_AT, fake_worker
 
 

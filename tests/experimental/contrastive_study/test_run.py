@@ -12,11 +12,11 @@ import json
 
 import pytest
 
-from cudal1.study import run as run_module
-from cudal1.study.arms import ARMS, Protocol
-from cudal1.study.improver import ImproverSize
-from cudal1.study.surrogate import surrogate_table
-from cudal1.study.table import write_table
+from experimental.contrastive_study import run as run_module
+from experimental.contrastive_study.arms import ARMS, Protocol
+from experimental.contrastive_study.improver import ImproverSize
+from experimental.contrastive_study.surrogate import surrogate_table
+from experimental.contrastive_study.table import write_table
 
 TINY = Protocol(exemplars=2, budget=8, round_size=4, samples=4, steps=2, tasks_per_step=2, generations=2,
                 checkpoints=(2, 4, 8), search_repeats=2, pretrain_seeds=2, pretrain_examples=128)

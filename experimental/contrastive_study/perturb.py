@@ -20,7 +20,7 @@ import hashlib
 import random
 from typing import Any
 
-from cudal1.study.recipes import BY_TEXT, FIELDS, SPACE, Recipe, field_values
+from experimental.contrastive_study.recipes import BY_TEXT, FIELDS, SPACE, Recipe, field_values
 
 _NAMES = tuple(FIELDS)
 

@@ -1,12 +1,12 @@
 """Held-out landscapes relabelled so that their optimum moves away from the training siblings'
-(cudal1.study.perturb), on the SURROGATE table."""
+(experimental.contrastive_study.perturb), on the SURROGATE table."""
 
 from __future__ import annotations
 
-from cudal1.study.perturb import perturb_table
-from cudal1.study.recipes import FIELDS
-from cudal1.study.surrogate import surrogate_table
-from cudal1.study.table import Table
+from experimental.contrastive_study.perturb import perturb_table
+from experimental.contrastive_study.recipes import FIELDS
+from experimental.contrastive_study.surrogate import surrogate_table
+from experimental.contrastive_study.table import Table
 
 
 def test_relabelling_moves_every_held_out_optimum_and_keeps_every_measurement():

@@ -19,26 +19,31 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-PACKAGE = Path(__file__).resolve().parents[1]  # src/cudal1
-#: The sources whose digest identifies the code of a result.
-SOURCE_DIRS = ("study", "train", "exemplars", "core")
+import cudal1
+
+STUDY = Path(__file__).resolve().parent  # experimental/contrastive_study
+PACKAGE = Path(cudal1.__file__).resolve().parent  # src/cudal1
+#: The sources whose digest identifies the code of a result: the study's, and these packages of cudal1.
+SOURCE_DIRS = ("train", "exemplars", "core")
 LIBRARIES = ("torch", "transformers", "trl", "datasets", "tokenizers", "accelerate", "peft", "numpy")
 
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=PACKAGE)
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=STUDY)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
 def source_sha256() -> str:
-    """SHA-256 over the files of `SOURCE_DIRS` (relative path and content, in sorted order)."""
+    """SHA-256 over the study's files and those of `SOURCE_DIRS` (relative path and content, in sorted
+    order; the study's paths as `contrastive_study/...`)."""
     digest = hashlib.sha256()
-    for sub in SOURCE_DIRS:
-        for path in sorted((PACKAGE / sub).rglob("*.py")):
-            digest.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    roots = [(STUDY.parent, STUDY)] + [(PACKAGE, PACKAGE / sub) for sub in SOURCE_DIRS]
+    for base, folder in roots:
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -19,17 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cudal1.study.bench import compile_all, run_worker
-from cudal1.study.kernels import kernel_source
-from cudal1.study.ops import study_tasks
-from cudal1.study.provenance import provenance
-from cudal1.study.recipes import SPACE
-from cudal1.study.table import load_table, new_table, write_table
+from experimental.contrastive_study.bench import compile_all, run_worker
+from experimental.contrastive_study.kernels import kernel_source
+from experimental.contrastive_study.ops import study_tasks
+from experimental.contrastive_study.provenance import provenance
+from experimental.contrastive_study.recipes import SPACE
+from experimental.contrastive_study.table import load_table, new_table, write_table
 
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 6
-METHOD = ("cudal1.study.bench: CUDA events around one call on the current stream, L2 flushed (a write of "
+METHOD = ("experimental.contrastive_study.bench: CUDA events around one call on the current stream, L2 flushed (a write of "
           "twice its size) before each; `reps` rounds, each over every correct cell and the reference twice "
           "in a fresh random order; a cell's time is the median of its rounds")
 

@@ -1,12 +1,12 @@
-"""The spot-check's sample and agreement (cudal1.study.spotcheck; the evaluation itself needs a GPU)."""
+"""The spot-check's sample and agreement (experimental.contrastive_study.spotcheck; the evaluation itself needs a GPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cudal1.study.spotcheck import agreement, choose_cells
-from cudal1.study.surrogate import surrogate_table
-from cudal1.study.table import Table
+from experimental.contrastive_study.spotcheck import agreement, choose_cells
+from experimental.contrastive_study.surrogate import surrogate_table
+from experimental.contrastive_study.table import Table
 
 
 def test_the_sample_spans_families_ranks_and_failures():
@@ -38,8 +38,8 @@ def test_spotcheck_records_as_it_goes_and_a_second_run_does_the_rest(tmp_path, m
 
     import cudal1.service.evaluator as service
     from cudal1.core.types import EvalResult, Status
-    from cudal1.study.spotcheck import spotcheck
-    from cudal1.study.table import write_table
+    from experimental.contrastive_study.spotcheck import spotcheck
+    from experimental.contrastive_study.table import write_table
 
     table_path = tmp_path / "table.json"
     write_table(table_path, surrogate_table())

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal1.study.landscapes import improver_example
-from cudal1.study.ops import visible_features
-from cudal1.study.prompting import prompt_text
-from cudal1.study.recipes import parse_recipe
+from experimental.contrastive_study.landscapes import improver_example
+from experimental.contrastive_study.ops import visible_features
+from experimental.contrastive_study.prompting import prompt_text
+from experimental.contrastive_study.recipes import parse_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def build_improver(size: ImproverSize | None = None, seed: int = 0) -> tuple[Any
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from cudal1.study.prompting import make_tokenizer
+    from experimental.contrastive_study.prompting import make_tokenizer
 
     size = size or ImproverSize()
     tok = make_tokenizer()
@@ -125,7 +125,7 @@ def exemplar_reading(model: Any, tok: Any, *, landscapes: int = 60, samples: int
     mean); with the paired differences per landscape."""
     import statistics
 
-    from cudal1.study.landscapes import draw_exemplars, generate
+    from experimental.contrastive_study.landscapes import draw_exemplars, generate
 
     rng = random.Random(seed)
     lands, true_prompts, shuffled_prompts = [], [], []

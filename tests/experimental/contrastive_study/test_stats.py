@@ -1,10 +1,10 @@
-"""Confidence intervals and ranks of the study (cudal1.study.stats)."""
+"""Confidence intervals and ranks of the study (experimental.contrastive_study.stats)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cudal1.study.stats import (
+from experimental.contrastive_study.stats import (
     adjusted_ci,
     holm,
     mean_ci,
@@ -42,7 +42,7 @@ def test_prediction_interval_and_spearman():
 
 
 def test_a_rerun_is_placed_against_the_committed_seeds():
-    from cudal1.study.run import against
+    from experimental.contrastive_study.run import against
 
     key = "held_out_log_regret"
     committed = {"per_seed": {"grpo-plain": {s: {key: v} for s, v in enumerate([0.090, 0.092, 0.091, 0.093])}}}

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cudal1.study.ops import StudyTask
-from cudal1.study.recipes import Recipe
+from experimental.contrastive_study.ops import StudyTask
+from experimental.contrastive_study.recipes import Recipe
 
 #: Hopper's opt-in shared memory per block (227 KB), less the row kernel's static reduction scratch.
 MAX_DYNAMIC_SHARED_BYTES = 227 * 1024 - 128
@@ -396,7 +396,7 @@ def output_shape(task: StudyTask) -> tuple[int, ...]:
     return (task.rows,) if task.family.row_out else (task.rows, task.cols)
 
 
-_CANDIDATE = '''"""Study candidate: recipe {recipe} for {family} (a template of cudal1.study.kernels)."""
+_CANDIDATE = '''"""Study candidate: recipe {recipe} for {family} (a template of experimental.contrastive_study.kernels)."""
 import torch
 import torch.nn as nn
 

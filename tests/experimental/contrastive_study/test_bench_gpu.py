@@ -1,15 +1,15 @@
 """The study's kernels on a GPU: every recipe of every family, at small sizes, is correct or fails for the
 reason the table expects (a static tile over 48 KB does not compile, staged rows over the limit cannot
-launch). Run before `contrastive_study.py measure`: `python -m pytest -m gpu tests/study -q`."""
+launch). Run before `contrastive_study.py measure`: `python -m pytest -m gpu tests/experimental/contrastive_study -q`."""
 
 from __future__ import annotations
 
 import pytest
 
-from cudal1.study.bench import Launcher, compile_all, measure_task
-from cudal1.study.kernels import kernel_source, launch_config
-from cudal1.study.ops import FAMILIES, StudyTask
-from cudal1.study.recipes import BY_TEXT, SPACE
+from experimental.contrastive_study.bench import Launcher, compile_all, measure_task
+from experimental.contrastive_study.kernels import kernel_source, launch_config
+from experimental.contrastive_study.ops import FAMILIES, StudyTask
+from experimental.contrastive_study.recipes import BY_TEXT, SPACE
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

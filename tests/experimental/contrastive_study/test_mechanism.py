@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudal1.study.improver import ImproverSize, exemplar_reading, pretrain
+from experimental.contrastive_study.improver import ImproverSize, exemplar_reading, pretrain
 
 
 @pytest.fixture(scope="module")
