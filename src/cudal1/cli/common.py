@@ -23,7 +23,7 @@ from rich.progress import (
 )
 
 from cudal1.core.errors import SourceError
-from cudal1.core.names import PROFILE_ALIASES, canonical_profile, describe_choices
+from cudal1.core.names import RENAMED_PROFILES
 from cudal1.eval.config import PROFILES, EvalConfig, profile_choices
 from cudal1.llm.prompts import FORM_CHOICES
 from cudal1.tasks.task import MAX_SOURCE_BYTES, size_problem, source_problem
@@ -41,11 +41,12 @@ def check_device(value: str) -> str:
 
 
 def check_profile(value: str) -> str:
-    """`--profile`: a correctness profile, `kernelbench` standing for `kernelbench-v0` (core.names)."""
-    name = canonical_profile(value)
-    if name not in PROFILES:
-        names = describe_choices(((name, "") for name in PROFILES), aliases=PROFILE_ALIASES)
-        raise typer.BadParameter(f"{value!r} is not one of {names}")
+    """`--profile`: a correctness profile, or an old spelling (`core.names.RENAMED_PROFILES`) that the
+    evaluator's config turns into its profile and policy."""
+    name = value.strip()
+    if name not in PROFILES and name not in RENAMED_PROFILES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(PROFILES)} (deprecated: "
+                                 f"{', '.join(RENAMED_PROFILES)})")
     return name
 
 
@@ -75,8 +76,8 @@ def positive(value: float | None) -> float | None:
 
 DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)
 ProfileOpt = typer.Option("strict", "--profile", callback=check_profile,
-                          help=f"Correctness profile: {profile_choices(typed=True)}. Other harnesses' "
-                               "acceptance rules: cudal1 eval --policy.")
+                          help=f"Correctness profile, how to measure: {profile_choices(typed=True)}. What "
+                               "rejects: cudal1 eval --policy.")
 TrialsOpt = typer.Option(5, "--trials", min=1, help="Correctness trials with fresh inputs.")
 SizesOpt = typer.Option("auto", "--sizes", callback=choice("auto", "full", "small"),
                         help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
@@ -187,7 +188,7 @@ def output_file(path: Path) -> Path:
 
 
 def make_config(device: str, profile: str, trials: int, sizes: str, **extra: Any) -> EvalConfig:
-    return EvalConfig(device=device, profile=canonical_profile(profile), correctness_trials=trials,
+    return EvalConfig(device=device, profile=profile, correctness_trials=trials,
                       sizes=sizes, **extra)
 
 

@@ -32,8 +32,8 @@ def eval_command(
     sizes: str = common.SizesOpt, store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt,
     force: bool = common.ForceOpt, buckets: int = common.BucketsOpt, timeout_s: float = common.TimeoutOpt,
     sandbox: str = common.SandboxOpt,
-    policy: str = typer.Option("cuda-l1", "--policy", help="Verdict policy on top of the evaluator's verdict: "
-                               f"{policy_choices()}."),
+    policy: str = typer.Option("", "--policy", help="Verdict policy, what rejects: "
+                               f"{policy_choices()}; default: the profile's."),
     round_toward_one: bool = typer.Option(False, "--round-toward-one", help="CUDA-L1's conservative rounding."),
     estimator: str = typer.Option("pooled", "--estimator", callback=common.choice("pooled", "buckets"),
                                   help="pooled: median of all reference calls over median of all candidate "

@@ -118,11 +118,11 @@ RUNTIME_FLAGS: dict[str, FlagKind] = {
     STRICTER_TOLERANCE: FlagKind("an output was outside a stricter profile's tolerance (recorded by a pass that "
                                  "derives several profiles' verdicts; the looser tolerance decided)", WARN),
     RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
-    RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", WARN),
-    RECHECK_FAILED: FlagKind("the re-measurement failed", WARN),
+    RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", ERR),
+    RECHECK_FAILED: FlagKind("the re-measurement failed", ERR),
     JUDGE_CHEATS: FlagKind("the LLM judge says the candidate cheats", ERR),
     JUDGE_CLEAN: FlagKind("the LLM judge found no cheat", INFO),
-    JUDGE_INCONCLUSIVE: FlagKind("the LLM judge could not decide", WARN),
+    JUDGE_INCONCLUSIVE: FlagKind("the LLM judge could not decide", INFO),
 }
 del ERR, WARN, INFO
 
@@ -136,6 +136,12 @@ def always_rejects(rule: str) -> bool:
     return kind is not None and kind.always_rejects
 
 
-def runtime_flag(rule: str, message: str) -> Flag:
-    """A runtime finding with its table severity."""
-    return Flag(rule, RUNTIME_FLAGS[rule].severity, message, source="runtime")
+def severity_of(rule: str) -> Severity:
+    """The severity a runtime finding is raised with (its `RUNTIME_FLAGS` row)."""
+    return RUNTIME_FLAGS[rule].severity
+
+
+def runtime_flag(rule: str, message: str, *, line: int | None = None, source: str = "runtime") -> Flag:
+    """A runtime finding with its table severity: every site raises a finding through this (or reads
+    `severity_of`), so that a finding's severity is stated once (tests/core/test_flag_severity.py)."""
+    return Flag(rule, severity_of(rule), message, line=line, source=source)
