@@ -79,6 +79,10 @@ def test_decide_names_the_rule_that_rejects_each_flag():
     loose = decide(flags, "kernelbench-v0")
     assert loose.rejected == [CLOCK] and loose.reason is CLOCK
     assert not decide([STATIC_THREADS, GUARD_THREADS, NOTE], "cuda-l1").rejects
+    later = [F.runtime_flag(F.RECHECK_DISAGREE, "not reproducible"), Flag(F.JUDGE_CHEATS, Severity.ERROR, "x",
+                                                                          source="judge")]
+    assert [row.rejected_by for row in decide(later, "kernelbench-v0").rows] == [
+        "the re-check on a second GPU", "the LLM judge (reject_on_cheat)"]
 
 
 def test_the_views_reject_by_the_policy_not_the_profile():

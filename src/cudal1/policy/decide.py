@@ -4,11 +4,13 @@
     decision = decide(result.flags, resolve_policy("guarded"))
     decision.rejects, decision.rejected, decision.rows    # one row per flag: its severity, what rejected it
 
-Every flag is judged by exactly one of four rules, named in its row (`Finding.rejected_by`):
+Every flag is judged by exactly one of these rules, named in its row (`Finding.rejected_by`):
 - a static flag (`source == "static"`): the policy's static preset, where that preset's action is `reject`;
 - a `policy.*` flag: the policy's harness rule that raised it (`apply.violations_from_facts`);
 - a runtime finding of severity ERROR that `cudal1.core.flags.RUNTIME_FLAGS` marks `always_rejects`: every
   policy (it makes the measured speedup meaningless);
+- the steps after an evaluation (`source` "judge": the LLM judge with `reject_on_cheat`; `recheck.*`: the
+  re-check on a second GPU) reject with severity ERROR under every policy, as they did when they ran;
 - any other runtime finding of severity ERROR: the policy's `reject_runtime_guards`.
 Anything else is recorded only. The evaluator (`cudal1.eval.evaluation`), the audit's views
 (`cudal1.audit.views`), re-judging a stored result (`rejudge`) and `cudal1 explain` all read this rule.
@@ -79,6 +81,8 @@ def rejected_by(flag: Flag, policy: Policy, static_table: dict[str, str] | None 
         return ""
     if F.always_rejects(flag.rule):
         return EVERY_POLICY
+    if flag.source == "judge" or flag.rule.startswith("recheck."):
+        return "the LLM judge (reject_on_cheat)" if flag.source == "judge" else "the re-check on a second GPU"
     return f"{RUNTIME_GUARDS} ({policy.name})" if policy.reject_runtime_guards else ""
 
 
