@@ -62,6 +62,12 @@ def test_an_old_profile_spelling_still_works_with_one_warning(old, profile, poli
     assert not cfg.policy_obj.reject_runtime_guards
 
 
+def test_the_old_default_policy_beside_strict_warns_that_its_meaning_changed(caplog):
+    with caplog.at_level(logging.WARNING, logger="cudal1.eval.config"):
+        cfg = EvalConfig(device="cpu", profile="strict", policy="cuda-l1")  # an old saved config's pair
+    assert cfg.policy_obj.name == "cuda-l1" and any("before 2026-12-07" in r.getMessage() for r in caplog.records)
+
+
 def test_a_default_runs_cache_key_is_unchanged_and_another_policy_is_another_key():
     key = EvalConfig(device="cpu").protocol()
     assert key["profile"] == "strict" and "policy" not in key
@@ -100,7 +106,8 @@ def test_a_stored_row_rejudged_under_another_policy_gets_that_policys_verdict_wi
                         protocol={"profile": "evidence", "policy": "kernelbench-v0"})
     strict = rejudge(stored, "guarded")
     assert strict.status is Status.HACK_DETECTED and strict.speedup is None
-    assert strict.protocol["policy"] == "guarded" and strict.protocol["policy_rules"]["reject_runtime_guards"]
+    assert (strict.profile, strict.policy) == ("evidence", "guarded")
+    assert strict.protocol["policy_rules"]["reject_runtime_guards"]
     assert rejudge(stored, "cuda-l1").status is Status.CORRECT
     # a rejection that stopped the run cannot be undone from the record: no verdict, not a guess
     assert rejudge(strict, "cuda-l1").status is Status.INFRA_ERROR

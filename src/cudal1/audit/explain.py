@@ -123,9 +123,7 @@ def recorded_judging(result: EvalResult) -> tuple[str, str]:
     (no `policy_rules`) was judged for its static flags and guards by its profile: its profile's policy
     (`PROFILE_POLICIES`, old spellings mapped) stands for it (a harness policy's `policy.*` flags it
     carries are shown as that policy's)."""
-    profile = str(result.protocol.get("profile") or "")
-    policy = result.protocol.get("policy")
-    name = str(policy.get("name", "")) if isinstance(policy, dict) else str(policy or "")
+    profile, name = result.profile, result.policy
     try:
         canonical, implied = canonical_options(profile, None) if profile else ("", "")
     except ConfigError:

@@ -17,7 +17,7 @@ rule (`cudal1.policy.decide.decide`):
    them): `incorrect`, or `hack_detected` when a flag raised before it (or a guard on the process's state,
    which the evaluator's last look at a stopped candidate sees) rejects under the policy;
 4. a crash or a timeout stands, unless it came in the extra trials and the profile runs none (`undecided`);
-5. `hack_detected` in the record (what rejects under every profile) stands;
+5. `hack_detected` in the record (what rejects under every policy) stands;
 6. `incorrect` or `correct` with a runtime flag the policy rejects: `hack_detected`; else the record's verdict,
    and for `correct` its speedup;
 7. the policy's harness rules turn down a correct verdict whose evidence breaks them (`policy.*`), from the

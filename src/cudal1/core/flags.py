@@ -5,7 +5,7 @@ of these constants; reports, the judge's case database, policies and tests refer
 rules have their own registry (`cudal1.analysis.rules`); their names carry no dot.
 
 To add a runtime check: add its constant and its row in `RUNTIME_FLAGS` (a one-line description, the
-severity it is raised with, whether it rejects under every profile), raise it where the evidence is found
+severity it is raised with, whether it rejects under every policy), raise it where the evidence is found
 with `runtime_flag`, and give it a fixture and a test (tests/eval).
 """
 
@@ -61,9 +61,9 @@ JUDGE_INCONCLUSIVE = "judge.inconclusive"
 
 @dataclass(frozen=True)
 class FlagKind:
-    """One runtime finding: what it means, how severe it is, whether it rejects under every profile (a
-    finding that makes the measured speedup meaningless does; the others reject only where the profile
-    rejects on runtime guards)."""
+    """One runtime finding: what it means, how severe it is, whether it rejects under every policy (a
+    finding that makes the measured speedup meaningless does; the others reject only where the policy
+    rejects on runtime guards, `Policy.reject_runtime_guards`)."""
 
     description: str
     severity: Severity = Severity.ERROR
@@ -131,7 +131,7 @@ DESCRIPTIONS: dict[str, str] = {rule: kind.description for rule, kind in RUNTIME
 
 
 def always_rejects(rule: str) -> bool:
-    """Whether a runtime finding rejects under every profile."""
+    """Whether a runtime finding rejects under every policy (`cudal1.policy.decide`)."""
     kind = RUNTIME_FLAGS.get(rule)
     return kind is not None and kind.always_rejects
 

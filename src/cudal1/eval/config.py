@@ -253,6 +253,12 @@ class EvalConfig:
             profile, policy = canonical_options(self.profile, self.policy)
             object.__setattr__(self, "profile", profile)
             object.__setattr__(self, "policy", policy)
+        elif self.policy == "cuda-l1" and self.profile != "loose":
+            # Before policies held the static preset and the guards, `cuda-l1` was the default and added nothing
+            # to the profile's rules: a config written then meant its profile's policy by it.
+            logger.warning("policy 'cuda-l1' under profile %r is CUDA-L1's rules (its static preset, guards "
+                           "recorded); before 2026-12-07 it meant the profile's own (%s): leave the policy empty "
+                           "for those", self.profile, PROFILE_POLICIES.get(self.profile, "?"))
         canonical_options(self.profile, self.policy)  # a clear error for an unknown profile
         if self.sizes not in ("auto", "full", "small"):
             raise ConfigError(f"sizes must be auto, full or small, not {self.sizes!r}")
