@@ -40,8 +40,8 @@ def test_one_place_turns_options_into_a_profile_and_a_policy():
     profile, policy = resolve_judging("strict", "kernelbench")
     assert (profile.name, policy.name, policy.static_preset, policy.reject_runtime_guards) == (
         "strict", "kernelbench", "kernelbench-v0", False)
-    cfg = EvalConfig(device="cpu")
-    assert cfg.judging == resolve_judging("strict") and cfg.policy_obj.name == "guarded"
+    cfg = EvalConfig(device="cpu", profile=" strict ")
+    assert cfg.profile == "strict" and cfg.judging == resolve_judging("strict") and cfg.policy_obj.name == "guarded"
     with pytest.raises(ConfigError, match="unknown profile"):
         EvalConfig(profile="no-such")
 

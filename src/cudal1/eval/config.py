@@ -249,7 +249,8 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, {})  # every float finite (a NaN passes every comparison below)
-        if self.profile.strip() in RENAMED_PROFILES:  # an old spelling: its profile and (if none named) policy
+        object.__setattr__(self, "profile", self.profile.strip())
+        if self.profile in RENAMED_PROFILES:  # an old spelling: its profile and (if none named) policy
             profile, policy = canonical_options(self.profile, self.policy)
             object.__setattr__(self, "profile", profile)
             object.__setattr__(self, "policy", policy)
