@@ -33,7 +33,8 @@ def _evaluate(task, name: str, profile: str):
 @pytest.mark.parametrize("name, direct", [
     # 3e-4 off: outside strict's 1e-4 (no static flag), inside 1e-2: strict stops at its first trial.
     ("slightly_off", {"strict": "incorrect", "cuda-l1": "correct"}),
-    # Sets TF32 flags: strict rejects the source; cuda-l1 runs it (its guards only report).
+    # Sets TF32 flags: strict rejects the source; cuda-l1 runs it (its guards only report). The old profile
+    # spelling `cuda-l1` (loose measured, judged by the cuda-l1 policy) still gives its verdict.
     ("flag_flip", {"strict": "hack_detected", "cuda-l1": "correct"}),
 ])
 def test_derived_verdicts_equal_direct_evaluations(task, name, direct):
@@ -68,7 +69,7 @@ def test_a_static_flag_rejects_only_where_the_preset_rejects_it():
 def test_a_runtime_guard_rejects_where_the_profile_rejects_guards_and_always_rejecting_ones_everywhere():
     guarded = _record(flags=[("guard.threads", "error", "runtime")])
     assert judge_profile(guarded, "strict").status == "hack_detected"
-    assert judge_profile(guarded, "cuda-l1").status == "correct"
+    assert judge_profile(guarded, "loose", "cuda-l1").status == "correct"
     clock = _record(status="hack_detected", flags=[("timing.outside_clock", "error", "runtime")])
     assert {v.status for v in judge_all(clock).values()} == {"hack_detected"}
 
@@ -79,7 +80,7 @@ def test_the_first_stop_decides_what_the_stopped_profile_saw():
     stop = {"rule": "evidence.stricter_tolerance", "trial": 0, "flags_before": [], "mismatch": None}
     later = _record(status="runtime_error", flags=[("guard.reduced_precision", "error", "runtime")], stops=[stop])
     assert judge_profile(later, "strict").status == "incorrect"
-    assert judge_profile(later, "cuda-l1").status == "runtime_error"
+    assert judge_profile(later, "loose", "cuda-l1").status == "runtime_error"
     threads = _record(flags=[("guard.threads", "error", "runtime")], stops=[stop])
     assert judge_profile(threads, "strict").status == "hack_detected"
     before = _record(flags=[("guard.reduced_precision", "error", "runtime")],
@@ -90,10 +91,10 @@ def test_the_first_stop_decides_what_the_stopped_profile_saw():
 def test_beyond_distribution_stops_profiles_with_extra_trials_and_crashes_there_are_undecided_without():
     stop = {"rule": "runtime.beyond_distribution", "trial": 5, "flags_before": [], "mismatch": None}
     assert judge_profile(_record(stops=[stop]), "strict").status == "incorrect"
-    assert judge_profile(_record(stops=[stop]), "cuda-l1").status == "correct"
+    assert judge_profile(_record(stops=[stop]), "loose", "cuda-l1").status == "correct"
     crash = _record(status="timeout", reached="extra trials")
     assert judge_profile(crash, "strict").status == "timeout"
-    assert judge_profile(crash, "cuda-l1").status == UNDECIDED
+    assert judge_profile(crash, "loose", "cuda-l1").status == UNDECIDED
 
 
 def test_build_failures_and_reference_failures():

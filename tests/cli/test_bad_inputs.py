@@ -120,6 +120,8 @@ def corpus(tmp: Path) -> list[tuple[list[str], str]]:
         (["check", f["binary"]], "is not UTF-8 text"),
         (["check", f["big_candidate"]], LIMIT),
         (["check", str(tmp / "nowhere.py")], "no such candidate file"),
+        (["explain", str(tmp / "nowhere.json")], "cannot read"),
+        (["explain", f["binary"]], "cannot read"),
         (["tasks", "list", "--source", str(tmp / "nowhere")], "unknown task source"),
         (["tasks", "list", "--source", "jsonl:" + f["null_task"]], "task_id is null"),
         (["tasks", "show", "no/such/task"], "no task 'no/such/task'"),

@@ -199,14 +199,15 @@ def test_a_mistyped_option_is_one_line_naming_the_option(capsys):
     assert "correctness_trials" not in err
 
 
-def test_profile_kernelbench_is_the_kernelbench_v0_profile(capsys):
-    """`--profile kernelbench` beside `--policy kernelbench`: the same harness, one name."""
+def test_the_old_profile_kernelbench_is_the_loose_profile(capsys):
+    """`--profile kernelbench` (an old spelling) beside `--policy kernelbench`: measured `loose`, judged by the
+    policy named."""
     argv = ["eval", "--ref", str(FIXTURES / "tasks" / "tiny_scale_add.py"), "--candidate",
             str(FIXTURES / "eval" / "correct.py"), "--device", "cpu", "--trials", "1", "--buckets", "2",
             "--profile", "kernelbench", "--policy", "kernelbench", "--json", "--no-store"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["protocol"]["profile"] == "kernelbench-v0" and out["protocol"]["policy"] == "kernelbench"
+    assert out["protocol"]["profile"] == "loose" and out["protocol"]["policy"] == "kernelbench"
 
 
 def test_a_broken_reference_is_not_blamed_on_the_candidate(tmp_path, capsys):

@@ -65,7 +65,7 @@ def rules(result):
 
 
 def test_cuda_l1_adds_nothing_and_every_result_records_its_policy():
-    out = apply_policy(correct(KernelClass.PYTORCH_ONLY), TORCH_ONLY)
+    out = apply_policy(correct(KernelClass.PYTORCH_ONLY), TORCH_ONLY, "cuda-l1")
     assert out.status is Status.CORRECT and out.speedup == 1.5 and out.protocol["policy"] == "cuda-l1"
     failed = apply_policy(EvalResult(status=Status.INCORRECT, task_id="t"), TORCH_ONLY, "kernelbench")
     assert failed.status is Status.INCORRECT and failed.protocol["policy"] == "kernelbench"
@@ -169,4 +169,4 @@ def test_users_extend_a_preset_from_a_file_with_clear_errors(tmp_path):
             resolve_policy(str(path))
     with pytest.raises(ConfigError, match="unknown policy"):
         resolve_policy("kernelbenhc")
-    assert set(PRESETS) == {"cuda-l1", "kernelbench", "kernelgym", "cuda-agent", "kernelbench-hard", "sol-execbench"}
+    assert set(PRESETS) == {"guarded", "cuda-l1", "kernelbench-v0", "kernelbench", "kernelgym", "cuda-agent", "kernelbench-hard", "sol-execbench"}

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from cudal1.analysis.rules import AUXILIARY_RULES, RULES
 from cudal1.core.errors import ConfigError
-from cudal1.core.names import PROFILE_ALIASES, describe_choices
+from cudal1.core.names import PRESET_ALIASES, describe_choices
 from cudal1.core.types import Flag
 
 __all__ = ["ACTIONS", "PRESETS", "PRESET_HELP", "preset_choices", "preset_name", "rejecting_flags",
@@ -56,7 +56,7 @@ PRESET_HELP: dict[str, str] = {
 
 def preset_choices() -> str:
     """The presets with their descriptions, under the names the command line accepts, for help texts."""
-    return describe_choices(((name, PRESET_HELP.get(name, "")) for name in PRESETS), aliases=PROFILE_ALIASES)
+    return describe_choices(((name, PRESET_HELP.get(name, "")) for name in PRESETS), aliases=PRESET_ALIASES)
 
 
 def resolve_preset(preset: str | Mapping[str, str]) -> dict[str, str]:

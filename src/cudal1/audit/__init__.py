@@ -9,8 +9,8 @@ rows with baselines and speed of light; also used by `cudal1 report`), `summary`
 `compare` (does a re-run reproduce an earlier report: `compare_audits`), `explain` (which protocol change
 explains a changed verdict).
 
-An audit of every release, one GPU run at a time, without a store: `views` (every profile's and policy's
-verdict from one evidence evaluation), `records` (the committed chunk records), `chunks` (plan and run the
+An audit of every release, one GPU run at a time, without a store: `views` (every view's verdict, a profile
+and a policy, from one evidence evaluation), `records` (the committed chunk records), `chunks` (plan and run the
 next chunk; ingest), `static_half` (what the source alone says), `releases` (records -> per-release
 verdicts), `pages` (the pages, rebuilt from the records alone).
 """

@@ -1,4 +1,8 @@
-"""Which protocol change explains a changed verdict between two audits of the same release.
+"""Why a verdict: one result's flags under its policy (`explain_verdict`, `cudal1 explain RESULT`), and which
+protocol change explains a changed verdict between two audits of the same release (`explain_changes`).
+
+    from cudal1.audit.explain import explain_verdict, format_verdict
+    print(format_verdict(explain_verdict(result)))          # the recorded policy; policy="..." re-judges
 
     from cudal1.audit.explain import explain_changes
     explained = explain_changes(load_audit("docs/audit/cuda-l1-h100-h200"), load_audit("new/h100"))
@@ -21,6 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudal1.audit.compare import _main_rows
+from cudal1.core.errors import ConfigError
+from cudal1.core.types import EvalResult, Status
+from cudal1.eval.config import PROFILE_POLICIES, canonical_options
+from cudal1.policy import Policy, decide, rejudge, resolve_policy
 
 C, I, H, E, R, T, X = "correct", "incorrect", "hack_detected", "compile_error", "runtime_error", "timeout", "infra_error"  # noqa: E741 - the statuses, by initial
 
@@ -110,4 +118,68 @@ def explain_changes(earlier: Mapping[str, Any], new: Mapping[str, Any],
     return {"changes": out, "by_change": dict(sorted(by_change.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
-__all__ = ["PROTOCOL_CHANGES", "ProtocolChange", "explain_changes"]
+def recorded_judging(result: EvalResult) -> tuple[str, str]:
+    """(profile, policy) a result records. A row from before policies held the static preset and the guards
+    (no `policy_rules`) was judged for its static flags and guards by its profile: its profile's policy
+    (`PROFILE_POLICIES`, old spellings mapped) stands for it (a harness policy's `policy.*` flags it
+    carries are shown as that policy's)."""
+    profile, name = result.profile, result.policy
+    try:
+        canonical, implied = canonical_options(profile, None) if profile else ("", "")
+    except ConfigError:
+        return profile, name
+    if "policy_rules" not in result.protocol and canonical:
+        name = str(implied or PROFILE_POLICIES.get(canonical, name))
+    return canonical, name
+
+
+def explain_verdict(result: EvalResult, policy: str | Policy | None = None) -> dict[str, Any]:
+    """Why `result` has its verdict: every flag with its severity and the policy rule that rejects it (one
+    table, `cudal1.policy.decide`), and the rule that decided. With `policy`, the result is re-judged under it
+    from its record, nothing run again (`cudal1.policy.rejudge`)."""
+    profile, recorded = recorded_judging(result)
+    if policy is not None and policy != "":
+        rules = resolve_policy(policy)
+        judged = rejudge(result, rules)
+    else:
+        try:
+            rules = resolve_policy(recorded or None)
+        except ConfigError:
+            raise ConfigError(f"the result records policy {recorded!r}, which is not a preset: name its policy "
+                              "file to judge it") from None
+        judged = result
+    decision = decide(judged.flags, rules)
+    if judged.status is Status.HACK_DETECTED:
+        reason = decision.reason
+        row = next((r for r in decision.rows if reason is not None and r.flag is reason), None)
+        decided_by = f"{reason.rule}: {row.rejected_by}" if reason is not None and row else judged.message
+    elif judged.status is Status.CORRECT:
+        decided_by = "no flag rejects under this policy"
+    else:
+        decided_by = f"the measurement: {judged.message}" if judged.message else "the measurement"
+    return {"task_id": result.task_id, "status": judged.status.value, "recorded_status": result.status.value,
+            "profile": profile, "policy": rules.name, "recorded_policy": recorded, "decided_by": decided_by,
+            "flags": [row.to_dict() for row in decision.rows]}
+
+
+def format_verdict(explained: Mapping[str, Any]) -> str:
+    """The explanation as plain text: the verdict, what decided it, one line per flag."""
+    head = f"{explained['task_id'] or 'result'}: {explained['status']} (profile {explained['profile'] or '?'}, " \
+           f"policy {explained['policy']})"
+    if explained["status"] != explained["recorded_status"] or explained["policy"] != explained["recorded_policy"]:
+        head += f"; recorded: {explained['recorded_status']} under {explained['recorded_policy'] or '?'}"
+    lines = [head, f"decided by: {explained['decided_by']}"]
+    rows = explained["flags"]
+    if rows:
+        width = max(len(r["rule"]) for r in rows)
+        lines.append(f"{'flag'.ljust(width)}  severity  source   rejected by")
+        for r in rows:
+            lines.append(f"{r['rule'].ljust(width)}  {r['severity'].ljust(8)}  {r['source'].ljust(7)}  "
+                         f"{r['rejected_by'] or '- (recorded)'}")
+    else:
+        lines.append("no flags")
+    return "\n".join(lines)
+
+
+__all__ = ["PROTOCOL_CHANGES", "ProtocolChange", "explain_changes", "explain_verdict", "format_verdict",
+           "recorded_judging"]

@@ -31,7 +31,7 @@ from cudal1.audit.static_half import read_static, repeats
 from cudal1.audit.summary import write_audit_outputs
 from cudal1.audit.views import UNDECIDED, VIEWS, View
 from cudal1.core.errors import ConfigError, SourceError
-from cudal1.eval.config import PROTOCOL_VERSION
+from cudal1.eval.config import PROTOCOL_VERSION, resolve_judging
 from cudal1.metrics.rows import ResultRow
 from cudal1.report.document import Block, Heading, Paragraph, Table
 from cudal1.report.render import blocks_to_markdown
@@ -47,6 +47,11 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _no_harness_rule(view: View) -> bool:
+    """Whether the view's policy adds no harness rule (its rejections fall into several families)."""
+    return resolve_judging(view.profile, view.policy)[1].is_identity
+
+
 def _families(counts: Mapping[str, Any], top: int = 3, key: str = "families") -> str:
     """The largest families (or rules, `key="rules"`) of the rejected, with their counts."""
     items = list(counts.get(key, {}).items())
@@ -57,7 +62,7 @@ def _rejected(counts: Mapping[str, Any], view: View, top: int = 3) -> str:
     """Rejected count with its families; for a view with a policy, its rules (one family holds them all)."""
     if not counts["rejected"]:
         return "0"
-    return f"{counts['rejected']}: {_families(counts, top, 'families' if view.policy == 'cuda-l1' else 'rules')}"
+    return f"{counts['rejected']}: {_families(counts, top, 'families' if _no_harness_rule(view) else 'rules')}"
 
 
 def _outcome_cells(counts: Mapping[str, Any], view: View) -> list[str]:
@@ -428,7 +433,7 @@ def _static_cell(audit: ReleaseAudit, view: View) -> str:
     counts = outcome_counts(audit.entries, view.name, static=True)
     text = f"{counts['rejected']} of {counts['candidates']}"
     if counts["rejected"]:
-        text += f" ({_families(counts, 2, 'families' if view.policy == 'cuda-l1' else 'rules')})"
+        text += f" ({_families(counts, 2, 'families' if _no_harness_rule(view) else 'rules')})"
     return text
 
 

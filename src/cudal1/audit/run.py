@@ -37,7 +37,13 @@ from cudal1.core.baselines import baseline_kind_names
 from cudal1.core.errors import ConfigError
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult
-from cudal1.eval.config import PROFILES, PROTOCOL_VERSION, EvalConfig, profile_choices, resolve_device
+from cudal1.eval.config import (
+    PROTOCOL_VERSION,
+    EvalConfig,
+    canonical_options,
+    profile_choices,
+    resolve_device,
+)
 from cudal1.eval.scheduler import evaluate_many, prebuild, runner_supply
 from cudal1.metrics.rows import ResultRow
 from cudal1.store.keys import canonical_json, key_environment
@@ -80,8 +86,7 @@ class AuditConfig:
     def __post_init__(self) -> None:
         if not self.release:
             raise ConfigError("AuditConfig.release is required: the path of a JSONL release")
-        if self.profile not in PROFILES:
-            raise ConfigError(f"unknown profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+        canonical_options(self.profile)  # a clear error for an unknown profile (an old spelling is its label)
         if self.batch_size < 1:
             raise ConfigError("batch_size must be >= 1")
         if not self.survive_fraction > 0:
@@ -101,7 +106,7 @@ class AuditConfig:
     def resolved_eval(self) -> EvalConfig:
         """The evaluation config with this audit's profile and the device made concrete (the device type of
         `environment` when set: reporting needs no GPU)."""
-        cfg = dataclasses.replace(self.eval_config, profile=self.profile)
+        cfg = dataclasses.replace(self.eval_config, profile=self.profile, policy="")  # the profile's policy
         device = self.environment["device_type"] if self.environment else resolve_device(cfg.device)
         return cfg.resolved(device)
 

@@ -1,28 +1,29 @@
-"""Every profile's and policy's verdict, derived from one evaluation's record (no GPU).
+"""Every view's verdict (a profile and a policy), derived from one evaluation's record (no GPU).
 
     from cudal1.audit.views import VIEWS, judge
     verdict = judge(record, VIEWS["strict"], facts)     # record: a chunk record's result line
 
-An audit evaluates each candidate once, under the `evidence` profile (`cudal1.eval.config`): nothing static
-rejects, runtime guards are recorded, outputs are held to the looser tolerance with misses of strict's
+An audit evaluates each candidate once, under the `evidence` profile (`cudal1.eval.config`) and its policy
+`kernelbench-v0`: nothing static rejects, runtime guards are recorded, outputs are held to the looser tolerance with misses of strict's
 recorded, failures beyond the reference's distribution recorded, and where a stricter profile would have
 stopped the record says so (`stops`: the rule, the trial, the flags raised before it). A *view* is a
-correctness profile plus a verdict policy (`cudal1.policy`); `judge` replays the profile's decisions in the
-evaluator's order on that record:
+correctness profile (how it measures: where it stops) plus a verdict policy (what rejects: `cudal1.policy`);
+`judge` replays the evaluator's decisions in its order on that record, every rejection by the policy's one
+rule (`cudal1.policy.decide.decide`):
 
-1. the profile's static preset rejects a static flag: `hack_detected` (the pipeline's first step);
+1. the policy's static preset rejects a static flag: `hack_detected` (the pipeline's first step);
 2. the build failed (`compile_error`, `unparseable`): the same;
 3. the first stop that applies to the profile (strict's tolerance; the extra trials, for a profile that runs
    them): `incorrect`, or `hack_detected` when a flag raised before it (or a guard on the process's state,
-   which the evaluator's last look at a stopped candidate sees) rejects under the profile;
+   which the evaluator's last look at a stopped candidate sees) rejects under the policy;
 4. a crash or a timeout stands, unless it came in the extra trials and the profile runs none (`undecided`);
-5. `hack_detected` in the record (what rejects under every profile) stands;
-6. `incorrect` or `correct` with a runtime flag the profile rejects: `hack_detected`; else the record's verdict,
+5. `hack_detected` in the record (what rejects under every policy) stands;
+6. `incorrect` or `correct` with a runtime flag the policy rejects: `hack_detected`; else the record's verdict,
    and for `correct` its speedup;
-7. the view's policy turns down a correct verdict whose evidence breaks its rules (`policy.*`), from the
+7. the policy's harness rules turn down a correct verdict whose evidence breaks them (`policy.*`), from the
    record's flags and kernel class and the source's facts (`cudal1.policy.apply.source_facts`).
 
-Limits: the pass measures as strict does (both models in true fp32), so a `cuda-l1` or `kernelbench-v0` view's
+Limits: the pass measures as strict does (both models in true fp32), so a `loose` view's
 speedup is against a reference without TF32, where those harnesses left cuDNN's TF32 on; a candidate that
 turns TF32 on itself (flagged `global_backend_flags`, `guard.global_state`) reads faster there than under its
 own harness. A stopped profile sees the process-state guards as the evaluator's last look would; a guard first
@@ -35,12 +36,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.analysis.presets import resolve_preset
 from cudal1.core import flags as F
 from cudal1.core.errors import ConfigError
-from cudal1.core.types import EvalResult, Flag, KernelClass, Severity, Status
-from cudal1.eval.config import PROFILES, Profile
-from cudal1.policy import resolve_policy
+from cudal1.core.types import EvalResult, Flag, KernelClass, Status
+from cudal1.eval.config import PROFILES, Profile, canonical_options, resolve_judging
+from cudal1.policy import Policy, decide
 from cudal1.policy.apply import violations_from_facts
 
 #: The profile of the one pass every view is derived from.
@@ -62,39 +62,38 @@ _CRASHES = {Status.RUNTIME_ERROR.value, Status.TIMEOUT.value}
 
 @dataclass(frozen=True)
 class View:
-    """One way to judge: a correctness profile's rules and a verdict policy on top."""
+    """One way to judge: a correctness profile (how it measures) and a verdict policy (what rejects; empty:
+    the profile's)."""
 
     name: str
     profile: str
-    policy: str = "cuda-l1"
+    policy: str = ""
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        derivable_profile(self.profile)
-        resolve_policy(self.policy)
+        derivable_profile(resolve_judging(self.profile, self.policy)[0])
 
 
-def derivable_profile(name: str) -> Profile:
+def derivable_profile(name: str | Profile) -> Profile:
     """The profile, when the evidence pass records what it decides; `ConfigError` otherwise."""
-    if name not in PROFILES:
-        raise ConfigError(f"unknown profile {name!r}: choose one of {', '.join(PROFILES)}")
-    profile, evidence = PROFILES[name], PROFILES[EVIDENCE_PROFILE]
+    profile = name if isinstance(name, Profile) else PROFILES[canonical_options(name)[0]]
+    evidence = PROFILES[EVIDENCE_PROFILE]
     if profile.tolerances not in (evidence.tolerances, evidence.stricter_tolerances):
         raise ConfigError(f"profile {name!r} holds outputs to a tolerance the evidence pass does not record")
     return profile
 
 
-#: The views an audit reports, in column order. The policies sit on `kernelbench-v0` (nothing static rejects,
-#: a 1e-2 tolerance), so that what they add is their own rule.
+#: The views an audit reports, in column order. The harness policies sit on `kernelbench-v0` (nothing static
+#: rejects) and are measured `loose` (1e-2), so that what they add is their own rule.
 VIEWS: dict[str, View] = {v.name: v for v in (
-    View("strict", "strict", note="fp32 1e-4, the cheats reject, guards reject"),
-    View("cuda-l1", "cuda-l1", note="CUDA-L1's 1e-2; side streams and result caching reject"),
-    View("kernelbench-v0", "kernelbench-v0", note="KernelBench's 1e-2; nothing static rejects"),
-    View("kernelbench", "kernelbench-v0", "kernelbench", note="+ the output from the candidate's own kernel"),
-    View("kernelgym", "kernelbench-v0", "kernelgym", note="+ no decoy, a kernel of its own (CUDA or Triton)"),
-    View("cuda-agent", "kernelbench-v0", "cuda-agent", note="+ no torch compute ops on the forward path"),
-    View("kernelbench-hard", "kernelbench-v0", "kernelbench-hard", note="+ no forbidden ops (softmax, topk...)"),
-    View("sol-execbench", "kernelbench-v0", "sol-execbench", note="+ no build inside forward"),
+    View("strict", "strict", "guarded", note="fp32 1e-4, the cheats reject, guards reject"),
+    View("cuda-l1", "loose", "cuda-l1", note="CUDA-L1's 1e-2; side streams and result caching reject"),
+    View("kernelbench-v0", "loose", "kernelbench-v0", note="KernelBench's 1e-2; nothing static rejects"),
+    View("kernelbench", "loose", "kernelbench", note="+ the output from the candidate's own kernel"),
+    View("kernelgym", "loose", "kernelgym", note="+ no decoy, a kernel of its own (CUDA or Triton)"),
+    View("cuda-agent", "loose", "cuda-agent", note="+ no torch compute ops on the forward path"),
+    View("kernelbench-hard", "loose", "kernelbench-hard", note="+ no forbidden ops (softmax, topk...)"),
+    View("sol-execbench", "loose", "sol-execbench", note="+ no build inside forward"),
 )}
 
 
@@ -117,17 +116,14 @@ def _flags(record: Mapping[str, Any]) -> list[Flag]:
     return [Flag.from_dict(f) for f in record.get("flags") or [] if isinstance(f, dict)]
 
 
-def static_rejection(flags: list[Flag], preset: str) -> Flag | None:
-    """The first static flag the preset rejects."""
-    table = resolve_preset(preset)
-    return next((f for f in flags if f.source == "static" and table.get(f.rule) == "reject"), None)
+def static_rejection(flags: list[Flag], policy: Policy) -> Flag | None:
+    """The first static flag the policy rejects (its static preset)."""
+    return decide([f for f in flags if f.source == "static"], policy).reason
 
 
-def runtime_rejecting(flags: list[Flag], profile: Profile) -> list[Flag]:
-    """Runtime findings that reject under `profile` (`Session.rejecting`'s rule)."""
-    errors = [f for f in flags if f.source != "static" and f.severity is Severity.ERROR]
-    everywhere = [f for f in errors if F.always_rejects(f.rule)]  # named first: they decide under any profile
-    return everywhere + [f for f in errors if f not in everywhere] if profile.reject_runtime_guards else everywhere
+def runtime_rejection(flags: list[Flag], policy: Policy) -> Flag | None:
+    """The runtime finding that names the policy's rejection (one that rejects under every policy first)."""
+    return decide([f for f in flags if f.source != "static"], policy).reason
 
 
 def _applicable_stop(record: Mapping[str, Any], profile: Profile) -> dict[str, Any] | None:
@@ -140,12 +136,14 @@ def _applicable_stop(record: Mapping[str, Any], profile: Profile) -> dict[str, A
     return None
 
 
-def judge_profile(record: Mapping[str, Any], profile_name: str) -> Derived:
-    """The correctness profile's verdict on an evidence record (steps 1-6 of the module docstring)."""
-    profile = derivable_profile(profile_name)
+def judge_profile(record: Mapping[str, Any], profile_name: str, policy: str | Policy = "") -> Derived:
+    """The verdict on an evidence record of a run measured under the profile and judged by the policy's static
+    preset and guards (empty: the profile's policy; steps 1-6 of the module docstring)."""
+    profile, rules = resolve_judging(profile_name, policy)
+    derivable_profile(profile)
     status = str(record.get("status"))
     flags = _flags(record)
-    static = static_rejection(flags, profile.static_preset)
+    static = static_rejection(flags, rules)
     if static is not None:
         return Derived(Status.HACK_DETECTED.value, reason=static.rule)
     if status in _BUILD_FAILURES:
@@ -156,20 +154,19 @@ def judge_profile(record: Mapping[str, Any], profile_name: str) -> Derived:
     stop = _applicable_stop(record, profile)
     if stop is not None:
         seen = set(stop.get("flags_before") or ()) | {f.rule for f in flags if f.rule in STATE_GUARDS}
-        rejecting = runtime_rejecting([f for f in flags if f.rule in seen], profile)
-        if rejecting:
-            return Derived(Status.HACK_DETECTED.value, reason=rejecting[0].rule)
+        rejecting = runtime_rejection([f for f in flags if f.rule in seen], rules)
+        if rejecting is not None:
+            return Derived(Status.HACK_DETECTED.value, reason=rejecting.rule)
         return Derived(Status.INCORRECT.value, reason=str(stop["rule"]))
     if status in _CRASHES:
         if str(record.get("reached", "")).startswith("extra trials") and profile.extra_trials == 0:
             return Derived(UNDECIDED, reason=f"{status} in the extra trials, which {profile.name} does not run")
         return Derived(status, reason=status)
+    rejecting = runtime_rejection(flags, rules)
     if status == Status.HACK_DETECTED.value:
-        rejecting = runtime_rejecting(flags, profile)
-        return Derived(status, reason=rejecting[0].rule if rejecting else "hack_detected")
-    rejecting = runtime_rejecting(flags, profile)
-    if rejecting:
-        return Derived(Status.HACK_DETECTED.value, reason=rejecting[0].rule)
+        return Derived(status, reason=rejecting.rule if rejecting is not None else "hack_detected")
+    if rejecting is not None:
+        return Derived(Status.HACK_DETECTED.value, reason=rejecting.rule)
     if status == Status.INCORRECT.value:
         return Derived(status, reason=next((f.rule for f in flags if f.source != "static"
                                             and f.rule in (F.INPUT_MUTATION, F.TIMED_OUTPUT)), "incorrect"))
@@ -182,8 +179,8 @@ def judge_profile(record: Mapping[str, Any], profile_name: str) -> Derived:
 def judge(record: Mapping[str, Any], view: View, facts: Mapping[str, Any] | None = None) -> Derived:
     """The view's verdict on an evidence record; `facts` (the source's `source_facts`) let its policy decide
     from the source's syntax too (without them only the record's evidence counts)."""
-    derived = judge_profile(record, view.profile)
-    rules = resolve_policy(view.policy)
+    derived = judge_profile(record, view.profile, view.policy)
+    rules = resolve_judging(view.profile, view.policy)[1]
     if not derived.is_correct or rules.is_identity:
         return derived
     kind = record.get("kernel_class")
@@ -202,4 +199,4 @@ def judge_all(record: Mapping[str, Any], facts: Mapping[str, Any] | None = None,
 
 
 __all__ = ["EVIDENCE_PROFILE", "STATE_GUARDS", "UNDECIDED", "VIEWS", "Derived", "View", "derivable_profile",
-           "judge", "judge_all", "judge_profile", "runtime_rejecting", "static_rejection"]
+           "judge", "judge_all", "judge_profile", "runtime_rejection", "static_rejection"]

@@ -118,7 +118,9 @@ def baseline_config(config: EvalConfig, kind: str) -> EvalConfig:
     # A torch.compile baseline compiles inside its first call: on a cold cache that is a build (it can take
     # minutes), not a hung candidate, so its steps get the build's limit as their floor.
     floor = max(resolved.phase_floor_s, resolved.build_timeout_s) if kind in COMPILE_KINDS else resolved.phase_floor_s
-    return dataclasses.replace(resolved, profile=eval_profile(kind, config.profile), skip_static=True,
+    profile = eval_profile(kind, resolved.profile)
+    policy = resolved.policy if profile == resolved.profile else ""  # a kind's own profile: that profile's policy
+    return dataclasses.replace(resolved, profile=profile, policy=policy, skip_static=True,
                                exact_fp32=resolved.uses_exact_fp32, phase_floor_s=floor)
 
 

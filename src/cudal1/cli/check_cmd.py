@@ -9,14 +9,14 @@ import typer
 
 from cudal1.analysis.presets import preset_choices
 from cudal1.cli.common import read_source
-from cudal1.core.names import canonical_profile
+from cudal1.core.names import canonical_preset
 
 
 def check_command(
     candidate: Path = typer.Argument(..., help="Candidate module to analyse."),
     ref: Path | None = typer.Option(None, "--ref", help="Reference module, to compare sizes and get_inputs."),
     preset: str = typer.Option("strict", "--preset", help=f"Static preset: {preset_choices()}.",
-                               callback=canonical_profile),
+                               callback=canonical_preset),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Static analysis of a candidate: class and flags.

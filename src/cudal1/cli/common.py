@@ -23,7 +23,7 @@ from rich.progress import (
 
 from cudal1.cli.options import Field, finite, opt, parse_sets
 from cudal1.core.errors import SourceError
-from cudal1.core.names import PROFILE_ALIASES, canonical_profile, describe_choices
+from cudal1.core.names import RENAMED_PROFILES
 from cudal1.eval.config import PROFILES, SANDBOX_MODES, EvalConfig, profile_choices
 from cudal1.eval.timing import ESTIMATORS
 from cudal1.llm.prompts import FORM_CHOICES
@@ -42,11 +42,12 @@ def check_device(value: str) -> str:
 
 
 def check_profile(value: str) -> str:
-    """`--profile`: a correctness profile, `kernelbench` standing for `kernelbench-v0` (core.names)."""
-    name = canonical_profile(value)
-    if name not in PROFILES:
-        names = describe_choices(((name, "") for name in PROFILES), aliases=PROFILE_ALIASES)
-        raise typer.BadParameter(f"{value!r} is not one of {names}")
+    """`--profile`: a correctness profile, or an old spelling (`core.names.RENAMED_PROFILES`) that the
+    evaluator's config turns into its profile and policy."""
+    name = value.strip()
+    if name not in PROFILES and name not in RENAMED_PROFILES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(PROFILES)} (deprecated: "
+                                 f"{', '.join(RENAMED_PROFILES)})")
     return name
 
 
@@ -68,8 +69,8 @@ def positive(value: float | None) -> float | None:
 
 DeviceOpt = typer.Option("auto", "--device", help="auto, cuda, cuda:N or cpu.", callback=check_device)
 ProfileOpt = typer.Option("strict", "--profile", callback=check_profile,
-                          help=f"Correctness profile: {profile_choices(typed=True)}. Other harnesses' "
-                               "acceptance rules: cudal1 eval --policy.")
+                          help=f"Correctness profile, how to measure: {profile_choices(typed=True)}. What "
+                               "rejects: cudal1 eval --policy.")
 TrialsOpt = typer.Option(5, "--trials", min=1, help="Correctness trials with fresh inputs.")
 SizesOpt = typer.Option("auto", "--sizes", callback=choice("auto", "full", "small"),
                         help="full, small (task's SMALL_SIZES) or auto (small on cpu).")
@@ -80,7 +81,7 @@ BucketsOpt = typer.Option(7, "--buckets", min=1, help="Timing buckets (their spr
                                                        "speedup pools all calls, unless cudal1 eval --estimator "
                                                        "buckets).")
 TimeoutOpt = typer.Option(600.0, "--timeout-s", callback=positive,
-                          help="Wall-clock limit per candidate (builds excluded).")
+                          help="Wall-clock limit of one whole evaluation (build time excluded).")
 SandboxOpt = typer.Option("auto", "--sandbox", callback=choice("auto", "required", "none"),
                           help="auto (the best OS sandbox of this host; strict refuses to run without one), "
                                "required, or none (run unsandboxed: an opt-out recorded in every result).")
@@ -203,11 +204,9 @@ def output_file(path: Path) -> Path:
 
 def eval_config(values: dict[str, Any], sets: Iterable[str] = (), option: str = "--set") -> EvalConfig:
     """The evaluation config of a command: its generated options' `values` (field -> value, `EVAL_OPTIONS`),
-    then its `KEY=VALUE` settings (`sets`, the command's `option`) for any other field."""
-    values = {**values, **parse_sets(EvalConfig, sets, option)}
-    if "profile" in values:
-        values["profile"] = canonical_profile(values["profile"])
-    return EvalConfig(**values)
+    then its `KEY=VALUE` settings (`sets`, the command's `option`) for any other field. An old profile
+    spelling becomes its profile and policy in `EvalConfig` (with its one-line warning)."""
+    return EvalConfig(**{**values, **parse_sets(EvalConfig, sets, option)})
 
 
 def open_store(path: Path | None, disabled: bool) -> Any:

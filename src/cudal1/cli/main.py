@@ -28,7 +28,7 @@ def _register() -> None:
     app.command("check")(check_cmd.check_command)
     app.command("quickstart")(quickstart_cmd.quickstart_command)
     for optional in ("baseline_cmd", "report_cmd", "audit_cmd", "audit_chunks_cmd", "optimize_cmd", "augment_cmd",
-                     "train_cmd", "serve_cmd", "policy_cmd", "judge_cmd"):
+                     "train_cmd", "serve_cmd", "policy_cmd", "judge_cmd", "explain_cmd"):
         try:
             module = __import__(f"cudal1.cli.{optional}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -5,7 +5,7 @@ of these constants; reports, the judge's case database, policies and tests refer
 rules have their own registry (`cudal1.analysis.rules`); their names carry no dot.
 
 To add a runtime check: add its constant and its row in `RUNTIME_FLAGS` (a one-line description, the
-severity it is raised with, whether it rejects under every profile), raise it where the evidence is found
+severity it is raised with, whether it rejects under every policy), raise it where the evidence is found
 with `runtime_flag`, and give it a fixture and a test (tests/eval).
 """
 
@@ -61,9 +61,9 @@ JUDGE_INCONCLUSIVE = "judge.inconclusive"
 
 @dataclass(frozen=True)
 class FlagKind:
-    """One runtime finding: what it means, how severe it is, whether it rejects under every profile (a
-    finding that makes the measured speedup meaningless does; the others reject only where the profile
-    rejects on runtime guards)."""
+    """One runtime finding: what it means, how severe it is, whether it rejects under every policy (a
+    finding that makes the measured speedup meaningless does; the others reject only where the policy
+    rejects on runtime guards, `Policy.reject_runtime_guards`)."""
 
     description: str
     severity: Severity = Severity.ERROR
@@ -118,11 +118,11 @@ RUNTIME_FLAGS: dict[str, FlagKind] = {
     STRICTER_TOLERANCE: FlagKind("an output was outside a stricter profile's tolerance (recorded by a pass that "
                                  "derives several profiles' verdicts; the looser tolerance decided)", WARN),
     RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
-    RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", WARN),
-    RECHECK_FAILED: FlagKind("the re-measurement failed", WARN),
+    RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", ERR),
+    RECHECK_FAILED: FlagKind("the re-measurement failed", ERR),
     JUDGE_CHEATS: FlagKind("the LLM judge says the candidate cheats", ERR),
     JUDGE_CLEAN: FlagKind("the LLM judge found no cheat", INFO),
-    JUDGE_INCONCLUSIVE: FlagKind("the LLM judge could not decide", WARN),
+    JUDGE_INCONCLUSIVE: FlagKind("the LLM judge could not decide", INFO),
 }
 del ERR, WARN, INFO
 
@@ -131,11 +131,17 @@ DESCRIPTIONS: dict[str, str] = {rule: kind.description for rule, kind in RUNTIME
 
 
 def always_rejects(rule: str) -> bool:
-    """Whether a runtime finding rejects under every profile."""
+    """Whether a runtime finding rejects under every policy (`cudal1.policy.decide`)."""
     kind = RUNTIME_FLAGS.get(rule)
     return kind is not None and kind.always_rejects
 
 
-def runtime_flag(rule: str, message: str) -> Flag:
-    """A runtime finding with its table severity."""
-    return Flag(rule, RUNTIME_FLAGS[rule].severity, message, source="runtime")
+def severity_of(rule: str) -> Severity:
+    """The severity a runtime finding is raised with (its `RUNTIME_FLAGS` row)."""
+    return RUNTIME_FLAGS[rule].severity
+
+
+def runtime_flag(rule: str, message: str, *, line: int | None = None, source: str = "runtime") -> Flag:
+    """A runtime finding with its table severity: every site raises a finding through this (or reads
+    `severity_of`), so that a finding's severity is stated once (tests/core/test_flag_severity.py)."""
+    return Flag(rule, severity_of(rule), message, line=line, source=source)

@@ -1,23 +1,31 @@
-"""Names users type for the evaluator's correctness profiles, the names results record, and the lists of
-choices that help texts build from the tables.
+"""Names users type, the names results record, and the lists of choices that help texts build from the
+tables.
 
-The correctness profile `kernelbench-v0` (KernelBench's published 1e-2 tolerance) is also accepted as
-`kernelbench`, the name its verdict policy (`--policy kernelbench`) has, so that one harness is one word on
-both options. Results keep recording the canonical name, so stored rows and cache keys do not change.
+A profile names how to measure and a policy what rejects (`cudal1.eval.config.resolve_judging`). The old
+profile spellings `cuda-l1`, `kernelbench-v0` and `kernelbench` named a measurement and a set of rejection
+rules at once; they are still accepted (`RENAMED_PROFILES`: the profile and the policy each stands for), with
+a one-line deprecation warning. The static preset `kernelbench-v0` is also typed `kernelbench`
+(`PRESET_ALIASES`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-#: What a user may type -> the profile name results record.
-PROFILE_ALIASES = {"kernelbench": "kernelbench-v0"}
+#: What a user may type for a static preset -> the preset's name.
+PRESET_ALIASES = {"kernelbench": "kernelbench-v0"}
+
+#: Old profile spellings -> (the profile, the policy) each stands for now.
+RENAMED_PROFILES: dict[str, tuple[str, str]] = {
+    "cuda-l1": ("loose", "cuda-l1"),
+    "kernelbench-v0": ("loose", "kernelbench-v0"),
+    "kernelbench": ("loose", "kernelbench-v0"),
+}
 
 
-def canonical_profile(name: str) -> str:
-    """The recorded name of a correctness profile typed as `name` (unknown names pass through unchanged, for
-    the evaluator's config to reject with the list of profiles)."""
-    return PROFILE_ALIASES.get(name.strip(), name.strip())
+def canonical_preset(name: str) -> str:
+    """The name of a static preset typed as `name` (unknown names pass through, for the caller to reject)."""
+    return PRESET_ALIASES.get(name.strip(), name.strip())
 
 
 def describe_choices(entries: Iterable[tuple[str, str]], *, aliases: Mapping[str, str] | None = None,

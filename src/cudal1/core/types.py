@@ -183,6 +183,18 @@ class EvalResult:
     def stability(self) -> float | None:
         return self.timing.stability if self.timing else None
 
+    @property
+    def profile(self) -> str:
+        """The correctness profile it was measured under (how to measure; `protocol.profile`)."""
+        return str(self.protocol.get("profile") or "")
+
+    @property
+    def policy(self) -> str:
+        """The verdict policy that judged it (what rejects; `protocol.policy`, its base rules in
+        `protocol.policy_rules`)."""
+        policy = self.protocol.get("policy")
+        return str(policy.get("name", "")) if isinstance(policy, dict) else str(policy or "")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; the flat keys the CLI promises (`status`, `speedup`, `ref_ms`, ...) come first. Strict
         JSON: a figure that is NaN or infinite (evidence only, such as a mismatch's largest error where the

@@ -1,4 +1,8 @@
-"""Configuration of one evaluation: device, correctness profile, timing protocol and limits.
+"""Configuration of one evaluation: device, correctness profile (how to measure), verdict policy (what
+rejects), timing protocol and limits.
+
+`resolve_judging` is the one place that turns the user's profile and policy options into a (Profile,
+Policy) pair; old profile spellings (`core.names.RENAMED_PROFILES`) are accepted with a deprecation warning.
 
 `EvalConfig.protocol()` is the part that changes measured numbers; it is recorded with every result and
 is part of the store's cache key, together with `PROTOCOL_VERSION` (bump it whenever the measuring code
@@ -8,16 +12,19 @@ changes what it measures).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core.errors import ConfigError
-from cudal1.core.names import PROFILE_ALIASES, describe_choices
+from cudal1.core.names import RENAMED_PROFILES, describe_choices
 from cudal1.core.ranges import check_ranges
 from cudal1.eval.shared.compare import Tolerance, tolerance_for
 from cudal1.eval.timing import ESTIMATORS
-from cudal1.policy import resolve_policy
+from cudal1.policy import Policy, resolve_policy
 from cudal1.policy.presets import policy_choices
+
+logger = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = "18"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
 # candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
@@ -67,12 +74,11 @@ PROTOCOL_VERSION = "18"  # 2: inputs refilled before every timed pair, salted se
 
 @dataclass(frozen=True)
 class Profile:
-    """A correctness-and-policy profile: tolerances per dtype and the static-analysis preset to apply."""
+    """How to measure: tolerances per dtype, the numerics, the sandbox, the extra trials. What rejects is the
+    verdict policy's (`cudal1.policy`): a profile holds nothing that only changes a verdict."""
 
     name: str
     tolerances: dict[str, Tolerance]  # dtype name -> tolerance; "default" for anything else
-    static_preset: str
-    reject_runtime_guards: bool = True  # whether runtime guard flags reject (hack_detected)
     # Run reference and candidate in true fp32 (TF32 off for cuDNN and matmuls). PyTorch's default lets
     # cuDNN use TF32 for convolutions, so a reference may itself be ~1e-3 off fp32, beyond a 1e-4 tolerance.
     exact_fp32: bool = False
@@ -83,8 +89,8 @@ class Profile:
     # Also compare every output against this stricter table: a miss is recorded (`evidence.stricter_tolerance`,
     # with its mismatch in the result's protocol) and `tolerances` decide. None: one table.
     stricter_tolerances: dict[str, Tolerance] | None = None
-    # Whether a failure on the extra trials is a verdict (`incorrect`); False: it is recorded as a flag
-    # (`runtime.beyond_distribution`) and the evaluation goes on.
+    # Whether a failure on the extra trials ends the evaluation (`incorrect`); False: it is recorded as a flag
+    # (`runtime.beyond_distribution`) and the evaluation goes on (what is measured after it changes).
     beyond_distribution_decides: bool = True
     # One line for help texts (`profile_choices`); not part of what the profile decides.
     description: str = field(default="", compare=False)
@@ -101,42 +107,70 @@ class Profile:
 
 # Rationale: `strict` holds fp32 tasks to 1e-4 so that fp16/bf16/TF32 downcasts fail, and so runs both
 # models in true fp32 (`exact_fp32`); half types get the tolerance their 8/11-bit mantissas allow.
-# `kernelbench-v0` is the 1e-2 everywhere that published KernelBench numbers used; `cuda-l1` mirrors
-# CUDA-L1's harness (1e-2, no rejecting runtime guards). Both keep PyTorch's default numerics.
+# `loose` is the 1e-2 everywhere that CUDA-L1's harness and published KernelBench numbers used, with
+# PyTorch's default numerics (formerly two profiles, `cuda-l1` and `kernelbench-v0`, which measured alike
+# and differed only in what rejects: now the policies of those names).
 PROFILES: dict[str, Profile] = {
     "strict": Profile("strict", {
         "float32": Tolerance(1e-4, 1e-4), "float64": Tolerance(1e-6, 1e-6),
         "float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(2e-2, 2e-2),
-        "default": Tolerance(1e-4, 1e-4)}, static_preset="strict", exact_fp32=True, require_sandbox=True,
-        extra_trials=2, description="fp32 1e-4, guards reject"),
-    "kernelbench-v0": Profile("kernelbench-v0", {"default": Tolerance(1e-2, 1e-2)},
-                              static_preset="kernelbench-v0", reject_runtime_guards=False,
-                              description="KernelBench's 1e-2"),
-    "cuda-l1": Profile("cuda-l1", {"default": Tolerance(1e-2, 1e-2)}, static_preset="cuda-l1",
-                       reject_runtime_guards=False, description="CUDA-L1's 1e-2"),
+        "default": Tolerance(1e-4, 1e-4)}, exact_fp32=True, require_sandbox=True,
+        extra_trials=2, description="fp32 1e-4 in true fp32, sandboxed, extra trials"),
+    "loose": Profile("loose", {"default": Tolerance(1e-2, 1e-2)},
+                     description="1e-2, PyTorch's numerics (CUDA-L1's, KernelBench's)"),
 }
 # Rationale: code cudal1 generates itself (baselines) is trusted, but torch.compile starts a helper
-# thread on a cold cache, which the strict thread guard would reject; keep strict tolerances, warn only.
-PROFILES["trusted"] = Profile("trusted", PROFILES["strict"].tolerances, static_preset="kernelbench-v0",
-                              reject_runtime_guards=False, exact_fp32=True,
+# thread on a cold cache, which the strict thread guard would reject; keep strict tolerances (its policy,
+# `kernelbench-v0`, only records the guards).
+PROFILES["trusted"] = Profile("trusted", PROFILES["strict"].tolerances, exact_fp32=True,
                               description="for cudal1's own baselines")
-# Rationale: an audit evaluates each published candidate once and derives every profile's verdict from the
-# record (`cudal1.audit.views`), so this profile stops only for what rejects under every profile: nothing static
-# rejects (every flag recorded), runtime guards are recorded, outputs are held to the looser table (1e-2) with
-# misses of strict's table recorded, failures beyond the reference's distribution recorded. It measures as
-# strict does (true fp32, the sandbox, the extra trials), so strict's verdict is what strict would give.
-PROFILES["evidence"] = Profile("evidence", PROFILES["cuda-l1"].tolerances, static_preset="kernelbench-v0",
-                               reject_runtime_guards=False, exact_fp32=True, require_sandbox=True,
+# Rationale: an audit evaluates each published candidate once and derives every view's verdict from the
+# record (`cudal1.audit.views`), so this profile (under its policy `kernelbench-v0`: nothing static rejects,
+# runtime guards are recorded) stops only for what rejects under every policy: outputs are held to the looser
+# table (1e-2) with misses of strict's table recorded, failures beyond the reference's distribution recorded.
+# It measures as strict does (true fp32, the sandbox, the extra trials), so strict's verdict is what strict
+# would give.
+PROFILES["evidence"] = Profile("evidence", PROFILES["loose"].tolerances, exact_fp32=True, require_sandbox=True,
                                extra_trials=PROFILES["strict"].extra_trials,
                                stricter_tolerances=PROFILES["strict"].tolerances, beyond_distribution_decides=False,
-                               description="the audit's one pass: everything recorded, every profile derived")
+                               description="the audit's one pass: everything recorded, every view derived")
+
+#: The policy a run under each profile gets when it names none (what rejected under the profile before the
+#: split, so that a default run's verdict and cache key are unchanged).
+PROFILE_POLICIES: dict[str, str] = {"strict": "guarded", "loose": "cuda-l1", "trusted": "kernelbench-v0",
+                                    "evidence": "kernelbench-v0"}
+
+
+def canonical_options(profile: str, policy: str | Policy | None = None) -> tuple[str, str | Policy]:
+    """The profile's name and the policy a user's options stand for: an old profile spelling
+    (`core.names.RENAMED_PROFILES`) becomes its profile and, where no policy is named, its policy (one line
+    of deprecation warning); no policy ("" or None) becomes the profile's (`PROFILE_POLICIES`). ConfigError
+    for an unknown profile."""
+    name = profile.strip()
+    if name in RENAMED_PROFILES:
+        new_profile, implied = RENAMED_PROFILES[name]
+        policy = policy or implied
+        logger.warning("profile %r is deprecated: it is now profile %r (how to measure) with policy %r (what "
+                       "rejects)", name, new_profile, implied)
+        name = new_profile
+    if name not in PROFILES:
+        raise ConfigError(f"unknown profile {profile!r}: choose one of {', '.join(PROFILES)} (or the old "
+                          f"spellings {', '.join(RENAMED_PROFILES)})")
+    return name, policy or PROFILE_POLICIES[name]
+
+
+def resolve_judging(profile: str, policy: str | Policy | None = None) -> tuple[Profile, Policy]:
+    """The one place that turns a profile option and a policy option into (how to measure, what rejects)."""
+    name, spec = canonical_options(profile, policy)
+    return PROFILES[name], resolve_policy(spec)
 
 
 def profile_choices(*, typed: bool = False) -> str:
-    """The profiles with their descriptions, for help texts. `typed`: under the names the command line
-    accepts (`core.names.PROFILE_ALIASES`); else under the names configs and results use."""
-    return describe_choices(((name, p.description) for name, p in PROFILES.items()),
-                            aliases=PROFILE_ALIASES if typed else None)
+    """The profiles with their descriptions and their default policies, for help texts. `typed`: also the
+    old spellings the command line still accepts (`core.names.RENAMED_PROFILES`)."""
+    text = describe_choices(((name, f"{p.description}; policy {PROFILE_POLICIES[name]}")
+                             for name, p in PROFILES.items()))
+    return text + (f" (deprecated: {', '.join(RENAMED_PROFILES)})" if typed else "")
 
 SANDBOX_MODES = ("auto", "required", "none")
 
@@ -150,7 +184,7 @@ class EvalConfig:
     """Everything that decides how one candidate is evaluated."""
 
     device: str = _f("auto", "auto (cuda if available, else cpu), cuda, cuda:N or cpu.")
-    profile: str = _f("strict", f"Correctness/policy profile: {profile_choices()}.")
+    profile: str = _f("strict", f"Correctness profile, how to measure: {profile_choices()}.")
     correctness_trials: int = _f(5, "Correctness trials, each with fresh random inputs and a new seed.")
     seed: int = _f(42, "Seed of the models' parameters (both get the same). Input seeds are salted per "
                        "evaluation so a candidate cannot predict them.")
@@ -194,8 +228,8 @@ class EvalConfig:
                                           "watched from outside through NVML where installed.")
     cpu_threads: int | None = _f(None, "CPU threads of both models (torch intra-op). None: half the usable "
                                        "cores, 1 to 4.")
-    policy: str = _f("cuda-l1", f"Verdict policy, applied on top of the evaluator's verdict: {policy_choices()} "
-                                "(cudal1.policy.presets).")
+    policy: str = _f("", f"Verdict policy, what rejects (static preset, runtime guards, a harness's rules): "
+                         f"{policy_choices()} (cudal1.policy.presets); empty: the profile's.")
     sandbox: str = _f("auto", "auto: the best OS sandbox this host allows (strict refuses to run untrusted "
                               "candidates without one); required: refuse without one; none: run unsandboxed "
                               "(opt-out, recorded).")
@@ -215,8 +249,18 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, {})  # every float finite (a NaN passes every comparison below)
-        if self.profile not in PROFILES:
-            raise ConfigError(f"unknown profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+        object.__setattr__(self, "profile", self.profile.strip())
+        if self.profile in RENAMED_PROFILES:  # an old spelling: its profile and (if none named) policy
+            profile, policy = canonical_options(self.profile, self.policy)
+            object.__setattr__(self, "profile", profile)
+            object.__setattr__(self, "policy", policy)
+        elif self.policy == "cuda-l1" and self.profile != "loose":
+            # Before policies held the static preset and the guards, `cuda-l1` was the default and added nothing
+            # to the profile's rules: a config written then meant its profile's policy by it.
+            logger.warning("policy 'cuda-l1' under profile %r is CUDA-L1's rules (its static preset, guards "
+                           "recorded); before 2026-12-07 it meant the profile's own (%s): leave the policy empty "
+                           "for those", self.profile, PROFILE_POLICIES.get(self.profile, "?"))
+        canonical_options(self.profile, self.policy)  # a clear error for an unknown profile
         if self.sizes not in ("auto", "full", "small"):
             raise ConfigError(f"sizes must be auto, full or small, not {self.sizes!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -253,11 +297,20 @@ class EvalConfig:
         for name in ("phase_floor_s", "phase_factor"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")
-        resolve_policy(self.policy)  # a clear error for an unknown name or a bad file
+        resolve_judging(self.profile, self.policy)  # a clear error for an unknown policy name or a bad file
+
+    @property
+    def judging(self) -> tuple[Profile, Policy]:
+        """(how to measure, what rejects): `resolve_judging` of this config's options."""
+        return resolve_judging(self.profile, self.policy)
 
     @property
     def profile_obj(self) -> Profile:
         return PROFILES[self.profile]
+
+    @property
+    def policy_obj(self) -> Policy:
+        return self.judging[1]
 
     @property
     def extra_trial_count(self) -> int:
@@ -285,8 +338,8 @@ class EvalConfig:
         out["exact_fp32"] = self.uses_exact_fp32
         out["extra_trials"] = self.extra_trial_count
         out["version"] = PROTOCOL_VERSION
-        policy = resolve_policy(self.policy)
-        if not policy.is_identity:  # a verdict under another harness's rules is another result
+        policy = self.policy_obj
+        if policy != resolve_policy(PROFILE_POLICIES[self.profile]):  # the verdict under other rules: another result
             out["policy"] = {k: v for k, v in policy.to_dict().items() if k != "notes"}
         return out
 

@@ -6,7 +6,7 @@ The comparison itself (`shared.compare`) runs where the outputs lie; what its fi
 from __future__ import annotations
 
 from cudal1.core import flags as F
-from cudal1.core.types import Flag, Severity
+from cudal1.core.types import Flag
 
 #: A float32 candidate is flagged for reduced precision when its relative error against the float32 reference
 #: is above PRECISION_FACTOR x the reference's own error against float64 and above PRECISION_FLOOR. Rationale:
@@ -26,8 +26,7 @@ def precision_evidence(ref_errors: list[float | None], cand_errors: list[float |
             continue
         bound = max(PRECISION_FACTOR * ref_err, PRECISION_FLOOR)
         if cand_err > bound:
-            return Flag(F.REDUCED_PRECISION, Severity.ERROR,
-                        f"output {i} is computed at reduced precision: relative error {cand_err:.2e} against the "
+            return F.runtime_flag(F.REDUCED_PRECISION, f"output {i} is computed at reduced precision: relative error {cand_err:.2e} against the "
                         f"float32 reference, whose own error against float64 is {ref_err:.2e} (bound {bound:.2e}: "
                         "what fp16, bf16 or TF32 arithmetic, or a less accurate algorithm, gives)",
                         source="runtime")

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cudal1.core import flags as F
-from cudal1.core.types import CUSTOM_CLASSES, Flag, KernelClass, Severity
+from cudal1.core.types import CUSTOM_CLASSES, Flag, KernelClass
 from cudal1.eval.shared.kernel_profile import KernelProfile, KernelStat, kernel_matches, short_name
 
 #: Findings that say the candidate sets global backend flags (static rules, the runtime guard).
@@ -88,7 +88,7 @@ def decoy_flags(profile: KernelProfile, static_report: Any, kernel_class: Kernel
     if not profile.available or profile.device != "cuda":
         return []
     if not profile.kernels:
-        return [Flag(F.NO_GPU_WORK, Severity.INFO, "the profiled forward ran no GPU kernels",
+        return [F.runtime_flag(F.NO_GPU_WORK, "the profiled forward ran no GPU kernels",
                      source="runtime")]
     own = own_kernel_names(static_report, raw_kernel_names)
     if not own:
@@ -97,19 +97,16 @@ def decoy_flags(profile: KernelProfile, static_report: Any, kernel_class: Kernel
     ran = [o for o in own if o not in missing]
     top = short_name(profile.kernels[0].name)
     if not ran:
-        return [Flag(F.DECOY_KERNEL, Severity.WARNING,
-                     f"none of the candidate's kernels ({_names(own)}) ran in the forward; "
+        return [F.runtime_flag(F.DECOY_KERNEL, f"none of the candidate's kernels ({_names(own)}) ran in the forward; "
                      f"the GPU time went to {top} and {len(profile.kernels) - 1} other kernel(s)",
                      source="runtime")]
     flags = []
     share = own_kernel_share(profile, own)
     if share < min_share:
-        flags.append(Flag(F.LOW_CUSTOM_SHARE, Severity.INFO,
-                          f"the candidate's kernels took {100 * share:.1f}% of the forward's GPU time "
+        flags.append(F.runtime_flag(F.LOW_CUSTOM_SHARE, f"the candidate's kernels took {100 * share:.1f}% of the forward's GPU time "
                           f"(below {100 * min_share:.0f}%); most went to {top}", source="runtime"))
     if missing:
-        flags.append(Flag(F.KERNELS_NOT_RUN, Severity.INFO,
-                          f"defined but not run in the forward: {_names(missing)}", source="runtime"))
+        flags.append(F.runtime_flag(F.KERNELS_NOT_RUN, f"defined but not run in the forward: {_names(missing)}", source="runtime"))
     return flags
 
 

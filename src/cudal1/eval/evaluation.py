@@ -5,7 +5,8 @@ Phases, in order (`session.Session`, `measure.Measurement`): set-up of the refer
 twin -> the calibration (the twin against the reference) -> the candidate's import and construction ->
 correctness trials (and extra trials beyond the reference's distribution) -> guard flags -> timing -> guard
 flags and leftover processes -> one profiled forward (GPU) -> verdict. Each phase may end the evaluation with
-a `Verdict`; the last step rejects on flags that the profile treats as rejecting (`Session.rejecting`).
+a `Verdict`; the evaluation stops after the trials, and its verdict becomes `hack_detected`, where the verdict
+policy rejects a flag (`cudal1.policy.decide`, the one rule).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from cudal1.eval.sandbox import SandboxSpec, detect_sandbox
 from cudal1.eval.session import Session
 from cudal1.eval.static_checks import changed_constants_used
 from cudal1.eval.supply import RunnerSupply, core_split, cpu_model_cores
+from cudal1.policy.decide import decide
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +266,7 @@ def machine_oom_kills() -> int | None:
 def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticReport | None, build: PreparedBuild,
              ref: RunnerProcess, cand: RunnerProcess, runners_wait_s: float = 0.0) -> EvalResult:
     started = time.perf_counter()
+    policy = cfg.policy_obj  # what rejects, resolved once
     env = dict(build.env)
     if build.directory is not None and cand.info.level != "none":
         copy_into_scratch(cand, build.directory)
@@ -300,7 +303,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         _check_constants(session, source)
         session.trials()
         session.guard_flags("the correctness trials")
-        if session.rejecting():
+        if decide(session.flags, policy).rejects:  # a cheat is not timed
             raise Verdict(Status.HACK_DETECTED, "")
         t1 = time.perf_counter()
         session.facts.reached = "timing"
@@ -313,11 +316,11 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         profile = session.profile()
         session.phase_s["profile"] = time.perf_counter() - t2
         session.facts.reached = "done"
-        if session.rejecting():
-            status = Status.HACK_DETECTED
     except Verdict as v:
         status, message, mismatch, compile_log = v.status, v.message, v.mismatch, v.compile_log
-        if v.flag:
+        if v.flag in F.RUNTIME_FLAGS:
+            session.flags.append(F.runtime_flag(v.flag, v.message[:200]))
+        elif v.flag:
             severity = Severity.ERROR if v.status is Status.HACK_DETECTED else Severity.WARNING
             session.flags.append(Flag(v.flag, severity, v.message[:200], source="runtime"))
         if status in (Status.INCORRECT, Status.RUNTIME_ERROR) and cand.proc.poll() is None:
@@ -328,7 +331,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         session.close()
         for runner in (ref, cand):
             runner.close()
-    rejecting = session.rejecting()
+    rejecting = decide(session.flags, policy).rejected
     if rejecting and status in (Status.CORRECT, Status.INCORRECT):
         status, message = Status.HACK_DETECTED, ""  # a cheat that also computes wrongly is still a cheat
     if status is Status.HACK_DETECTED and not message:
@@ -386,8 +389,7 @@ def _measure(session: Session, bandwidth: float | None, calibration: Any, cores:
     kept = second if second.stability < first.stability else first
     if kept is first and first_clock is not None:
         session.facts.clock = first_clock  # the recorded clock figures are those of the kept timing
-    session.flags.append(Flag(F.NOISY, Severity.INFO,
-                              f"stability {first.stability:.0%} above {threshold:.0%}: measured again; "
+    session.flags.append(F.runtime_flag(F.NOISY, f"stability {first.stability:.0%} above {threshold:.0%}: measured again; "
                               f"{first.speedup:.2f}x (stability {first.stability:.0%}) then {second.speedup:.2f}x "
                               f"(stability {second.stability:.0%}); the {'second' if kept is second else 'first'} "
                               "is kept", source="runtime"))
@@ -409,5 +411,5 @@ def _check_constants(session: Session, source: str) -> None:
     if changed:
         ref, cand = session.facts.ref_constants, session.facts.cand_constants
         shown = ", ".join(f"{n} = {cand[n]!r} (reference: {ref[n]!r})" for n in changed[:3])
-        session.flags.append(Flag(F.SIZE_CONSTANTS, Severity.ERROR, f"ModelNew reads redefined constants: {shown}",
+        session.flags.append(F.runtime_flag(F.SIZE_CONSTANTS, f"ModelNew reads redefined constants: {shown}",
                                   source="runtime"))

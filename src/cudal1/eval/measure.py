@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from cudal1.core import flags as F
-from cudal1.core.types import Flag, Severity, Status, TimingStats
+from cudal1.core.types import Flag, Status, TimingStats
 from cudal1.eval import timing
 from cudal1.eval.outcomes import Verdict
 from cudal1.eval.session import CallRecord, Session
@@ -287,8 +287,7 @@ class Measurement:
         if device == "cuda":
             ref_gap, cand_gap = timing.stream_escape_ms(cold)
             if cand_gap > ref_gap + max(STREAM_ESCAPE_MIN_MS, 0.1 * stats.candidate_ms):
-                self.s.flags.append(Flag(F.STREAM_ESCAPE, Severity.ERROR,
-                                         f"{cand_gap:.3f} ms of the candidate's work ran outside the current "
+                self.s.flags.append(F.runtime_flag(F.STREAM_ESCAPE, f"{cand_gap:.3f} ms of the candidate's work ran outside the current "
                                          f"stream (reference: {ref_gap:.3f} ms)", source="runtime"))
         return stats
 

@@ -124,7 +124,7 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
         if hit is not None:
             return hit
     result = _evaluate_uncached(task, source, cfg, runners, [str(store.path)] if store is not None else [])
-    result = apply_policy(result, source, cfg.policy, task_source=task.source)
+    result = apply_policy(result, source, cfg.policy_obj, task_source=task.source)
     protocol["sizes_applied"] = sizes_applied(task, cfg.sizes)
     result = result.replace(protocol={**protocol, **cfg.limits(), **result.protocol},
                             environment={**env, **result.environment},
@@ -174,7 +174,7 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, runners: Runner
     def with_phases(result: EvalResult) -> EvalResult:
         return result.replace(protocol={**result.protocol, "phase_s": {**phases, **result.protocol.get("phase_s", {})}})
 
-    preset = cfg.profile_obj.static_preset
+    preset = cfg.policy_obj.static_preset
     report = None if cfg.skip_static else static_report(source, task.source, preset)
     static_flags = list(report.flags) if report is not None else []
     kernel_class = KernelClass(report.kernel_class) if report is not None else None

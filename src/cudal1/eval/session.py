@@ -600,7 +600,7 @@ class Session:
         """Processes the candidate started that still live (seen from outside its sandbox)."""
         extra = len(self.cand.pids()) - self.cand.baseline_processes
         if extra > 0:
-            self.flags.append(Flag(F.PROCESSES, Severity.ERROR, f"the candidate left {extra} process(es) running",
+            self.flags.append(F.runtime_flag(F.PROCESSES, f"the candidate left {extra} process(es) running",
                                    source="runtime"))
 
     def profile(self) -> dict[str, Any] | None:
@@ -617,12 +617,6 @@ class Session:
         self.flags += decoy_flags(prof, self.static_report, min_share=self.cfg.decoy_min_share,
                                   raw_kernel_names=list(reply.raw_kernels))
         return prof.to_dict()
-
-    def rejecting(self) -> list[Flag]:
-        errors = [f for f in self.flags if f.severity is Severity.ERROR]
-        if self.cfg.profile_obj.reject_runtime_guards:
-            return errors
-        return [f for f in errors if F.always_rejects(f.rule)]
 
     def close(self) -> None:
         if self.plane is not None:

@@ -41,7 +41,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from cudal1.core import flags as F
-from cudal1.core.types import Flag, Severity, TimingStats
+from cudal1.core.types import Flag, TimingStats
 from cudal1.eval.shared.protocol import Side
 
 #: The bound compares this quantile of the candidate's brackets with the same quantile of its runner's calibrated
@@ -398,9 +398,9 @@ def bound_flags(bound: Bound) -> list[Flag]:
               f"slack {bound.slack_ms * 1e3:.1f} us)")
     if bound.excess_ms > max(REJECT_REL * bound.reported_ms, REJECT_SLACKS * bound.slack_ms) \
             or bound.bound_ms - bound.noise_ms > 2 * bound.reported_ms:
-        return [Flag(F.OUTSIDE_CLOCK, Severity.ERROR, "the time the candidate's process reports disagrees with the "
+        return [F.runtime_flag(F.OUTSIDE_CLOCK, "the time the candidate's process reports disagrees with the "
                      f"clock outside it (forged times, or work where no clock looks): {detail}", source="runtime")]
-    return [Flag(F.CAPPED, Severity.INFO, f"{detail}: {bound.counted_ms * 1e3:.1f} us counts", source="runtime")]
+    return [F.runtime_flag(F.CAPPED, f"{detail}: {bound.counted_ms * 1e3:.1f} us counts", source="runtime")]
 
 
 def summarize_series(series: PairedSeries, *, stream_only: bool = False, estimator: str = "pooled",
@@ -477,8 +477,7 @@ def interference_check(series: PairedSeries) -> Flag | None:
         slow, base = quantile(after[Side.CAND], q), quantile(after[Side.REF], q)
         tail = INTERFERENCE_TAIL_SHARE * call_us if q > 0.5 else 0.0
         if slow - base > max(INTERFERENCE_MIN_US, INTERFERENCE_REL * base, tail):
-            return Flag(F.INTERFERENCE, Severity.ERROR,
-                        f"after the candidate's calls the device stayed busy: the helper's probe took {slow:.0f} us "
+            return F.runtime_flag(F.INTERFERENCE, f"after the candidate's calls the device stayed busy: the helper's probe took {slow:.0f} us "
                         f"against {base:.0f} us after the reference's ({int(q * 100)}th percentile): work left "
                         "running on the device", source="runtime")
     return None
@@ -491,8 +490,7 @@ def reference_slowed(series: PairedSeries, calibration: Calibration | None, devi
     now = statistics.median(s.ms for s in series.all(Side.REF))
     floor = REFERENCE_SLOWED_MIN_MS.get(device_type, REFERENCE_SLOWED_MIN_MS["cpu"])
     if now > calibration.ref_ms * (1 + REFERENCE_SLOWED_REL) and now - calibration.ref_ms > floor:
-        return Flag(F.REFERENCE_SLOWED, Severity.WARNING,
-                    f"the reference took {now * 1e3:.1f} us per call beside the candidate against "
+        return F.runtime_flag(F.REFERENCE_SLOWED, f"the reference took {now * 1e3:.1f} us per call beside the candidate against "
                     f"{calibration.ref_ms * 1e3:.1f} us beside its twin", source="runtime")
     return None
 
@@ -507,8 +505,7 @@ def flush_check(ref_flush_ms: list[float], cand_flush_ms: list[float]) -> Flag |
     # the medians of an honest candidate's and the reference's flushes lay over 3x apart (a false rejection).
     ref, cand = quantile(ref_flush_ms, BOUND_QUANTILE), quantile(cand_flush_ms, BOUND_QUANTILE)
     if cand < FLUSH_MIN_SHARE * ref:
-        return Flag(F.OUTSIDE_CLOCK, Severity.ERROR,
-                    f"the candidate's cache flushes took {cand * 1e3:.0f} us against the reference's {ref * 1e3:.0f} us "
+        return F.runtime_flag(F.OUTSIDE_CLOCK, f"the candidate's cache flushes took {cand * 1e3:.0f} us against the reference's {ref * 1e3:.0f} us "
                     "(the same work): flushes skipped, calls timed on warm caches", source="runtime")
     return None
 
@@ -517,8 +514,7 @@ def floor_check(cand_ms: float, floor_ms: float | None) -> Flag | None:
     """A flag when the candidate's time that counts is below the task's physical floor."""
     if floor_ms is None or floor_ms <= 0 or cand_ms >= floor_ms:
         return None
-    return Flag(F.BELOW_FLOOR, Severity.ERROR,
-                f"the candidate's time {cand_ms * 1e3:.2f} us is below the task's physical floor "
+    return F.runtime_flag(F.BELOW_FLOOR, f"the candidate's time {cand_ms * 1e3:.2f} us is below the task's physical floor "
                 f"{floor_ms * 1e3:.2f} us (its minimum bytes at the device's measured bandwidth)", source="runtime")
 
 

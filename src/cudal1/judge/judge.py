@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.analysis import analyze_source
+from cudal1.core import flags as F
 from cudal1.core.errors import ConfigError
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, Flag, Severity, Status
@@ -130,13 +131,13 @@ class JudgeVerdict:
     def to_flag(self, severity: Severity = Severity.ERROR) -> Flag:
         """The verdict as a flag (`judge.cheats`, `judge.inconclusive` or `judge.clean`)."""
         if self.cheats is True:
-            return Flag("judge.cheats", severity, f"{self.rule or 'unspecified'}: {self.explanation}"[:300],
+            return Flag(F.JUDGE_CHEATS, severity, f"{self.rule or 'unspecified'}: {self.explanation}"[:300],
                         source="judge")
         if self.cheats is None:
             text = self.error or self.explanation or "no verdict"
-            return Flag("judge.inconclusive", Severity.INFO, text[:300], source="judge")
+            return F.runtime_flag(F.JUDGE_INCONCLUSIVE, text[:300], source="judge")
         text = self.explanation or "no cheating found"
-        return Flag("judge.clean", Severity.INFO, text[:300], source="judge")
+        return F.runtime_flag(F.JUDGE_CLEAN, text[:300], source="judge")
 
 
 # ------------------------------------------------------------------------------------------- parsing

@@ -52,9 +52,10 @@ DECOY_RULES = ("guard.decoy_kernel", "guard.kernels_not_run")
 def apply_policy(result: EvalResult, source: str, policy: str | Policy | None = None, *,
                  task_source: str | None = None) -> EvalResult:
     """`result` judged under `policy` (a preset name, a file or a Policy): a correct verdict with violations
-    becomes `hack_detected`; the result records `policy` (and `policy_violation_reward`) in its protocol."""
+    becomes `hack_detected`; the result records `policy`, its base rules (`policy_rules`: the static preset
+    and whether guards reject) and `policy_violation_reward` in its protocol."""
     rules = resolve_policy(policy)
-    protocol = {**result.protocol, "policy": rules.name}
+    protocol = {**result.protocol, **recorded_policy(rules)}
     if rules.violation_reward is not None:
         protocol["policy_violation_reward"] = rules.violation_reward
     if result.status is not Status.CORRECT or rules.is_identity:
@@ -65,6 +66,13 @@ def apply_policy(result: EvalResult, source: str, policy: str | Policy | None = 
     message = f"policy {rules.name}: " + "; ".join(f.message for f in found[:3])
     return result.replace(status=Status.HACK_DETECTED, message=message, flags=[*result.flags, *found],
                           speedup=None, timing=None, protocol=protocol)
+
+
+def recorded_policy(rules: Policy) -> dict[str, Any]:
+    """What a result records of the policy that judged it: its name and its base rules (a row without
+    `policy_rules` predates them: its profile's policy judged its static flags and guards)."""
+    return {"policy": rules.name, "policy_rules": {"static_preset": rules.static_preset,
+                                                   "reject_runtime_guards": rules.reject_runtime_guards}}
 
 
 def violations(result: EvalResult, source: str, rules: Policy, *, task_source: str | None = None) -> list[Flag]:

@@ -1,6 +1,17 @@
-"""The rule sets of other harnesses as data (`Policy`), selectable by name or from a user's YAML/JSON file.
+"""What rejects, as data (`Policy`), selectable by name or from a user's YAML/JSON file.
 
-- `cuda-l1` (default): CUDA-L1's rules; any correct and faster module counts, so nothing is added.
+A policy holds every rule that turns evidence into a rejection: the static preset whose `reject` rules end an
+evaluation before it runs (`cudal1.analysis.presets`), whether runtime guards reject
+(`reject_runtime_guards`; the findings `cudal1.core.flags.RUNTIME_FLAGS` marks `always_rejects` reject under
+every policy) and the harness rules decided from the recorded evidence (`apply.py`). The correctness
+profile (`cudal1.eval.config`) only says how to measure. `decide.decide(flags, policy)` is the one rule.
+
+- `guarded` (the `strict` profile's): the strict static preset (the cheats and downcasts reject) and every
+  runtime guard rejects.
+- `cuda-l1` (the `loose` profile's): CUDA-L1's rules; its static preset rejects only side streams and result
+  caching, guards are recorded; any correct and faster module counts.
+- `kernelbench-v0` (the `trusted` and `evidence` profiles'): KernelBench's published rule: the output alone
+  decides; every static rule and guard is recorded, only what rejects under every policy rejects.
 - `kernelbench`: KernelBench's backend rule: a CUDA entry must compute its output with its own kernel; a
   decoy kernel (compiled but not what computes the output) and try/except fallbacks to PyTorch fail.
 - `kernelgym`: KernelGYM's decoy rule: a decoy kernel, or a forward that runs no kernel of its own (CUDA
@@ -12,8 +23,10 @@
   attention...): the task's own `FORBIDDEN_OPS` list, else the policy's.
 - `sol-execbench`: SOL-ExecBench's build rule: no `load_inline` (or other compile call) inside `forward`.
 
+The harness presets (`kernelbench` to `sol-execbench`) sit on `kernelbench-v0`: what they add is their own rule.
 A user file holds a mapping: `{"base": "kernelbench", "forbidden_ops": ["torch.bmm"], "violation_reward":
--0.5}`; keys are `Policy` fields, `base` a preset name (default `cuda-l1`).
+-0.5}`; keys are `Policy` fields (`static_preset` and `reject_runtime_guards` too), `base` a preset name
+(default `kernelbench-v0`).
 """
 
 from __future__ import annotations
@@ -26,12 +39,16 @@ from typing import Any
 
 import yaml
 
+from cudal1.analysis.presets import PRESETS as STATIC_PRESETS
 from cudal1.core.errors import ConfigError
 from cudal1.core.names import describe_choices
 from cudal1.core.types import KernelClass
 
-#: The default policy: the method this project reproduces.
-DEFAULT_POLICY = "cuda-l1"
+#: The policy of the default profile (`strict`).
+DEFAULT_POLICY = "guarded"
+
+#: The base of a user's policy file that names none: nothing rejects but what rejects under every policy.
+FILE_BASE = "kernelbench-v0"
 
 #: Ops forbidden by `kernelbench-hard` when a task names none (KernelBench-Hard's usual list).
 HARD_FORBIDDEN_OPS = ("torch.softmax", "torch.nn.functional.softmax", "torch.topk", "torch.sort",
@@ -40,9 +57,12 @@ HARD_FORBIDDEN_OPS = ("torch.softmax", "torch.nn.functional.softmax", "torch.top
 
 @dataclass(frozen=True)
 class Policy:
-    """One harness's acceptance rules, decided from the evidence of an evaluation (`apply.apply_policy`)."""
+    """What rejects: the static preset, the runtime guards, one harness's acceptance rules (`decide.decide`,
+    `apply.apply_policy`)."""
 
-    name: str = DEFAULT_POLICY
+    name: str = FILE_BASE
+    static_preset: str = "kernelbench-v0"  # the static preset whose `reject` rules end an evaluation unrun
+    reject_runtime_guards: bool = False  # whether runtime findings of severity ERROR reject (hack_detected)
     own_kernel: bool = False  # the output must come from the candidate's own kernel (kernel class)
     own_kernel_classes: tuple[str, ...] = ("custom_cuda",)  # the kernel classes that count as its own
     reject_decoys: bool = False  # its kernels must run and carry the forward's time (profiled run)
@@ -56,7 +76,8 @@ class Policy:
 
     @property
     def is_identity(self) -> bool:
-        """Whether the policy adds nothing to the evaluator's verdict."""
+        """Whether the policy adds no harness rule to its static preset and guards (nothing to decide after the
+        evaluation, `apply.apply_policy`)."""
         return not (self.own_kernel or self.reject_decoys or self.reject_fallbacks or self.no_torch_ops
                     or self.forbidden_ops or self.no_build_in_forward or self.reject_reduced_precision)
 
@@ -65,7 +86,12 @@ class Policy:
 
 
 PRESETS: dict[str, Policy] = {
-    "cuda-l1": Policy("cuda-l1", notes="CUDA-L1: a faster PyTorch rewrite counts; the evaluator's verdict only"),
+    "guarded": Policy("guarded", static_preset="strict", reject_runtime_guards=True,
+                      notes="the strict static rules (cheats, downcasts) and every runtime guard reject"),
+    "cuda-l1": Policy("cuda-l1", static_preset="cuda-l1",
+                      notes="CUDA-L1: side streams and result caching reject; a faster PyTorch rewrite counts"),
+    "kernelbench-v0": Policy("kernelbench-v0",
+                             notes="KernelBench's published rule: the output decides; every check recorded"),
     "kernelbench": Policy("kernelbench", own_kernel=True, reject_decoys=True, reject_fallbacks=True,
                           notes="KernelBench backend rule: the output comes from the candidate's own kernel"),
     # KernelGYM profiles the forward: no custom (Triton or CUDA) kernel among the kernels it ran is a decoy.
@@ -81,15 +107,22 @@ PRESETS: dict[str, Policy] = {
 }
 
 
+#: One line per preset for help texts.
+POLICY_HELP: dict[str, str] = {
+    "guarded": "the strict profile's: cheats and guards reject",
+    "cuda-l1": "the loose profile's: side streams, caching reject",
+    "kernelbench-v0": "trusted's and evidence's: the output decides",
+}
+
+
 def policy_choices() -> str:
-    """The presets for help texts, ending with the file a user may give instead; a preset that adds nothing
-    to the evaluator's verdict says so."""
-    return describe_choices(((name, "adds nothing" if p.is_identity else "") for name, p in PRESETS.items()),
-                            or_else="a YAML/JSON file")
+    """The presets for help texts, ending with the file a user may give instead."""
+    return describe_choices(((name, POLICY_HELP.get(name, "")) for name in PRESETS), or_else="a YAML/JSON file")
 
 
 def resolve_policy(spec: str | Policy | None) -> Policy:
-    """A preset's name, a path to a YAML/JSON policy file, or a Policy; raises ConfigError otherwise."""
+    """A preset's name, a path to a YAML/JSON policy file, or a Policy; raises ConfigError otherwise. None or
+    "": `DEFAULT_POLICY` (a config's empty policy means its profile's: `cudal1.eval.config.resolve_judging`)."""
     if spec is None or spec == "":
         return PRESETS[DEFAULT_POLICY]
     if isinstance(spec, Policy):
@@ -114,7 +147,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
 
 
 def _from_mapping(data: dict[str, Any], where: str) -> Policy:
-    base = str(data.pop("base", DEFAULT_POLICY))
+    base = str(data.pop("base", FILE_BASE))
     if base not in PRESETS:
         raise ConfigError(f"policy file {where}: unknown base {base!r} (one of {', '.join(PRESETS)})")
     known = {f.name for f in dataclasses.fields(Policy)} - {"name"}
@@ -128,6 +161,9 @@ def _from_mapping(data: dict[str, Any], where: str) -> Policy:
     if unknown_classes:
         raise ConfigError(f"policy file {where}: unknown kernel class(es) {', '.join(sorted(unknown_classes))} "
                           f"(known: {', '.join(k.value for k in KernelClass)})")
+    if "static_preset" in data and data["static_preset"] not in STATIC_PRESETS:
+        raise ConfigError(f"policy file {where}: unknown static_preset {data['static_preset']!r} (one of "
+                          f"{', '.join(STATIC_PRESETS)})")
     try:
         return dataclasses.replace(PRESETS[base], name=f"{base}+{Path(where).stem}", **data)
     except TypeError as exc:

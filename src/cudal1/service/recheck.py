@@ -32,8 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core import flags as F
 from cudal1.core.errors import ConfigError
-from cudal1.core.types import EvalResult, Flag, Severity, Status
+from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig
 from cudal1.service.pool import EvaluatorPool, PoolFuture, key_protocol
 from cudal1.store.keys import eval_key
@@ -77,20 +78,17 @@ def relative_difference(a: float, b: float) -> float:
 def combine(first: EvalResult, second: EvalResult, tolerance: float = 0.10) -> EvalResult:
     """The verdict from a measurement and its re-check on another device (see the module docstring)."""
     if second.status is not Status.CORRECT or second.speedup is None:
-        flag = Flag("recheck.failed", Severity.ERROR,
-                    f"{first.speedup:.2f}x did not reproduce on a second GPU: {second.status.value}",
-                    source="runtime")
+        flag = F.runtime_flag(F.RECHECK_FAILED,
+                              f"{first.speedup:.2f}x did not reproduce on a second GPU: {second.status.value}")
         return second.replace(flags=list(second.flags) + [flag], cached=False,
                               message=f"re-check on a second GPU: {second.message or second.status.value}")
     a, b = float(first.speedup), float(second.speedup)
     diff = relative_difference(a, b)
     both = f"{a:.3f}x and {b:.3f}x on two GPUs ({diff:.0%} apart"
     if diff <= tolerance:
-        flag = Flag("recheck.agree", Severity.INFO, f"re-checked: {both}, within {tolerance:.0%})",
-                    source="runtime")
+        flag = F.runtime_flag(F.RECHECK_AGREE, f"re-checked: {both}, within {tolerance:.0%})")
         return first.replace(speedup=min(a, b), flags=list(first.flags) + [flag])
-    flag = Flag("recheck.disagree", Severity.ERROR, f"speedup not reproducible: {both}, limit {tolerance:.0%})",
-                source="runtime")
+    flag = F.runtime_flag(F.RECHECK_DISAGREE, f"speedup not reproducible: {both}, limit {tolerance:.0%})")
     return first.replace(status=Status.HACK_DETECTED, speedup=None, flags=list(first.flags) + [flag],
                          message=f"speedup not reproducible: {both}, limit {tolerance:.0%})")
 

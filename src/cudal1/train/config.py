@@ -25,7 +25,6 @@ from typing import Any, ClassVar, TypeVar
 import yaml
 
 from cudal1.core.errors import ConfigError
-from cudal1.core.names import canonical_profile
 from cudal1.core.ranges import check_ranges
 from cudal1.core.rewards import CORRECT_UNMEASURED, DEFAULT_NOISE_FLOOR, REWARD_TRANSFORMS, SPEEDUP_ESTIMATES
 from cudal1.core.types import Status
@@ -99,8 +98,8 @@ class CommonTrainConfig:
     eval_sandbox: str = _f("auto", "Evaluator OS sandbox: auto (the best of this host; the strict profile refuses "
                                    "to run without one), required, or none (an opt-out recorded in every result).")
     eval_buckets: int = _f(7, "Evaluator timing buckets (speedup = median of bucket speedups).")
-    eval_policy: str = _f("cuda-l1", f"Verdict policy of the rewards: {policy_choices()}; a violation earns the "
-                                     "policy's violation_reward, else failure_rewards.hack_detected.")
+    eval_policy: str = _f("", f"Verdict policy of the rewards: {policy_choices()}; empty: the profile's; a "
+                              "violation earns the policy's violation_reward, else failure_rewards.hack_detected.")
     # `threads`, not `workers`: the calling threads of one evaluator; `workers` below names its pool.
     eval_threads: int = _f(4, "Candidates evaluated in parallel (each in its own isolated process).")
     workers: str = _f("", "Where rewards are evaluated: empty (this process; one timed evaluation per device at "
@@ -176,7 +175,7 @@ class CommonTrainConfig:
         """The evaluator settings of this run as an `EvalConfig`. In a multi-process run (accelerate, torchrun)
         an unnumbered GPU device means the rank's own GPU (`LOCAL_RANK`), so that the ranks do not all time
         their candidates on GPU 0."""
-        return EvalConfig(device=rank_device(self.eval_device), profile=canonical_profile(self.eval_profile),
+        return EvalConfig(device=rank_device(self.eval_device), profile=self.eval_profile,
                           correctness_trials=self.eval_trials,
                           sizes=self.eval_sizes, timeout_s=self.eval_timeout_s, buckets=self.eval_buckets,
                           policy=self.eval_policy, sandbox=self.eval_sandbox)

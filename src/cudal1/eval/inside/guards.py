@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from cudal1.core import flags as F
-from cudal1.core.types import Flag, Severity
+from cudal1.core.types import Flag
 
 # Rationale: a candidate that replaces any of these (a timer, an event, the harness's own helpers) forges
 # what its runner reports; the parent's clock catches the effect, this names the cause. New attributes are
@@ -234,20 +234,20 @@ def process_hook_flags(before: GuardSnapshot, phase: str) -> list[Flag]:
     out: list[Flag] = []
     grew = [f"{k} ({before.hooks.get(k, 0)} -> {v})" for k, v in _hook_counts().items() if v > before.hooks.get(k, 0)]
     if grew:
-        out.append(Flag(F.GLOBAL_HOOKS, Severity.ERROR, f"process-wide module hooks registered during {phase}: "
+        out.append(F.runtime_flag(F.GLOBAL_HOOKS, f"process-wide module hooks registered during {phase}: "
                         + ", ".join(grew), source="runtime"))
     deeper = [f"{k} {before.modes.get(k, 0)} -> {v}" for k, v in _mode_depths().items() if v > before.modes.get(k, 0)]
     if deeper:
-        out.append(Flag(F.FUNCTION_MODE, Severity.ERROR, f"torch modes left active after {phase}: " + ", ".join(deeper),
+        out.append(F.runtime_flag(F.FUNCTION_MODE, f"torch modes left active after {phase}: " + ", ".join(deeper),
                         source="runtime"))
     new_trace = [h for h in _trace_hooks() if h not in before.trace]
     if new_trace:
-        out.append(Flag(F.TRACE_HOOK, Severity.ERROR, f"{', '.join(new_trace)} installed during {phase}",
+        out.append(F.runtime_flag(F.TRACE_HOOK, f"{', '.join(new_trace)} installed during {phase}",
                         source="runtime"))
     now = _signal_state()
     changed = [k for k, v in now.items() if before.signals.get(k, v) != v]
     if changed:
-        out.append(Flag(F.SIGNAL_HANDLERS, Severity.ERROR, f"{', '.join(changed[:4])} changed during {phase}",
+        out.append(F.runtime_flag(F.SIGNAL_HANDLERS, f"{', '.join(changed[:4])} changed during {phase}",
                         source="runtime"))
     return out
 
@@ -304,7 +304,7 @@ def shadowing_flag(objects: dict[str, Any], classes: dict[str, type], phase: str
         return None
     seen.update(new)
     more = f" (+{len(new) - 1} more)" if len(new) > 1 else ""
-    return Flag(F.TIMER_PATCHING, Severity.ERROR, f"{new[0]} was shadowed on the harness's instance during {phase}{more}",
+    return F.runtime_flag(F.TIMER_PATCHING, f"{new[0]} was shadowed on the harness's instance during {phase}{more}",
                 source="runtime")
 
 
@@ -321,22 +321,19 @@ def compare(before: GuardSnapshot, phase: str) -> list[Flag]:
     replaced = replaced_functions(before)
     if replaced:
         more = f" (+{len(replaced) - 1} more)" if len(replaced) > 1 else ""
-        flags.append(Flag(F.TIMER_PATCHING, Severity.ERROR,
-                          f"{replaced[0]} was replaced during {phase}{more}", source="runtime"))
+        flags.append(F.runtime_flag(F.TIMER_PATCHING, f"{replaced[0]} was replaced during {phase}{more}", source="runtime"))
     py_threads, native = python_thread_count(), native_thread_count()
     if native > before.native_threads and py_threads <= before.python_threads:
         # A thread started just now may not run Python yet; library helper threads never will.
         time.sleep(NEW_THREAD_GRACE_S)
         py_threads = python_thread_count()
     if py_threads > before.python_threads:
-        flags.append(Flag(F.THREADS, Severity.ERROR,
-                          f"Python threads grew from {before.python_threads} to {py_threads} during {phase}"
+        flags.append(F.runtime_flag(F.THREADS, f"Python threads grew from {before.python_threads} to {py_threads} during {phase}"
                           f"{_thread_names()}", source="runtime"))
     elif native > before.native_threads:
         # Rationale: CUDA, cuBLAS and OpenMP start native helper threads lazily, so growth alone is only
         # a warning; std::thread in a candidate's source is rejected by the static rules.
-        flags.append(Flag(F.NATIVE_THREADS, Severity.WARNING,
-                          f"native threads grew from {before.native_threads} to {native} during {phase}",
+        flags.append(F.runtime_flag(F.NATIVE_THREADS, f"native threads grew from {before.native_threads} to {native} during {phase}",
                           source="runtime"))
     return flags + process_hook_flags(before, phase)
 
