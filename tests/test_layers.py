@@ -8,7 +8,7 @@ Floors, lowest first (a package may import only packages on lower floors):
     exemplars                                         scored codes, kept in the results store's file
     tasks llm report policy                           the task model, LLM access, rendering, verdict policies
     eval                                              the evaluator
-    baselines judge service                           built on the evaluator
+    baselines judge service kernel_form               built on the evaluator (kernel_form: its sandbox)
     audit loops integrations                          whole jobs
     train                                             the three training stages
     study                                             the contrastive study (tasks, kernels, arms) on them
@@ -24,7 +24,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis"], ["exemplars"], ["tasks", "llm", "report", "policy"],
-          ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["study"], ["cli"]]
+          ["eval"], ["baselines", "judge", "service", "kernel_form"], ["audit", "loops", "integrations"], ["train"], ["study"], ["cli"]]
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/
 
