@@ -143,3 +143,18 @@ def test_steps_are_checked_against_the_kernel_signatures(data, message):
     with pytest.raises(SpecError) as info:
         check_against_source(parse_spec(data))
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_the_examples_conform_to_the_json_schema_and_structural_mistakes_do_not():
+    from cudal1.core.schemas import schema_problems
+
+    assert schema_problems("kernel_form_spec", RELU_SPEC) == []
+    assert schema_problems("kernel_form_spec", SCALE_ADD_SPEC) == []
+    structural = [_broken("format", 2), _broken("-source", None), _broken("colour", "red"),
+                  _broken("options", ["-rdc=true"]), _broken("buffers.x", {"input": -1}),
+                  _broken("buffers.x", {"tensor": 0}), _broken("workspaces", {"w": {"bytes": 0}}),
+                  _broken("steps", []), _broken("steps.0.grid", [1, 1, 1, 1]), _broken("steps.0.cluster", [2]),
+                  _broken("steps.0.args.0", {"buf": "x", "scalar": 1}),
+                  _broken("steps.0.args.2", {"scalar": 1, "type": "int128"})]
+    for data in structural:
+        assert schema_problems("kernel_form_spec", data) != [], data
