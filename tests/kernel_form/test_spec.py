@@ -158,3 +158,10 @@ def test_the_examples_conform_to_the_json_schema_and_structural_mistakes_do_not(
                   _broken("steps.0.args.2", {"scalar": 1, "type": "int128"})]
     for data in structural:
         assert schema_problems("kernel_form_spec", data) != [], data
+
+
+def test_the_documented_example_is_the_examples_module():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "kernel_form.md").read_text()
+    block = doc.split("```json\n", 1)[1].split("```", 1)[0]
+    assert json.loads(block) == RELU_SPEC
+    assert "not yet accepted by `cudal1 eval`" in doc
