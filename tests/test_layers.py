@@ -8,7 +8,7 @@ Floors, lowest first (a package may import only packages on lower floors):
     exemplars                                         scored codes, kept in the results store's file
     tasks llm report policy                           the task model, LLM access, rendering, verdict policies
     eval                                              the evaluator
-    baselines judge service                           built on the evaluator
+    baselines judge service kernel_form               built on the evaluator (kernel_form: its sandbox)
     audit loops integrations                          whole jobs
     train                                             the three training stages
     cli                                               the command line
@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis"], ["exemplars"], ["tasks", "llm", "report", "policy"],
-          ["eval"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"], ["train"], ["cli"]]
+           ["eval"], ["baselines", "judge", "service", "kernel_form"], ["audit", "loops", "integrations"], ["train"],
+           ["cli"]]
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/
 EXPERIMENTAL = TOP + 1  # experimental/ at the repository's root

@@ -5,7 +5,9 @@
 - `eval_result.schema.json`: one verdict as `cudal1 eval --json` prints it and the reward server answers it
   (`EvalResult.to_dict()`);
 - `server_answers.schema.json`: every answer body of the reward server (a verdict, a batch's verdicts, a
-  refusal's `detail`, `/healthz`).
+  refusal's `detail`, `/healthz`);
+- `kernel_form_spec.schema.json`: a kernel-only candidate's launch spec (`kernel_form.spec.parse_spec` checks it
+  further, with one-line errors of its own).
 
 `schema_problems(name, value)` says, one short line per problem, where a value breaks its schema: the field,
 what it holds, and what was expected (each property's `title`). Validation is `jsonschema`'s (draft 2020-12).
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
-SCHEMAS = ("release_row", "eval_result", "server_answers")
+SCHEMAS = ("release_row", "eval_result", "server_answers", "kernel_form_spec")
 
 
 @functools.cache
