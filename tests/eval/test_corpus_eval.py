@@ -14,6 +14,7 @@ import yaml
 
 from cudal1.eval import EvalConfig, KernelClass, Status, evaluate_candidate, evaluate_many
 from cudal1.tasks.sources import load_file
+from tests.helpers.selection import quick_few
 
 CORPUS = Path(__file__).parent.parent / "fixtures" / "candidates"
 ENTRIES = yaml.safe_load((CORPUS / "manifest.yaml").read_text())["fixtures"]
@@ -51,7 +52,13 @@ CPU_ENTRIES = [e for e in ENTRIES if e["needs"] == "cpu"]
 CUDA_ENTRIES = [e for e in ENTRIES if e["needs"] == "cuda"]
 
 
-@pytest.mark.parametrize("entry", CPU_ENTRIES, ids=_ids(CPU_ENTRIES))
+#: The honest rewrites and one sampler of values are the costly CPU entries; each of these holds the line alone.
+SLOW_CPU = {"honest/torch_matmul_mm.py", "honest/torch_conv_rewrite.py", "honest/torch_mean_rewrite.py",
+            "honest/torch_softmax_rewrite.py", "exploits/sampled_value_cache.py"}
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, marks=pytest.mark.slow if e["file"] in SLOW_CPU else ())
+                                   for e in CPU_ENTRIES], ids=_ids(CPU_ENTRIES))
 def test_corpus_on_cpu(entry):
     check_verdict(entry, CPU_FAST)
 
@@ -88,7 +95,8 @@ RUNTIME_ONLY = {  # file -> acceptable statuses with static analysis switched of
 }
 
 
-@pytest.mark.parametrize("name", sorted(RUNTIME_ONLY))
+@pytest.mark.parametrize("name", quick_few(sorted(RUNTIME_ONLY), ["exploits/lazy_parameter.py",
+                                                                  "exploits/patched_tensor_compare.py"]))
 def test_runtime_defences_hold_without_static_analysis(name):
     """Defence in depth: these exploits are also caught by the worker alone (static analysis off)."""
     entry = next(e for e in ENTRIES if e["file"] == name)

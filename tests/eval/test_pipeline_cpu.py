@@ -15,6 +15,7 @@ from cudal1.eval import EvalConfig, Status, evaluate_candidate
 from cudal1.eval.supply import CoreSplit
 from cudal1.store import ResultsStore
 from cudal1.tasks.sources import load_file
+from tests.helpers.selection import quick_few
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 FAST = dict(device="cpu", sizes="full", correctness_trials=2, buckets=2, target_bucket_ms=5.0,
@@ -138,12 +139,12 @@ def test_a_build_failure_the_candidate_catches_is_reported_beside_the_verdict_fo
     assert r.speedup is not None
 
 
-@pytest.mark.parametrize("name, rule", [
+@pytest.mark.parametrize("name, rule", quick_few([
     ("flag_flip", "guard.global_state"),
     ("patch_timer", "guard.timer_patching"),
     ("tensor_subclass", "guard.output_type"),
     ("hidden_thread", "guard.threads"),
-])
+], [("flag_flip", "guard.global_state"), ("patch_timer", "guard.timer_patching")]))
 def test_runtime_guards_catch_hacks_without_static_analysis(task, name, rule):
     r = run(task, name, skip_static=True)
     assert r.status is Status.HACK_DETECTED, (r.status, r.message)
@@ -388,12 +389,12 @@ class ModelNew(nn.Module):
 '''
 
 
-@pytest.mark.parametrize(("profile", "exact_fp32", "status"), [
+@pytest.mark.parametrize(("profile", "exact_fp32", "status"), quick_few([
     ("strict", None, Status.CORRECT),  # strict runs both models with TF32 off
     ("kernelbench-v0", None, Status.INCORRECT),  # PyTorch's default: cuDNN may use TF32
     ("kernelbench-v0", True, Status.CORRECT),
     ("strict", False, Status.INCORRECT),
-])
+], [("strict", None, Status.CORRECT), ("kernelbench-v0", None, Status.INCORRECT)]))
 def test_fp32_numerics_of_both_models_follow_the_profile(profile, exact_fp32, status):
     from cudal1.tasks.task import Task
 
@@ -461,12 +462,12 @@ def test_reduced_precision_names_the_switch_the_candidate_set(task):
 
 @pytest.mark.skipif(not hasattr(__import__("torch")._C, "_get_fp32_precision_getter"),
                     reason="PyTorch without the fp32_precision API")
-@pytest.mark.parametrize("line", [
+@pytest.mark.parametrize("line", quick_few([
     'torch.backends.cudnn.conv.fp32_precision = "tf32"',
     'torch.backends.fp32_precision = "tf32"',
     'torch.backends.cuda.matmul.fp32_precision = "tf32"',
     'torch.backends.mkldnn.conv.fp32_precision = "tf32"',
-])
+], ['torch.backends.fp32_precision = "tf32"']))
 @pytest.mark.parametrize(("profile", "status"), [("strict", Status.HACK_DETECTED), ("cuda-l1", Status.CORRECT)])
 def test_tf32_turned_on_through_the_fp32_precision_api_is_flagged(line, profile, status):
     """The newer per-backend switches are guarded like the legacy flags: a named change, never a crash."""

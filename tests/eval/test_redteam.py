@@ -19,6 +19,7 @@ import pytest
 
 from cudal1.cli.main import main
 from cudal1.eval.sandbox import detect_sandbox
+from tests.helpers.selection import quick_few
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REDTEAM = FIXTURES / "redteam"
@@ -65,8 +66,14 @@ def assert_no_fake_speedup(result: dict) -> None:
     assert min(result["speedup"] or 0.0, low or 0.0) < 1.3, result
 
 
+#: Every run: a forger, the flush skipper, a tolerance patcher, a precompute, a secret reader, the timed-input
+#: attacks and an honest control; the rest of the round with `-m slow`.
+QUICK = ["forge_reply.py", "skip_cache_flush.py", "patch_tolerances.py", "background_precompute.py",
+         "read_secrets.py", "pointer_cache_timed.py", "mutate_timed_inputs.py", "honest_out_param.py"]
+
+
 @needs_sandbox
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", quick_few(sorted(EXPECTED), QUICK))
 def test_attack_gains_nothing(name, capsys, monkeypatch):
     monkeypatch.setenv("CUDAL1_SERVER_TOKEN", "tok-s3cret-redteam")  # a secret in the parent's environment
     result = evaluate(REDTEAM / name, capsys)
@@ -87,7 +94,7 @@ RUNTIME_ONLY = {
 
 
 @needs_sandbox
-@pytest.mark.parametrize("name", sorted(RUNTIME_ONLY))
+@pytest.mark.parametrize("name", quick_few(sorted(RUNTIME_ONLY), ["patch_builtins.py", "pointer_cache_timed.py"]))
 def test_runtime_alone_catches_what_static_analysis_names(name):
     from cudal1.eval import EvalConfig, evaluate_candidate
     from cudal1.tasks.sources import load_file
