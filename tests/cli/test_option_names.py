@@ -106,7 +106,7 @@ REACH = {
     "train/sft.py": ["train sft"],
 }
 # Options of other programs, named in their own messages (compiler and sandbox command lines).
-FOREIGN = {"raw_cuda/compiler.py", "eval/sandbox.py"}
+FOREIGN = {"raw_cuda/compiler.py", "eval/sandbox.py", "kernel_form/spec.py"}
 
 
 def _reach(relative: str, scope: tuple[str, ...]) -> list[str] | None:
