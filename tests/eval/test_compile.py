@@ -396,10 +396,14 @@ def test_hooks_fall_back_to_original_and_remember(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- prepare_candidate (isolated)
 
 
-def _prepare(source: str, tmp_path: Path, **extra) -> dict:
-    env = build_environment("testkey", "9.0", cache_dir=tmp_path)
+def _prepare(source: str, tmp_path: Path, *, scratch_from: Path | None = None, scratch_out: Path | None = None,
+             **extra) -> dict:
+    """The build child on `source` in a sandboxed runner; a build it writes lands in its scratch folder, which
+    `scratch_out` receives (as the compile service publishes it) and `scratch_from` provides."""
+    sandboxed = scratch_from is not None or scratch_out is not None
+    env = build_environment("testkey", "9.0", cache_dir=tmp_path, sandboxed=sandboxed)
     outcome = run_isolated(BUILD_ENTRY, {"source": source, "device": "cpu", **extra},
-                           limits=Limits(timeout_s=240), env=env)
+                           limits=Limits(timeout_s=240), env=env, scratch_from=scratch_from, scratch_out=scratch_out)
     assert outcome.value is not None, (outcome.describe_failure(), outcome.stderr_tail)
     return outcome.value
 
@@ -447,12 +451,14 @@ def test_a_failed_build_the_candidate_catches_is_a_fallback_not_a_verdict(tmp_pa
 @pytest.mark.slow
 @needs_gxx
 def test_prepare_cpp_build_succeeds_and_is_reused(tmp_path):
-    """A lazy (in __init__) C++ build succeeds; a fresh child with the same env reuses it at once."""
-    value = _prepare(CPP_OK, tmp_path, init_inputs=[1])
+    """A lazy (in __init__) C++ build succeeds; a fresh child given what it wrote reuses it at once. (The
+    child runs sandboxed: its build lands in its scratch folder, published as the compile service does.)"""
+    built = tmp_path / "built"
+    value = _prepare(CPP_OK, tmp_path, scratch_out=built, init_inputs=[1])
     assert value["ok"] is True, value["log"]
     assert [(b["name"], b["ok"]) for b in value["builds"]] == [("ok_add_one", True)]
-    assert (tmp_path / "torch_extensions" / "testkey" / "ok_add_one" / "ok_add_one.so").exists()
-    again = _prepare(CPP_OK, tmp_path, init_inputs=[1])
+    assert (built / "ok_add_one" / "ok_add_one.so").exists(), sorted(p.name for p in built.rglob("*"))
+    again = _prepare(CPP_OK, tmp_path, scratch_from=built, init_inputs=[1])
     assert again["ok"] is True and again["builds"][0]["seconds"] < 5.0, again
 
 
