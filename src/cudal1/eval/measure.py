@@ -68,51 +68,55 @@ def verify_probability(output_bytes: int) -> float:
     return max(0.1, min(1.0, VERIFY_BUDGET_BYTES / output_bytes))
 
 
-_host_bandwidth_seen = 0.0
-#: Where the best host bandwidth this machine measured is kept (under the cache root), per host name.
-HOST_BANDWIDTH_FILE = "host_bandwidth.json"
+_core_bandwidth_seen = 0.0
+#: Where the best one-core bandwidth this machine measured is kept (under the cache root), per host name.
+CORE_BANDWIDTH_FILE = "core_bandwidth.json"
+#: One core's copies: this many bytes (cache-resident, as a small task's data may be), the best of this many.
+CORE_COPY_BYTES, CORE_COPIES = 2**20, 64
 
 
-def host_bandwidth_gbps() -> float:
-    """This machine's copy bandwidth (GB/s), the best of a few 8 MB copies (cache-resident data, as a small
-    task's may be): the CPU's physical floor. The best this machine ever measured (kept in the cache root for
-    its host name, and in this process): on a busy host every copy of one measurement can come out several
-    times slow (seen on a 2-core machine at load 8: about 1 GB/s), which would raise the floor above an honest
-    time and reject it (`timing.below_floor`)."""
-    global _host_bandwidth_seen
-    import torch
+def core_bandwidth_gbps() -> float:
+    """One core's copy bandwidth (GB/s, bytes read and written), the best of many short single-threaded copies
+    of cache-resident data: times the cores a candidate may use, the CPU's physical floor. Short copies on one
+    thread keep the best of them clear of a busy host (each fits well inside a scheduler's time slice; a
+    multi-threaded 8 MB copy, which waits for its slowest thread, came out about 1 GB/s at load 8 and raised
+    the floor above an honest reduction's time). The best this machine ever measured is kept (in the cache
+    root for its host name, and in this process)."""
+    global _core_bandwidth_seen
+    import numpy as np
 
-    src = torch.ones(2 * 2**20, dtype=torch.float32)
-    dst = torch.empty_like(src)
+    src = np.ones(CORE_COPY_BYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
     best = float("inf")
-    for _ in range(8):
+    for _ in range(CORE_COPIES):
         t0 = time.perf_counter()
-        dst.copy_(src)
+        np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
-    measured = 2 * src.numel() * 4 / best / 1e9  # read and write
-    _host_bandwidth_seen = max(_host_bandwidth_seen, measured, _stored_host_bandwidth())
-    if _host_bandwidth_seen > _stored_host_bandwidth():
-        _store_host_bandwidth(_host_bandwidth_seen)
-    return _host_bandwidth_seen
+    measured = 2 * src.nbytes / best / 1e9
+    stored = _stored_core_bandwidth()
+    _core_bandwidth_seen = max(_core_bandwidth_seen, measured, stored)
+    if _core_bandwidth_seen > stored:
+        _store_core_bandwidth(_core_bandwidth_seen)
+    return _core_bandwidth_seen
 
 
-def _host_bandwidth_path() -> Any:
+def _core_bandwidth_path() -> Any:
     from cudal1.eval.compile import cache_root
 
-    return cache_root() / HOST_BANDWIDTH_FILE
+    return cache_root() / CORE_BANDWIDTH_FILE
 
 
-def _stored_host_bandwidth() -> float:
+def _stored_core_bandwidth() -> float:
     try:
-        data = json.loads(_host_bandwidth_path().read_text())
+        data = json.loads(_core_bandwidth_path().read_text())
         value = float(data.get(platform.node(), 0.0))
     except (OSError, ValueError, TypeError, AttributeError):
         return 0.0
     return value if math.isfinite(value) and value > 0 else 0.0
 
 
-def _store_host_bandwidth(gbps: float) -> None:
-    path = _host_bandwidth_path()
+def _store_core_bandwidth(gbps: float) -> None:
+    path = _core_bandwidth_path()
     try:
         data = json.loads(path.read_text()) if path.exists() else {}
         if not isinstance(data, dict):
@@ -293,8 +297,9 @@ class Measurement:
 
     def floor_ms(self) -> float | None:
         """The task's physical floor: the bytes it must move (inputs read once, outputs written once) at the
-        device's measured bandwidth (the helper's fill on a GPU, a host copy on the CPU)."""
-        bandwidth = self.bandwidth_gbps if self.s.device_type == "cuda" else host_bandwidth_gbps()
+        device's measured bandwidth (the helper's fill on a GPU; on the CPU, one core's copy times the cores
+        the candidate's sandbox may use)."""
+        bandwidth = self.bandwidth_gbps if self.s.device_type == "cuda" else core_bandwidth_gbps() * self.cores
         if not bandwidth:
             return None
         moved = self.s.facts.input_bytes + self.s.facts.output_bytes

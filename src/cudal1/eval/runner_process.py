@@ -365,15 +365,34 @@ class RunnerProcess:
         limit = max_bytes or reply_limit(request)
         while True:
             raw, fds = self._receive(max(0.0, deadline - time.monotonic()), keep_fds=keep_fds, max_bytes=limit)
-            if raw.get("op") != "progress":
+            if not self._progress_note(raw, fds, allowed=progress_s is not None):
                 break
-            for fd in fds:
-                os.close(fd)
-            if progress_s is None:
-                self.kill("broke the protocol")
-                raise self._failure("a progress note where none is allowed", malformed=True)
             if not extended:
-                deadline, extended = max(deadline, time.monotonic() + progress_s), True
+                deadline, extended = max(deadline, time.monotonic() + (progress_s or 0.0)), True
+        return self._decode(request, raw, fds, keep_fds)
+
+    def early(self, request: Message, timeout_s: float, *, progress: bool) -> Message | None:
+        """The message that arrived while the parent waited on a doorbell instead of the socket: None for a
+        progress note (a real build started; allowed only with `progress`, else it breaks the protocol), else
+        the decoded reply to `request` (the runner failed before ringing)."""
+        raw, fds = self._receive(timeout_s, max_bytes=reply_limit(request))
+        if self._progress_note(raw, fds, allowed=progress):
+            return None
+        return self._decode(request, raw, fds, 0)
+
+    def _progress_note(self, raw: dict[str, Any], fds: list[int], *, allowed: bool) -> bool:
+        """Whether `raw` is a progress note (its descriptors closed); one where none is allowed kills the
+        runner and fails its request as malformed."""
+        if raw.get("op") != "progress":
+            return False
+        for fd in fds:
+            os.close(fd)
+        if not allowed:
+            self.kill("broke the protocol")
+            raise self._failure("a progress note where none is allowed", malformed=True)
+        return True
+
+    def _decode(self, request: Message, raw: dict[str, Any], fds: list[int], keep_fds: int) -> Message:
         t0 = time.perf_counter()
         try:
             decoded = decode_reply(request, raw)

@@ -204,6 +204,9 @@ class Session:
         self.last = ""
         self.calls = 1  # calls per bracket (`set_calls`)
         self.candidate_imported = False
+        # Real builds the candidate starts in a forward (a lazy `load_inline`) may take the build time limit in
+        # one call, an untimed correctness trial, as those started at import may: the seq of that call.
+        self.build_call: int | None = None
         self.ref_reply_bytes = 0  # the reference's largest reply to a call (the candidate's limit is its multiple)
 
     # ------------------------------------------------------------------ requests
@@ -358,8 +361,10 @@ class Session:
         assert isinstance(reply, Staged)
         return reply.tree
 
-    def call(self, who: str, stage_tree: dict[str, Any], *, flush: bool, what: str) -> CallRecord:
-        """One bracket of `who`'s calls on the staged inputs (module docstring, step 2)."""
+    def call(self, who: str, stage_tree: dict[str, Any], *, flush: bool, what: str,
+             builds: bool = False) -> CallRecord:
+        """One bracket of `who`'s calls on the staged inputs (module docstring, step 2). With `builds` (an
+        untimed trial), the candidate's call may start real builds, in one call per evaluation (`build_call`)."""
         assert self.plane is not None
         plane, runner, bell = self.plane, self.runners[who], self.plane.doorbells[who]
         self.seq += 1
@@ -375,12 +380,13 @@ class Session:
             flush_ms = self._cpu_flush(who, runner, timeout) if flush and self.helper is None else None
             cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
             runner.send(request)
-            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what)
+            builds = builds and who == Side.CAND and self.build_call in (None, seq)
+            _, timeout = self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what, builds)
             t0 = time.perf_counter()
             plane.stage(who, slot, stage_tree, timeout)
             t_go = time.perf_counter()
             bell.ring(GO, seq)
-            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what)
+            t_done, timeout = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what, builds)
             plane.end(who, timeout)
             t1 = time.perf_counter()
             bracket_done = True
@@ -430,21 +436,28 @@ class Session:
         return (time.perf_counter() - t0) * 1e3
 
     def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, timeout: float,
-                     request: Call, what: str) -> float:
-        """Spin until the runner rings `word` for `seq`; a runner that answers on its socket instead (it
-        failed before arming) or dies ends the wait with its failure."""
+                     request: Call, what: str, builds: bool = False) -> tuple[float, float]:
+        """Spin until the runner rings `word` for `seq`: (the clock when seen, the call's time limit); a runner
+        that answers on its socket instead (it failed before arming) or dies ends the wait with its failure.
+        With `builds`, progress notes on the socket (real builds started in the call) raise the call's limit to
+        the build time limit from the first."""
         def tick() -> None:
             runner.check_alive()
             # A reply on the socket before the ring (the runner rings first, then replies: re-read the bell).
             if select.select([runner.channel.sock], [], [], 0)[0] and bell.read(word) < seq:
                 raise _EarlyReply()
-        try:
-            return bell.wait(word, seq, timeout, tick=tick)
-        except DoorbellTimeout:
-            runner.kill("timed out")
-            raise RunnerFailed(f"no answer within {timeout:.1f} s", timed_out=True) from None
-        except _EarlyReply:
-            reply = runner.reply(request, timeout)
+        while True:
+            try:
+                return bell.wait(word, seq, timeout, tick=tick), timeout
+            except DoorbellTimeout:
+                runner.kill("timed out")
+                raise RunnerFailed(f"no answer within {timeout:.1f} s", timed_out=True) from None
+            except _EarlyReply:
+                reply = runner.early(request, timeout, progress=builds)
+            if reply is None:  # a build started: the rest of the call may take the build limit
+                if self.build_call is None:
+                    self.build_call, timeout = seq, max(timeout, self.cfg.build_timeout_s)
+                continue
             if isinstance(reply, ErrorReply):
                 raise self._call_failed(who, reply, what) from None
             raise RunnerFailed("the runner answered before its call was rung", malformed=True) from None
@@ -457,10 +470,11 @@ class Session:
 
     # ------------------------------------------------------------------ correctness
 
-    def pair(self, stage_tree: dict[str, Any], *, flush: bool, what: str) -> tuple[CallRecord, CallRecord]:
+    def pair(self, stage_tree: dict[str, Any], *, flush: bool, what: str,
+             builds: bool = False) -> tuple[CallRecord, CallRecord]:
         """Both models called on the same staged inputs, in an order drawn here."""
         order = (Side.REF, Side.CAND) if self.rng.random() < 0.5 else (Side.CAND, Side.REF)
-        records = {who: self.call(who, stage_tree, flush=flush, what=what) for who in order}
+        records = {who: self.call(who, stage_tree, flush=flush, what=what, builds=builds) for who in order}
         return records[Side.REF], records[Side.CAND]
 
     def trials(self) -> None:
@@ -488,7 +502,7 @@ class Session:
         errors = measure_precision or (distribution == "reference" and self.reference_errors is not None)
         try:
             stage_tree = self.make_inputs(distribution)
-            ref_rec, cand_rec = self.pair(stage_tree, flush=True, what=f"correctness trial {index}")
+            ref_rec, cand_rec = self.pair(stage_tree, flush=True, what=f"correctness trial {index}", builds=True)
             reply, _ = self.ask_reference(Analyze(inputs=stage_tree, out=ref_rec.reply.out, noise_atol=tol,
                                                   precision=measure_precision, heavy=distribution == "heavy"),
                                           "a correctness trial")
