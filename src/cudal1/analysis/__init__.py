@@ -9,8 +9,7 @@ comment stripper) and, through this package, none of the rules.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cudal1.core.lazy import lazy_exports
 
 _EXPORTS = {
     "PRESETS": "cudal1.analysis.presets", "rejecting_flags": "cudal1.analysis.presets",
@@ -21,14 +20,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cudal1.analysis' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

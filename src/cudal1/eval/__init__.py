@@ -12,8 +12,7 @@ imports this package first) loads none of the parent's modules.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cudal1.core.lazy import lazy_exports
 
 _EXPORTS = {
     "EvalConfig": "cudal1.eval.config", "PROFILES": "cudal1.eval.config",
@@ -24,10 +23,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cudal1.eval' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,8 +6,7 @@ and, through this package, none of the loaders (`sources`), the hub or the schem
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cudal1.core.lazy import lazy_exports
 
 _EXPORTS = {
     "Task": "cudal1.tasks.task", "Candidate": "cudal1.tasks.task", "Reference": "cudal1.tasks.task",
@@ -17,15 +16,5 @@ _EXPORTS = {
     "builtin_examples": "cudal1.tasks.sources",
 }
 
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cudal1.tasks' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

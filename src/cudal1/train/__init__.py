@@ -9,6 +9,7 @@ Tested with TRL 1.16, transformers 5.24, peft 0.21, datasets 5.2 (the `train` ex
     result = run_sft(SFTStageConfig(model="scratch", output_dir="runs/sft", dataset="sft.jsonl"))
 """
 
+from cudal1.core.lazy import lazy_exports
 from cudal1.tasks.splits import TaskSplit, load_or_make_split, make_split, select_tasks
 from cudal1.train.config import (
     STAGES,
@@ -20,21 +21,14 @@ from cudal1.train.config import (
     reference_yaml,
 )
 
+#: Loaded on first use: the stage modules pull in heavier imports.
+_LAZY = {"run_sft": "cudal1.train.sft", "run_self_supervised": "cudal1.train.self_supervised",
+         "run_rl": "cudal1.train.rl", "evaluate_policy": "cudal1.train.policy_eval",
+         "PolicyEvalConfig": "cudal1.train.policy_eval", "KernelReward": "cudal1.train.rewards",
+         "RewardConfig": "cudal1.train.rewards", "smooth_rewards": "cudal1.core.rewards",
+         "StageResult": "cudal1.train.common"}
 
-def __getattr__(name: str):  # lazy: the stage modules pull in heavier imports
-    lazy = {"run_sft": "cudal1.train.sft", "run_self_supervised": "cudal1.train.self_supervised",
-            "run_rl": "cudal1.train.rl", "evaluate_policy": "cudal1.train.policy_eval",
-            "PolicyEvalConfig": "cudal1.train.policy_eval", "KernelReward": "cudal1.train.rewards",
-            "RewardConfig": "cudal1.train.rewards", "smooth_rewards": "cudal1.core.rewards",
-            "StageResult": "cudal1.train.common"}
-    if name in lazy:
-        import importlib
-
-        return getattr(importlib.import_module(lazy[name]), name)
-    raise AttributeError(f"module 'cudal1.train' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = ["STAGES", "CommonTrainConfig", "SFTStageConfig", "SelfSupervisedConfig", "RLStageConfig", "load_config",
-           "reference_yaml", "TaskSplit", "make_split", "load_or_make_split", "select_tasks", "run_sft",
-           "run_self_supervised", "run_rl", "evaluate_policy", "PolicyEvalConfig", "KernelReward", "RewardConfig",
-           "smooth_rewards", "StageResult"]
+           "reference_yaml", "TaskSplit", "make_split", "load_or_make_split", "select_tasks", *_LAZY]
