@@ -8,7 +8,8 @@ import platform
 from cudal1.eval import measure
 
 
-def test_a_measurement_on_a_busy_moment_does_not_lower_the_machines_best(monkeypatch):
+def test_a_measurement_on_a_busy_moment_does_not_lower_the_machines_best(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))  # the test's own: other tests' floors stay as measured
     monkeypatch.setattr(measure, "_core_bandwidth_seen", 0.0)
     first = measure.core_bandwidth_gbps()
     stored = json.loads(measure._core_bandwidth_path().read_text())
@@ -20,7 +21,6 @@ def test_a_measurement_on_a_busy_moment_does_not_lower_the_machines_best(monkeyp
     measure._core_bandwidth_path().write_text("{not json")  # a broken file is a fresh start, not an error
     monkeypatch.setattr(measure, "_core_bandwidth_seen", 0.0)
     assert measure.core_bandwidth_gbps() > 0
-
 
 
 def test_the_floor_of_a_long_reduction_lies_below_one_thread_reading_its_input():

@@ -181,15 +181,28 @@ def test_a_progress_note_inside_a_call_lifts_no_limit():
     assert "protocol" in result.message and time.monotonic() - started > 0
 
 
-def test_a_build_started_in_a_correctness_trial_may_take_the_build_limit():
+@needs_sandbox
+def test_a_build_started_in_the_first_trial_may_take_the_build_limit():
     """A lazy `load_inline` build in the first forward says so on the socket while the parent waits for the
-    call's doorbell: that call's limit becomes the build's (2 s steps, a 4 s "build"), where a note in a timed
-    call breaks the protocol (above). Two notes in the one call (two extensions) are both taken."""
+    call's doorbell: that call's limit becomes the build's (2 s steps, a 4 s "build"), where a note in a later
+    call breaks the protocol (above). Two notes in the one call (two extensions) are both taken, and the
+    build's time is left out of the evaluation's overall limit."""
     task = load_file(TIMING / "chain_20us.py")
     cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=2.0,
                      build_timeout_s=60.0)
     result = evaluate_candidate(task, (TIMING / "build_note_in_trial.py").read_text(), cfg)
     assert result.status is Status.CORRECT, (result.status, result.message)
+
+
+@needs_sandbox
+def test_build_notes_past_their_number_break_the_protocol():
+    """Each note would renew nothing (one deadline from the first), but their number is bounded too: the 17th
+    is a protocol break."""
+    task = load_file(TIMING / "chain_20us.py")
+    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True)
+    result = evaluate_candidate(task, (TIMING / "build_notes_flood.py").read_text(), cfg)
+    assert result.status is Status.RUNTIME_ERROR and "progress note where none is allowed" in result.message, \
+        (result.status, result.message)
 
 
 @needs_sandbox

@@ -255,6 +255,7 @@ class RunnerProcess:
         self.hello: Hello | None = None
         self.received_bytes = 0  # every reply's bytes, and the parent's time reading them (the budget)
         self.decode_s = 0.0
+        self.last_build_s = 0.0  # the last reply's build time (`reply`)
         self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
         self.group: RunnerGroup | None = None  # its control group, where the host allows one
         self.last_request_ms = 0.0
@@ -359,16 +360,19 @@ class RunnerProcess:
         """The reply to `request` (sent): its reply class or an `ErrorReply`; `RunnerFailed` for anything
         else (`malformed`: a reply over its size limit, `max_bytes` or its class's, or outside the schema,
         or past this runner's budget). With `progress_s`, progress notes (a real build started) are accepted
-        and extend the wait to `progress_s` from the first; without it a note breaks the protocol."""
+        and extend the wait to `progress_s` from the first; without it a note breaks the protocol.
+        `last_build_s`: the time from the first note to the reply (0 without one)."""
         deadline = time.monotonic() + timeout_s
-        extended = False
+        first_note = None
         limit = max_bytes or reply_limit(request)
         while True:
             raw, fds = self._receive(max(0.0, deadline - time.monotonic()), keep_fds=keep_fds, max_bytes=limit)
             if not self._progress_note(raw, fds, allowed=progress_s is not None):
                 break
-            if not extended:
-                deadline, extended = max(deadline, time.monotonic() + (progress_s or 0.0)), True
+            if first_note is None:
+                first_note = time.monotonic()
+                deadline = max(deadline, first_note + (progress_s or 0.0))
+        self.last_build_s = time.monotonic() - first_note if first_note is not None else 0.0
         return self._decode(request, raw, fds, keep_fds)
 
     def early(self, request: Message, timeout_s: float, *, progress: bool) -> Message | None:
@@ -381,8 +385,8 @@ class RunnerProcess:
         return self._decode(request, raw, fds, 0)
 
     def _progress_note(self, raw: dict[str, Any], fds: list[int], *, allowed: bool) -> bool:
-        """Whether `raw` is a progress note (its descriptors closed); one where none is allowed kills the
-        runner and fails its request as malformed."""
+        """Whether `raw` is a progress note (its descriptors closed, its bytes on the channel budget); one where
+        none is allowed kills the runner and fails its request as malformed."""
         if raw.get("op") != "progress":
             return False
         for fd in fds:
@@ -390,6 +394,7 @@ class RunnerProcess:
         if not allowed:
             self.kill("broke the protocol")
             raise self._failure("a progress note where none is allowed", malformed=True)
+        self._check_budget([])
         return True
 
     def _decode(self, request: Message, raw: dict[str, Any], fds: list[int], keep_fds: int) -> Message:

@@ -93,6 +93,8 @@ logger = logging.getLogger(__name__)
 #: The candidate's reply to a call may be this many times the reference's largest (they describe the same
 #: outputs; an honest reply is a few hundred bytes): beyond it, the candidate's `protocol.malformed`.
 CALL_REPLY_MARGIN = 10
+#: Progress notes (real builds started) the candidate's first call may send; one more breaks the protocol.
+MAX_BUILD_NOTES = 16
 PLAIN_TENSOR_CLASSES = frozenset({"Tensor", "Parameter"})
 PLAIN_SEQUENCES = frozenset({"tuple", "list", "return_types"})
 
@@ -170,6 +172,10 @@ class Deadlines:
     def left(self) -> float:
         return self.total_s - (time.monotonic() - self.start)
 
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` (a build's) out of the evaluation's overall limit."""
+        self.start += max(0.0, seconds)
+
     def candidate(self, reference_s: float) -> float:
         left = self.left()
         if left <= 0:
@@ -204,9 +210,12 @@ class Session:
         self.last = ""
         self.calls = 1  # calls per bracket (`set_calls`)
         self.candidate_imported = False
-        # Real builds the candidate starts in a forward (a lazy `load_inline`) may take the build time limit in
-        # one call, an untimed correctness trial, as those started at import may: the seq of that call.
+        # Real builds the candidate starts in its first forward (a lazy `load_inline`, in the first correctness
+        # trial) may take the build time limit, as those started at import may: that call's seq, the build
+        # limit's end (from the first note), the notes taken.
         self.build_call: int | None = None
+        self.build_deadline = 0.0
+        self.build_notes = 0
         self.ref_reply_bytes = 0  # the reference's largest reply to a call (the candidate's limit is its multiple)
 
     # ------------------------------------------------------------------ requests
@@ -244,6 +253,7 @@ class Session:
         try:
             reply = self.cand.ask(request, timeout_s=timeout,
                                   progress_s=self.cfg.build_timeout_s if builds else None)
+            self.deadlines.exclude(self.cand.last_build_s)  # as in `call`: a build's time is not the evaluation's
         except RunnerFailed as failure:
             raise self._candidate_failed(failure, what, timeout) from None
         finally:
@@ -363,8 +373,8 @@ class Session:
 
     def call(self, who: str, stage_tree: dict[str, Any], *, flush: bool, what: str,
              builds: bool = False) -> CallRecord:
-        """One bracket of `who`'s calls on the staged inputs (module docstring, step 2). With `builds` (an
-        untimed trial), the candidate's call may start real builds, in one call per evaluation (`build_call`)."""
+        """One bracket of `who`'s calls on the staged inputs (module docstring, step 2). With `builds` (the
+        first trial), the candidate's call may start real builds (`_wait_runner`)."""
         assert self.plane is not None
         plane, runner, bell = self.plane, self.runners[who], self.plane.doorbells[who]
         self.seq += 1
@@ -380,22 +390,24 @@ class Session:
             flush_ms = self._cpu_flush(who, runner, timeout) if flush and self.helper is None else None
             cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
             runner.send(request)
-            builds = builds and who == Side.CAND and self.build_call in (None, seq)
-            _, timeout = self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what, builds)
+            builds = builds and who == Side.CAND and self.build_call is None
+            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what, builds)
             t0 = time.perf_counter()
             plane.stage(who, slot, stage_tree, timeout)
             t_go = time.perf_counter()
             bell.ring(GO, seq)
-            t_done, timeout = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what, builds)
+            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what, builds)
             plane.end(who, timeout)
             t1 = time.perf_counter()
             bracket_done = True
-            reply = runner.reply(request, timeout, max_bytes=self._call_reply_limit(who))
+            reply = runner.reply(request, self._wait_limit(seq, timeout), max_bytes=self._call_reply_limit(who))
         except RunnerFailed as failure:
             if who == Side.REF:
                 raise self._reference_failed(failure, what) from None
-            raise self._candidate_failed(failure, what, timeout) from None
+            raise self._candidate_failed(failure, what, self._call_limit(seq, timeout)) from None
         finally:
+            if self.build_call == seq:  # the build's time is not the evaluation's (as a build before it is not)
+                self.deadlines.exclude(time.monotonic() - (self.build_deadline - self.cfg.build_timeout_s))
             cpu1 = runner.cpu_ns()
             runner.freeze()
             helper_figures = plane.close_bracket(timeout)
@@ -406,9 +418,10 @@ class Session:
         assert isinstance(reply, Called)
         if who == Side.REF:
             self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
-        elif reply.ms > timeout * 1e3:
+        elif reply.ms > self._call_limit(seq, timeout) * 1e3:
+            limit = self._call_limit(seq, timeout)
             raise self._candidate_failed(RunnerFailed(f"Called.ms is {reply.ms:g}, beyond the call's "
-                                                      f"limit of {timeout * 1e3:g} ms", malformed=True), what, timeout)
+                                                      f"limit of {limit * 1e3:g} ms", malformed=True), what, limit)
         self.note_memory("reference" if who == Side.REF else "candidate", reply.memory)
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
                             model_ms=(t_done - t_go) * 1e3, after=self.last, helper=helper_figures,
@@ -435,28 +448,42 @@ class Session:
                 InfraFailure(f"the reference's cache flush failed: {reply.message}")
         return (time.perf_counter() - t0) * 1e3
 
+    def _call_limit(self, seq: int, timeout: float) -> float:
+        """Call `seq`'s time limit: `timeout`, or the build limit in the call in which a build started."""
+        return max(timeout, self.cfg.build_timeout_s) if self.build_call == seq else timeout
+
+    def _wait_limit(self, seq: int, timeout: float) -> float:
+        """How long one wait of call `seq` may take: `timeout`, or in the call in which a build started, what
+        is left of the build limit (counted from its first note) where that is longer."""
+        if self.build_call != seq:
+            return timeout
+        return max(timeout, self.build_deadline - time.monotonic())
+
     def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, timeout: float,
-                     request: Call, what: str, builds: bool = False) -> tuple[float, float]:
-        """Spin until the runner rings `word` for `seq`: (the clock when seen, the call's time limit); a runner
-        that answers on its socket instead (it failed before arming) or dies ends the wait with its failure.
-        With `builds`, progress notes on the socket (real builds started in the call) raise the call's limit to
-        the build time limit from the first."""
+                     request: Call, what: str, builds: bool = False) -> float:
+        """Spin until the runner rings `word` for `seq` (the clock when seen); a runner that answers on its
+        socket instead (it failed before arming) or dies ends the wait with its failure. With `builds`, progress
+        notes on the socket (real builds started in the call, at most `MAX_BUILD_NOTES`) are taken: from the
+        first, the call's waits end at the build limit's end, one deadline for the whole call."""
         def tick() -> None:
             runner.check_alive()
             # A reply on the socket before the ring (the runner rings first, then replies: re-read the bell).
             if select.select([runner.channel.sock], [], [], 0)[0] and bell.read(word) < seq:
                 raise _EarlyReply()
         while True:
+            limit = self._wait_limit(seq, timeout)
             try:
-                return bell.wait(word, seq, timeout, tick=tick), timeout
+                return bell.wait(word, seq, limit, tick=tick)
             except DoorbellTimeout:
                 runner.kill("timed out")
-                raise RunnerFailed(f"no answer within {timeout:.1f} s", timed_out=True) from None
+                raise RunnerFailed(f"no answer within {limit:.1f} s", timed_out=True) from None
             except _EarlyReply:
-                reply = runner.early(request, timeout, progress=builds)
-            if reply is None:  # a build started: the rest of the call may take the build limit
+                taken = builds and self.build_call in (None, seq) and self.build_notes < MAX_BUILD_NOTES
+                reply = runner.early(request, limit, progress=taken)
+            if reply is None:  # a build started: the call's waits may take the build limit from here
+                self.build_notes += 1
                 if self.build_call is None:
-                    self.build_call, timeout = seq, max(timeout, self.cfg.build_timeout_s)
+                    self.build_call, self.build_deadline = seq, time.monotonic() + self.cfg.build_timeout_s
                 continue
             if isinstance(reply, ErrorReply):
                 raise self._call_failed(who, reply, what) from None
@@ -502,7 +529,8 @@ class Session:
         errors = measure_precision or (distribution == "reference" and self.reference_errors is not None)
         try:
             stage_tree = self.make_inputs(distribution)
-            ref_rec, cand_rec = self.pair(stage_tree, flush=True, what=f"correctness trial {index}", builds=True)
+            ref_rec, cand_rec = self.pair(stage_tree, flush=True, what=f"correctness trial {index}",
+                                          builds=index == 0 and distribution == "reference")
             reply, _ = self.ask_reference(Analyze(inputs=stage_tree, out=ref_rec.reply.out, noise_atol=tol,
                                                   precision=measure_precision, heavy=distribution == "heavy"),
                                           "a correctness trial")
