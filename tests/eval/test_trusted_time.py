@@ -185,8 +185,7 @@ def test_a_progress_note_inside_a_call_lifts_no_limit():
 def test_a_build_started_in_the_first_trial_may_take_the_build_limit():
     """A lazy `load_inline` build in the first forward says so on the socket while the parent waits for the
     call's doorbell: that call's limit becomes the build's (2 s steps, a 4 s "build"), where a note in a later
-    call breaks the protocol (above). Two notes in the one call (two extensions) are both taken, and the
-    build's time is left out of the evaluation's overall limit."""
+    call breaks the protocol (above). Two notes in the one call (two extensions) are both taken."""
     task = load_file(TIMING / "chain_20us.py")
     cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=2.0,
                      build_timeout_s=60.0)
@@ -195,14 +194,38 @@ def test_a_build_started_in_the_first_trial_may_take_the_build_limit():
 
 
 @needs_sandbox
+def test_a_second_build_note_renews_nothing():
+    """One deadline for the call from its first note: a note near its end does not lift the limit again."""
+    task = load_file(TIMING / "chain_20us.py")
+    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=4.0,
+                     build_timeout_s=5.0)
+    result = evaluate_candidate(task, (TIMING / "build_note_renewed.py").read_text(), cfg)
+    assert result.status is Status.TIMEOUT, (result.status, result.message)
+
+
+@needs_sandbox
 def test_build_notes_past_their_number_break_the_protocol():
-    """Each note would renew nothing (one deadline from the first), but their number is bounded too: the 17th
-    is a protocol break."""
+    """Each note is a read by the parent: the 17th of a runner's life is a protocol break."""
     task = load_file(TIMING / "chain_20us.py")
     cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True)
     result = evaluate_candidate(task, (TIMING / "build_notes_flood.py").read_text(), cfg)
-    assert result.status is Status.RUNTIME_ERROR and "progress note where none is allowed" in result.message, \
+    assert result.status is Status.RUNTIME_ERROR and "more than 16 progress notes" in result.message, \
         (result.status, result.message)
+
+
+def test_builds_share_one_allowance_outside_the_overall_limit():
+    """Builds the candidate starts itself are left out of the evaluation's limit, up to `build_timeout_s` in
+    all: an evaluation takes at most `timeout_s` + `build_timeout_s`, which the pool's watchdog counts on."""
+    from cudal1.eval.session import Deadlines
+
+    deadlines = Deadlines(EvalConfig(device="cpu", timeout_s=100.0, build_timeout_s=30.0))
+    left = deadlines.left()
+    deadlines.exclude_build(20.0)  # an import's build
+    assert deadlines.left() == pytest.approx(left + 20.0, abs=0.5) and deadlines.build_left_s == 10.0
+    deadlines.exclude_build(25.0)  # the first call's: only what is left of the allowance
+    assert deadlines.left() == pytest.approx(left + 30.0, abs=0.5) and deadlines.build_left_s == 0.0
+    deadlines.exclude_build(-5.0)
+    assert deadlines.build_left_s == 0.0
 
 
 @needs_sandbox

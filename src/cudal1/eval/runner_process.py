@@ -69,6 +69,8 @@ MEMORY_POLL_S = 0.1
 #: beyond them the runner's replies are the candidate's `runtime_error`, at once.
 CHANNEL_BUDGET_BYTES = 64 * 2**20
 CHANNEL_BUDGET_DECODE_S = 10.0
+#: Progress notes (real builds started, each may lift a wait to the build limit) one runner may send in its life.
+MAX_PROGRESS_NOTES = 16
 GPU_MEMORY_POLL_S = 0.5
 START_TIMEOUT_S = 180.0
 
@@ -256,6 +258,7 @@ class RunnerProcess:
         self.received_bytes = 0  # every reply's bytes, and the parent's time reading them (the budget)
         self.decode_s = 0.0
         self.last_build_s = 0.0  # the last reply's build time (`reply`)
+        self.progress_notes = 0  # notes taken (real builds started), at most MAX_PROGRESS_NOTES
         self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
         self.group: RunnerGroup | None = None  # its control group, where the host allows one
         self.last_request_ms = 0.0
@@ -361,7 +364,8 @@ class RunnerProcess:
         else (`malformed`: a reply over its size limit, `max_bytes` or its class's, or outside the schema,
         or past this runner's budget). With `progress_s`, progress notes (a real build started) are accepted
         and extend the wait to `progress_s` from the first; without it a note breaks the protocol.
-        `last_build_s`: the time from the first note to the reply (0 without one)."""
+        `last_build_s`: the time from the first note to the reply (0 without one). A runner may send at most
+        `MAX_PROGRESS_NOTES` notes in its life."""
         deadline = time.monotonic() + timeout_s
         first_note = None
         limit = max_bytes or reply_limit(request)
@@ -375,12 +379,13 @@ class RunnerProcess:
         self.last_build_s = time.monotonic() - first_note if first_note is not None else 0.0
         return self._decode(request, raw, fds, keep_fds)
 
-    def early(self, request: Message, timeout_s: float, *, progress: bool) -> Message | None:
-        """The message that arrived while the parent waited on a doorbell instead of the socket: None for a
-        progress note (a real build started; allowed only with `progress`, else it breaks the protocol), else
-        the decoded reply to `request` (the runner failed before ringing)."""
-        raw, fds = self._receive(timeout_s, max_bytes=reply_limit(request))
-        if self._progress_note(raw, fds, allowed=progress):
+    def receive(self, request: Message, timeout_s: float, *, notes: bool,
+                max_bytes: int | None = None) -> Message | None:
+        """The next message for `request` (sent), one at a time: None for a progress note (a real build
+        started; taken only with `notes`, else it breaks the protocol), else the decoded reply as `reply`
+        decodes it. The caller owns the deadline across notes."""
+        raw, fds = self._receive(timeout_s, max_bytes=max_bytes or reply_limit(request))
+        if self._progress_note(raw, fds, allowed=notes):
             return None
         return self._decode(request, raw, fds, 0)
 
@@ -391,9 +396,11 @@ class RunnerProcess:
             return False
         for fd in fds:
             os.close(fd)
-        if not allowed:
+        if not allowed or self.progress_notes >= MAX_PROGRESS_NOTES:
             self.kill("broke the protocol")
-            raise self._failure("a progress note where none is allowed", malformed=True)
+            raise self._failure("a progress note where none is allowed" if not allowed else
+                                f"more than {MAX_PROGRESS_NOTES} progress notes", malformed=True)
+        self.progress_notes += 1
         self._check_budget([])
         return True
 

@@ -93,8 +93,6 @@ logger = logging.getLogger(__name__)
 #: The candidate's reply to a call may be this many times the reference's largest (they describe the same
 #: outputs; an honest reply is a few hundred bytes): beyond it, the candidate's `protocol.malformed`.
 CALL_REPLY_MARGIN = 10
-#: Progress notes (real builds started) the candidate's first call may send; one more breaks the protocol.
-MAX_BUILD_NOTES = 16
 PLAIN_TENSOR_CLASSES = frozenset({"Tensor", "Parameter"})
 PLAIN_SEQUENCES = frozenset({"tuple", "list", "return_types"})
 
@@ -168,13 +166,19 @@ class Deadlines:
     def __init__(self, cfg: EvalConfig):
         self.start = time.monotonic()
         self.total_s, self.floor_s, self.factor = cfg.timeout_s, cfg.phase_floor_s, cfg.phase_factor
+        # Builds the candidate starts itself (at import, in its first call) share one allowance, which the
+        # overall limit leaves out: an evaluation takes at most `timeout_s` + `build_timeout_s`.
+        self.build_left_s = cfg.build_timeout_s
 
     def left(self) -> float:
         return self.total_s - (time.monotonic() - self.start)
 
-    def exclude(self, seconds: float) -> None:
-        """Leave `seconds` (a build's) out of the evaluation's overall limit."""
-        self.start += max(0.0, seconds)
+    def exclude_build(self, seconds: float) -> None:
+        """Leave `seconds` of a build out of the overall limit, taken from the build allowance (beyond it, they
+        count)."""
+        taken = min(max(0.0, seconds), self.build_left_s)
+        self.start += taken
+        self.build_left_s -= taken
 
     def candidate(self, reference_s: float) -> float:
         left = self.left()
@@ -211,11 +215,10 @@ class Session:
         self.calls = 1  # calls per bracket (`set_calls`)
         self.candidate_imported = False
         # Real builds the candidate starts in its first forward (a lazy `load_inline`, in the first correctness
-        # trial) may take the build time limit, as those started at import may: that call's seq, the build
-        # limit's end (from the first note), the notes taken.
+        # trial) may take what is left of the build allowance, as those started at import may: that call's seq,
+        # when its first note came, and the one deadline of its waits from then on.
         self.build_call: int | None = None
-        self.build_deadline = 0.0
-        self.build_notes = 0
+        self.build_started = self.build_deadline = 0.0
         self.ref_reply_bytes = 0  # the reference's largest reply to a call (the candidate's limit is its multiple)
 
     # ------------------------------------------------------------------ requests
@@ -252,8 +255,8 @@ class Session:
         self.cand.thaw()
         try:
             reply = self.cand.ask(request, timeout_s=timeout,
-                                  progress_s=self.cfg.build_timeout_s if builds else None)
-            self.deadlines.exclude(self.cand.last_build_s)  # as in `call`: a build's time is not the evaluation's
+                                  progress_s=self.deadlines.build_left_s if builds else None)
+            self.deadlines.exclude_build(self.cand.last_build_s)
         except RunnerFailed as failure:
             raise self._candidate_failed(failure, what, timeout) from None
         finally:
@@ -374,7 +377,7 @@ class Session:
     def call(self, who: str, stage_tree: dict[str, Any], *, flush: bool, what: str,
              builds: bool = False) -> CallRecord:
         """One bracket of `who`'s calls on the staged inputs (module docstring, step 2). With `builds` (the
-        first trial), the candidate's call may start real builds (`_wait_runner`)."""
+        first trial), the candidate's call may start real builds (`_note_build`)."""
         assert self.plane is not None
         plane, runner, bell = self.plane, self.runners[who], self.plane.doorbells[who]
         self.seq += 1
@@ -385,29 +388,32 @@ class Session:
         request = Call(seq=seq, slot=slot, inputs=slot_tree)
         plane.open_bracket(who, slot, stage_tree, flush, timeout)
         bracket_done = False
+        builds = builds and who == Side.CAND and self.build_call is None
+        started = time.monotonic()
         runner.thaw()
         try:
             flush_ms = self._cpu_flush(who, runner, timeout) if flush and self.helper is None else None
             cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
             runner.send(request)
-            builds = builds and who == Side.CAND and self.build_call is None
-            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what, builds)
+            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what, builds, started)
             t0 = time.perf_counter()
             plane.stage(who, slot, stage_tree, timeout)
             t_go = time.perf_counter()
             bell.ring(GO, seq)
-            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what, builds)
+            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what, builds, started)
             plane.end(who, timeout)
             t1 = time.perf_counter()
             bracket_done = True
-            reply = runner.reply(request, self._wait_limit(seq, timeout), max_bytes=self._call_reply_limit(who))
+            while (reply := runner.receive(request, self._wait_limit(seq, timeout), notes=builds,
+                                           max_bytes=self._call_reply_limit(who))) is None:
+                self._note_build(seq, started, timeout)  # a note read after the done word: the build ended
         except RunnerFailed as failure:
             if who == Side.REF:
                 raise self._reference_failed(failure, what) from None
-            raise self._candidate_failed(failure, what, self._call_limit(seq, timeout)) from None
+            raise self._candidate_failed(failure, what, self._call_limit(seq, timeout, started)) from None
         finally:
             if self.build_call == seq:  # the build's time is not the evaluation's (as a build before it is not)
-                self.deadlines.exclude(time.monotonic() - (self.build_deadline - self.cfg.build_timeout_s))
+                self.deadlines.exclude_build(time.monotonic() - self.build_started)
             cpu1 = runner.cpu_ns()
             runner.freeze()
             helper_figures = plane.close_bracket(timeout)
@@ -418,8 +424,8 @@ class Session:
         assert isinstance(reply, Called)
         if who == Side.REF:
             self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
-        elif reply.ms > self._call_limit(seq, timeout) * 1e3:
-            limit = self._call_limit(seq, timeout)
+        elif reply.ms > self._call_limit(seq, timeout, started) * 1e3:
+            limit = self._call_limit(seq, timeout, started)
             raise self._candidate_failed(RunnerFailed(f"Called.ms is {reply.ms:g}, beyond the call's "
                                                       f"limit of {limit * 1e3:g} ms", malformed=True), what, limit)
         self.note_memory("reference" if who == Side.REF else "candidate", reply.memory)
@@ -448,23 +454,27 @@ class Session:
                 InfraFailure(f"the reference's cache flush failed: {reply.message}")
         return (time.perf_counter() - t0) * 1e3
 
-    def _call_limit(self, seq: int, timeout: float) -> float:
-        """Call `seq`'s time limit: `timeout`, or the build limit in the call in which a build started."""
-        return max(timeout, self.cfg.build_timeout_s) if self.build_call == seq else timeout
+    def _note_build(self, seq: int, started: float, timeout: float) -> None:
+        """A progress note in call `seq` (a real build started; the runner counts them): from the first, the
+        call's waits share one deadline, the later of its own limit and the end of the build allowance."""
+        if self.build_call is None:
+            self.build_call, self.build_started = seq, time.monotonic()
+            self.build_deadline = max(started + timeout, self.build_started + self.deadlines.build_left_s)
+
+    def _call_limit(self, seq: int, timeout: float, started: float) -> float:
+        """Call `seq`'s time limit: `timeout`, or up to its one deadline in the call in which a build started."""
+        return self.build_deadline - started if self.build_call == seq else timeout
 
     def _wait_limit(self, seq: int, timeout: float) -> float:
-        """How long one wait of call `seq` may take: `timeout`, or in the call in which a build started, what
-        is left of the build limit (counted from its first note) where that is longer."""
-        if self.build_call != seq:
-            return timeout
-        return max(timeout, self.build_deadline - time.monotonic())
+        """How long one wait of call `seq` may take: `timeout`, or what is left to its one deadline in the call
+        in which a build started."""
+        return max(0.0, self.build_deadline - time.monotonic()) if self.build_call == seq else timeout
 
     def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, timeout: float,
-                     request: Call, what: str, builds: bool = False) -> float:
+                     request: Call, what: str, builds: bool = False, started: float = 0.0) -> float:
         """Spin until the runner rings `word` for `seq` (the clock when seen); a runner that answers on its
         socket instead (it failed before arming) or dies ends the wait with its failure. With `builds`, progress
-        notes on the socket (real builds started in the call, at most `MAX_BUILD_NOTES`) are taken: from the
-        first, the call's waits end at the build limit's end, one deadline for the whole call."""
+        notes on the socket are taken (`_note_build`)."""
         def tick() -> None:
             runner.check_alive()
             # A reply on the socket before the ring (the runner rings first, then replies: re-read the bell).
@@ -478,12 +488,9 @@ class Session:
                 runner.kill("timed out")
                 raise RunnerFailed(f"no answer within {limit:.1f} s", timed_out=True) from None
             except _EarlyReply:
-                taken = builds and self.build_call in (None, seq) and self.build_notes < MAX_BUILD_NOTES
-                reply = runner.early(request, limit, progress=taken)
-            if reply is None:  # a build started: the call's waits may take the build limit from here
-                self.build_notes += 1
-                if self.build_call is None:
-                    self.build_call, self.build_deadline = seq, time.monotonic() + self.cfg.build_timeout_s
+                reply = runner.receive(request, limit, notes=builds)
+            if reply is None:
+                self._note_build(seq, started, timeout)
                 continue
             if isinstance(reply, ErrorReply):
                 raise self._call_failed(who, reply, what) from None

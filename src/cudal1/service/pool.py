@@ -37,6 +37,7 @@ from cudal1.core.errors import ConfigError, Cudal1Error
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
+from cudal1.eval.evaluation import ATTEMPTS
 from cudal1.eval.pipeline import evaluate_candidate, not_a_source_file, uses_load_inline
 from cudal1.eval.scheduler import prebuild, runner_supply
 from cudal1.eval.supply import usable_cpu_count
@@ -46,6 +47,15 @@ logger = logging.getLogger(__name__)
 
 #: A slot is replaced when one evaluation runs this long past its own time and build limits (`stuck_after_s`).
 STUCK_MARGIN_S = 120.0
+
+
+def stuck_after_s(cfg: EvalConfig) -> float:
+    """How long one evaluation may run before its slot counts as hung: its build, then each of its sessions
+    (a pair of runners, another attempt after the candidate's runner died), each at most its overall limit
+    plus the build allowance of builds the candidate starts itself, and a margin."""
+    return cfg.build_timeout_s + (cfg.timeout_s + cfg.build_timeout_s) * cfg.runner_pairs * ATTEMPTS + STUCK_MARGIN_S
+
+
 WATCH_INTERVAL_S = 1.0
 
 # `evaluate_candidate`'s shape without the store: (task, source, config) -> EvalResult. Pools call it with
@@ -426,7 +436,7 @@ class LocalPool:
     def _stuck_after_s(self, job: Job) -> float:
         if self.pool_config.stuck_after_s is not None:
             return self.pool_config.stuck_after_s
-        return job.config.timeout_s + job.config.build_timeout_s + STUCK_MARGIN_S
+        return stuck_after_s(job.config)
 
     def _watch(self) -> None:
         """Replace a slot whose evaluation overran every limit (a hang below the evaluator's own deadlines)."""
