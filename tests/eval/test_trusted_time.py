@@ -173,12 +173,11 @@ def test_a_progress_note_inside_a_call_lifts_no_limit():
     """Through the runtime alone (static analysis off: it would reject the gc walk first)."""
     task = load_file(TIMING / "chain_20us.py")
     cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True)
-    started = time.monotonic()
     result = evaluate_candidate(task, (TIMING / "progress_in_call.py").read_text(), cfg)
     assert result.status is Status.RUNTIME_ERROR, (result.status, result.message)
     # The cause is the protocol break, at the note: an honoured note would have let the 45 s stall return and the
     # evaluation go on (no protocol error), so no wall time is asserted (a loaded machine stretches it).
-    assert "protocol" in result.message and time.monotonic() - started > 0
+    assert "protocol" in result.message and "correctness trial 1" in result.message, result.message
 
 
 @needs_sandbox
@@ -200,17 +199,19 @@ def test_a_second_build_note_renews_nothing():
     cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=4.0,
                      build_timeout_s=5.0)
     result = evaluate_candidate(task, (TIMING / "build_note_renewed.py").read_text(), cfg)
-    assert result.status is Status.TIMEOUT, (result.status, result.message)
+    assert result.status is Status.TIMEOUT and "correctness trial 0" in result.message, (result.status, result.message)
 
 
 @needs_sandbox
-def test_build_notes_past_their_number_break_the_protocol():
-    """Each note is a read by the parent: the 17th of a runner's life is a protocol break."""
+def test_build_notes_past_the_first_change_nothing():
+    """40 notes in the first call, 0.1 s apart, each read while the parent waits: the first set the call's one
+    deadline, the others move nothing (their reading is on the runner's channel budget), and the honest
+    answer after them is `correct`."""
     task = load_file(TIMING / "chain_20us.py")
-    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True)
+    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=2.0,
+                     build_timeout_s=60.0)
     result = evaluate_candidate(task, (TIMING / "build_notes_flood.py").read_text(), cfg)
-    assert result.status is Status.RUNTIME_ERROR and "more than 16 progress notes" in result.message, \
-        (result.status, result.message)
+    assert result.status is Status.CORRECT, (result.status, result.message)
 
 
 def test_builds_share_one_allowance_outside_the_overall_limit():

@@ -69,8 +69,6 @@ MEMORY_POLL_S = 0.1
 #: beyond them the runner's replies are the candidate's `runtime_error`, at once.
 CHANNEL_BUDGET_BYTES = 64 * 2**20
 CHANNEL_BUDGET_DECODE_S = 10.0
-#: Progress notes (real builds started, each may lift a wait to the build limit) one runner may send in its life.
-MAX_PROGRESS_NOTES = 16
 GPU_MEMORY_POLL_S = 0.5
 START_TIMEOUT_S = 180.0
 
@@ -258,7 +256,6 @@ class RunnerProcess:
         self.received_bytes = 0  # every reply's bytes, and the parent's time reading them (the budget)
         self.decode_s = 0.0
         self.last_build_s = 0.0  # the last reply's build time (`reply`)
-        self.progress_notes = 0  # notes taken (real builds started), at most MAX_PROGRESS_NOTES
         self.baseline_processes = 0  # processes of its sandbox once ready (bwrap, its init, the runner)
         self.group: RunnerGroup | None = None  # its control group, where the host allows one
         self.last_request_ms = 0.0
@@ -364,8 +361,7 @@ class RunnerProcess:
         else (`malformed`: a reply over its size limit, `max_bytes` or its class's, or outside the schema,
         or past this runner's budget). With `progress_s`, progress notes (a real build started) are accepted
         and extend the wait to `progress_s` from the first; without it a note breaks the protocol.
-        `last_build_s`: the time from the first note to the reply (0 without one). A runner may send at most
-        `MAX_PROGRESS_NOTES` notes in its life."""
+        `last_build_s`: the time from the first note to the reply (0 without one)."""
         deadline = time.monotonic() + timeout_s
         first_note = None
         limit = max_bytes or reply_limit(request)
@@ -390,17 +386,16 @@ class RunnerProcess:
         return self._decode(request, raw, fds, 0)
 
     def _progress_note(self, raw: dict[str, Any], fds: list[int], *, allowed: bool) -> bool:
-        """Whether `raw` is a progress note (its descriptors closed, its bytes on the channel budget); one where
-        none is allowed kills the runner and fails its request as malformed."""
+        """Whether `raw` is a progress note (its descriptors closed, its bytes and reading time on the channel
+        budget, which bounds a flood of them); one where none is allowed kills the runner and fails its request
+        as malformed."""
         if raw.get("op") != "progress":
             return False
         for fd in fds:
             os.close(fd)
-        if not allowed or self.progress_notes >= MAX_PROGRESS_NOTES:
+        if not allowed:
             self.kill("broke the protocol")
-            raise self._failure("a progress note where none is allowed" if not allowed else
-                                f"more than {MAX_PROGRESS_NOTES} progress notes", malformed=True)
-        self.progress_notes += 1
+            raise self._failure("a progress note where none is allowed", malformed=True)
         self._check_budget([])
         return True
 

@@ -214,11 +214,12 @@ class Session:
         self.last = ""
         self.calls = 1  # calls per bracket (`set_calls`)
         self.candidate_imported = False
-        # Real builds the candidate starts in its first forward (a lazy `load_inline`, in the first correctness
-        # trial) may take what is left of the build allowance, as those started at import may: that call's seq,
-        # when its first note came, and the one deadline of its waits from then on.
+        # Each call's waits share one deadline, its limit from its start. Real builds the candidate starts in
+        # its first forward (a lazy `load_inline`, in the first correctness trial) may take what is left of the
+        # build allowance, as those started at import may: that call's seq and when its first note came.
+        self.call_deadline = 0.0
         self.build_call: int | None = None
-        self.build_started = self.build_deadline = 0.0
+        self.build_started = 0.0
         self.ref_reply_bytes = 0  # the reference's largest reply to a call (the candidate's limit is its multiple)
 
     # ------------------------------------------------------------------ requests
@@ -390,27 +391,28 @@ class Session:
         bracket_done = False
         builds = builds and who == Side.CAND and self.build_call is None
         started = time.monotonic()
+        self.call_deadline = started + timeout
         runner.thaw()
         try:
-            flush_ms = self._cpu_flush(who, runner, timeout) if flush and self.helper is None else None
+            flush_ms = self._cpu_flush(who, runner) if flush and self.helper is None else None
             cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
             runner.send(request)
-            self._wait_runner(who, runner, bell, ARMED, seq, timeout, request, what, builds, started)
+            self._wait_runner(who, runner, bell, ARMED, seq, request, what, builds)
             t0 = time.perf_counter()
             plane.stage(who, slot, stage_tree, timeout)
             t_go = time.perf_counter()
             bell.ring(GO, seq)
-            t_done = self._wait_runner(who, runner, bell, DONE, seq, timeout, request, what, builds, started)
+            t_done = self._wait_runner(who, runner, bell, DONE, seq, request, what, builds)
             plane.end(who, timeout)
             t1 = time.perf_counter()
             bracket_done = True
-            while (reply := runner.receive(request, self._wait_limit(seq, timeout), notes=builds,
+            while (reply := runner.receive(request, self._wait_limit(), notes=builds,
                                            max_bytes=self._call_reply_limit(who))) is None:
-                self._note_build(seq, started, timeout)  # a note read after the done word: the build ended
+                self._note_build(seq)  # a note read after the done word: the build ended
         except RunnerFailed as failure:
             if who == Side.REF:
                 raise self._reference_failed(failure, what) from None
-            raise self._candidate_failed(failure, what, self._call_limit(seq, timeout, started)) from None
+            raise self._candidate_failed(failure, what, self.call_deadline - started) from None
         finally:
             if self.build_call == seq:  # the build's time is not the evaluation's (as a build before it is not)
                 self.deadlines.exclude_build(time.monotonic() - self.build_started)
@@ -424,8 +426,8 @@ class Session:
         assert isinstance(reply, Called)
         if who == Side.REF:
             self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
-        elif reply.ms > self._call_limit(seq, timeout, started) * 1e3:
-            limit = self._call_limit(seq, timeout, started)
+        elif reply.ms > (self.call_deadline - started) * 1e3:
+            limit = self.call_deadline - started
             raise self._candidate_failed(RunnerFailed(f"Called.ms is {reply.ms:g}, beyond the call's "
                                                       f"limit of {limit * 1e3:g} ms", malformed=True), what, limit)
         self.note_memory("reference" if who == Side.REF else "candidate", reply.memory)
@@ -444,34 +446,29 @@ class Session:
             return MAX_MESSAGE_BYTES
         return max(Called.MAX_BYTES, CALL_REPLY_MARGIN * self.ref_reply_bytes)
 
-    def _cpu_flush(self, who: str, runner: RunnerProcess, timeout: float) -> float:
+    def _cpu_flush(self, who: str, runner: RunnerProcess) -> float:
         """On the CPU each runner evicts its caches itself before a cold call (a flush from another process
         would not reach its core's own caches); the parent's clock around it (`timing.flush_check`)."""
         t0 = time.perf_counter()
-        reply = runner.ask(FlushCpu(), timeout)
+        reply = runner.ask(FlushCpu(), self._wait_limit())
         if isinstance(reply, ErrorReply):
             raise Verdict(Status.RUNTIME_ERROR, f"the cache flush failed: {reply.message}") if who == Side.CAND else \
                 InfraFailure(f"the reference's cache flush failed: {reply.message}")
         return (time.perf_counter() - t0) * 1e3
 
-    def _note_build(self, seq: int, started: float, timeout: float) -> None:
-        """A progress note in call `seq` (a real build started; the runner counts them): from the first, the
-        call's waits share one deadline, the later of its own limit and the end of the build allowance."""
+    def _note_build(self, seq: int) -> None:
+        """A progress note in call `seq` (a real build started): the first moves the call's one deadline to the
+        later of its own and the end of the build allowance; later ones change nothing."""
         if self.build_call is None:
             self.build_call, self.build_started = seq, time.monotonic()
-            self.build_deadline = max(started + timeout, self.build_started + self.deadlines.build_left_s)
+            self.call_deadline = max(self.call_deadline, self.build_started + self.deadlines.build_left_s)
 
-    def _call_limit(self, seq: int, timeout: float, started: float) -> float:
-        """Call `seq`'s time limit: `timeout`, or up to its one deadline in the call in which a build started."""
-        return self.build_deadline - started if self.build_call == seq else timeout
+    def _wait_limit(self) -> float:
+        """How long the current call's next wait may take: what is left to its one deadline."""
+        return max(0.0, self.call_deadline - time.monotonic())
 
-    def _wait_limit(self, seq: int, timeout: float) -> float:
-        """How long one wait of call `seq` may take: `timeout`, or what is left to its one deadline in the call
-        in which a build started."""
-        return max(0.0, self.build_deadline - time.monotonic()) if self.build_call == seq else timeout
-
-    def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, timeout: float,
-                     request: Call, what: str, builds: bool = False, started: float = 0.0) -> float:
+    def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, request: Call,
+                     what: str, builds: bool = False) -> float:
         """Spin until the runner rings `word` for `seq` (the clock when seen); a runner that answers on its
         socket instead (it failed before arming) or dies ends the wait with its failure. With `builds`, progress
         notes on the socket are taken (`_note_build`)."""
@@ -481,7 +478,7 @@ class Session:
             if select.select([runner.channel.sock], [], [], 0)[0] and bell.read(word) < seq:
                 raise _EarlyReply()
         while True:
-            limit = self._wait_limit(seq, timeout)
+            limit = self._wait_limit()
             try:
                 return bell.wait(word, seq, limit, tick=tick)
             except DoorbellTimeout:
@@ -490,7 +487,7 @@ class Session:
             except _EarlyReply:
                 reply = runner.receive(request, limit, notes=builds)
             if reply is None:
-                self._note_build(seq, started, timeout)
+                self._note_build(seq)
                 continue
             if isinstance(reply, ErrorReply):
                 raise self._call_failed(who, reply, what) from None
