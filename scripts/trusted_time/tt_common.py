@@ -28,8 +28,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SANDBOX_UID = 65534
 CLIENT_MODULES = ("tt_client.py", "tt_cuda.py")
-PROJECT_MODULES = ("cudal1/__init__.py", "cudal1/eval/__init__.py", "cudal1/eval/shared/__init__.py",
-                   "cudal1/eval/shared/cuda_vmm.py")
+#: What the clients import of cudal1, with every package face on the way (`cudal1.eval`'s imports its lazy lookup).
+PROJECT_MODULES = ("cudal1/__init__.py", "cudal1/core/__init__.py", "cudal1/core/lazy.py", "cudal1/eval/__init__.py",
+                   "cudal1/eval/shared/__init__.py", "cudal1/eval/shared/cuda_vmm.py")
 MAX_MESSAGE = 1 << 20
 
 
