@@ -13,6 +13,7 @@ is compared with its honest twin (`honest_chain.py`) on the same task in the sam
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -180,25 +181,32 @@ def test_a_progress_note_inside_a_call_lifts_no_limit():
     assert "protocol" in result.message and "correctness trial 1" in result.message, result.message
 
 
+def _first_call_notes(schedule: list[tuple[str, object]] | None, step_s: float, build_s: float):
+    """The verdict on `build_notes.py` playing `schedule` in its first call (None: the file's own), under steps
+    of `step_s` and a build allowance of `build_s`."""
+    source = (TIMING / "build_notes.py").read_text()
+    if schedule is not None:
+        source = re.sub(r"^SCHEDULE = .*$", f"SCHEDULE = {schedule!r}", source, count=1, flags=re.MULTILINE)
+    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=step_s,
+                     build_timeout_s=build_s)
+    return evaluate_candidate(load_file(TIMING / "chain_20us.py"), source, cfg)
+
+
 @needs_sandbox
 def test_a_build_started_in_the_first_trial_may_take_the_build_limit():
     """A lazy `load_inline` build in the first forward says so on the socket while the parent waits for the
     call's doorbell: that call's limit becomes the build's (2 s steps, a 4 s "build"), where a note in a later
     call breaks the protocol (above). Two notes in the one call (two extensions) are both taken."""
-    task = load_file(TIMING / "chain_20us.py")
-    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=2.0,
-                     build_timeout_s=60.0)
-    result = evaluate_candidate(task, (TIMING / "build_note_in_trial.py").read_text(), cfg)
+    result = _first_call_notes(None, step_s=2.0, build_s=60.0)
     assert result.status is Status.CORRECT, (result.status, result.message)
 
 
 @needs_sandbox
 def test_a_second_build_note_renews_nothing():
-    """One deadline for the call from its first note: a note near its end does not lift the limit again."""
-    task = load_file(TIMING / "chain_20us.py")
-    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=4.0,
-                     build_timeout_s=5.0)
-    result = evaluate_candidate(task, (TIMING / "build_note_renewed.py").read_text(), cfg)
+    """One deadline for the call from its first note: a note near its end does not lift the limit again (4 s
+    steps, a 5 s allowance; the call takes 6.5 s: once, a second note at 4.5 s gave it 4 s more)."""
+    result = _first_call_notes([("note", "x"), ("sleep", 4.5), ("note", "y"), ("sleep", 2.0)], step_s=4.0,
+                               build_s=5.0)
     assert result.status is Status.TIMEOUT and "correctness trial 0" in result.message, (result.status, result.message)
 
 
@@ -207,10 +215,8 @@ def test_build_notes_past_the_first_change_nothing():
     """40 notes in the first call, 0.1 s apart, each read while the parent waits: the first set the call's one
     deadline, the others move nothing (their reading is on the runner's channel budget), and the honest
     answer after them is `correct`."""
-    task = load_file(TIMING / "chain_20us.py")
-    cfg = EvalConfig(device="cpu", correctness_trials=2, buckets=3, skip_static=True, phase_floor_s=2.0,
-                     build_timeout_s=60.0)
-    result = evaluate_candidate(task, (TIMING / "build_notes_flood.py").read_text(), cfg)
+    schedule = [item for i in range(40) for item in (("note", f"x{i}"), ("sleep", 0.1))]
+    result = _first_call_notes(schedule, step_s=2.0, build_s=60.0)
     assert result.status is Status.CORRECT, (result.status, result.message)
 
 

@@ -426,8 +426,7 @@ class Session:
         assert isinstance(reply, Called)
         if who == Side.REF:
             self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
-        elif reply.ms > (self.call_deadline - started) * 1e3:
-            limit = self.call_deadline - started
+        elif reply.ms > (limit := self.call_deadline - started) * 1e3:
             raise self._candidate_failed(RunnerFailed(f"Called.ms is {reply.ms:g}, beyond the call's "
                                                       f"limit of {limit * 1e3:g} ms", malformed=True), what, limit)
         self.note_memory("reference" if who == Side.REF else "candidate", reply.memory)
