@@ -1,7 +1,7 @@
 """How much time a forgery keeps: the forging room of the trusted time, per call size, printed as a table.
 
     PYTHONPATH=src python scripts/bench_trusted_time.py OUT_DIR [--device cuda] [--profile strict] [--repeat 2]
-        [--bracket-work-ms 0.5,0] [--sizes 20us,100us,1ms] [--fractions 0.1,0.2,0.4,0.8]
+        [--bracket-work-ms 0.5,0] [--sizes 20us,100us,1ms] [--fractions 0.1,0.2,0.4,0.8] [--clock host,gpu]
 
 On one task family at three sizes (tests/fixtures/timing/chain_*.py: about 0.02, 0.1 and 1 ms per call on an
 H200), the honest twin (`honest_chain.py`) and a forging fixture (`forge_reply.py`) that reports only (1 - f)
@@ -65,17 +65,21 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of " + ", ".join(SIZES))
     ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
                     help="hidden shares of the forgeries, comma-separated")
+    ap.add_argument("--clock", default=EvalConfig.clock,
+                    help="comma-separated clocks (host, gpu), one batch each per --bracket-work-ms value")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out: dict = {"device": args.device, "profile": args.profile, "batches": []}
-    for work in (float(w) for w in args.bracket_work_ms.split(",")):
-        out["batches"].append(batch(args, work))
-        (args.out_dir / "trusted_time.json").write_text(json.dumps(out, indent=1, default=str))
+    for clock in args.clock.split(","):
+        for work in (float(w) for w in args.bracket_work_ms.split(",")):
+            out["batches"].append(batch(args, work, clock))
+            (args.out_dir / "trusted_time.json").write_text(json.dumps(out, indent=1, default=str))
     print(f"figures in {args.out_dir / 'trusted_time.json'}")
 
 
-def batch(args: argparse.Namespace, work: float) -> dict:
-    """One batch of the honest twins and the forgeries at every size, with `work` ms of calls per bracket."""
+def batch(args: argparse.Namespace, work: float, clock: str = "host") -> dict:
+    """One batch of the honest twins and the forgeries at every size, with `work` ms of calls per bracket,
+    timed by `clock`."""
     honest = (TIMING / "honest_chain.py").read_text()
     items, labels = [], []
     sizes = args.sizes.split(",")
@@ -89,12 +93,12 @@ def batch(args: argparse.Namespace, work: float) -> dict:
             labels.append((size, f"forged {int(f * 100)} %", f))
     # The static filter off: measured here is the clocks' own bound.
     cfg = EvalConfig(device=args.device, profile=args.profile, record_samples=True, skip_static=True,
-                     bracket_work_ms=work)
+                     bracket_work_ms=work, clock=clock)
     t0 = time.monotonic()
     results = evaluate_many(items, cfg, force=True)
     wall = time.monotonic() - t0
-    out: dict = {"bracket_work_ms": work, "wall_s": round(wall, 1), "sizes": {}}
-    print(f"bracket_work_ms {work}: {wall:.1f} s")
+    out: dict = {"clock": clock, "bracket_work_ms": work, "wall_s": round(wall, 1), "sizes": {}}
+    print(f"clock {clock}, bracket_work_ms {work}: {wall:.1f} s ({len(items)} evaluations)")
     print(f"{'size':6s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
           f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s} {'calls':>5s} {'uncal. us':>9s}")
     for size in sizes:

@@ -13,6 +13,11 @@ whether to compare the two outputs (all of them for small outputs, a sample for 
 every bucket always) and check the inputs; the candidate cannot know which pairs are checked. Under a profile
 with extra trials, a few pairs drawn at random get inputs beyond the reference's distribution; they are
 verified and left out of the times. The time that counts, the interval and the checks are `timing.py`'s.
+
+With the GPU clock (`Session.gated`) there is no calibration and no bound: each call's time is its gated
+bracket on the helper's events less the clock's constant `c`, the median of *null* brackets (the reference's
+runner, no model call) interleaved with the timed pairs throughout the series (`null_every`), so that `c`
+follows the device's clocks as the calls do. Neither model's report is read.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ CALIBRATION_PAIRS = (24, 384)
 #: Warm-up before the calibration: this much of the parent's wall time (both models), at most this many pairs.
 CALIBRATION_WARMUP_S = 0.15
 CALIBRATION_WARMUP_PAIRS = 64
+#: The GPU clock: a null bracket after every this many timed pairs (and one after the first), at least
+#: `NULLS_MIN` per measurement.
+NULL_EVERY = 3
+NULLS_MIN = 8
 
 
 def verify_probability(output_bytes: int) -> float:
@@ -142,7 +151,9 @@ def sample_of(record: CallRecord) -> timing.Sample:
                          call_cpu_ms=record.reply.cpu_ms / n if record.reply.cpu_ms is not None else None,
                          calls=n, stage_ms=record.stage_ms / n if record.stage_ms is not None else None,
                          helper_stage_us=helper.stage_us if helper is not None else None,
-                         helper_end_us=helper.end_us if helper is not None else None)
+                         helper_end_us=helper.end_us if helper is not None else None,
+                         gpu_ms=record.gpu_ms / n if record.gpu_ms is not None else None,
+                         gpu_stage_ms=getattr(helper, "gpu_stage_ms", None), armed=record.armed)
 
 
 class Measurement:
@@ -158,6 +169,8 @@ class Measurement:
         self.bandwidth_gbps = bandwidth_gbps
         self.heavy = 0.0  # share of heavy pairs, once the trials showed the reference handles such inputs
         self.spent_s: dict[str, float] = defaultdict(float)  # the parent's wall time per step, for the record
+        self.nulls: list[float] = []  # the GPU clock's null brackets (ms per call), this measurement's
+        self.pairs = 0
 
     @contextmanager
     def spending(self, step: str) -> Iterator[None]:
@@ -182,10 +195,19 @@ class Measurement:
                 raise
         with self.spending("calls"):
             ref, cand = self.s.pair(stage, flush=flush, what="a timed call")
+            if self.s.gated and self.pairs % NULL_EVERY == 0:
+                self.null(stage, flush)
+            self.pairs += 1
         if verify or heavy:
             with self.spending("verify"):
                 self._verify(stage, ref, cand, heavy)
         return None if heavy else (sample_of(ref), sample_of(cand))
+
+    def null(self, stage: dict, flush: bool) -> None:
+        """One null bracket of the GPU clock (the reference's runner, no model call) on the staged inputs."""
+        record = self.s.call(Side.REF, stage, flush=flush, what="the clock's null call", null=True)
+        assert record.gpu_ms is not None
+        self.nulls.append(record.gpu_ms / record.calls)
 
     def _verify(self, stage: dict, ref: CallRecord, cand: CallRecord, heavy: bool) -> None:
         errors = self.s.reference_errors is not None and not heavy
@@ -218,9 +240,19 @@ class Measurement:
 
     # ------------------------------------------------------------------ calibration
 
-    def calibrate(self) -> timing.Calibration:
-        """The twin series (module docstring): run after `Session.setup`, before the candidate's import."""
+    def calibrate(self) -> timing.Calibration | None:
+        """The twin series (module docstring): run after `Session.setup`, before the candidate's import. With
+        the GPU clock, only the device's warm-up (one call per bracket): nothing to calibrate."""
         flush = self.cfg.flush_l2
+        if self.s.gated:
+            with self.spending("calibration"):
+                self.s.calls = self.s.plane.calls = 1  # type: ignore[union-attr]
+                took, t0 = 0, time.perf_counter()
+                while not took or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S and took < CALIBRATION_WARMUP_PAIRS):
+                    self.series(1, 1, flush)
+                    took += 1
+            self.s.facts.calibration = {"clock": "gpu", "warmup_pairs": took}
+            return None
         with self.spending("calibration"):
             # The device's clocks ramp up under load (an idle H100 is found at 345 MHz): warm it for a set
             # wall time, one call per bracket, and take the reference's time per call from the warm-up's best
@@ -268,6 +300,12 @@ class Measurement:
         device = self.s.device_type
         cold = self.series(cfg.buckets, iters, flush)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
+        if self.s.gated:
+            while len(self.nulls) < NULLS_MIN:
+                self.null(self.s.make_inputs(), flush)
+            c_ms = statistics.median(self.nulls)
+            cold, warm = (timing.gpu_clocked(series, c_ms) if series is not None else None for series in (cold, warm))
+            calibration = None
         bound = timing.counted_time(cold.all(Side.CAND), calibration, device, self.cores, cold.all(Side.REF))
         floor_ms = self.floor_ms()
         found: list[Flag | None] = [
@@ -277,10 +315,13 @@ class Measurement:
                                [s.cpu_flush_ms for s in cold.all(Side.CAND) if s.cpu_flush_ms is not None])]
         self.s.flags += [f for f in found if f is not None]
         self.s.facts.clock = timing.clock_summary(cold, bound, calibration)
+        if self.s.gated:
+            self.s.facts.clock.update(timing.gpu_clock_summary(cold, self.nulls, self.s.unarmed))
         if cfg.record_samples:
             self.s.facts.samples = {**(self.s.facts.samples or {}), **timing.samples_record(cold)}
         stats = timing.build_stats(cold, warm, bound=bound,
-                                   method="cuda_events+device_sync" if device == "cuda" else "host_timer",
+                                   method=("gpu_gate_events" if self.s.gated else "cuda_events+device_sync")
+                                   if device == "cuda" else "host_timer",
                                    iters=iters, round_to_one=cfg.round_toward_one, floor_ms=floor_ms,
                                    verified_calls=self.verified, estimator=cfg.estimator)
         within = timing.speedup_interval(cold, calibration, device, cores=self.cores)
@@ -288,7 +329,7 @@ class Measurement:
         stats = dataclasses.replace(stats, speedup_ci=[round(interval[0], 6), round(interval[1], 6)])
         self.s.facts.clock["speedup_ci_within"] = [round(x, 6) for x in within]
         self.s.facts.timing_spent_s = {k: round(v, 4) for k, v in sorted(self.spent_s.items())}
-        if device == "cuda":
+        if device == "cuda" and not self.s.gated:  # (gated: neither model's report is read)
             ref_gap, cand_gap = timing.stream_escape_ms(cold)
             if cand_gap > ref_gap + max(STREAM_ESCAPE_MIN_MS, 0.1 * stats.candidate_ms):
                 self.s.flags.append(F.runtime_flag(F.STREAM_ESCAPE, f"{cand_gap:.3f} ms of the candidate's work ran outside the current "

@@ -104,6 +104,7 @@ class TensorPlane(ABC):
         self.calls = 1  # calls per bracket now (the session sets it, up to `max_calls`)
         self.max_calls = 1
         self.helper_memory: dict[str, int] | None = None  # the helper's allocator after its last comparison
+        self.gates: dict[str, bool] = {}  # per runner: whether it can gate its calls (`Attached.gate`)
 
     # ------------------------------------------------------------------ set-up
 
@@ -135,6 +136,7 @@ class TensorPlane(ABC):
             if who == Side.CAND:
                 raise Verdict(Status.RUNTIME_ERROR, f"the candidate's process failed to map its arena: {message}")
             raise InfraFailure(f"mapping an arena failed: {message}")
+        self.gates[who] = reply.gate  # (before the candidate's import: the twin's answer)
 
     @property
     def snapshot_bytes(self) -> int:
@@ -151,11 +153,13 @@ class TensorPlane(ABC):
 
     # ------------------------------------------------------------------ the bracket
 
-    def open_bracket(self, who: str, slot: int, stage_tree: dict[str, Any], flush: bool, timeout_s: float) -> None:
-        """Before the bracket (the model frozen): the helper probes the device and arms."""
+    def open_bracket(self, who: str, slot: int, stage_tree: dict[str, Any], flush: bool, timeout_s: float,
+                     gate: int = 0) -> None:
+        """Before the bracket (the model frozen): the helper probes the device and arms (`gate`: a gated
+        bracket, `Call.gate`)."""
         if self.helper is not None:
             self.helper.arm(Bracket(sid=self.sid, seq=0, who=who, slot=slot, tree=stage_tree, flush=flush,
-                                    snapshot_bytes=self.snapshot_bytes), timeout_s)
+                                    snapshot_bytes=self.snapshot_bytes, gate=gate), timeout_s)
 
     @abstractmethod
     def stage(self, who: str, slot: int, stage_tree: dict[str, Any], timeout_s: float) -> None:

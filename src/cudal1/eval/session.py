@@ -90,6 +90,10 @@ from cudal1.eval.shared.protocol import (
 
 logger = logging.getLogger(__name__)
 
+#: A gated call's runner may take this long to enqueue its calls and arm before the helper opens the gate
+#: anyway (its `forward` then waits for the device itself), and this long once it was seen not to arm twice.
+ARM_WAIT_S = 0.5
+ARM_WAIT_SHORT_S = 0.005
 #: The candidate's reply to a call may be this many times the reference's largest (they describe the same
 #: outputs; an honest reply is a few hundred bytes): beyond it, the candidate's `protocol.malformed`.
 CALL_REPLY_MARGIN = 10
@@ -152,6 +156,8 @@ class CallRecord:
     flush_ms: float | None = None  # the parent's clock around a CPU runner's own cache flush
     calls: int = 1  # the model's calls in the bracket (the times above are for all of them)
     stage_ms: float | None = None  # the parent's clock from the bracket's start to the go
+    gpu_ms: float | None = None  # the GPU clock (a gated bracket): the helper's events, gate to snapshot
+    armed: bool = True  # a gated call: whether the runner had enqueued it all before the gate opened
 
 
 def new_seed() -> int:
@@ -221,6 +227,10 @@ class Session:
         self.build_call: int | None = None
         self.build_started = 0.0
         self.ref_reply_bytes = 0  # the reference's largest reply to a call (the candidate's limit is its multiple)
+        # The GPU clock (`EvalConfig.clock`): set once both runners can gate their calls (`setup`). A model
+        # whose calls keep waiting for the device before they arm gets a short arm wait from then on.
+        self.gated = False
+        self.unarmed = {Side.REF: 0, Side.CAND: 0}
 
     # ------------------------------------------------------------------ requests
 
@@ -313,6 +323,11 @@ class Session:
         self.plane = make_plane(self.runners, self.helper, self.cfg.profile_obj.tolerances)
         self.plane.give_arenas(in_bytes, out_bytes, max_calls(in_bytes, out_bytes, self.cfg.max_calls_per_bracket))
         self.facts.tensors = self.plane.kind
+        if self.cfg.clock == "gpu":
+            self.gated = self.plane.kind == "device" and all(self.plane.gates.get(who) for who in (Side.REF, Side.CAND))
+            if not self.gated:
+                logger.warning("the GPU clock needs device arenas and stream memory operations in both runners "
+                               "(%s): the host clock times this evaluation", self.plane.kind)
         self.phase_s["twin_setup"] = time.perf_counter() - t1
         logger.debug("twin ready in %.1f ms", twin.setup_ms)
 
@@ -376,9 +391,12 @@ class Session:
         return reply.tree
 
     def call(self, who: str, stage_tree: dict[str, Any], *, flush: bool, what: str,
-             builds: bool = False) -> CallRecord:
+             builds: bool = False, null: bool = False) -> CallRecord:
         """One bracket of `who`'s calls on the staged inputs (module docstring, step 2). With `builds` (the
-        first trial), the candidate's call may start real builds (`_note_build`)."""
+        first trial), the candidate's call may start real builds (`_note_build`). Gated (`self.gated`), the
+        runner enqueues its calls behind the gate and arms; the helper stages, opens the gate and times the
+        calls on the device (`gate` module docstring). `null` (gated, the reference only): the bracket with
+        no model call, whose time is the GPU clock's constant."""
         assert self.plane is not None
         plane, runner, bell = self.plane, self.runners[who], self.plane.doorbells[who]
         self.seq += 1
@@ -386,8 +404,11 @@ class Session:
         slot_tree = plane.place(who, stage_tree, slot)
         reference_s = max(self.ref_times.get("call", 0.001), 1e-4) * self.calls
         timeout = self.deadlines.reference() if who == Side.REF else self.deadlines.candidate(reference_s)
-        request = Call(seq=seq, slot=slot, inputs=slot_tree)
-        plane.open_bracket(who, slot, stage_tree, flush, timeout)
+        gate = seq if self.gated else 0
+        assert not null or (gate and who == Side.REF), "a null call is the reference's, gated"
+        request = Call(seq=seq, slot=slot, inputs=slot_tree, gate=gate, null=null)
+        plane.open_bracket(who, slot, stage_tree, flush, timeout, gate=gate)
+        armed = True
         bracket_done = False
         builds = builds and who == Side.CAND and self.build_call is None
         started = time.monotonic()
@@ -397,11 +418,13 @@ class Session:
             flush_ms = self._cpu_flush(who, runner) if flush and self.helper is None else None
             cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
             runner.send(request)
-            self._wait_runner(who, runner, bell, ARMED, seq, request, what, builds)
+            armed = self._wait_runner(who, runner, bell, ARMED, seq, request, what, builds,
+                                      arm_s=self._arm_wait_s(who) if gate else None) is not None
             t0 = time.perf_counter()
-            plane.stage(who, slot, stage_tree, timeout)
+            plane.stage(who, slot, stage_tree, timeout)  # gated: staged, and the gate opened on the device
             t_go = time.perf_counter()
-            bell.ring(GO, seq)
+            if not gate:
+                bell.ring(GO, seq)
             t_done = self._wait_runner(who, runner, bell, DONE, seq, request, what, builds)
             plane.end(who, timeout)
             t1 = time.perf_counter()
@@ -424,6 +447,8 @@ class Session:
         if isinstance(reply, ErrorReply):
             raise self._call_failed(who, reply, what)
         assert isinstance(reply, Called)
+        if gate:
+            self._check_gated(who, helper_figures, armed, what)
         if who == Side.REF:
             self.ref_reply_bytes = max(self.ref_reply_bytes, runner.channel.last_bytes)
         elif reply.ms > (limit := self.call_deadline - started) * 1e3:
@@ -433,9 +458,29 @@ class Session:
         record = CallRecord(who=who, reply=reply, slot_tree=slot_tree, bracket_ms=(t1 - t0) * 1e3,
                             model_ms=(t_done - t_go) * 1e3, after=self.last, helper=helper_figures,
                             cpu_ms=(cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else None,
-                            flush_ms=flush_ms, calls=self.calls, stage_ms=(t_go - t0) * 1e3)
+                            flush_ms=flush_ms, calls=self.calls, stage_ms=(t_go - t0) * 1e3,
+                            gpu_ms=helper_figures.gpu_ms if gate and helper_figures is not None else None,
+                            armed=armed)
         self.last = who
         return record
+
+    def _arm_wait_s(self, who: str) -> float:
+        """How long a gated call may take to arm before the helper opens its gate anyway: a `forward` that
+        waits for the device (behind the closed gate) never arms. Short for a model seen doing so twice."""
+        return ARM_WAIT_SHORT_S if self.unarmed[who] >= 2 else ARM_WAIT_S
+
+    def _check_gated(self, who: str, figures: Any, armed: bool, what: str) -> None:
+        """A gated call's figures: the helper had to write a done word the model's stream never wrote (the
+        candidate's runtime error; the reference's, an infrastructure failure)."""
+        if not armed:
+            self.unarmed[who] += 1
+        if figures is None or figures.gpu_ms is None:
+            raise InfraFailure(f"the device helper returned no GPU time for a gated call ({what})")
+        if figures.rescued:
+            if who == Side.REF:
+                raise InfraFailure(f"the reference's call never wrote its done word ({what})")
+            raise Verdict(Status.RUNTIME_ERROR, f"{what}: the candidate's process rang done before its call's done "
+                          "word was written on the device", flag=F.PROTOCOL_MALFORMED)
 
     def _call_reply_limit(self, who: str) -> int:
         """The largest reply to a call the parent reads: the reference's may be as large as the channel allows
@@ -467,10 +512,12 @@ class Session:
         return max(0.0, self.call_deadline - time.monotonic())
 
     def _wait_runner(self, who: str, runner: RunnerProcess, bell: Any, word: int, seq: int, request: Call,
-                     what: str, builds: bool = False) -> float:
+                     what: str, builds: bool = False, arm_s: float | None = None) -> float | None:
         """Spin until the runner rings `word` for `seq` (the clock when seen); a runner that answers on its
         socket instead (it failed before arming) or dies ends the wait with its failure. With `builds`, progress
-        notes on the socket are taken (`_note_build`)."""
+        notes on the socket are taken (`_note_build`). With `arm_s`, a wait that lasts that long ends without
+        the ring (None), the runner left as it is."""
+        arm_deadline = time.monotonic() + arm_s if arm_s is not None else None
         def tick() -> None:
             runner.check_alive()
             # A reply on the socket before the ring (the runner rings first, then replies: re-read the bell).
@@ -478,9 +525,12 @@ class Session:
                 raise _EarlyReply()
         while True:
             limit = self._wait_limit()
+            arm_left = None if arm_deadline is None else max(0.0, arm_deadline - time.monotonic())
             try:
-                return bell.wait(word, seq, limit, tick=tick)
+                return bell.wait(word, seq, limit if arm_left is None else min(limit, arm_left), tick=tick)
             except DoorbellTimeout:
+                if arm_left is not None and arm_left < limit:
+                    return None
                 runner.kill("timed out")
                 raise RunnerFailed(f"no answer within {limit:.1f} s", timed_out=True) from None
             except _EarlyReply:

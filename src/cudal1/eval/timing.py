@@ -35,6 +35,7 @@ Not covered here: clocks and thermal state (measured as found; compare ratios fr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -108,6 +109,9 @@ class Sample:
     stage_ms: float | None = None  # the parent's clock from the bracket's start to the go (inputs staged, flush)
     helper_stage_us: float | None = None  # the helper's own clock over its staging (GPU)
     helper_end_us: float | None = None  # the helper's own clock over its end probe (GPU)
+    gpu_ms: float | None = None  # the GPU clock: the helper's events from the gate's opening to the snapshot
+    gpu_stage_ms: float | None = None  # the GPU clock: the helper's events over the staging before it
+    armed: bool = True  # the GPU clock: the call was all enqueued before its gate opened
 
     @property
     def overhead_ms(self) -> float:
@@ -567,6 +571,33 @@ def clock_summary(series: PairedSeries, bound: Bound,
         if flushes:
             out[f"{who}_flush_ms"] = statistics.median(flushes)
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def gpu_clocked(series: PairedSeries, c_ms: float) -> PairedSeries:
+    """The series with each call's time (`ms`, `stream_ms`) made the GPU clock's: its gated bracket less the
+    clock's constant `c_ms` (the median null bracket; both per call of a bracket), never below a nanosecond.
+    The runners' reports are dropped: nothing of theirs is read."""
+    def clocked(s: Sample) -> Sample:
+        assert s.gpu_ms is not None, "a call of a gated series without its GPU time"
+        t = max(s.gpu_ms - c_ms, 1e-6)
+        return dataclasses.replace(s, ms=t, stream_ms=t)
+    return PairedSeries(ref=[[clocked(s) for s in b] for b in series.ref],
+                        cand=[[clocked(s) for s in b] for b in series.cand])
+
+
+def gpu_clock_summary(series: PairedSeries, nulls: list[float], unarmed: dict[str, int]) -> dict[str, object]:
+    """What the GPU clock measured, for the record: its constant (the null brackets' median, quartiles and
+    count, in microseconds), each model's staging on the device (leftover work of the model before delays
+    it), and how many calls of each model waited for the device before they armed (their host work after
+    that wait is inside their time)."""
+    out: dict[str, object] = {"clock": "gpu", "c_us": round(statistics.median(nulls) * 1e3, 3),
+                              "c_iqr_us": round((quantile(nulls, 0.75) - quantile(nulls, 0.25)) * 1e3, 3),
+                              "nulls": len(nulls), "unarmed_calls": {str(k): v for k, v in unarmed.items()}}
+    for who in (Side.REF, Side.CAND):
+        stages = [s.gpu_stage_ms for s in series.all(who) if s.gpu_stage_ms is not None]
+        if stages:
+            out[f"{who}_gpu_stage_us"] = round(statistics.median(stages) * 1e3, 3)
+    return out
 
 
 def samples_record(series: PairedSeries) -> dict[str, list[list[list[float | str | None]]]]:

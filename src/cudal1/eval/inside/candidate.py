@@ -143,7 +143,7 @@ class CandidateRole:
         return TwinReady(setup_ms=self.setup_ms)
 
     def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> Attached:
-        return Attached(pinned=self.side.attach(arena, doorbell))
+        return self.side.attach(arena, doorbell)
 
     def handle(self, request: Message) -> Message:
         if isinstance(request, Call):

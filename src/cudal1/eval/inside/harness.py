@@ -30,7 +30,7 @@ import torch
 
 from cudal1.eval.shared.arena import TensorArena
 from cudal1.eval.shared.doorbell import ARMED, DONE, GO, Doorbell, DoorbellTimeout
-from cudal1.eval.shared.protocol import Call, Called
+from cudal1.eval.shared.protocol import Attached, Call, Called
 
 #: The harness's clocks, bound when the runner starts (before any candidate code): a candidate that replaces
 #: `time.perf_counter` is named by the guards, and the harness's own figures stay figures of the real clocks.
@@ -170,10 +170,16 @@ class ModelSide:
     def make_inputs(self, seed: int, distribution: str = "reference") -> list[Any]:
         return make_inputs(self.ref, self.device, seed, distribution)
 
-    def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> bool:
-        """Take the arena (and doorbell) the parent sent; whether host memory got pinned for the GPU."""
+    def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> Attached:
+        """Take the arena (and doorbell) the parent sent: whether host memory got pinned for the GPU, and
+        whether calls can be gated (a device arena and stream memory operations that work here)."""
         self.arena, self.doorbell = arena, doorbell
-        return arena.register_with_cuda() if self.device.type == "cuda" else False
+        if self.device.type != "cuda":
+            return Attached()
+        from cudal1.eval.shared import gate  # (a GPU's runners only)
+
+        gated = hasattr(arena, "gate_words") and gate.usable(self.device)
+        return Attached(pinned=arena.register_with_cuda(), gate=gated)
 
     def stage(self, seed: int, distribution: str, count: int = 1) -> dict[str, Any]:
         """Make the inputs of `count` calls into the arena's staging region (the reference's runner), one set
@@ -211,6 +217,8 @@ class ModelSide:
         where = self.arena.bytes_tensor().device
         group = self.arena.unpack(request.inputs, device=where, copy=False)
         group = [list(v) if isinstance(v, (list, tuple)) else [v] for v in group]
+        if request.gate:
+            return self._gated(request, group)
         host_to_device = self.device.type == "cuda" and where.type != "cuda"
         gc.disable()  # a collection inside the bracket would be harness time the reference need not pay
         try:
@@ -233,6 +241,51 @@ class ModelSide:
         if host_to_device:  # after the bracket: what the call did to its inputs, back where the parent checks them
             self._write_back(staged, group)
         return Called(ms=total_ms, stream_ms=stream_ms, out=tree, memory=gpu_memory(self.device), cpu_ms=cpu_ms)
+
+    def _gated(self, request: Call, group: list[list[Any]]) -> Called:
+        """The calls enqueued behind the gate (`gate` module docstring): wait for the gate, the model once per
+        set of inputs (views of the slot, whose inputs the helper writes before it opens the gate), the
+        outputs' commit, the done word; then `armed`, and a wait for the device. A `forward` that waits for
+        the device itself (`.item()`, a data-dependent shape) blocks until the helper opens the gate, which
+        the parent has it do without the arm; its host work after that wait is then inside the bracket. The
+        done word is enqueued whatever happens (the helper's stream waits for it). `null`: no model call."""
+        from cudal1.eval.shared import gate
+
+        assert self.arena is not None and self.doorbell is not None
+        bell, arena = self.doorbell, self.arena
+        gate_ptr, done_ptr = arena.gate_words()  # type: ignore[attr-defined]
+        stream = gate.current_stream_handle(self.device)
+        t0 = wall_clock()
+        gc.disable()
+        done_queued = False
+        try:
+            gate.wait_value(stream, gate_ptr, request.gate)
+            outs: list[Any] = []
+            if not request.null:
+                try:
+                    with torch.no_grad():
+                        outs = [self.model(*inputs) for inputs in group]
+                except torch.cuda.OutOfMemoryError as exc:
+                    raise CallFailed("oom", oom_message(exc, self.device)) from None
+                except MemoryError as exc:
+                    raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
+                except Exception as exc:  # noqa: BLE001
+                    raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
+            tree = arena.pack(outs, "out", sync=False) if not request.null else {"t": "seq", "type": "list", "items": []}
+            gate.write_value(gate.current_stream_handle(self.device), done_ptr, request.gate)
+            done_queued = True
+            bell.ring(ARMED, request.seq)
+            torch.cuda.synchronize(self.device)
+        finally:
+            if not done_queued:  # the helper's stream waits for the done word: never leave it waiting
+                try:
+                    gate.write_value(gate.current_stream_handle(self.device), done_ptr, request.gate)
+                except gate.GateError:
+                    pass  # a broken context: the helper's rescue ends its wait
+            bell.ring(DONE, request.seq)
+            gc.enable()
+        ms = max((wall_clock() - t0) * 1e3, 1e-6)  # the runner's own wall time, for the record only
+        return Called(ms=ms, stream_ms=ms, out=tree, memory=gpu_memory(self.device))
 
     def _write_back(self, staged: list[list[Any]], used: list[list[Any]]) -> None:
         """Copy the device copies of a call's inputs back over the slot's host views, so that a model that

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import torch
 
 from cudal1.eval.inside.harness import gpu_memory, use_device
+from cudal1.eval.shared import gate
 from cudal1.eval.shared.arena import (
     ArenaFull,
     ArenaLayout,
@@ -57,9 +59,24 @@ from cudal1.eval.shared.protocol import (
     SetupHelper,
 )
 
+#: After the parent's second ring of a gated bracket, how long the helper waits for its end event before it
+#: looks at the done word (an honest model's done is on the device before its runner rings done).
+RESCUE_GRACE_S = 2.0
+#: The byte a gated bracket fills the model's output region with before the call: float outputs of all
+#: ones bits are NaN, so an output left unwritten (a done word written early) is seen in the comparison.
+POISON_BYTE = 0xFF
+
 #: How long the armed helper waits for each ring of a bracket (a model's call may take long: its limit is
 #: the parent's, which ends the helper too when it gives up).
 RING_TIMEOUT_S = 3600.0
+
+
+def _word_view(ptr: int, device: torch.device) -> Any:
+    """One int32 device word at `ptr`, for a copy (no ownership)."""
+    class _Word:
+        __cuda_array_interface__ = {"shape": (1,), "typestr": "<i4", "data": (ptr, False), "version": 3,
+                                    "strides": None, "stream": None}
+    return torch.as_tensor(_Word(), device=device)
 
 
 @dataclasses.dataclass
@@ -79,6 +96,10 @@ class HelperRole:
         self.probe = torch.zeros(1, device=self.device)
         self.reset = persisting_l2_reset()
         self.doorbell = doorbell
+        # Gated brackets run on a stream of the helper's own; a rescue (`_ended`) on another, which the first's
+        # wait for a done word never blocks.
+        self.stream = torch.cuda.Stream(self.device)
+        self.rescue = torch.cuda.Stream(self.device)
         self.host_arena: TensorArena | None = None
         self.sessions: dict[str, _Session] = {}
 
@@ -139,6 +160,10 @@ class HelperRole:
         if self.doorbell is None:
             raise ValueError("a bracket needs the helper's doorbell")
         session = self.sessions.get(request.sid)
+        if request.gate:
+            if session is None:
+                raise ValueError("a gated bracket needs device arenas")
+            return self._gated(request, session)
         bell, seq = self.doorbell, request.seq
         idle_us = self._probe_us()
         bell.ring(ARMED, seq)
@@ -163,6 +188,72 @@ class HelperRole:
         finally:
             bell.ring(DONE, 2 * seq + 1)
         return Bracketed(idle_us=idle_us, stage_us=stage_us, end_us=end_us, flush_ms=flush_ms)
+
+    def _gated(self, request: Bracket, session: _Session) -> Bracketed:
+        """A gated bracket (`gate` module docstring), all on the helper's own stream: on the first ring, the
+        output region poisoned, the inputs staged into the slot, L2 flushed (between the events `pre` and
+        `start`), then `start`, the gate opened, a wait for the model's done word, the output region's
+        snapshot, `end`; the first ring is answered once that is enqueued. On the second (the model rang
+        done, or the parent gave up on it), `end` is waited for; if it does not come within
+        `RESCUE_GRACE_S` while the done word is still short, the helper writes the words itself (the model
+        never wrote done: `rescued`, a failed call) and the events still close."""
+        bell, seq, who = self.doorbell, request.seq, request.who
+        assert bell is not None
+        arena = session.arenas[who]
+        gate_ptr, done_ptr = arena.gate_words()
+        idle_us = self._probe_us()
+        pre, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        rescued = False
+        bell.ring(ARMED, seq)
+        try:
+            bell.wait(GO, 2 * seq, RING_TIMEOUT_S)
+            t0 = time.perf_counter()
+            with torch.cuda.stream(self.stream):
+                pre.record()
+                out_start, _ = arena.region("out")
+                arena.bytes_tensor()[out_start: out_start + request.snapshot_bytes].fill_(POISON_BYTE)
+                arena.copy_from(session.arenas["ref"], request.tree, f"slot{request.slot}", sync=False)
+                if request.flush:
+                    self.buffer.fill_(1.0)
+                    if self.reset is not None and self.reset() != 0:
+                        clear_last_error()
+                start.record()
+                gate.write_value(self.stream.cuda_stream, gate_ptr, request.gate)
+                gate.wait_value(self.stream.cuda_stream, done_ptr, request.gate)
+                session.snapshots[who].take(arena, request.snapshot_bytes)
+                end.record()
+            stage_us = (time.perf_counter() - t0) * 1e6
+            bell.ring(DONE, 2 * seq)
+            bell.wait(GO, 2 * seq + 1, RING_TIMEOUT_S)
+            t1 = time.perf_counter()
+            rescued = not self._ended(end, done_ptr, request.gate, gate_ptr)
+            end.synchronize()
+            end_us = (time.perf_counter() - t1) * 1e6
+        except DoorbellTimeout:
+            raise ValueError("the parent never finished the bracket") from None
+        finally:
+            bell.ring(DONE, 2 * seq + 1)
+        return Bracketed(idle_us=idle_us, stage_us=stage_us, end_us=end_us, gpu_ms=start.elapsed_time(end),
+                         gpu_stage_ms=pre.elapsed_time(start), rescued=rescued)
+
+    def _ended(self, end: Any, done_ptr: int, value: int, gate_ptr: int) -> bool:
+        """Wait up to `RESCUE_GRACE_S` for `end`; True when it came, or the done word is set (the stream is
+        only slow); else write both words from a stream of their own (the helper's stream then closes its
+        events) and False."""
+        deadline = time.perf_counter() + RESCUE_GRACE_S
+        while time.perf_counter() < deadline:
+            if end.query():
+                return True
+            time.sleep(50e-6)
+        done = torch.empty(1, dtype=torch.int32, device=self.device)
+        with torch.cuda.stream(self.rescue):
+            done.copy_(torch.as_tensor(_word_view(done_ptr, self.device)))
+            if int(done.item()) - value >= 0:  # (signed 32-bit words; the gate values stay far below 2**31)
+                return True
+            gate.write_value(self.rescue.cuda_stream, gate_ptr, value)
+            gate.write_value(self.rescue.cuda_stream, done_ptr, value)
+        self.rescue.synchronize()
+        return False
 
     # ------------------------------------------------------------------ arenas, comparisons
 

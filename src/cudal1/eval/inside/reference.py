@@ -137,7 +137,7 @@ class ReferenceRole:
                               setup_ms=self.setup_ms)
 
     def attach(self, arena: TensorArena, doorbell: Doorbell | None) -> Attached:
-        return Attached(pinned=self.side.attach(arena, doorbell))
+        return self.side.attach(arena, doorbell)
 
     def handle(self, request: Message) -> Message:
         try:

@@ -117,8 +117,9 @@ class TensorArena:
     def region(self, name: str) -> tuple[int, int]:
         return self.layout.region(name)
 
-    def pack(self, value: Any, region: str, *, strict_types: bool = True) -> dict[str, Any]:
+    def pack(self, value: Any, region: str, *, strict_types: bool = True, sync: bool = True) -> dict[str, Any]:
         """Write every tensor of `value` (nested tuples/lists allowed) into `region`; the descriptor tree.
+        Without `sync`, copies on a device are left queued on the current stream (a gated call's commit).
 
         Raises `ArenaFull` when the tensors do not fit and `UnsupportedValue` for what cannot travel."""
         import torch
@@ -164,7 +165,7 @@ class TensorArena:
         tree = put(value)
         for dst, src in copies:
             dst.copy_(src, non_blocking=self.registered)
-        if copies:
+        if copies and sync:
             self._sync_after_copies()
         return tree
 
@@ -235,15 +236,18 @@ class TensorArena:
         placed = move(tree)
         return placed, cursor[0] - start
 
-    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
+    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0, *,
+                  sync: bool = True) -> tuple[dict[str, Any], int]:
         """Copy the tensors of `tree` (laid out in `source`) into `region` of this arena from `offset` on, byte
-        for byte, as `place` lays them out; (the tree as it lies here, the next free offset in the region)."""
+        for byte, as `place` lays them out; (the tree as it lies here, the next free offset in the region).
+        Without `sync`, copies on a device are left queued on the current stream."""
         placed, used = self.place(tree, region, offset)
         for src, dst in zip(tree_tensors(tree), tree_tensors(placed), strict=True):
             data = source.bytes_of(src)
             if data.numel():
                 self.bytes_tensor()[dst["offset"]: dst["offset"] + data.numel()].copy_(data, non_blocking=True)
-        self._sync_after_copies()
+        if sync:
+            self._sync_after_copies()
         return placed, used
 
 
@@ -310,10 +314,11 @@ class Arena(TensorArena):
             clear_last_error()
         self._pinned_ptr, self.registered = None, False
 
-    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0) -> tuple[dict[str, Any], int]:
+    def copy_from(self, source: TensorArena, tree: dict[str, Any], region: str, offset: int = 0, *,
+                  sync: bool = True) -> tuple[dict[str, Any], int]:
         """As `TensorArena.copy_from`; between host arenas by memmove (no thread pool inside a bracket)."""
         if self.map is None or source.bytes_tensor().device.type != "cpu":
-            return super().copy_from(source, tree, region, offset)
+            return super().copy_from(source, tree, region, offset, sync=sync)
         placed, used = self.place(tree, region, offset)
         for src, dst in zip(tree_tensors(tree), tree_tensors(placed), strict=True):
             data = source.bytes_of(src)

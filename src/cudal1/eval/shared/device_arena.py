@@ -6,6 +6,9 @@ hundreds of MB on the H200 host, and seconds per comparison). A `DeviceArena` ha
 and sends each runner the descriptor of its own; the helper maps both, so it stages each call's inputs from
 the reference's staging region into the calling model's slot and compares outputs where they lie. The
 candidate's runner never holds the reference's descriptor. The parent moves only descriptor trees.
+
+The allocation's last page is not the arena's: it holds the gate and done words of the GPU clock
+(`gate.words`), zeroed by the helper when it creates the arena.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from cudal1.eval.shared.arena import ArenaLayout, TensorArena
 from cudal1.eval.shared.cuda_vmm import SharedDeviceBuffer
+from cudal1.eval.shared.gate import GATE_PAGE, words
 
 
 class DeviceArena(TensorArena):
@@ -22,15 +26,19 @@ class DeviceArena(TensorArena):
     registered = True  # copies into and out of device memory are asynchronous: wait for them
 
     def __init__(self, buffer: SharedDeviceBuffer, layout: ArenaLayout):
-        if layout.size > buffer.size:
+        if layout.size + GATE_PAGE > buffer.size:
             raise ValueError("a device arena smaller than its layout")
-        super().__init__(layout, size=buffer.size)
+        super().__init__(layout, size=buffer.size - GATE_PAGE)
         self.buffer = buffer
 
     @classmethod
     def create(cls, layout: ArenaLayout) -> DeviceArena:
-        """A new allocation for `layout` (the helper's side), rounded up to the device's granularity."""
-        return cls(SharedDeviceBuffer.create(layout.size), layout)
+        """A new allocation for `layout` and the gate page (the helper's side), rounded up to the device's
+        granularity; the gate page zeroed."""
+        arena = cls(SharedDeviceBuffer.create(layout.size + GATE_PAGE), layout)
+        arena.buffer.tensor()[arena.size:].zero_()
+        arena._sync_after_copies()
+        return arena
 
     @classmethod
     def attach(cls, fd: int, layout: ArenaLayout, size: int) -> DeviceArena:
@@ -42,8 +50,12 @@ class DeviceArena(TensorArena):
         return self.buffer.fd
 
     def share(self) -> dict[str, Any]:
-        """What a runner needs to attach this arena, besides its descriptor."""
-        return {"size": self.size}
+        """What a runner needs to attach this arena, besides its descriptor: the allocation's size."""
+        return {"size": self.buffer.size}
+
+    def gate_words(self) -> tuple[int, int]:
+        """The device addresses of this arena's gate and done words (`gate.words`)."""
+        return words(self.buffer.ptr, self.buffer.size)
 
     def bytes_tensor(self) -> Any:
         return self.buffer.tensor()

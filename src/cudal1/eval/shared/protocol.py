@@ -218,6 +218,7 @@ class HelperReady(Message):
 @dataclass(frozen=True)
 class Attached(Message):
     pinned: bool = False
+    gate: bool = False  # the runner can enqueue its calls behind the GPU clock's gate (`gate.usable`)
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,11 @@ class Bracketed(Message):
     stage_us: float
     end_us: float
     flush_ms: float | None = None
+    # The GPU clock (a gated bracket): the helper's events from the gate's opening to the output's snapshot,
+    # and over its staging before it; `rescued` when the model's done word never came and the helper wrote it.
+    gpu_ms: float | None = None
+    gpu_stage_ms: float | None = None
+    rescued: bool = False
 
 
 @dataclass(frozen=True)
@@ -435,6 +441,11 @@ class Call(Message):
     seq: int
     slot: int
     inputs: dict[str, Any]
+    # The GPU clock: the calls are enqueued behind the gate word reaching `gate` and end with the done word
+    # set to it, then the runner arms (`harness.ModelSide.call`); 0: the host clock's bracket. `null` (the
+    # reference's runner only): no model call, the bracket's own cost.
+    gate: Count = 0
+    null: bool = False
 
 
 @dataclass(frozen=True)
@@ -510,6 +521,7 @@ class Bracket(Message):
     tree: dict[str, Any]
     flush: bool
     snapshot_bytes: int
+    gate: Count = 0  # a gated bracket (`Call.gate`): the helper opens the gate and times the call on the device
 
 
 @dataclass(frozen=True)

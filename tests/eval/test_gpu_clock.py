@@ -1,0 +1,139 @@
+"""The GPU clock (`EvalConfig.clock = "gpu"`): calls enqueued behind a gate and timed by the trusted helper's
+events on the GPU's timeline, through the real CLI, against the same red team as the host clock
+(tests/eval/test_trusted_time.py): forgers, work where no clock looks, work left running, reading ahead. What
+a forger rewrites is never read here, so each must land at its honest twin's speedup. On a GPU only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.eval.test_trusted_time import (
+    FORGERS,
+    GPU,
+    _gpu,
+    assert_bounded,
+    evaluate,
+    evaluate_batch,
+    needs_sandbox,
+)
+
+GATED = [*GPU, "--set", "clock=gpu"]
+#: The goal: no exploit `correct` above its twin's speedup times this.
+MARGIN = 1.05
+
+
+def gpu_clock(result: dict) -> dict:
+    clock = (result.get("protocol") or {}).get("clock") or {}
+    assert clock.get("clock") == "gpu", clock
+    return clock
+
+
+@pytest.mark.gpu
+@needs_sandbox
+@pytest.mark.parametrize("profile", ["strict", "cuda-l1"])
+def test_gpu_clock_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys):
+    _gpu()
+    sizes = ("20us", "1ms")
+    attacks = (*FORGERS, "precompute_watch_slot.py", "leftover_after_return.py")
+    cases = [(size, name) for size in sizes for name in ("honest_chain.py", *attacks)]
+    cases += [("launch_bound", "honest_launch_bound.py"), ("launch_bound", "lookahead_group.py")]
+    results = evaluate_batch(cases, [*GATED, "--profile", profile], tmp_path, capsys)
+    by_case = dict(zip(cases, results, strict=True))
+    for (size, name), result in by_case.items():
+        print(profile, size, name, result["status"], result["speedup"], result["message"][:160],
+              (result.get("protocol") or {}).get("clock"))
+    for size in sizes:
+        honest = by_case[(size, "honest_chain.py")]
+        clock = gpu_clock(honest)
+        assert clock["nulls"] >= 8 and clock["c_us"] > 0, clock
+        assert 0.9 < honest["speedup"] < 1.1, honest["speedup"]
+        for name in attacks:
+            assert_bounded(by_case[(size, name)], honest, MARGIN)
+    assert_bounded(by_case[("launch_bound", "lookahead_group.py")], by_case[("launch_bound", "honest_launch_bound.py")],
+                   MARGIN)
+
+
+@pytest.mark.gpu
+@needs_sandbox
+def test_gpu_clock_a_forward_that_waits_for_the_device_is_timed_with_its_wait(capsys):
+    _gpu()
+    result = evaluate("100us", "sync_in_forward.py", capsys, GATED)
+    assert result["status"] == "correct", result["message"]
+    clock = gpu_clock(result)
+    assert clock["unarmed_calls"]["cand"] >= 2 and clock["unarmed_calls"]["ref"] == 0, clock
+    honest = evaluate("100us", "honest_chain.py", capsys, GATED)
+    assert result["speedup"] <= honest["speedup"] * MARGIN, (result["speedup"], honest["speedup"])
+
+
+# --------------------------------------------------------------------------- CPU: the arithmetic and the arm wait
+
+
+def test_the_gpu_clock_counts_each_bracket_less_the_null_median_and_reads_no_report():
+    from cudal1.eval import timing
+    from cudal1.eval.timing import PairedSeries, Sample
+
+    def sample(gpu_ms: float, reported: float) -> Sample:
+        return Sample(ms=reported, stream_ms=reported, bracket_ms=5.0, gpu_ms=gpu_ms, gpu_stage_ms=0.01)
+    series = PairedSeries(ref=[[sample(0.300, 0.02), sample(0.302, 0.02)]],
+                          cand=[[sample(0.290, 0.001), sample(0.2905, 0.001)]])  # a forged 1 us report
+    clocked = timing.gpu_clocked(series, c_ms=0.280)
+    assert [s.ms for s in clocked.ref[0]] == pytest.approx([0.020, 0.022])
+    assert [s.ms for s in clocked.cand[0]] == pytest.approx([0.010, 0.0105])
+    assert all(s.stream_ms == s.ms for s in clocked.all("cand"))
+    # A bracket shorter than the constant (scatter) counts a nanosecond, never a negative time.
+    assert timing.gpu_clocked(PairedSeries(ref=[[sample(0.2, 1.0)]], cand=[[sample(0.2, 1.0)]]), 0.3).ref[0][0].ms == 1e-6
+    summary = timing.gpu_clock_summary(clocked, [0.279, 0.280, 0.281, 0.290], {"ref": 0, "cand": 3})
+    assert summary["clock"] == "gpu" and summary["nulls"] == 4 and summary["c_us"] == pytest.approx(280.5)
+    assert summary["unarmed_calls"] == {"ref": 0, "cand": 3} and summary["cand_gpu_stage_us"] == pytest.approx(10.0)
+
+
+def test_the_clock_setting_is_checked_and_keys_gpu_results_apart():
+    from cudal1.eval import EvalConfig
+    from cudal1.eval.config import ConfigError
+
+    with pytest.raises(ConfigError, match="clock must be one of host, gpu"):
+        EvalConfig(clock="wall")
+    assert "clock" not in EvalConfig(device="cuda").protocol()
+    assert EvalConfig(device="cuda", clock="gpu").protocol()["clock"] == "gpu"
+    assert "clock" not in EvalConfig(device="cpu", clock="gpu").protocol()  # a CPU has one clock
+
+
+def test_a_gated_call_that_does_not_arm_in_time_goes_on_without_killing_its_runner():
+    """The arm wait of a gated call (`Session._wait_runner` with `arm_s`): a runner whose forward waits for
+    the device never arms; the parent stops waiting after `arm_s` (None), leaves the runner alone, and the
+    done wait that follows is the call's as before."""
+    import socket
+    import time
+
+    from cudal1.eval import EvalConfig
+    from cudal1.eval.session import Session
+    from cudal1.eval.shared.doorbell import ARMED, DONE, Doorbell
+    from cudal1.eval.shared.protocol import Call
+    from cudal1.tasks.sources import load_file
+
+    class Runner:
+        def __init__(self):
+            self.channel = type("C", (), {})()
+            self.channel.sock, self.peer = socket.socketpair()
+            self.killed = ""
+
+        def check_alive(self):
+            pass
+
+        def kill(self, reason="killed", **_):
+            self.killed = reason
+
+    runner, bell = Runner(), Doorbell.create()
+    task = load_file(Path(__file__).resolve().parents[1] / "fixtures" / "timing" / "chain_20us.py")
+    session = Session(task, "", EvalConfig(device="cpu", timeout_s=30.0), ref=runner, cand=runner)
+    session.call_deadline = time.monotonic() + 30.0
+    request = Call(seq=1, slot=0, inputs={}, gate=1)
+    t0 = time.monotonic()
+    assert session._wait_runner("cand", runner, bell, ARMED, 1, request, "a call", arm_s=0.05) is None
+    assert 0.04 < time.monotonic() - t0 < 5.0 and runner.killed == ""
+    bell.ring(DONE, 1)
+    assert session._wait_runner("cand", runner, bell, DONE, 1, request, "a call") is not None
+    session.unarmed["cand"] = 2
+    assert session._arm_wait_s("cand") < session._arm_wait_s("ref")
