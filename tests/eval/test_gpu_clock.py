@@ -137,3 +137,16 @@ def test_a_gated_call_that_does_not_arm_in_time_goes_on_without_killing_its_runn
     assert session._wait_runner("cand", runner, bell, DONE, 1, request, "a call") is not None
     session.unarmed["cand"] = 2
     assert session._arm_wait_s("cand") < session._arm_wait_s("ref")
+
+
+@needs_sandbox
+def test_a_cpu_evaluation_says_the_host_clock_paid_even_when_the_gpu_clock_is_asked_for():
+    from cudal1.eval import EvalConfig, evaluate_candidate
+    from cudal1.tasks.sources import load_file
+
+    timing_dir = Path(__file__).resolve().parents[1] / "fixtures" / "timing"
+    result = evaluate_candidate(load_file(timing_dir / "chain_20us.py"), (timing_dir / "honest_chain.py").read_text(),
+                                EvalConfig(device="cpu", clock="gpu", correctness_trials=1, buckets=2,
+                                           warm_buckets=0, skip_static=True))
+    assert result.status.value == "correct", result.message
+    assert result.protocol["clock"]["clock"] == "host" and result.timing.method == "host_timer"

@@ -314,7 +314,7 @@ class Measurement:
             timing.flush_check([s.cpu_flush_ms for s in cold.all(Side.REF) if s.cpu_flush_ms is not None],
                                [s.cpu_flush_ms for s in cold.all(Side.CAND) if s.cpu_flush_ms is not None])]
         self.s.flags += [f for f in found if f is not None]
-        self.s.facts.clock = timing.clock_summary(cold, bound, calibration)
+        self.s.facts.clock = {"clock": "host", **timing.clock_summary(cold, bound, calibration)}
         if self.s.gated:
             self.s.facts.clock.update(timing.gpu_clock_summary(cold, self.nulls, self.s.unarmed))
         if cfg.record_samples:
