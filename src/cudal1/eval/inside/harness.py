@@ -275,7 +275,10 @@ class ModelSide:
             gate.write_value(gate.current_stream_handle(self.device), done_ptr, request.gate)
             done_queued = True
             bell.ring(ARMED, request.seq)
-            torch.cuda.synchronize(self.device)
+            try:
+                torch.cuda.synchronize(self.device)
+            except Exception as exc:  # noqa: BLE001 - the model's asynchronous failure, in one line
+                raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
         finally:
             if not done_queued:  # the helper's stream waits for the done word: never leave it waiting
                 try:

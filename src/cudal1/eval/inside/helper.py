@@ -100,6 +100,7 @@ class HelperRole:
         # wait for a done word never blocks.
         self.stream = torch.cuda.Stream(self.device)
         self.rescue = torch.cuda.Stream(self.device)
+        self.done_word = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.host_arena: TensorArena | None = None
         self.sessions: dict[str, _Session] = {}
 
@@ -245,9 +246,9 @@ class HelperRole:
             if end.query():
                 return True
             time.sleep(50e-6)
-        done = torch.empty(1, dtype=torch.int32, device=self.device)
+        done = self.done_word  # allocated ahead: an allocation now could wait for the stuck stream
         with torch.cuda.stream(self.rescue):
-            done.copy_(torch.as_tensor(_word_view(done_ptr, self.device)))
+            done.copy_(_word_view(done_ptr, self.device))
             if int(done.item()) - value >= 0:  # (signed 32-bit words; the gate values stay far below 2**31)
                 return True
             gate.write_value(self.rescue.cuda_stream, gate_ptr, value)
