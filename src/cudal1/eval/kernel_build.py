@@ -27,12 +27,14 @@ what device code can reach in its context (docs/kernel_form.md, *Threat model*).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.core import flags as F
+from cudal1.core.forms import KERNEL
 from cudal1.core.types import EvalResult, Flag, KernelClass, Status
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.isolated import Limits, run_isolated
@@ -41,6 +43,7 @@ from cudal1.kernel_form.build import (
     BUILD_ENTRY,
     DEFAULT_ARCH,
     KernelBuild,
+    build_here,
     build_payload,
     check_arch,
     finish_build,
@@ -54,7 +57,7 @@ from cudal1.tasks.task import Task
 BUILD_LIMITS = Limits(timeout_s=120.0, memory_bytes=4 * 2**30)
 
 #: What a result records of the form (`EvalResult.protocol["form"]`); a PyTorch module's result has no such key.
-FORM = "kernel"
+FORM = KERNEL
 
 
 def build_kernel_form(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH, limits: Limits = BUILD_LIMITS,
@@ -62,14 +65,11 @@ def build_kernel_form(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH, limits:
     """Build `spec.source` for `arch` in a sandboxed child (the evaluator's sandbox and `limits`) and scan it.
     `isolate=False` compiles in this process (trusted sources only, e.g. tests). Raises KernelBuildError (a
     compile error, a child that failed, a step naming a kernel the cubin lacks) or KernelRejectedError (scan)."""
+    if not isolate:
+        return build_here(spec, arch=arch)
     check_arch(arch)
     started = time.perf_counter()
-    payload = build_payload(spec, arch)
-    if not isolate:
-        from cudal1.kernel_form.build import build_in_child
-
-        return finish_build(spec, build_in_child(payload), arch, started)
-    outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, device=device)
+    outcome = run_isolated(BUILD_ENTRY, build_payload(spec, arch), limits=limits, device=device)
     if not outcome.ok:
         raise KernelBuildError(f"the build child {outcome.describe_failure()}", log=outcome.stderr_tail,
                                timed_out=outcome.timed_out)
@@ -95,6 +95,7 @@ class KernelCandidate:
             "scan": self.build.scan.to_dict()}}
 
 
+@functools.cache
 def target_arch(device: str) -> str:
     """The cubin's target: the GPU's own arch where candidates run on one, else `DEFAULT_ARCH` (a CPU evaluation
     builds and scans, and runs nothing)."""
