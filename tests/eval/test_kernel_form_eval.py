@@ -114,6 +114,15 @@ def test_a_scan_rejection_is_hack_detected_under_every_policy(relu_task, monkeyp
         assert result.message == "kernel.scan_rejected: device-runtime symbols (dynamic parallelism): cudaLaunchDeviceV2"
 
 
+@needs_nvrtc
+def test_a_module_too_large_for_the_runners_message_is_a_compile_error(relu_task, monkeypatch):
+    monkeypatch.setattr(kernel_build, "MAX_MODULE_MESSAGE_BYTES", 1000)
+    result = evaluate_candidate(relu_task, json.dumps(RELU_SPEC), EvalConfig(**CPU))
+    assert result.status is Status.COMPILE_ERROR
+    assert result.message.startswith("the module for this candidate (its spec, its cubin of ")
+    assert result.message.endswith("over the 1000 of a runner's message: a smaller source or cubin")
+
+
 def test_json_that_is_not_a_spec_is_judged_as_a_module(relu_task):
     result = evaluate_candidate(relu_task, '{"a": 1}', EvalConfig(**CPU))
     assert result.status is Status.COMPILE_ERROR and "form" not in result.protocol

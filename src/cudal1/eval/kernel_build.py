@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from cudal1.core.types import EvalResult, Flag, KernelClass, Status
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.isolated import Limits, run_isolated
 from cudal1.eval.outcomes import NEEDS_A_GPU
+from cudal1.eval.shared.channel import MAX_MESSAGE_BYTES
+from cudal1.eval.shared.schema import MAX_SOURCE_CHARS
 from cudal1.kernel_form.build import (
     BUILD_ENTRY,
     DEFAULT_ARCH,
@@ -55,6 +58,10 @@ from cudal1.kernel_form.spec import KernelFormSpec, check_against_source, parse_
 from cudal1.tasks.task import Task
 
 BUILD_LIMITS = Limits(timeout_s=120.0, memory_bytes=4 * 2**30)
+
+# Rationale: the generated module crosses to the runner in one message (`ImportCandidate`), JSON-encoded, of at
+# most MAX_MESSAGE_BYTES; 4 KiB are left to the message's other fields.
+MAX_MODULE_MESSAGE_BYTES = MAX_MESSAGE_BYTES - 4096
 
 #: What a result records of the form (`EvalResult.protocol["form"]`); a PyTorch module's result has no such key.
 FORM = KERNEL
@@ -163,6 +170,11 @@ def prepare_kernel_candidate(task: Task, text: str, cfg: EvalConfig) -> KernelCa
     flags = [F.runtime_flag(F.KERNEL_TIMER_READ, finding, source="build") for finding in build.scan.flags]
     source = module_source(text, build.cubin, reference_source=task.source, task_id=task.id,
                            sizes=cfg.sizes)
+    size = len(json.dumps(source))  # what the module takes in the runner's import message
+    if size > MAX_MODULE_MESSAGE_BYTES or len(source) > MAX_SOURCE_CHARS:
+        return _failed(Status.COMPILE_ERROR, f"the module for this candidate (its spec, its cubin of "
+                       f"{len(build.cubin)} bytes and the task's reference) takes {size} bytes, over the "
+                       f"{MAX_MODULE_MESSAGE_BYTES} of a runner's message: a smaller source or cubin")
     return KernelCandidate(spec, build, source, flags)
 
 
