@@ -74,7 +74,7 @@ def reference_bench_ms(fn, reps: int, warmup: int) -> tuple[float, str]:
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
-    from cudal1.kernel_form.build import build_kernel_form
+    from cudal1.eval.kernel_build import build_kernel_form
     from cudal1.kernel_form.examples import RELU_SPEC
     from cudal1.kernel_form.launcher import TrustedLauncher, bind_buffers
     from cudal1.kernel_form.spec import check_against_source, parse_spec

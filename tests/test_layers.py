@@ -3,12 +3,13 @@ modules import each other in a circle. Read from the source, so an import hidden
 
 Floors, lowest first (a package may import only packages on lower floors):
 
-    core                                              the verdict's vocabulary, errors, the machine
+    core                                              the verdict's vocabulary, errors, the machine, the forms
     raw_cuda store metrics analysis                   leaf services over core
     exemplars                                         scored codes, kept in the results store's file
-    tasks llm report policy                           the task model, LLM access, rendering, verdict policies
-    eval                                              the evaluator
-    baselines judge service kernel_form               built on the evaluator (kernel_form: its sandbox)
+    tasks report policy                               the task model, rendering, verdict policies
+    kernel_form                                       the kernel-only form (its runtime loads the task's reference)
+    eval llm                                          the evaluator (it builds kernel-form candidates), LLM access
+    baselines judge service                           built on the evaluator
     audit loops integrations                          whole jobs
     train                                             the three training stages
     cli                                               the command line
@@ -26,9 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis"], ["exemplars"], ["tasks", "llm", "report", "policy"],
-           ["eval"], ["baselines", "judge", "service", "kernel_form"], ["audit", "loops", "integrations"], ["train"],
-           ["cli"]]
+FLOORS = [["core"], ["raw_cuda", "store", "metrics", "analysis"], ["exemplars"], ["tasks", "report", "policy"],
+           ["kernel_form"], ["eval", "llm"], ["baselines", "judge", "service"], ["audit", "loops", "integrations"],
+           ["train"], ["cli"]]
 FLOOR = {package: i for i, names in enumerate(FLOORS) for package in names}
 TOP = len(FLOORS)  # modules directly under cudal1/
 EXPERIMENTAL = TOP + 1  # experimental/ at the repository's root

@@ -294,3 +294,26 @@ def test_an_unexpected_exception_is_one_line_and_verbose_shows_the_traceback(mon
     assert len(err.strip().splitlines()) == 1 and "unexpected KeyError" in err and "Traceback" not in err
     assert main(["--verbose", "tasks", "list"]) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_check_and_eval_take_a_kernel_form_spec(tmp_path, capsys):
+    """`cudal1 check` checks a spec's structure and steps (no Python to analyse); `cudal1 eval -c SPEC.json` on a
+    CPU gives the spec's verdicts and otherwise infra_error (needs a GPU), a JSON line, exit 0."""
+    from cudal1.kernel_form.examples import RELU_SPEC
+
+    spec = tmp_path / "relu.json"
+    spec.write_text(json.dumps(RELU_SPEC, indent=2))
+    assert main(["check", str(spec)]) == 0
+    assert capsys.readouterr().out.strip() == ("kernel-form spec: valid (1 step(s): relu); build and scan: "
+                                               "cudal1 eval")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**RELU_SPEC, "buffers": {"x": {"input": 0}}}))
+    assert main(["check", str(bad), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"form": "kernel", "ok": False,
+                                                   "error": "buffers: no output: bind at least {\"output\": 0}"}
+    ref = str(FIXTURES / "candidates" / "refs" / "relu.py")
+    assert main(["eval", "--ref", ref, "--candidate", str(bad), "--json", "--device", "cpu",
+                 "--store", str(tmp_path / "results.sqlite")]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["status"] == "compile_error" and out["message"].startswith("kernel-form spec: buffers: no output")
+    assert schema_problems("eval_result", out) == []

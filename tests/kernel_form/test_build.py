@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.kernel_form.build import build_kernel_form
-from cudal1.kernel_form.errors import KernelBuildError, KernelRejectedError
+from cudal1.eval.kernel_build import build_kernel_form
+from cudal1.kernel_form.errors import KernelBuildError
 from cudal1.kernel_form.examples import RELU_SPEC
 from cudal1.kernel_form.scan import elf_symbols, scan_build
 from cudal1.kernel_form.spec import parse_spec
@@ -84,10 +84,11 @@ def test_planted_timer_reads_are_flagged():
     assert build.scan.ok and build.scan.flags[:2] == ["reads %globaltimer (PTX)", "reads %clock (PTX)"]
 
 
-def test_a_step_naming_a_kernel_the_cubin_lacks_is_rejected():
-    # The signature parser still lists a kernel inside `#if 0`; the cubin's symbols decide.
+def test_a_step_naming_a_kernel_the_cubin_lacks_is_a_build_error():
+    # The signature parser still lists a kernel inside `#if 0`; the cubin's symbols decide. The candidate's
+    # mistake, not a forbidden construct: a build error (compile_error), not a rejection.
     hidden = 'extern "C" __global__ void other(float* y) {}\n#if 0\n' + RELU_SPEC["source"] + "#endif\n"
-    with pytest.raises(KernelRejectedError, match="the cubin defines no kernel 'relu' \\(it has: other\\)"):
+    with pytest.raises(KernelBuildError, match="the cubin defines no kernel 'relu' \\(it has: other\\)"):
         build_kernel_form(_spec(hidden), isolate=False)
 
 

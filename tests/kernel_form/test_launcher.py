@@ -179,11 +179,11 @@ def test_a_missing_buffer_is_named():
 # ----------------------------------------------------------------------------------------------------
 
 def _gpu_launcher(spec_data):
-    from cudal1.kernel_form.build import build_kernel_form
+    from cudal1.kernel_form.build import build_here
     from cudal1.raw_cuda.compiler import device_arch
 
     spec = parse_spec(spec_data)
-    build = build_kernel_form(spec, arch=device_arch(), isolate=False)
+    build = build_here(spec, arch=device_arch())
     return TrustedLauncher(build.cubin, spec, device_index=torch.cuda.current_device())
 
 
@@ -208,3 +208,38 @@ def test_scale_add_with_a_weight_matches_torch():
     buffers = bind_buffers(launcher.spec, [x], [y], {"bias": bias})
     launcher.run(launcher.prepare(buffers, launcher.dims_for(buffers, {"BATCH": 64, "DIM": 128})))
     torch.testing.assert_close(y, 2.0 * x + bias)
+
+
+def test_enqueue_on_a_callers_stream_makes_no_stream_of_its_own():
+    """The evaluator's module queues the steps on torch's current stream: the memsets and launches go there, and
+    the launcher creates no stream (it does only when its own run or timing needs one)."""
+    data = copy.deepcopy(RELU_SPEC)
+    data["workspaces"] = {"scratch": {"bytes": 64, "zero": True}}
+    launcher, backend = _fake_launcher(parse_spec(data))
+    created = []
+    backend.create_stream = lambda: created.append(1) or 77
+    call = launcher.prepare({"x": torch.randn(6), "y": torch.empty(6)}, {"x_numel": 6})
+    launcher.enqueue(call, stream=1234)
+    assert [(c[0], c[-2] if c[0] == "memset" else c[2]) for c in backend.calls[1:]] == [("memset", 64),
+                                                                                    ("launch", 1234)]
+    assert backend.calls[1][-1] == 1234 and created == []
+    launcher.run(call)
+    assert created == [1] and backend.calls[-2][2] == 77
+
+
+def test_a_shape_signature_is_planned_once_and_each_call_gets_its_own_addresses(monkeypatch):
+    from cudal1.kernel_form import launcher as module
+
+    launcher = TrustedLauncher(b"cubin", parse_spec(RELU_SPEC), backend=FakeBackend(),
+                               tensor_pointer=lambda t: t.data_ptr())
+    planned = []
+    real = module.plan_launches
+    monkeypatch.setattr(module, "plan_launches", lambda *a, **k: planned.append(1) or real(*a, **k))
+    calls = []
+    for n in (6, 6, 7):
+        x, y = torch.randn(n), torch.empty(n)
+        calls.append((launcher.prepare({"x": x, "y": y}, {"x_numel": n}), x, y))
+    assert len(planned) == 2  # n = 6 twice, then n = 7
+    for call, x, y in calls:
+        (launch,) = call.launches
+        assert [a.value for a in launch.cargs] == [x.data_ptr(), y.data_ptr(), x.numel()]

@@ -164,4 +164,4 @@ def test_the_documented_example_is_the_examples_module():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "kernel_form.md").read_text()
     block = doc.split("```json\n", 1)[1].split("```", 1)[0]
     assert json.loads(block) == RELU_SPEC
-    assert "not yet accepted by `cudal1 eval`" in doc
+    assert "**Status: accepted by `cudal1 eval`" in doc and "its GPU run owed" in doc

@@ -77,3 +77,51 @@ def test_sections_tolerate_bold_and_other_levels():
     text = "### **Performance Analysis**\nslow\n# algorithm design\nfast\n"
     ex = extract_completion(text)
     assert ex.sections == {"Performance Analysis": "slow", "Algorithm Design": "fast"} and ex.code is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Kernel-form specs (JSON)
+# ----------------------------------------------------------------------------------------------------
+
+def _spec_text() -> str:
+    import json
+
+    from cudal1.kernel_form.examples import RELU_SPEC
+
+    return json.dumps(RELU_SPEC, indent=2)
+
+
+def test_a_json_spec_block_is_extracted():
+    import json
+
+    from cudal1.kernel_form.examples import RELU_SPEC
+
+    spec = _spec_text()
+    reply = f"## Performance Analysis\nx\n## Code\n```json\n{spec}\n```\n"
+    got = extract_completion(reply)
+    assert got.ok and json.loads(got.code) == RELU_SPEC and "Performance Analysis" in got.sections
+    untagged = extract_completion(f"```\n{spec}\n```")
+    assert json.loads(untagged.code) == RELU_SPEC
+
+
+def test_the_last_json_spec_wins_over_other_json_and_a_python_module_wins_over_a_spec():
+    other = '{"shapes": [1, 2]}'
+    first = _spec_text().replace('"block": 256', '"block": 128')
+    got = extract_completion(f"```json\n{first}\n```\n```json\n{other}\n```\n```json\n{_spec_text()}\n```")
+    assert '"block": 256' in got.code
+    module = "class ModelNew:\n    pass"
+    assert extract_completion(f"```json\n{_spec_text()}\n```\n```python\n{module}\n```").code == module + "\n"
+
+
+def test_an_unfenced_spec_and_one_inside_prose_are_extracted():
+    spec = _spec_text()
+    assert extract_completion(spec).code == spec + "\n"
+    assert extract_completion(f"Here is the answer: {spec} Hope it helps.").code == spec + "\n"
+    assert extract_completion(f"<think>plan</think>\n{spec}").code == spec + "\n"
+
+
+def test_a_malformed_spec_is_still_extracted_for_the_evaluator_to_name_its_field():
+    broken = '{"format": 1, "steps": [{"kernel": "relu",}]}'
+    assert extract_completion(f"```json\n{broken}\n```").code == broken + "\n"
+    got = extract_completion('```json\n{"shapes": [1, 2]}\n```')
+    assert not got.ok and "defines class ModelNew or holds a kernel-form spec" in got.error

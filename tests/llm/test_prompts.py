@@ -146,3 +146,45 @@ def test_strip_and_truncate_helpers():
     cut = truncate_middle(long, 20, lambda t: len(t.splitlines()))
     assert cut.startswith("line 0\n") and cut.endswith("line 99") and "omitted" in cut
     assert len(cut.splitlines()) < 30
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kernel-only form
+# ----------------------------------------------------------------------------------------------------
+
+def test_the_kernel_forms_prompt_describes_the_spec_with_the_relu_example_itself():
+    import json
+
+    from cudal1.kernel_form.examples import RELU_SPEC
+    from cudal1.llm.prompts import FORMS, KERNEL_FORM, KERNEL_OUTPUT_FORMAT, KERNEL_RESTRICTIONS, resolve_form
+
+    assert "kernel" in FORMS and FORM_INSTRUCTIONS["kernel"] is KERNEL_FORM
+    text = user_text(build_plain_prompt(REFERENCE, form="kernel"))
+    assert KERNEL_FORM in text and KERNEL_OUTPUT_FORMAT in text and all(r in text for r in KERNEL_RESTRICTIONS)
+    for field in ('"format": 1', '"source"', '"options"', '"buffers"', '{"input": i}', '{"output": i}',
+                  '{"weight": "KEY"}', '"workspaces"', '"steps"', '"dyn_smem"', '{"scalar": VALUE, "type": T}',
+                  "int32 (int)", "int64 (long long)", "float32 (float)", "ceil_div(a, b)", '"b_numel"', '"b_dim0"'):
+        assert field in KERNEL_FORM, field
+    example = KERNEL_FORM.split("```json\n", 1)[1].split("\n```", 1)[0]
+    assert json.loads(example) == RELU_SPEC  # the example is the tested one, not a copy that can drift
+    assert "```python code block" not in text and "Name the new module `ModelNew`" not in text
+    assert resolve_form("auto", "cuda") == "raw_cuda" and resolve_form("kernel", "cpu") == "kernel"
+
+
+def test_exemplars_are_fenced_by_their_own_form():
+    import json
+
+    from cudal1.kernel_form.examples import RELU_SPEC, SCALE_ADD_SPEC
+
+    spec = ScoredCode(json.dumps(SCALE_ADD_SPEC), 1.7, {})
+    text = user_text(build_contrastive_prompt(REFERENCE, [spec, exemplar("A", 1.2)], form="kernel"))
+    assert "### Implementation 1 (speedup 1.70x over the reference)\n```json\n{\n  \"format\": 1," in text
+    assert '"buffers": {"x": {"input": 0}, "bias": {"weight": "bias"}, "y": {"output": 0}}' in text
+    assert "### Implementation 2 (speedup 1.20x over the reference)\n```python\n# exemplar A" in text
+    assert "## Code\nFinish with exactly one ```json code block" in text
+    shown = text.split("### Implementation 1 (speedup 1.70x over the reference)\n```json\n", 1)[1].split("\n```")[0]
+    assert json.loads(shown) == SCALE_ADD_SPEC
+    broken = ScoredCode('{"format": 1, "steps": [', 1.1, {})  # not JSON: shown as it is
+    assert '```json\n{"format": 1, "steps": [\n```' in user_text(build_contrastive_prompt(REFERENCE, [broken],
+                                                                                         form="kernel"))
+    assert json.loads(json.dumps(RELU_SPEC)) == RELU_SPEC

@@ -255,3 +255,66 @@ def test_time_budget_stops_before_asking(tmp_path, store):
         assert server.request_count == 0
     assert result.stopped == "time budget" and result.history == [] and result.best_result is None
     assert result.out_path is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kernel-only form
+# ----------------------------------------------------------------------------------------------------
+
+def test_config_takes_the_kernel_form():
+    config = OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1", form="kernel")
+    assert config.form == "kernel"
+    assert OptimizeConfig(llm="openai:m@http://127.0.0.1:1/v1").form == "auto"  # never kernel unless asked
+
+
+def test_optimize_form_kernel_from_the_command_line(monkeypatch, capsys, tmp_path):
+    import importlib
+
+    import cudal1.llm
+    from cudal1.cli.main import main
+
+    loop = importlib.import_module("cudal1.loops.optimize")  # the package's `optimize` name is the function
+
+    seen = {}
+
+    def fake_optimize(task, config, **kwargs):
+        seen["config"] = config
+        raise loop.LLMUnavailableError("stopped by the test")
+
+    monkeypatch.setattr(loop, "optimize", fake_optimize)
+    monkeypatch.setattr(cudal1.llm, "make_backend", lambda config: None)
+    argv = ["optimize", "builtin/level1/softmax_manual_lastdim", "--llm", "openai:m@http://127.0.0.1:1/v1",
+            "--device", "cpu", "--store", str(tmp_path / "results.sqlite")]
+    main([*argv, "--form", "kernel"])
+    assert seen["config"].form == "kernel"
+    assert main([*argv, "--form", "kernels"]) == 2
+    assert "kernel" in capsys.readouterr().err
+
+
+def test_asking_for_the_kernel_form_prompts_for_a_spec_and_evaluates_the_json_answer(tmp_path, store):
+    """On the CPU a spec that builds is infra_error (needs a GPU): the loop asks, extracts, builds and scans."""
+    from cudal1.kernel_form.examples import RELU_SPEC
+    from cudal1.llm.prompts import KERNEL_FORM
+
+    reply = f"## Performance Analysis\nfused\n## Algorithm Design\none pass\n## Code\n```json\n{json.dumps(RELU_SPEC)}\n```"
+    with ScriptedOpenAIServer(lambda index, body: reply) as server:
+        result = optimize(cpu_task(), _config(server, tmp_path, rounds=1, samples=1, form="kernel",
+                                              run_name="kernel-form"), store=store)
+        (prompt,) = [_user_text(r) for r in server.requests]
+    assert KERNEL_FORM in prompt and "```python code block" not in prompt
+    (summary,) = result.history
+    assert summary.statuses == {"infra_error": 1} and result.best_result is None
+
+
+def test_the_best_kernel_form_candidate_is_written_unchanged_with_its_header_in_the_sidecar(tmp_path):
+    from cudal1.core.types import KernelClass
+    from cudal1.kernel_form.examples import RELU_SPEC
+    from cudal1.loops.output import write_candidate
+
+    spec = json.dumps(RELU_SPEC, indent=2)
+    result = EvalResult(status=Status.CORRECT, speedup=1.5, kernel_class=KernelClass.CUSTOM_CUDA)
+    path, sidecar = write_candidate(tmp_path / "relu_best.json", cpu_task(), spec, result)
+    assert json.loads(path.read_text()) == RELU_SPEC  # `cudal1 eval -c` takes it as is
+    data = json.loads(sidecar.read_text())
+    assert data["header"][0].startswith("cudal1 optimize: best verified candidate") and "kernel class: custom_cuda" \
+        in data["header"]

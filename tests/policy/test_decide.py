@@ -111,3 +111,14 @@ def test_a_stored_row_rejudged_under_another_policy_gets_that_policys_verdict_wi
     assert rejudge(stored, "cuda-l1").status is Status.CORRECT
     # a rejection that stopped the run cannot be undone from the record: no verdict, not a guess
     assert rejudge(strict, "cuda-l1").status is Status.INFRA_ERROR
+
+
+def test_a_kernel_forms_scan_flags_are_judged_like_runtime_findings():
+    """A timer read in a kernel-form cubin rejects where runtime guards reject; a forbidden construct (a
+    device-side launch) rejects under every policy. Both come from the parent's scan (`source` "build")."""
+    timer = F.runtime_flag(F.KERNEL_TIMER_READ, "reads %globaltimer (PTX)", source="build")
+    scan = F.runtime_flag(F.KERNEL_SCAN_REJECTED, "device-runtime symbols", source="build")
+    assert [row.rejected_by for row in decide([timer, scan], "guarded").rows] == [
+        "reject_runtime_guards (guarded)", "every policy (RUNTIME_FLAGS: always_rejects)"]
+    for policy in ("cuda-l1", "kernelbench-v0"):
+        assert decide([timer, scan], policy).rejected == [scan]

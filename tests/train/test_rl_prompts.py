@@ -137,3 +137,30 @@ def test_a_trainer_that_truncates_prompts_stops(tmp_path, tiny_tasks, monkeypatc
     with pytest.raises(PromptTruncatedError, match="fed 512 of a prompt's"):
         run_rl(config, model=model, tokenizer=tok, tasks=[task], exemplar_db=db, reward_funcs=[lambda **k: [0.0] * 2],
                prompt_builder=ContrastivePromptBuilder(db, sampler_config={"n": 2}, tokenizer=tok))
+
+
+def test_a_kernel_form_prompt_shows_kernel_form_exemplars_only_and_the_others_none(tmp_path):
+    """A spec and a module are never shown for each other: neither answer could copy the other."""
+    from cudal1.exemplars import ExemplarDB
+    from cudal1.kernel_form.examples import RELU_SPEC
+    from cudal1.tasks.task import Task
+    from cudal1.train.rl import ContrastivePromptBuilder
+
+    db = ExemplarDB(tmp_path / "ex.sqlite")
+    spec = json.dumps(RELU_SPEC)
+    db.add("t", spec, 1.5)
+    module_code = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    db.add("t", module_code, 1.2)
+    task = Task(id="t", source="class Model:\n    pass\n")
+    kernel = ContrastivePromptBuilder(db, sampler_config={"n": 4}, form="kernel")
+    assert [e.code for e in kernel.exemplars(task, 0)] == [spec]
+    module = ContrastivePromptBuilder(db, sampler_config={"n": 4}, form="raw_cuda")
+    assert [e.code for e in module.exemplars(task, 0)] == [module_code]
+
+
+def test_the_stages_take_the_kernel_form(tmp_path):
+    from cudal1.train.config import RLStageConfig
+
+    assert RLStageConfig(model="scratch", output_dir=str(tmp_path), form="kernel").form == "kernel"
+    with pytest.raises(ConfigError, match="form must be one of auto, load_inline, raw_cuda, torch, kernel"):
+        RLStageConfig(model="scratch", output_dir=str(tmp_path), form="kernels")

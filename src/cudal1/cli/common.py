@@ -122,8 +122,8 @@ def add_id_column(table: Any, ids: Iterable[str], header: str = "task") -> None:
 
 
 def read_source(path: Path, what: str) -> str:
-    """The text of a user's Python file; `SourceError` (one line) when it is missing, a folder, not UTF-8, or
-    over the size limit of a source (`MAX_SOURCE_BYTES`)."""
+    """The text of a user's Python file (or a kernel-form spec's JSON); `SourceError` (one line) when it is
+    missing, a folder, not UTF-8, or over the size limit of a source (`MAX_SOURCE_BYTES`)."""
     if path.is_dir():
         raise SourceError(f"{what} {path} is a folder, not a file")
     if not path.is_file():

@@ -27,13 +27,15 @@ EVAL_FIELDS = common.eval_options("device", "profile", "correctness_trials", "si
 
 @config_options(EvalConfig, EVAL_FIELDS, into="evaluation")
 def eval_command(
-    candidate: Path | None = typer.Option(None, "--candidate", "-c", help="Candidate module (defines ModelNew)."),
+    candidate: Path | None = typer.Option(None, "--candidate", "-c", help="Candidate: a module defining ModelNew, or a "
+                                      "kernel-form spec (JSON: docs/kernel_form.md)."),
     ref: Path | None = typer.Option(None, "--ref", help="Reference module file (Model, get_inputs, get_init_inputs)."),
     task: str | None = typer.Option(None, "--task", "-t", help="Task id instead of --ref."),
     source: list[str] = typer.Option(["builtin"], "--source", "-s", help="Where --task ids are looked up."),
     release: Path | None = typer.Option(None, "--release", help="Batch: every candidate of a JSONL release."),
     candidates_dir: Path | None = typer.Option(None, "--candidates-dir",
-                                               help="Batch: a folder of NAME.py candidates for --source's tasks."),
+                                               help="Batch: a folder of NAME.py (or kernel-form "
+                                                    "NAME.json) candidates for --source's tasks."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Batch: at most this many candidates."),
     level: list[int] = typer.Option([], "--level", help="Batch: only these levels."),
     store_path: Path | None = common.StoreOpt, no_store: bool = common.NoStoreOpt, force: bool = common.ForceOpt,
@@ -99,9 +101,9 @@ def _collect(candidate: Path | None, ref: Path | None, task_id: str | None, sour
         if not candidates_dir.is_dir():
             raise SourceError(f"no such folder of candidates: {candidates_dir}")
         tasks = {t.name: t for spec in sources for t in load_tasks(spec)}
-        files = sorted(candidates_dir.glob("*.py"))
+        files = sorted([*candidates_dir.glob("*.py"), *candidates_dir.glob("*.json")])
         if not files:
-            raise SourceError(f"no NAME.py candidates in {candidates_dir}")
+            raise SourceError(f"no NAME.py or NAME.json candidates in {candidates_dir}")
         unmatched = [f.name for f in files if f.stem.split("__")[0] not in tasks]
         if unmatched:
             raise SourceError(f"no task named like {', '.join(unmatched[:5])} in {', '.join(sources)}")

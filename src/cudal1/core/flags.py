@@ -50,6 +50,10 @@ CUSTOM_BUILD_FAILED = "runtime.custom_build_failed"
 PROTOCOL_MALFORMED = "protocol.malformed"
 STRICTER_TOLERANCE = "evidence.stricter_tolerance"
 
+# -- a kernel-form candidate's cubin, scanned by the trusted parent before any runner sees it ----------------
+KERNEL_TIMER_READ = "kernel.timer_read"
+KERNEL_SCAN_REJECTED = "kernel.scan_rejected"
+
 # -- re-checks and the judge --------------------------------------------------------------------------------
 RECHECK_AGREE = "recheck.agree"
 RECHECK_DISAGREE = "recheck.disagree"
@@ -117,6 +121,12 @@ RUNTIME_FLAGS: dict[str, FlagKind] = {
                                  "reply, unknown fields): its runtime_error", WARN),
     STRICTER_TOLERANCE: FlagKind("an output was outside a stricter profile's tolerance (recorded by a pass that "
                                  "derives several profiles' verdicts; the looser tolerance decided)", WARN),
+    KERNEL_TIMER_READ: FlagKind("a kernel-form candidate's device code reads %globaltimer or %clock (PTX or "
+                                "SASS), which only serves to tell calls apart (the first call from a timed one)",
+                                ERR),
+    KERNEL_SCAN_REJECTED: FlagKind("a kernel-form candidate's cubin holds what the form forbids (device-side "
+                                   "launches, the device runtime, unresolved functions, bytes that are not a "
+                                   "cubin)", ERR, always_rejects=True),
     RECHECK_AGREE: FlagKind("an independent re-measurement agreed", INFO),
     RECHECK_DISAGREE: FlagKind("an independent re-measurement disagreed", ERR),
     RECHECK_FAILED: FlagKind("the re-measurement failed", ERR),

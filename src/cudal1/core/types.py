@@ -67,7 +67,7 @@ class Flag:
     severity: Severity
     message: str  # one short line, fed back to the LLM
     line: int | None = None  # 1-based line in the candidate source, for static rules
-    source: str = "static"  # "static" | "runtime" | "judge"
+    source: str = "static"  # "static" | "runtime" | "build" (a kernel-form scan) | "policy" | "judge"
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "severity": self.severity.value, "message": self.message,

@@ -4,6 +4,11 @@
 process is the trusted side: it reads the candidate only as text (static analysis, hashing), has builds made
 and the candidate run in sandboxed runners (`evaluation.run_candidate`), and alone writes the results store.
 Batches go through `scheduler.evaluate_many`.
+
+Two kinds of candidate text: a Python module (`ModelNew`), and a kernel-form launch spec (a JSON object,
+`kernel_form.spec.is_kernel_form`), which this process parses, builds in the sandbox and scans
+(`kernel_build.prepare_kernel_candidate`) before its runner imports cudal1's own module for it; from there on
+both go through the same session.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import re
 import time
 from typing import Any
 
+from cudal1.core.forms import is_kernel_form
 from cudal1.core.machine import describe_machine
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, KernelClass, Status
@@ -21,19 +27,23 @@ from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs,
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.decoys import reclassify
 from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candidate
+from cudal1.eval.kernel_build import KernelCandidate, needs_a_gpu_result, prepare_kernel_candidate
 from cudal1.eval.outcomes import NEEDS_A_GPU
 from cudal1.eval.runner_pairs import measured_in_pairs
 from cudal1.eval.shared.compile_log import build_failure_message
 from cudal1.eval.static_checks import static_rejection, static_report
 from cudal1.eval.supply import RunnerSupply
 from cudal1.policy import apply_policy
+from cudal1.policy.decide import decide
 from cudal1.tasks.task import Task, size_problem, source_hash, source_problem
 
 logger = logging.getLogger(__name__)
 
 
 def uses_load_inline(source: str) -> bool:
-    return "cpp_extension" in source or "load_inline" in source
+    """Whether the candidate is a Python module that builds with `torch.utils.cpp_extension` (never a kernel-form
+    spec, whatever its CUDA source's comments say)."""
+    return ("cpp_extension" in source or "load_inline" in source) and not is_kernel_form(source)
 
 
 _CUDA_BUILD = re.compile(r"cuda_sources\s*=|CUDAExtension\b|['\"][^'\"\n]*\.cu['\"]")
@@ -58,7 +68,7 @@ def builds_cuda(source: str) -> bool:
 
 def launches_raw_cuda(source: str) -> bool:
     """Whether the candidate is in cudal1's raw-CUDA form (`cudal1.raw_cuda.load_kernels`)."""
-    return "load_kernels" in source or "cudal1.raw_cuda" in source
+    return ("load_kernels" in source or "cudal1.raw_cuda" in source) and not is_kernel_form(source)
 
 
 def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
@@ -174,6 +184,8 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, runners: Runner
     def with_phases(result: EvalResult) -> EvalResult:
         return result.replace(protocol={**result.protocol, "phase_s": {**phases, **result.protocol.get("phase_s", {})}})
 
+    if is_kernel_form(source):
+        return with_phases(_evaluate_kernel_form(task, source, cfg, runners, hidden_files, lap))
     preset = cfg.policy_obj.static_preset
     report = None if cfg.skip_static else static_report(source, task.source, preset)
     static_flags = list(report.flags) if report is not None else []
@@ -199,6 +211,29 @@ def _evaluate_uncached(task: Task, source: str, cfg: EvalConfig, runners: Runner
         kernel_class = reclassify(kernel_class, flags, builds=result.protocol.get("builds", ()),
                                   own_launcher=launches_raw_cuda(source))
     return with_phases(result.replace(flags=flags, kernel_class=kernel_class))
+
+
+def _evaluate_kernel_form(task: Task, text: str, cfg: EvalConfig, runners: RunnerSupply | None,
+                          hidden_files: list[str], lap: Any) -> EvalResult:
+    """A kernel-form candidate: spec, sandboxed build and scan here (`kernel_build`), then the same run as a
+    module's, its runner importing cudal1's module for it. A flag of the scan the policy rejects ends it unrun."""
+    prepared = prepare_kernel_candidate(task, text, cfg)
+    lap("build")
+    if not isinstance(prepared, KernelCandidate):
+        return prepared
+    decision = decide(prepared.flags, cfg.policy_obj)
+    if decision.rejects:
+        message = "; ".join(f"{f.rule}: {f.message}" for f in decision.rejected[:3])
+        return EvalResult(status=Status.HACK_DETECTED, message=message, flags=list(prepared.flags),
+                          kernel_class=KernelClass.CUSTOM_CUDA, protocol=prepared.facts())
+    if not cfg.device.startswith("cuda"):
+        return needs_a_gpu_result(prepared)
+    result = measured_in_pairs(lambda: run_candidate(task, prepared.module_source, cfg, static_report=None,
+                                                     build=PreparedBuild(), runners=runners,
+                                                     hidden_files=hidden_files), cfg.runner_pairs)
+    lap("run")
+    return result.replace(flags=[*prepared.flags, *result.flags], kernel_class=KernelClass.CUSTOM_CUDA,
+                          protocol={**result.protocol, **prepared.facts()})
 
 
 __all__ = ["builds_cuda", "evaluate_candidate", "not_a_source_file", "prepare_build", "uses_load_inline"]

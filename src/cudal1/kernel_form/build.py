@@ -1,13 +1,15 @@
-"""Build a kernel-form candidate: NVRTC in a sandboxed child process, then the scan of `scan.py`.
+"""Build a kernel-form candidate's source with NVRTC, in this process, and scan the result.
 
-    result = build_kernel_form(spec, arch="sm_90")     # KernelBuildError / KernelRejectedError on failure
-    result.cubin, result.scan.flags, result.wall_s
+    value = build_in_child({"source": ..., "options": [...], "arch": "sm_90"})   # the sandboxed child's body
+    build = finish_build(spec, value, arch, started)     # KernelBuildError / KernelRejectedError on failure
+    build.cubin, build.scan.flags, build.wall_s
 
-The child (`build_in_child`, run by `cudal1.eval.isolated.run_isolated`, the evaluator's sandbox and limits)
-compiles the source with NVRTC to a CUBIN for `arch` and returns it with the PTX of the same program; a compiler
-crash, hang or memory bomb ends the child, never the caller. The recipe is the raw-CUDA form's (its `<cstdint>`,
-`<cmath>` stand-ins and prelude, the toolkit's include folders, `-std=c++17`), plus the spec's whitelisted
-options; never `-rdc` and no cudadevrt, so a kernel launch in device code does not compile. No GPU is needed.
+The evaluator runs `build_in_child` in a sandboxed child process (`cudal1.eval.kernel_build.build_kernel_form`,
+through `cudal1.eval.isolated.run_isolated`: its limits, and a compiler crash, hang or memory bomb ends the child,
+never the caller); `build_here` does the same in this process (trusted sources only, e.g. tests). The recipe is
+the raw-CUDA form's (its `<cstdint>`, `<cmath>` stand-ins and prelude, the toolkit's include folders,
+`-std=c++17`), plus the spec's whitelisted options; never `-rdc` and no cudadevrt, so a kernel launch in device
+code does not compile. No GPU is needed. This half imports nothing of the evaluator, so the evaluator can use it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cudal1.eval.isolated import Limits, run_isolated
 from cudal1.kernel_form.errors import KernelBuildError, KernelRejectedError
 from cudal1.kernel_form.scan import ScanReport, scan_build
 from cudal1.kernel_form.spec import KernelFormSpec
@@ -27,7 +28,6 @@ from cudal1.kernel_form.spec import KernelFormSpec
 logger = logging.getLogger(__name__)
 
 BUILD_ENTRY = "cudal1.kernel_form.build:build_in_child"
-BUILD_LIMITS = Limits(timeout_s=120.0, memory_bytes=4 * 2**30)
 DEFAULT_ARCH = "sm_90"
 SOURCE_NAME = "kernel.cu"
 MAX_PTX_CHARS = 16 * 2**20
@@ -89,31 +89,38 @@ def build_in_child(payload: dict[str, Any]) -> dict[str, Any]:
     return _nvrtc_compile(str(payload["source"]), [str(o) for o in payload["options"]], str(payload["arch"]))
 
 
-def build_kernel_form(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH, limits: Limits = BUILD_LIMITS,
-                      isolate: bool = True, device: str = "cpu") -> KernelBuild:
-    """Build `spec.source` for `arch` and scan it. `isolate=False` compiles in this process (trusted sources
-    only, e.g. tests). Raises KernelBuildError (compile error, child failure) or KernelRejectedError (scan)."""
+def check_arch(arch: str) -> None:
+    """KernelBuildError unless `arch` is a CUBIN target such as 'sm_90'."""
     if not re.fullmatch(r"sm_\d{2,3}a?", arch):
         raise KernelBuildError(f"arch {arch!r} is not a CUBIN target such as 'sm_90'")
-    start = time.perf_counter()
-    payload = {"source": spec.source, "options": list(spec.options), "arch": arch}
-    if isolate:
-        outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, device=device)
-        if not outcome.ok:
-            raise KernelBuildError(f"the build child {outcome.describe_failure()}", log=outcome.stderr_tail)
-        value = outcome.value or {}
-    else:
-        value = build_in_child(payload)
+
+
+def build_payload(spec: KernelFormSpec, arch: str) -> dict[str, Any]:
+    """What the build child is given (`build_in_child`)."""
+    return {"source": spec.source, "options": list(spec.options), "arch": arch}
+
+
+def finish_build(spec: KernelFormSpec, value: dict[str, Any], arch: str, started: float) -> KernelBuild:
+    """The child's reply made a scanned `KernelBuild` (`started`: `time.perf_counter()` at the build's start).
+    Raises KernelBuildError (a compile error; a step naming a kernel the cubin does not define) or
+    KernelRejectedError (the scan refused the cubin)."""
     if not value.get("ok"):
         raise KernelBuildError(str(value.get("error") or "the build failed"), log=str(value.get("log", "")))
     cubin = base64.b64decode(value["cubin_b64"])
     scan = scan_build(cubin, str(value.get("ptx", "")))
-    wall_s = time.perf_counter() - start
+    wall_s = time.perf_counter() - started
     if not scan.ok:
         raise KernelRejectedError("; ".join(scan.rejections))
     missing = [s.kernel for s in spec.steps if s.kernel not in scan.kernels]
     if missing:
-        raise KernelRejectedError(f"the cubin defines no kernel {missing[0]!r} (it has: {', '.join(scan.kernels)})")
+        raise KernelBuildError(f"the cubin defines no kernel {missing[0]!r} (it has: {', '.join(scan.kernels)})")
     logger.debug("kernel_form: built %d bytes for %s in %.3f s (scan %.4f s)", len(cubin), arch, wall_s, scan.seconds)
     return KernelBuild(cubin, str(value.get("ptx", "")), str(value.get("log", "")), arch,
                        str(value.get("compiler", "nvrtc")), float(value.get("compile_s", 0.0)), wall_s, scan)
+
+
+def build_here(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH) -> KernelBuild:
+    """Build `spec.source` for `arch` in this process and scan it (trusted sources only: no sandbox)."""
+    check_arch(arch)
+    started = time.perf_counter()
+    return finish_build(spec, build_in_child(build_payload(spec, arch)), arch, started)

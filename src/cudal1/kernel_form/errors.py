@@ -27,11 +27,12 @@ class ExpressionError(KernelFormError):
 
 
 class KernelBuildError(KernelFormError):
-    """The source did not build to a cubin (the message: the trimmed compiler log), or the build child failed
-    (crash, timeout, memory)."""
+    """The source did not build to a cubin (the message: the trimmed compiler log), a step names a kernel the
+    cubin does not define, or the build child failed (crash, memory, `timed_out`)."""
 
-    def __init__(self, message: str, log: str = ""):
+    def __init__(self, message: str, log: str = "", *, timed_out: bool = False):
         self.log = log
+        self.timed_out = timed_out
         super().__init__(message)
 
 

@@ -13,6 +13,7 @@ an `ExpressionError` that names the construct. Sizes are bounded: at most `MAX_E
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Mapping
 
 from cudal1.kernel_form.errors import ExpressionError
@@ -155,8 +156,19 @@ def parse_expression(text: str, allowed_names: set[str] | frozenset[str] | None 
     return SizeExpression(text, tree, frozenset(checker.names))
 
 
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> SizeExpression:
+    """`parse_expression(text)` once per text: a spec's expressions are evaluated on every call of the launcher."""
+    return parse_expression(text)
+
+
 def evaluate(value: int | str, dims: Mapping[str, int]) -> int:
     """An int as is, or a string expression evaluated for `dims` (names limited to `dims`)."""
     if type(value) is int:
         return _checked(value, str(value))
-    return parse_expression(value, set(dims)).evaluate(dims)
+    expression = _parsed(value) if isinstance(value, str) else parse_expression(value)
+    unknown = sorted(expression.names - dims.keys())
+    if unknown:
+        known = ", ".join(sorted(dims)) or "none"
+        raise ExpressionError(f"{value!r}: unknown name {unknown[0]!r} (the task's dimensions: {known})")
+    return expression.evaluate(dims)

@@ -4,10 +4,12 @@
     call = launcher.prepare(bind_buffers(spec, inputs=[x], outputs=[y]), dims)   # plans every launch
     launcher.run(call)                                   # enqueue the steps once and wait
     timing = launcher.time(call, reps=100, warmup=10)    # CUDA events around the steps, per rep
+    launcher.enqueue(call, stream=handle)                # or: queue them on another stream (the evaluator's
+                                                         # module: torch's current one), nothing waited for
 
 The cubin is loaded with `cuModuleLoadData` in the device's primary context (torch's, so tensors allocated by
 torch are valid pointers); the steps go through `cuLaunchKernel` onto a non-blocking stream the launcher created
-(`cuStreamCreate`); timing records a driver event before the first step and after the last on that stream, each
+(`cuStreamCreate`, on first use); timing records a driver event before the first step and after the last on that stream, each
 rep: the same brackets as `triton.testing.do_bench`, with an optional L2 flush (a memset of `l2_flush_bytes`)
 before each rep, outside the brackets. Workspaces marked `zero` are cleared by `cuMemsetD8Async` inside the
 brackets (work of the call).
@@ -44,6 +46,7 @@ INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "uint32": (0, 2**32 - 1), "int64":
               "uint64": (0, 2**64 - 1)}
 
 TensorPointer = Callable[[Any], int]
+MAX_PLANS = 64  # shape signatures whose plans a launcher keeps
 
 
 @dataclass(frozen=True)
@@ -219,15 +222,19 @@ class FormBackend:
         self._raw.launch(func, launch.kernel, launch.grid, launch.block, launch.dyn_smem, stream,
                          launch.cargs, self.device_index)
 
+    def _stream(self, handle: int) -> object:
+        """The stream object of a raw handle: one this backend created, or another's (torch's current stream)."""
+        return self._streams.get(handle) or self._raw._stream(handle)
+
     def memset(self, address: int, nbytes: int, stream: int) -> None:
-        self._check(self._drv.cuMemsetD8Async(self._drv.CUdeviceptr(address), 0, nbytes, self._streams[stream]),
+        self._check(self._drv.cuMemsetD8Async(self._drv.CUdeviceptr(address), 0, nbytes, self._stream(stream)),
                     "cuMemsetD8Async")
 
     def new_event(self) -> object:
         return self._check(self._drv.cuEventCreate(int(self._drv.CUevent_flags.CU_EVENT_DEFAULT)), "cuEventCreate")
 
     def record(self, event: object, stream: int) -> None:
-        self._check(self._drv.cuEventRecord(event, self._streams[stream]), "cuEventRecord")
+        self._check(self._drv.cuEventRecord(event, self._stream(stream)), "cuEventRecord")
 
     def elapsed_ms(self, start: object, end: object) -> float:
         return float(self._check(self._drv.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
@@ -248,8 +255,9 @@ def _torch_pointer(device_index: int) -> TensorPointer:
 
 
 class TrustedLauncher:
-    """Loads a built candidate and runs its steps on its own stream. `backend`, `tensor_pointer` and
-    `allocate` (bytes -> a tensor-like with data_ptr()) default to the driver and torch on `device_index`."""
+    """Loads a built candidate and runs its steps on its own stream (created on first use), or on a stream the
+    caller names (`enqueue(call, stream=...)`). `backend`, `tensor_pointer` and `allocate` (bytes -> a
+    tensor-like with data_ptr()) default to the driver and torch on `device_index`."""
 
     def __init__(self, cubin: bytes, spec: KernelFormSpec, *, device_index: int = 0, backend: Any = None,
                  tensor_pointer: TensorPointer | None = None, allocate: Callable[[int], Any] | None = None,
@@ -259,11 +267,20 @@ class TrustedLauncher:
         self.signatures = parse_kernel_signatures(spec.source)
         names = list(dict.fromkeys(s.kernel for s in spec.steps))
         self.functions = self.backend.load(cubin, names)
-        self.stream = self.backend.create_stream()
+        self._own_stream: int | None = None
         self.tensor_pointer = tensor_pointer or _torch_pointer(device_index)
         self.allocate = allocate or self._torch_allocate(device_index)
         self.max_workspace_bytes = max_workspace_bytes
         self._smem_allowed: dict[str, int] = {}
+        self._plans: dict[tuple, list[PlannedLaunch]] = {}
+
+    @property
+    def stream(self) -> int:
+        """The launcher's own stream (created on first use, so a launcher that only enqueues on another stream
+        makes none)."""
+        if self._own_stream is None:
+            self._own_stream = self.backend.create_stream()
+        return self._own_stream
 
     @staticmethod
     def _torch_allocate(device_index: int) -> Callable[[int], Any]:
@@ -285,25 +302,47 @@ class TrustedLauncher:
             raise KernelLaunchError(f"buffers.{missing[0]}: no tensor was given")
         pointers = {name: self.tensor_pointer(t) for name, t in buffers.items()}
         dtypes = {name: dtype_name(t.dtype) for name, t in buffers.items()}
-        workspaces = {name: self.allocate(n) for name, n in
-                      workspace_sizes(self.spec, dims, self.max_workspace_bytes).items()}
+        sizes = workspace_sizes(self.spec, dims, self.max_workspace_bytes)
+        workspaces = {name: self.allocate(n) for name, n in sizes.items()}
         for name, t in workspaces.items():
             pointers[name] = int(t.data_ptr())
-        launches = plan_launches(self.spec, dims, pointers, dtypes, self.signatures)
-        for launch in launches:
-            if launch.dyn_smem > max(DYNAMIC_SHARED_DEFAULT_BYTES, self._smem_allowed.get(launch.kernel, 0)):
-                self.backend.allow_dynamic_shared(self.functions[launch.kernel], launch.dyn_smem, launch.kernel)
-                self._smem_allowed[launch.kernel] = launch.dyn_smem
+        launches = self._with_pointers(self._plan(dims, dtypes, list(pointers)), list(pointers.values()))
         zeroed = [(pointers[w.name], int(workspaces[w.name].numel())) for w in self.spec.workspaces if w.zero]
         return PreparedCall(launches, workspaces, zeroed)
 
-    def enqueue(self, call: PreparedCall) -> None:
-        """Clear the zeroed workspaces, then launch every non-empty step, in order, on the launcher's stream."""
+    def _plan(self, dims: Mapping[str, int], dtypes: Mapping[str, str], names: list[str]) -> list[PlannedLaunch]:
+        """The launches for these dimensions and dtypes with each pointer argument holding its buffer's index in
+        `names` (`_with_pointers` fills the addresses): planned once per shape signature, since a call of the
+        evaluator's module is timed with this host work in it."""
+        key = (tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), tuple(names))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = plan_launches(self.spec, dims, {name: i for i, name in enumerate(names)}, dtypes, self.signatures)
+            for launch in plan:
+                if launch.dyn_smem > max(DYNAMIC_SHARED_DEFAULT_BYTES, self._smem_allowed.get(launch.kernel, 0)):
+                    self.backend.allow_dynamic_shared(self.functions[launch.kernel], launch.dyn_smem, launch.kernel)
+                    self._smem_allowed[launch.kernel] = launch.dyn_smem
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    @staticmethod
+    def _with_pointers(plan: list[PlannedLaunch], addresses: list[int]) -> list[PlannedLaunch]:
+        return [PlannedLaunch(p.kernel, p.grid, p.block, p.dyn_smem,
+                              tuple(CArg("pointer", addresses[a.value]) if a.ctype == "pointer" else a for a in p.cargs))
+                for p in plan]
+
+    def enqueue(self, call: PreparedCall, *, stream: int | None = None) -> None:
+        """Clear the zeroed workspaces, then launch every non-empty step, in order, on `stream` (a raw stream
+        handle, e.g. `torch.cuda.current_stream().cuda_stream`; default the launcher's own). Nothing is waited
+        for."""
+        handle = self.stream if stream is None else int(stream)
         for address, nbytes in call.zeroed:
-            self.backend.memset(address, nbytes, self.stream)
+            self.backend.memset(address, nbytes, handle)
         for launch in call.launches:
             if not launch.empty:
-                self.backend.launch(self.functions[launch.kernel], launch, self.stream)
+                self.backend.launch(self.functions[launch.kernel], launch, handle)
 
     def run(self, call: PreparedCall) -> None:
         """One call, waited for (work queued on other streams before it is waited for first)."""

@@ -203,7 +203,9 @@ def parse_spec(data: Mapping[str, Any] | str) -> KernelFormSpec:
     """A checked `KernelFormSpec` from a JSON object (or its text); `SpecError` names the first bad field."""
     if isinstance(data, str):
         try:
-            data = json.loads(data)
+            data = json.loads(data.lstrip("\ufeff"))
+        except RecursionError:
+            raise SpecError("", "the spec is not JSON: nested too deeply") from None
         except json.JSONDecodeError as exc:
             raise SpecError("", f"the spec is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     top = _object(data, "", ["format", "source", "buffers", "steps"], ["options", "workspaces"])

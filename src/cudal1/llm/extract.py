@@ -7,8 +7,12 @@ Rules, in order:
    (a truncated completion) runs to the end of the text.
 3. Among blocks that define `class ModelNew`, the last one tagged python (python, py, python3) wins;
    else the last untagged one; else the last one with any other tag.
-4. Without any fence, the whole completion is accepted when it parses as Python and defines ModelNew.
-5. Otherwise `error` says why; the caller maps it to `Status.UNPARSEABLE`.
+4. Else, among blocks holding a kernel-form spec (a JSON object, `core.forms.is_kernel_form`), the last one
+   tagged json wins, else the last untagged one, else the last one with any other tag: the code is the spec's
+   text (a malformed spec too: the evaluator names its bad field, more useful than "unparseable").
+5. Without any fence, the whole completion is accepted when it parses as Python and defines ModelNew, or when it
+   is a kernel-form spec (also when prose surrounds one JSON object from its first "{" to its last "}").
+6. Otherwise `error` says why; the caller maps it to `Status.UNPARSEABLE`.
 
 The three contrastive sections (`## Performance Analysis`, `## Algorithm Design`, `## Code`; any heading
 level 1-4, case-insensitive, an optional trailing colon) are collected from text outside code blocks.
@@ -23,10 +27,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from cudal1.core.forms import is_kernel_form
 from cudal1.core.syntax import parse as parse_python
 
 SECTION_NAMES = ("Performance Analysis", "Algorithm Design", "Code")
 PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
+JSON_TAGS = frozenset({"json", "jsonc", "json5"})
 
 _FENCE = re.compile(r"^[ \t]{0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<tag>[^\s`]*)[^`]*$")
 _DEFINES_MODELNEW = re.compile(r"^[ \t]*class[ \t]+ModelNew\b", re.MULTILINE)
@@ -87,10 +93,22 @@ def _strip_reasoning(text: str) -> str:
 
 def _pick_block(blocks: list[_Block]) -> _Block | None:
     defining = [b for b in blocks if _DEFINES_MODELNEW.search(b.code)]
-    for wanted in (lambda b: b.tag in PYTHON_TAGS, lambda b: not b.tag, lambda b: True):
-        chosen = [b for b in defining if wanted(b)]
-        if chosen:
-            return chosen[-1]
+    specs = [b for b in blocks if not _DEFINES_MODELNEW.search(b.code) and is_kernel_form(b.code)]
+    for found, tags in ((defining, PYTHON_TAGS), (specs, JSON_TAGS)):
+        for wanted in (lambda b, tags=tags: b.tag in tags, lambda b: not b.tag, lambda b: True):
+            chosen = [b for b in found if wanted(b)]
+            if chosen:
+                return chosen[-1]
+    return None
+
+
+def _unfenced_spec(text: str) -> str | None:
+    """A kernel-form spec written without a fence: the whole text, or the one JSON object prose surrounds."""
+    if is_kernel_form(text):
+        return text
+    first, last = text.find("{"), text.rfind("}")
+    if 0 <= first < last and is_kernel_form(text[first:last + 1]):
+        return text[first:last + 1]
     return None
 
 
@@ -129,13 +147,17 @@ def _extract_code(text: str) -> tuple[str | None, str | None]:
     if block is not None:
         return block.code.strip("\n") + "\n", None
     if blocks:
-        return None, (f"none of the {len(blocks)} code block(s) in the completion defines class ModelNew")
+        return None, (f"none of the {len(blocks)} code block(s) in the completion defines class ModelNew or holds "
+                      "a kernel-form spec")
     stripped = text.strip()
     if stripped and _DEFINES_MODELNEW.search(stripped) and _parses(stripped):
         return stripped + "\n", None
     if _DEFINES_MODELNEW.search(stripped):
         return None, "the completion has no code block and does not parse as Python"
-    return None, "no code block defining class ModelNew found in the completion"
+    spec = _unfenced_spec(stripped)
+    if spec is not None:
+        return spec + "\n", None
+    return None, "no code block defining class ModelNew (nor a kernel-form spec) found in the completion"
 
 
 def extract_completion(text: str) -> Extraction:

@@ -3,10 +3,13 @@
 The contrastive prompt (design section 5) shows the task, the reference code, previous implementations
 each with its speedup, asks for three sections with fixed headings (`## Performance Analysis`,
 `## Algorithm Design`, `## Code`) and states the restrictions. `form` selects the instructions for
-KernelBench `load_inline` candidates, for cudal1's raw-CUDA form, or for a PyTorch-only rewrite (`torch`:
-what can run where candidates are evaluated on a CPU); each form's text lives in one constant
-(`FORM_INSTRUCTIONS`) so it is updated in one place. `resolve_form("auto", device)` picks the form for
-where candidates are evaluated.
+KernelBench `load_inline` candidates, for cudal1's raw-CUDA form, for cudal1's kernel-only form (`kernel`: a
+JSON launch spec, no host code; its example is `kernel_form.examples.RELU_SPEC` itself), or for a PyTorch-only
+rewrite (`torch`: what can run where candidates are evaluated on a CPU); each form's text lives in one constant
+(`FORM_INSTRUCTIONS`; the kernel form's answer format and restrictions in `KERNEL_OUTPUT_FORMAT` and
+`KERNEL_RESTRICTIONS`) so it is updated in one place. `resolve_form("auto", device)` picks the form for where
+candidates are evaluated (never `kernel`: it is asked for by name). Exemplars are fenced by their own form
+(a kernel-form spec as ```json).
 
 Token budgeting: tokens are counted with a tokenizer when one is given (an object with `encode`, or a
 callable returning a count), else estimated at ~4 characters per token. Over budget, exemplars are trimmed
@@ -19,17 +22,20 @@ is returned as is, with a warning in the log.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cudal1.core.forms import is_kernel_form
 from cudal1.exemplars.db import ScoredCode, comment_columns
+from cudal1.kernel_form.examples import RELU_SPEC
 
 logger = logging.getLogger(__name__)
 
-FORMS = ("load_inline", "raw_cuda", "torch")
+FORMS = ("load_inline", "raw_cuda", "torch", "kernel")
 FORM_CHOICES = ("auto", *FORMS)  # what users may set: auto resolves by the evaluation device
 DEFAULT_PROMPT_TOKEN_BUDGET = 16384  # leaves room for an 8k completion in a 32k-context model
 MIN_EXEMPLAR_TOKENS = 200  # below this an exemplar is no longer worth showing; drop one instead
@@ -72,7 +78,50 @@ Implementation form: PyTorch only (candidates are evaluated on a CPU here, where
 - Do not compile or load C++ or CUDA code (no `torch.utils.cpp_extension`, no `cudal1.raw_cuda`) and do not
   use `torch.compile`."""
 
-FORM_INSTRUCTIONS = {"load_inline": LOAD_INLINE_FORM, "raw_cuda": RAW_CUDA_FORM, "torch": TORCH_FORM}
+def spec_text(spec: dict[str, Any]) -> str:
+    """A kernel-form spec as prompts show it: one top-level field per line, one step per line, compact JSON."""
+    def field(key: str, value: Any) -> str:
+        if key == "steps" and isinstance(value, list) and value:
+            return '  "steps": [\n' + ",\n".join(f"    {json.dumps(s)}" for s in value) + "\n  ]"
+        return f"  {json.dumps(key)}: {json.dumps(value)}"
+
+    return "{\n" + ",\n".join(field(k, v) for k, v in spec.items()) + "\n}"
+
+
+KERNEL_FORM = """\
+Implementation form: cudal1 kernel-only: CUDA source plus a launch spec, one JSON object; no Python, no host code.
+cudal1 compiles the source with NVRTC and launches the steps you list, in order, on the current CUDA stream. It
+allocates the outputs with the shapes and dtypes of Model's outputs; Model's weights are available by their
+state_dict key; every tensor is contiguous.
+The JSON object's fields:
+- "format": 1.
+- "source": the CUDA C++ source (a JSON string: escape newlines and quotes). Every kernel you launch is an
+  `extern "C" __global__` function (templates only as `__device__` helpers); CUDA headers only (`<cstdint>`,
+  `<cmath>`, `<cfloat>`, `<climits>` are available); CUDA math builtins (`fmaxf`, `expf`), no `std::` math.
+- "options" (optional): NVRTC options, only --use_fast_math, -maxrregcount=N, --ftz=true|false,
+  --prec-div=true|false, --prec-sqrt=true|false, --fmad=true|false, -lineinfo, --extra-device-vectorization,
+  -DNAME[=VALUE], -std=c++17 or -std=c++20.
+- "buffers": names for the task's tensors: {"input": i} (the i-th argument of forward), {"output": i} (the i-th
+  output of forward; numbered 0, 1, ... without gaps, each passed to some step), {"weight": "KEY"} (an entry of
+  Model's state_dict, e.g. "linear.weight").
+- "workspaces" (optional): scratch memory per call, {"NAME": {"bytes": SIZE, "zero": true}} (zero: cleared
+  before the steps).
+- "steps": 1 to 64 launches, run in order: {"kernel": NAME, "grid": SIZE or a list of 1-3 SIZEs, "block": SIZE or
+  a list of 1-3 SIZEs (at most 1024 threads), "dyn_smem": SIZE (bytes of dynamic shared memory, default 0),
+  "args": [...]}, one arg per kernel parameter, in order: {"buf": NAME} or {"workspace": NAME} (a pointer; its
+  element type must match the tensor's dtype: float* for float32), or {"scalar": VALUE, "type": T} with T the
+  parameter's exact C type: int32 (int), uint32 (unsigned), int64 (long long), uint64, float32 (float),
+  float64 (double).
+- A SIZE (and an integer scalar's VALUE) is an integer or a string expression over the task's module-level
+  integer constants (e.g. "BATCH") and, per buffer b, "b_numel", "b_dim0", "b_dim1", ...: integers, + - * // %,
+  parentheses, min(a, b, ...), max(a, b, ...), ceil_div(a, b); nothing else.
+Example, a complete answer for a Model whose forward(x) returns torch.relu(x):
+```json
+{example}
+```""".replace("{example}", spec_text(RELU_SPEC))
+
+FORM_INSTRUCTIONS = {"load_inline": LOAD_INLINE_FORM, "raw_cuda": RAW_CUDA_FORM, "torch": TORCH_FORM,
+                     "kernel": KERNEL_FORM}
 
 
 def resolve_form(form: str, device: str) -> str:
@@ -80,7 +129,7 @@ def resolve_form(form: str, device: str) -> str:
     evaluated: `torch` on a CPU (`device` "cpu"), `raw_cuda` on a GPU or elsewhere (a pool, a server)."""
     if form != "auto":
         return form
-    return "torch" if device.startswith("cpu") else "raw_cuda"
+    return "torch" if device.startswith("cpu") else "raw_cuda"  # the kernel form only when asked for by name
 
 
 def _system(form: str) -> dict[str, str]:
@@ -103,6 +152,20 @@ OUTPUT_FORMAT = ("Finish with exactly one ```python code block holding the compl
                  "signatures as `Model`. You need not repeat get_inputs()/get_init_inputs(); if you do, keep "
                  "them unchanged.")
 
+KERNEL_RESTRICTIONS = (
+    "Identical function: the outputs must equal Model's (within floating-point tolerance) for any valid input, "
+    "not only for the inputs of get_inputs().",
+    "The source must compile and every step must launch without errors.",
+    "No caching: do not keep results in device memory across calls; every call computes its outputs from its "
+    "inputs.",
+    "Do not write to the inputs or the weights.",
+    "No device-side kernel launches and no reads of %globaltimer or %clock.",
+    "Keep FP32 precision: no FP16/BF16/TF32 arithmetic.",
+)
+
+KERNEL_OUTPUT_FORMAT = ("Finish with exactly one ```json code block holding the complete JSON object (\"format\": 1, "
+                        "\"source\", \"buffers\", \"steps\"), and no Python.")
+
 CONTRASTIVE_SECTIONS = f"""\
 Answer in exactly three sections with these headings:
 {SECTION_HEADINGS[0]}
@@ -111,7 +174,7 @@ and which optimization techniques have not been exploited yet.
 {SECTION_HEADINGS[1]}
 Describe the algorithm of your new implementation and why it should be faster than all of them.
 {SECTION_HEADINGS[2]}
-{OUTPUT_FORMAT}"""
+{{output_format}}"""
 
 TokenCounter = Callable[[str], int]
 
@@ -144,8 +207,20 @@ def _form_text(form: str) -> str:
     return FORM_INSTRUCTIONS[form]
 
 
-def _restrictions_text() -> str:
-    return "Restrictions:\n" + "\n".join(f"{i}. {r}" for i, r in enumerate(RESTRICTIONS, 1))
+def _restrictions_text(form: str) -> str:
+    rules = KERNEL_RESTRICTIONS if form == "kernel" else RESTRICTIONS
+    return "Restrictions:\n" + "\n".join(f"{i}. {r}" for i, r in enumerate(rules, 1))
+
+
+def _output_format(form: str) -> str:
+    return KERNEL_OUTPUT_FORMAT if form == "kernel" else OUTPUT_FORMAT
+
+
+def _what(form: str) -> str:
+    """What the answer is: a module named ModelNew, or the kernel form's spec."""
+    if form == "kernel":
+        return "Answer with CUDA kernels and their launch spec (the kernel-only form below)."
+    return "Name the new module `ModelNew`."
 
 
 def _feedback_text(feedback: str | None) -> str:
@@ -153,6 +228,14 @@ def _feedback_text(feedback: str | None) -> str:
 
 
 def _fence(code: str) -> str:
+    """A fenced block tagged by the code's form: python, or json for a kernel-form spec (pretty-printed)."""
+    if is_kernel_form(code):
+        try:
+            data = json.loads(code)
+        except ValueError:
+            data = None
+        shown = spec_text(data) if isinstance(data, dict) else code.rstrip()
+        return f"```json\n{shown}\n```"
     return f"```python\n{code.rstrip()}\n```"
 
 
@@ -160,13 +243,12 @@ def build_plain_prompt(task_source: str, *, form: str = "load_inline", feedback:
     """System + user messages asking for a faster `ModelNew` for the reference module `task_source`."""
     how = "" if form == "torch" else ", using custom CUDA kernels where they help"
     parts = [
-        f"Task: write a faster implementation of the PyTorch module below{how}. Name the new module "
-        "`ModelNew`.",
+        f"Task: write a faster implementation of the PyTorch module below{how}. {_what(form)}",
         "## Reference implementation\n" + _fence(task_source),
         _form_text(form),
-        _restrictions_text(),
+        _restrictions_text(form),
         _feedback_text(feedback),
-        OUTPUT_FORMAT,
+        _output_format(form),
     ]
     return [_system(form), {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
 
@@ -186,14 +268,13 @@ def _contrastive_messages(task_source: str, exemplars: Sequence[ScoredCode], for
         previous = "## Previous implementations\nNone yet."
     parts = [
         "Task: write a new implementation of the PyTorch module below that is faster than the reference and "
-        "than every previous implementation shown with its score. Study what made the faster ones fast. "
-        "Name the new module `ModelNew`.",
+        f"than every previous implementation shown with its score. Study what made the faster ones fast. {_what(form)}",
         "## Reference implementation\n" + _fence(task_source),
         previous,
         _form_text(form),
-        _restrictions_text(),
+        _restrictions_text(form),
         _feedback_text(feedback),
-        CONTRASTIVE_SECTIONS,
+        CONTRASTIVE_SECTIONS.format(output_format=_output_format(form)),
     ]
     return [_system(form), {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
 

@@ -95,7 +95,7 @@ class AugmentConfig:
     keep: int = _f(DEFAULT_KEEP_PER_TASK_PER_MODEL, "At most this many examples kept per task per model.")
     max_slowdown: float = _f(DEFAULT_MAX_SLOWDOWN, "Executable rule: candidate time <= this x reference time.")
     form: str = _f("auto", "Candidate form asked for: auto (raw_cuda where candidates are evaluated on a "
-                           "GPU, torch on a CPU), raw_cuda, load_inline or torch.")
+                           "GPU, torch on a CPU), raw_cuda, load_inline, torch or kernel (a JSON launch spec).")
     contrastive: bool = _f(True, "Use the contrastive prompt once the exemplar database has exemplars.")
     from_release: list[str] = field(default_factory=list, metadata={
         "help": "JSONL releases (CUDA-L1 schema) whose candidates are imported after they pass the evaluator."})

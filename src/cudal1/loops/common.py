@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.core.forms import candidate_form
 from cudal1.core.machine import describe_machine
 from cudal1.core.types import EvalResult, Status
 from cudal1.eval.config import EvalConfig, resolve_device
@@ -58,12 +59,9 @@ def evaluation_device(config: EvalConfig, pool: Any = None) -> str:
 
 
 def detect_form(source: str) -> str:
-    """`load_inline`, `raw_cuda` or `torch` (no CUDA of its own) for a candidate source."""
-    if "cpp_extension" in source or "load_inline" in source:
-        return "load_inline"
-    if "load_kernels" in source or "cudal1.raw_cuda" in source:
-        return "raw_cuda"
-    return "torch"
+    """`kernel`, `load_inline`, `raw_cuda` or `torch` (no CUDA of its own) for a candidate source
+    (`cudal1.core.forms.candidate_form`)."""
+    return candidate_form(source)
 
 
 @dataclass

@@ -92,12 +92,14 @@ class OptimizeConfig:
         "help": "Settings of the sampler's config (e.g. {'n': 2, 'bucket_width': 0.1, 'temperature': 1.0})."})
     form: str = _f("auto", "Candidate form asked for: auto (raw_cuda where candidates are evaluated on a "
                            "GPU, torch on a CPU, where CUDA kernels cannot run), raw_cuda (NVRTC, builds in "
-                           "< 1 s), load_inline or torch (PyTorch only).")
+                           "< 1 s), load_inline, torch (PyTorch only) or kernel (CUDA source plus a JSON launch "
+                           "spec, no host code; needs a GPU to be evaluated).")
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={
         "help": "How candidates are evaluated (device, profile, trials, timing protocol)."})
     feedback: bool = _f(True, "Append the previous round's most informative failure to the next prompts.")
     seed: int = _f(0, "Seed of exemplar sampling (each round and sample derive their own).")
-    out: str | None = _f(None, "Where the best candidate is written (default: <task name>_best.py); "
+    out: str | None = _f(None, "Where the best candidate is written (default: <task name>_best.py, or .json "
+                               "for a kernel-form spec); "
                                "a JSON sidecar goes next to it.")
     run_name: str = _f("", "Name of the run to create or continue (default: derived from the settings).")
     resume: bool = _f(True, "Continue the run an earlier identical command started; False starts afresh.")
@@ -350,10 +352,12 @@ class _OptimizeLoop:
             self.best = (code, result, origin)
 
     def _exemplar_pool(self) -> list[ScoredCode]:
-        """This task's exemplars that fit: same reference source and device type, not a form that cannot be
-        asked for (the other CUDA form; either CUDA form when asking for PyTorch only)."""
-        other = {"raw_cuda": {"load_inline"}, "load_inline": {"raw_cuda"},
-                 "torch": {"raw_cuda", "load_inline"}}[self.form]
+        """This task's exemplars that fit: same reference source and device type, and the form asked for (the
+        Python forms' exemplars mix, except CUDA ones when asking for PyTorch only; a kernel-form spec and a
+        Python module are never shown for each other: neither answer could copy the other)."""
+        other = {"raw_cuda": {"load_inline", "kernel"}, "load_inline": {"raw_cuda", "kernel"},
+                 "torch": {"raw_cuda", "load_inline", "kernel"},
+                 "kernel": {"raw_cuda", "load_inline", "torch"}}[self.form]
         pool = []
         for ex in self.exemplars.list(self.task.id):
             if ex.meta.get("task_hash", self.task.hash) != self.task.hash:
@@ -486,7 +490,8 @@ class _OptimizeLoop:
 
     def _write(self, source: str, best: EvalResult, origin: dict[str, Any],
                history: list[RoundSummary]) -> tuple[Path, Path]:
-        path = Path(self.config.out) if self.config.out else Path(f"{self.task.name}_best.py")
+        suffix = ".json" if detect_form(source) == "kernel" else ".py"
+        path = Path(self.config.out) if self.config.out else Path(f"{self.task.name}_best{suffix}")
         sidecar = {"run_id": self.journal.run_id, "history": [dataclasses.asdict(h) for h in history],
                    "config": {**self.config.to_dict(), "resolved_form": self.form}}
         return write_candidate(path, self.task, source, best, provenance=origin, sidecar=sidecar)

@@ -3,7 +3,8 @@
 The header gives the verdict and the evidence a reader needs before trusting the file: the profile and
 device it was verified on, the speedup over eager (cold and warm L2, with both times), the speedup over
 every cached baseline, the kernel class, and where it came from (run, round, model). The candidate's own
-source follows unchanged, so the file is importable as is (comments do not displace a module docstring).
+source follows unchanged, so the file is importable as is (comments do not displace a module docstring). A
+kernel-form candidate (a JSON spec, which holds no comments) is written unchanged, its header in the sidecar.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.analysis import analyze_source
+from cudal1.core.forms import is_kernel_form
 from cudal1.core.types import EvalResult, KernelClass
 from cudal1.tasks.task import Task
 
@@ -64,12 +66,16 @@ def header_lines(task: Task, source: str, result: EvalResult, provenance: dict[s
 def write_candidate(path: str | Path, task: Task, source: str, result: EvalResult, *,
                     provenance: dict[str, Any] | None = None, sidecar: dict[str, Any] | None = None
                     ) -> tuple[Path, Path]:
-    """Write `source` with its header to `path` and `<path>.json`; return both paths."""
+    """Write `source` with its header to `path` and `<path>.json`; return both paths. A kernel-form spec is
+    written unchanged (`cudal1 eval -c` takes the file as is) and its header goes into the sidecar."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = "\n".join(f"# {line}" for line in header_lines(task, source, result, provenance or {}))
-    path.write_text(f"{header}\n{source if source.endswith(chr(10)) else source + chr(10)}")
+    lines = header_lines(task, source, result, provenance or {})
+    body = source if source.endswith(chr(10)) else source + chr(10)
+    kernel = is_kernel_form(source)
+    path.write_text(body if kernel else "\n".join(f"# {line}" for line in lines) + "\n" + body)
     data = {"task_id": task.id, "task_hash": task.hash, "candidate_file": str(path),
+            **({"header": lines} if kernel else {}),
             "provenance": provenance or {}, "result": result.to_dict(), **(sidecar or {})}
     json_path = path.with_suffix(path.suffix + ".json")
     json_path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")

@@ -9,7 +9,9 @@ Only a `correct` verdict can be turned down; every other verdict stands. The evi
 - whether it builds kernels at all (extensions, CUDA strings, Triton kernels): built kernels with a kernel
   class that is not custom are decoys (never launched, or launched only inside a fallback);
 - the candidate's forward path read from its syntax tree (`analysis.context`): torch calls and the ops the
-  compiled C++/CUDA strings call through `torch::`/`at::`, compile calls reachable from `forward`.
+  compiled C++/CUDA strings call through `torch::`/`at::`, compile calls reachable from `forward`. A kernel-form
+  candidate (a launch spec, `kernel_form.spec.is_kernel_form`) has no host code: its own kernels are all that
+  runs, with no torch op, fallback or build on its forward path.
 Each violation is a `policy.*` flag; the verdict becomes `hack_detected` with the policy's name, and the
 result records the policy (and the reward it gives a violation) in its protocol.
 
@@ -28,6 +30,7 @@ from typing import Any
 from cudal1.analysis.context import AnalysisContext, build_context, call_name
 from cudal1.core import flags as F
 from cudal1.core.errors import ConfigError
+from cudal1.core.forms import is_kernel_form
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import CUSTOM_CLASSES, EvalResult, Flag, Severity, Status
 from cudal1.policy.presets import HARD_FORBIDDEN_OPS, Policy, resolve_policy
@@ -86,12 +89,16 @@ def source_facts(source: str, task_source: str | None = None,
     preset can be decided again from a record without the source (`violations_from_facts`): whether it
     builds kernels, its first torch compute calls on the forward path, its uses of forbidden ops (the
     task's `FORBIDDEN_OPS` and `forbidden_ops`; `ops_checked` names them), a compile call inside forward."""
+    task_ops = task_forbidden_ops(task_source)
+    ops = tuple(dict.fromkeys((*task_ops, *forbidden_ops)))
+    if is_kernel_form(source):  # no host code: its kernels, nothing else, on the forward path
+        return {"parsed": True, "form": "kernel", "builds_kernels": True, "torch_compute_calls": [],
+                "task_forbidden_ops": list(task_ops), "ops_checked": list(ops), "forbidden_calls": [],
+                "build_in_forward": None}
     try:
         ctx = build_context(source)
     except SyntaxError:
         return {"parsed": False}
-    task_ops = task_forbidden_ops(task_source)
-    ops = tuple(dict.fromkeys((*task_ops, *forbidden_ops)))
     build = next(((ext.origin, ext.line) for ext in ctx.extensions
                   if ext.node is not None and ctx.in_reachable(ext.node)), None)
     return {"parsed": True, "builds_kernels": bool(ctx.extensions or ctx.cuda_strings or ctx.triton_kernels),

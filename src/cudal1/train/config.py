@@ -62,9 +62,10 @@ class CommonTrainConfig:
     max_tasks: int = _f(0, "Use at most this many tasks of the split (0: all); for smoke runs.")
     form: str = _f("auto", "Candidate form asked for in prompts: auto (raw_cuda where rewards are "
                            "evaluated on a GPU or by workers, torch where on this machine's CPU; config.yaml "
-                           "records the form it became), raw_cuda (NVRTC, builds in < 1 s), load_inline or "
-                           "torch (PyTorch only). augment and optimize resolve auto alike, so SFT data and "
-                           "RL prompts agree.")
+                           "records the form it became), raw_cuda (NVRTC, builds in < 1 s), load_inline, "
+                           "torch (PyTorch only) or kernel (CUDA source plus a JSON launch spec, no host "
+                           "code; rewards need a GPU). augment and optimize resolve auto alike, so SFT data "
+                           "and RL prompts agree.")
     learning_rate: float = _f(1e-5, "Peak learning rate (AdamW).")
     lr_scheduler_type: str = _f("cosine", "Learning-rate schedule (transformers names: linear, cosine, constant).")
     warmup_ratio: float = _f(0.03, "Fraction of steps spent warming the learning rate up.")

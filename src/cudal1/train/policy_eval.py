@@ -68,7 +68,7 @@ class PolicyEvalConfig:
     batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch."})
     form: str = field(default="auto", metadata={
         "help": "Candidate form asked for: auto (torch when candidates are evaluated on this machine's CPU, "
-                "else raw_cuda, as in training), raw_cuda, load_inline or torch."})
+                "else raw_cuda, as in training), raw_cuda, load_inline, torch or kernel (a JSON launch spec)."})
     exemplar_db: str = field(default="", metadata={"help": "Exemplar database (as stage 3 writes it): prompts are "
                                                            "then CUDA-L1's contrastive prompt, the distribution a "
                                                            "contrastively trained policy learnt on; empty: plain."})

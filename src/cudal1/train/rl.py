@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError, MissingDependencyError, PromptTruncatedError
+from cudal1.core.forms import KERNEL, candidate_form
 from cudal1.exemplars import ExemplarDB, make_sampler, normalized_hash
 from cudal1.exemplars.db import score_context
 from cudal1.llm.prompts import build_contrastive_prompt
@@ -109,6 +110,8 @@ class ContrastivePromptBuilder:
         if hasattr(self.sampler, "rng"):
             self.sampler.rng = random.Random(int(digest[:16], 16))
         pool = self.db.list(task.id) if self.db is not None else []
+        # A kernel-form spec and a Python module are never shown for each other: neither answer could copy the other.
+        pool = [e for e in pool if (candidate_form(e.code) == KERNEL) == (self.form == KERNEL)]
         return self.sampler.sample(pool, task_id=task.id) if pool else []
 
     def render(self, task: Task, exemplars: Sequence[Any]) -> list[dict[str, str]]:

@@ -1,0 +1,50 @@
+"""The candidate forms, named once, and which one a candidate's text is (decided from its content, never from a
+file name).
+
+- `kernel`: cudal1's kernel-only form, a JSON launch spec (CUDA source plus launches, no host code;
+  `cudal1.kernel_form`, docs/kernel_form.md);
+- `raw_cuda`: a Python module launching plain CUDA C through `cudal1.raw_cuda.load_kernels`;
+- `load_inline`: a Python module building a KernelBench extension with `torch.utils.cpp_extension`;
+- `torch`: a Python module with no CUDA of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+KERNEL, RAW_CUDA, LOAD_INLINE, TORCH = "kernel", "raw_cuda", "load_inline", "torch"
+
+#: The top-level fields of a kernel-form spec; a JSON object with any of them is taken for a (perhaps malformed)
+#: spec, which the spec's parser then names the problem of.
+SPEC_FIELDS = ("format", "source", "buffers", "steps", "options", "workspaces")
+_SPEC_KEY = re.compile(r'"(?:format|steps)"\s*:')
+
+
+def is_kernel_form(text: str) -> bool:
+    """Whether a candidate's text is a kernel-form spec rather than a Python module: a JSON object (after
+    whitespace and a byte-order mark) with one of the spec's fields (`SPEC_FIELDS`), or a text that opens with "{"
+    and holds a `"format":` or `"steps":` member but is not valid JSON (its JSON error is then the verdict). A
+    Python module never starts with "{"; a JSON object without any spec field (`{"a": 1}`) is not taken for one."""
+    body = text.lstrip("\ufeff \t\r\n")
+    if not body.startswith("{"):
+        return False
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, RecursionError):
+        return _SPEC_KEY.search(body) is not None
+    return isinstance(data, dict) and any(key in data for key in SPEC_FIELDS)
+
+
+def candidate_form(text: str) -> str:
+    """`kernel`, `load_inline`, `raw_cuda` or `torch` (no CUDA of its own) for a candidate's text."""
+    if is_kernel_form(text):
+        return KERNEL
+    if "cpp_extension" in text or "load_inline" in text:
+        return LOAD_INLINE
+    if "load_kernels" in text or "cudal1.raw_cuda" in text:
+        return RAW_CUDA
+    return TORCH
+
+
+__all__ = ["KERNEL", "LOAD_INLINE", "RAW_CUDA", "SPEC_FIELDS", "TORCH", "candidate_form", "is_kernel_form"]
