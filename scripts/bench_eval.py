@@ -253,7 +253,7 @@ def main() -> None:
     ap.add_argument("--time-budget-s", type=float, default=500.0)
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
-    ap.add_argument("--clock", default=EvalConfig.clock, help="What times the calls: host or gpu (EvalConfig.clock).")
+    ap.add_argument("--gpu-clock", action="store_true", help="Time the calls on the GPU's timeline (EvalConfig.gpu_clock).")
     ap.add_argument("--store", type=Path, default=None, help="Also store the throughput sample's results here.")
     ap.add_argument("--old-src", type=Path, default=None,
                     help="src/ of an earlier cudal1: the same sample through it first (old protocol against new).")
@@ -270,7 +270,8 @@ def main() -> None:
     # Each build's duration and outcome on stderr ("build KEY: ok=... in S s"): what the build phase waited for.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("cudal1.eval.compile").setLevel(logging.INFO)
-    cfg = EvalConfig(device="cuda", profile=args.profile, record_samples=args.record_samples, clock=args.clock)
+    cfg = EvalConfig(device="cuda", profile=args.profile, record_samples=args.record_samples,
+                     gpu_clock=args.gpu_clock)
     out: dict = {"config": cfg.to_dict()}
     pairs = sample_release(args.release, args.per_level, args.seed)
     store = None

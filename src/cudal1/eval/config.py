@@ -175,10 +175,6 @@ def profile_choices(*, typed: bool = False) -> str:
 SANDBOX_MODES = ("auto", "required", "none")
 
 
-#: What may time a GPU call (`EvalConfig.clock`).
-CLOCKS = ("host", "gpu")
-
-
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help}, **kw)
 
@@ -210,10 +206,10 @@ class EvalConfig:
                                      "Only for code you trust: a candidate can read the later calls' inputs "
                                      "and answer them all in one batch.")
     max_calls_per_bracket: int = _f(16, "At most this many calls per bracket (and what the inputs' memory allows).")
-    clock: str = _f("host", "What times a call on a GPU: host (the parent's clock around each bracket, bounded "
-                            "against the calibrated harness) or gpu (the trusted helper's events on the GPU's own "
-                            "timeline, the call enqueued behind a gate: no host work of the candidate inside; "
-                            "docs/sandbox.md, The GPU clock). On a CPU, always the host's.")
+    gpu_clock: bool = _f(False, "On a GPU, time each call by the trusted helper's events on the GPU's own timeline, "
+                                "the call enqueued behind a gate: no host work of the candidate inside "
+                                "(docs/sandbox.md, The GPU clock); off: the parent's clock around each bracket, "
+                                "bounded against the calibrated harness. A CPU has the host's clock only.")
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
     noisy_stability: float = _f(0.25, "A measurement whose stability (IQR of bucket speedups / median) exceeds "
@@ -288,8 +284,6 @@ class EvalConfig:
         for name in ("timeout_s", "build_timeout_s", "target_bucket_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)!r}")
-        if self.clock not in CLOCKS:
-            raise ConfigError(f"clock must be one of {', '.join(CLOCKS)}, not {self.clock!r}")
         if self.estimator not in ESTIMATORS:
             raise ConfigError(f"estimator must be one of {', '.join(ESTIMATORS)}, not {self.estimator!r}")
         if self.warm_buckets < 0:
@@ -348,8 +342,8 @@ class EvalConfig:
         out["exact_fp32"] = self.uses_exact_fp32
         out["extra_trials"] = self.extra_trial_count
         out["version"] = PROTOCOL_VERSION
-        if self.clock != "host" and self.device.startswith("cuda"):  # another clock, another measurement
-            out["clock"] = self.clock
+        if self.gpu_clock and self.device.startswith("cuda"):  # another clock, another measurement
+            out["gpu_clock"] = True
         policy = self.policy_obj
         if policy != resolve_policy(PROFILE_POLICIES[self.profile]):  # the verdict under other rules: another result
             out["policy"] = {k: v for k, v in policy.to_dict().items() if k != "notes"}

@@ -227,7 +227,7 @@ class Session:
         self.build_call: int | None = None
         self.build_started = 0.0
         self.ref_reply_bytes = 0  # the reference's largest reply to a call (the candidate's limit is its multiple)
-        # The GPU clock (`EvalConfig.clock`): set once both runners can gate their calls (`setup`). A model
+        # The GPU clock (`EvalConfig.gpu_clock`): set once both runners can gate their calls (`setup`). A model
         # whose calls keep waiting for the device before they arm gets a short arm wait from then on.
         self.gated = False
         self.unarmed = {Side.REF: 0, Side.CAND: 0}
@@ -323,7 +323,7 @@ class Session:
         self.plane = make_plane(self.runners, self.helper, self.cfg.profile_obj.tolerances)
         self.plane.give_arenas(in_bytes, out_bytes, max_calls(in_bytes, out_bytes, self.cfg.max_calls_per_bracket))
         self.facts.tensors = self.plane.kind
-        if self.cfg.clock == "gpu":
+        if self.cfg.gpu_clock:
             self.gated = self.plane.kind == "device" and all(self.plane.gates.get(who) for who in (Side.REF, Side.CAND))
             if not self.gated:
                 logger.warning("the GPU clock needs device arenas and stream memory operations in both runners "
