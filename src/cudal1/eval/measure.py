@@ -169,7 +169,9 @@ class Measurement:
         self.bandwidth_gbps = bandwidth_gbps
         self.heavy = 0.0  # share of heavy pairs, once the trials showed the reference handles such inputs
         self.spent_s: dict[str, float] = defaultdict(float)  # the parent's wall time per step, for the record
-        self.nulls: list[float] = []  # the GPU clock's null brackets (ms per call), this measurement's
+        # The GPU clock's null brackets (ms per call), this measurement's, apart by whether L2 was flushed (a
+        # flushed bracket's snapshot reads from memory, an unflushed one's may hit L2).
+        self.nulls: dict[bool, list[float]] = {True: [], False: []}
         self.pairs = 0
 
     @contextmanager
@@ -207,7 +209,7 @@ class Measurement:
         """One null bracket of the GPU clock (the reference's runner, no model call) on the staged inputs."""
         record = self.s.call(Side.REF, stage, flush=flush, what="the clock's null call", null=True)
         assert record.gpu_ms is not None
-        self.nulls.append(record.gpu_ms / record.calls)
+        self.nulls[flush].append(record.gpu_ms / record.calls)
 
     def _verify(self, stage: dict, ref: CallRecord, cand: CallRecord, heavy: bool) -> None:
         errors = self.s.reference_errors is not None and not heavy
@@ -301,10 +303,11 @@ class Measurement:
         cold = self.series(cfg.buckets, iters, flush)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
         if self.s.gated:
-            while len(self.nulls) < NULLS_MIN:
-                self.null(self.s.make_inputs(), flush)
-            c_ms = statistics.median(self.nulls)
-            cold, warm = (timing.gpu_clocked(series, c_ms) if series is not None else None for series in (cold, warm))
+            for flushed in {flush, False} if warm is not None else {flush}:
+                while len(self.nulls[flushed]) < NULLS_MIN:
+                    self.null(self.s.make_inputs(), flushed)
+            cold = timing.gpu_clocked(cold, statistics.median(self.nulls[flush]))
+            warm = timing.gpu_clocked(warm, statistics.median(self.nulls[False])) if warm is not None else None
             calibration = None
         bound = timing.counted_time(cold.all(Side.CAND), calibration, device, self.cores, cold.all(Side.REF))
         floor_ms = self.floor_ms()
@@ -316,7 +319,7 @@ class Measurement:
         self.s.flags += [f for f in found if f is not None]
         self.s.facts.clock = {"clock": "host", **timing.clock_summary(cold, bound, calibration)}
         if self.s.gated:
-            self.s.facts.clock.update(timing.gpu_clock_summary(cold, self.nulls, self.s.unarmed))
+            self.s.facts.clock.update(timing.gpu_clock_summary(cold, self.nulls[flush], self.s.unarmed))
         if cfg.record_samples:
             self.s.facts.samples = {**(self.s.facts.samples or {}), **timing.samples_record(cold)}
         stats = timing.build_stats(cold, warm, bound=bound,

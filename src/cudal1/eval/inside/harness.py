@@ -176,9 +176,8 @@ class ModelSide:
         self.arena, self.doorbell = arena, doorbell
         if self.device.type != "cuda":
             return Attached()
-        from cudal1.eval.shared import gate  # (a GPU's runners only)
-
-        gated = hasattr(arena, "gate_words") and gate.usable(self.device)
+        gated = hasattr(arena, "gate_usable") and arena.gate_usable()
+        self._null_work = torch.zeros(1, device=self.device)
         return Attached(pinned=arena.register_with_cuda(), gate=gated)
 
     def stage(self, seed: int, distribution: str, count: int = 1) -> dict[str, Any]:
@@ -254,14 +253,18 @@ class ModelSide:
         assert self.arena is not None and self.doorbell is not None
         bell, arena = self.doorbell, self.arena
         gate_ptr, done_ptr = arena.gate_words()  # type: ignore[attr-defined]
-        stream = gate.current_stream_handle(self.device)
+        # The commit and the done word go on the stream the gate holds, whatever stream `forward` leaves current.
+        current = torch.cuda.current_stream(self.device)
+        stream = int(current.cuda_stream)
         t0 = wall_clock()
         gc.disable()
         done_queued = False
         try:
             gate.wait_value(stream, gate_ptr, request.gate)
             outs: list[Any] = []
-            if not request.null:
+            if request.null:  # one tiny kernel: the device switches to this context and back, as for a call
+                self._null_work.add_(1.0)
+            else:
                 try:
                     with torch.no_grad():
                         outs = [self.model(*inputs) for inputs in group]
@@ -271,8 +274,10 @@ class ModelSide:
                     raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
                 except Exception as exc:  # noqa: BLE001
                     raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
-            tree = arena.pack(outs, "out", sync=False) if not request.null else {"t": "seq", "type": "list", "items": []}
-            gate.write_value(gate.current_stream_handle(self.device), done_ptr, request.gate)
+            with torch.cuda.stream(current):
+                tree = arena.pack(outs, "out", sync=False) if not request.null else \
+                    {"t": "seq", "type": "list", "items": []}
+            gate.write_value(stream, done_ptr, request.gate)
             done_queued = True
             bell.ring(ARMED, request.seq)
             try:
@@ -282,7 +287,7 @@ class ModelSide:
         finally:
             if not done_queued:  # the helper's stream waits for the done word: never leave it waiting
                 try:
-                    gate.write_value(gate.current_stream_handle(self.device), done_ptr, request.gate)
+                    gate.write_value(stream, done_ptr, request.gate)
                 except gate.GateError:
                     pass  # a broken context: the helper's rescue ends its wait
             bell.ring(DONE, request.seq)

@@ -65,6 +65,8 @@ RESCUE_GRACE_S = 2.0
 #: The byte a gated bracket fills the model's output region with before the call: float outputs of all
 #: ones bits are NaN, so an output left unwritten (a done word written early) is seen in the comparison.
 POISON_BYTE = 0xFF
+#: How long the helper waits for a gated bracket's end once its words are written.
+END_TIMEOUT_S = 60.0
 
 #: How long the armed helper waits for each ring of a bracket (a model's call may take long: its limit is
 #: the parent's, which ends the helper too when it gives up).
@@ -101,6 +103,7 @@ class HelperRole:
         self.stream = torch.cuda.Stream(self.device)
         self.rescue = torch.cuda.Stream(self.device)
         self.done_word = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self.release_word = torch.zeros(1, dtype=torch.int32, device=self.device)  # (bracket numbers only grow)
         self.host_arena: TensorArena | None = None
         self.sessions: dict[str, _Session] = {}
 
@@ -191,48 +194,61 @@ class HelperRole:
         return Bracketed(idle_us=idle_us, stage_us=stage_us, end_us=end_us, flush_ms=flush_ms)
 
     def _gated(self, request: Bracket, session: _Session) -> Bracketed:
-        """A gated bracket (`gate` module docstring), all on the helper's own stream: on the first ring, the
-        output region poisoned, the inputs staged into the slot, L2 flushed (between the events `pre` and
-        `start`), then `start`, the gate opened, a wait for the model's done word, the output region's
-        snapshot, `end`; the first ring is answered once that is enqueued. On the second (the model rang
-        done, or the parent gave up on it), `end` is waited for; if it does not come within
-        `RESCUE_GRACE_S` while the done word is still short, the helper writes the words itself (the model
-        never wrote done: `rescued`, a failed call) and the events still close."""
+        """A gated bracket (`gate` module docstring), all on the helper's own stream: on the first ring, behind
+        a release word of the helper's own (so that the staging runs with no host gap in which the device
+        could switch to the model's context while its inputs exist), the candidate's output region poisoned,
+        the inputs staged into the slot, L2 flushed (between the events `pre` and `start`), then `start`,
+        the gate opened, a wait for the model's done word, the output region's snapshot, `end`; one write
+        releases it all, and the first ring is answered. On the second (the model rang done, or the parent
+        gave up on it), `end` is waited for; if it does not come within `RESCUE_GRACE_S` while the done word
+        is still short, the helper writes the words itself (the model never wrote done: `rescued`, a failed
+        call) and the events still close. Any failure after the first ring rescues the same way, so that the
+        helper's stream is never left waiting."""
         bell, seq, who = self.doorbell, request.seq, request.who
         assert bell is not None
         arena = session.arenas[who]
         gate_ptr, done_ptr = arena.gate_words()
         idle_us = self._probe_us()
         pre, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        rescued = False
+        rescued, enqueued, completed = False, False, False
+        release = self.release_word.data_ptr()
         bell.ring(ARMED, seq)
         try:
             bell.wait(GO, 2 * seq, RING_TIMEOUT_S)
             t0 = time.perf_counter()
+            if request.flush and self.reset is not None and self.reset() != 0:
+                clear_last_error()  # (a host call, not stream-ordered: before the staging is released)
             with torch.cuda.stream(self.stream):
+                gate.wait_value(self.stream.cuda_stream, release, seq)
+                enqueued = True
                 pre.record()
-                out_start, _ = arena.region("out")
-                arena.bytes_tensor()[out_start: out_start + request.snapshot_bytes].fill_(POISON_BYTE)
+                if who == "cand":  # (the reference's runner is trusted, and a null call there writes nothing)
+                    out_start, _ = arena.region("out")
+                    arena.bytes_tensor()[out_start: out_start + request.snapshot_bytes].fill_(POISON_BYTE)
                 arena.copy_from(session.arenas["ref"], request.tree, f"slot{request.slot}", sync=False)
                 if request.flush:
                     self.buffer.fill_(1.0)
-                    if self.reset is not None and self.reset() != 0:
-                        clear_last_error()
                 start.record()
                 gate.write_value(self.stream.cuda_stream, gate_ptr, request.gate)
                 gate.wait_value(self.stream.cuda_stream, done_ptr, request.gate)
                 session.snapshots[who].take(arena, request.snapshot_bytes)
                 end.record()
+            gate.write_value(self.rescue.cuda_stream, release, seq)
             stage_us = (time.perf_counter() - t0) * 1e6
             bell.ring(DONE, 2 * seq)
             bell.wait(GO, 2 * seq + 1, RING_TIMEOUT_S)
             t1 = time.perf_counter()
             rescued = not self._ended(end, done_ptr, request.gate, gate_ptr)
-            end.synchronize()
+            self._wait_event(end)
+            completed = True
             end_us = (time.perf_counter() - t1) * 1e6
         except DoorbellTimeout:
             raise ValueError("the parent never finished the bracket") from None
         finally:
+            if enqueued and not completed:  # failed half-way: release every wait enqueued, on either side
+                for word, value in ((release, seq), (gate_ptr, request.gate), (done_ptr, request.gate)):
+                    gate.write_value(self.rescue.cuda_stream, word, value)
+                self._wait_event(self.stream)
             bell.ring(DONE, 2 * seq + 1)
         return Bracketed(idle_us=idle_us, stage_us=stage_us, end_us=end_us, gpu_ms=start.elapsed_time(end),
                          gpu_stage_ms=pre.elapsed_time(start), rescued=rescued)
@@ -255,6 +271,15 @@ class HelperRole:
             gate.write_value(self.rescue.cuda_stream, done_ptr, value)
         self.rescue.synchronize()
         return False
+
+    def _wait_event(self, event: Any, timeout_s: float = END_TIMEOUT_S) -> None:
+        """Wait for `event` (or a stream) by polling, at most `timeout_s` (a stream that never ends fails the
+        helper, which the parent then restarts, rather than wedging it)."""
+        deadline = time.perf_counter() + timeout_s
+        while not event.query():
+            if time.perf_counter() > deadline:
+                raise ValueError(f"the helper's bracket did not end within {timeout_s:.0f} s")
+            time.sleep(50e-6)
 
     # ------------------------------------------------------------------ arenas, comparisons
 

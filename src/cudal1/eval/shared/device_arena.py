@@ -53,6 +53,12 @@ class DeviceArena(TensorArena):
         """What a runner needs to attach this arena, besides its descriptor: the allocation's size."""
         return {"size": self.buffer.size}
 
+    def gate_usable(self) -> bool:
+        """Whether this process can gate its calls on this arena's page (`gate.usable`)."""
+        from cudal1.eval.shared.gate import usable
+
+        return usable(f"cuda:{self.buffer.ordinal}", self.buffer.ptr, self.buffer.size)
+
     def gate_words(self) -> tuple[int, int]:
         """The device addresses of this arena's gate and done words (`gate.words`)."""
         return words(self.buffer.ptr, self.buffer.size)

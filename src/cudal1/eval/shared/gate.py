@@ -21,7 +21,7 @@ from typing import Any
 
 #: Bytes kept at the end of every device arena for the words (each on a 128-byte line of its own).
 GATE_PAGE = 4096
-GATE_OFFSET, DONE_OFFSET = 0, 128
+GATE_OFFSET, DONE_OFFSET, PROBE_OFFSET = 0, 128, 256
 CU_STREAM_WAIT_VALUE_GEQ = 0x0
 CU_STREAM_WRITE_VALUE_DEFAULT = 0x0
 
@@ -76,17 +76,18 @@ def current_stream_handle(device: Any) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-def usable(device: Any) -> bool:
+def usable(device: Any, base_ptr: int, size: int) -> bool:
     """Whether this process can enqueue stream memory operations on `device`'s current stream (the one its
-    calls use): a write, then a wait on the word it wrote, waited for."""
+    calls use) on the shared page of the arena mapped at `base_ptr` (the memory its calls will wait on): a
+    write of the page's probe word (neither the gate nor the done word), then a wait on it, waited for."""
     try:
         import torch
 
-        word = torch.zeros(1, dtype=torch.int32, device=device)
+        probe = base_ptr + size - GATE_PAGE + PROBE_OFFSET
         stream = current_stream_handle(device)
-        write_value(stream, word.data_ptr(), 7)
-        wait_value(stream, word.data_ptr(), 7)
+        write_value(stream, probe, 7)
+        wait_value(stream, probe, 7)
         torch.cuda.synchronize(device)
-        return int(word.item()) == 7
+        return True
     except (GateError, RuntimeError, AttributeError):
         return False
