@@ -16,7 +16,7 @@ verified and left out of the times. The time that counts, the interval and the c
 
 With the GPU clock (`Session.gated`) there is no calibration and no bound: each call's time is its gated
 bracket on the helper's events less the clock's constant `c`, the median of *null* brackets (the reference's
-runner, no model call) interleaved with the timed pairs throughout the series (`null_every`), so that `c`
+runner, no model call) interleaved with the timed pairs throughout the series (`NULL_EVERY`), so that `c`
 follows the device's clocks as the calls do. Neither model's report is read.
 """
 
