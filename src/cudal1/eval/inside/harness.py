@@ -24,6 +24,8 @@ import gc
 import random
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -87,6 +89,20 @@ def oom_message(exc: BaseException, device: torch.device) -> str:
         except Exception:  # noqa: BLE001 - a broken context: the request alone
             pass
     return "out of GPU memory (" + "; ".join(parts) + ")"
+
+
+@contextmanager
+def model_failures(device: torch.device) -> Iterator[None]:
+    """The model's failures inside as `CallFailed`, in one line: out of device or host memory (`oom`, with the
+    numbers that say whose), anything else it raised (`raised`)."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        raise CallFailed("oom", oom_message(exc, device)) from None
+    except MemoryError as exc:
+        raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
+    except Exception as exc:  # noqa: BLE001 - the model's failure, reported in one line
+        raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
 
 
 def use_device(name: str) -> torch.device:
@@ -196,16 +212,9 @@ class ModelSide:
 
     def untimed(self, inputs: list[Any]) -> Any:
         """One call of the model outside any bracket (a reference's first call, a profiled call)."""
-        try:
-            with torch.no_grad():
-                out = self.model(*inputs)
+        with model_failures(self.device), torch.no_grad():
+            out = self.model(*inputs)
             sync(self.device)
-        except torch.cuda.OutOfMemoryError as exc:
-            raise CallFailed("oom", oom_message(exc, self.device)) from None
-        except MemoryError as exc:
-            raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
-        except Exception as exc:  # noqa: BLE001 - the model's failure, reported in one line
-            raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
         return out
 
     def call(self, request: Call) -> Called:
@@ -265,25 +274,16 @@ class ModelSide:
             if request.null:  # one tiny kernel: the device switches to this context and back, as for a call
                 self._null_work.add_(1.0)
             else:
-                try:
-                    with torch.no_grad():
-                        outs = [self.model(*inputs) for inputs in group]
-                except torch.cuda.OutOfMemoryError as exc:
-                    raise CallFailed("oom", oom_message(exc, self.device)) from None
-                except MemoryError as exc:
-                    raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
-                except Exception as exc:  # noqa: BLE001
-                    raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
+                with model_failures(self.device), torch.no_grad():
+                    outs = [self.model(*inputs) for inputs in group]
             with torch.cuda.stream(current):
                 tree = arena.pack(outs, "out", sync=False) if not request.null else \
                     {"t": "seq", "type": "list", "items": []}
             gate.write_value(stream, done_ptr, request.gate)
             done_queued = True
             bell.ring(ARMED, request.seq)
-            try:
+            with model_failures(self.device):  # (the model's asynchronous failures surface here)
                 torch.cuda.synchronize(self.device)
-            except Exception as exc:  # noqa: BLE001 - the model's asynchronous failure, in one line
-                raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
         finally:
             if not done_queued:  # the helper's stream waits for the done word: never leave it waiting
                 try:
@@ -309,27 +309,20 @@ class ModelSide:
         the calls with a device-wide wait after the last, so that work on any stream of this process is
         counted; stream_ms stops at the current stream's end. No wait between the calls: each is launched
         while the previous one runs, as in a model's own loop."""
-        try:
-            with torch.no_grad():
-                if self.device.type == "cuda":
-                    start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-                    start.record()
-                    outs = [self.model(*inputs) for inputs in group]
-                    mid.record()
-                    torch.cuda.synchronize(self.device)
-                    end.record()
-                    end.synchronize()
-                    return outs, start.elapsed_time(end), start.elapsed_time(mid)
-                t0 = wall_clock()
+        with model_failures(self.device), torch.no_grad():
+            if self.device.type == "cuda":
+                start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                start.record()
                 outs = [self.model(*inputs) for inputs in group]
-                ms = (wall_clock() - t0) * 1e3
-                return outs, ms, ms
-        except torch.cuda.OutOfMemoryError as exc:
-            raise CallFailed("oom", oom_message(exc, self.device)) from None
-        except MemoryError as exc:
-            raise CallFailed("oom", f"out of host memory: {first_line(exc, 200)}") from None
-        except Exception as exc:  # noqa: BLE001
-            raise CallFailed("raised", f"forward raised {first_line(exc)}") from None
+                mid.record()
+                torch.cuda.synchronize(self.device)
+                end.record()
+                end.synchronize()
+                return outs, start.elapsed_time(end), start.elapsed_time(mid)
+            t0 = wall_clock()
+            outs = [self.model(*inputs) for inputs in group]
+            ms = (wall_clock() - t0) * 1e3
+            return outs, ms, ms
 
 
 def use_exact_fp32() -> None:
