@@ -47,7 +47,7 @@ def test_gpu_clock_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys
     for size in sizes:
         honest = by_case[(size, "honest_chain.py")]
         clock = gpu_clock(honest)
-        assert clock["nulls"] >= 8 and clock["c_us"] > 0, clock
+        assert clock["nulls"] >= 8 and clock["cand_nulls"] >= 8 and clock["c_us"] > 0, clock
         assert 0.9 < honest["speedup"] < 1.1, honest["speedup"]
         for name in attacks:
             assert_bounded(by_case[(size, name)], honest, MARGIN)
@@ -88,6 +88,26 @@ def test_the_gpu_clock_counts_each_bracket_less_the_null_median_and_reads_no_rep
     assert summary["clock"] == "gpu" and summary["nulls"] == 4 and summary["c_us"] == pytest.approx(280.5)
     assert summary["unarmed_calls"] == {"ref": 0, "cand": 3} and summary["cand_gpu_stage_us"] == pytest.approx(10.0)
 
+
+
+def test_the_candidates_calls_pay_its_own_runners_constant_only_where_it_is_smaller():
+    """A candidate runs its own null calls and may slow them: a larger constant than the reference's would
+    pay it, so its calls take the smaller of the two; an honest context that switches faster is not billed
+    the reference's switch."""
+    from cudal1.eval import timing
+    from cudal1.eval.timing import PairedSeries, Sample
+
+    def sample(gpu_ms: float) -> Sample:
+        return Sample(ms=0.0, stream_ms=0.0, bracket_ms=1.0, gpu_ms=gpu_ms)
+    series = PairedSeries(ref=[[sample(0.070)]], cand=[[sample(0.069)]])
+    honest = timing.gpu_clocked(series, 0.060, cand_c_ms=0.059)  # the candidate's context switches 1 us faster
+    assert honest.ref[0][0].ms == pytest.approx(0.010) and honest.cand[0][0].ms == pytest.approx(0.010)
+    slowed = timing.gpu_clocked(series, 0.060, cand_c_ms=0.068)  # nulls slowed by 8 us to hide 8 us of work
+    assert slowed.cand[0][0].ms == pytest.approx(0.009)
+    assert timing.gpu_clocked(series, 0.060).cand[0][0].ms == pytest.approx(0.009)  # no nulls of its own
+    summary = timing.gpu_clock_summary(slowed, [0.060] * 8, {"ref": 0, "cand": 0}, [0.068] * 8)
+    assert summary["cand_c_us"] == pytest.approx(68.0) and summary["cand_c_paid_us"] == pytest.approx(60.0)
+    assert summary["cand_nulls"] == 8
 
 def test_the_gpu_clock_keys_its_results_apart_from_the_host_clocks():
     from cudal1.eval import EvalConfig

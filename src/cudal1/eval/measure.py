@@ -15,9 +15,10 @@ with extra trials, a few pairs drawn at random get inputs beyond the reference's
 verified and left out of the times. The time that counts, the interval and the checks are `timing.py`'s.
 
 With the GPU clock (`Session.gated`) there is no calibration and no bound: each call's time is its gated
-bracket on the helper's events less the clock's constant `c`, the median of *null* brackets (the reference's
-runner, no model call) interleaved with the timed pairs throughout the series (`NULL_EVERY`), so that `c`
-follows the device's clocks as the calls do. Neither model's report is read.
+bracket on the helper's events less the clock's constant `c`, the median of *null* brackets (no model call)
+interleaved with the timed pairs throughout the series (`NULL_EVERY`), so that `c` follows the device's clocks
+as the calls do. The reference's runner's nulls give `c`; the candidate's runner runs its own, and its calls
+pay the smaller of the two (`timing.paid_c`). Neither model's report is read.
 """
 
 from __future__ import annotations
@@ -169,9 +170,10 @@ class Measurement:
         self.bandwidth_gbps = bandwidth_gbps
         self.heavy = 0.0  # share of heavy pairs, once the trials showed the reference handles such inputs
         self.spent_s: dict[str, float] = defaultdict(float)  # the parent's wall time per step, for the record
-        # The GPU clock's null brackets (ms per call), this measurement's, apart by whether L2 was flushed (a
-        # flushed bracket's snapshot reads from memory, an unflushed one's may hit L2).
-        self.nulls: dict[bool, list[float]] = {True: [], False: []}
+        # The GPU clock's null brackets (ms per call), this measurement's, per runner and apart by whether L2
+        # was flushed (a flushed bracket's snapshot reads from memory, an unflushed one's may hit L2).
+        self.nulls: dict[tuple[str, bool], list[float]] = {(w, f): [] for w in (Side.REF, Side.CAND)
+                                                            for f in (True, False)}
         self.pairs = 0
 
     @contextmanager
@@ -206,10 +208,17 @@ class Measurement:
         return None if heavy else (sample_of(ref), sample_of(cand))
 
     def null(self, stage: dict, flush: bool) -> None:
-        """One null bracket of the GPU clock (the reference's runner, no model call) on the staged inputs."""
-        record = self.s.call(Side.REF, stage, flush=flush, what="the clock's null call", null=True)
-        assert record.gpu_ms is not None
-        self.nulls[flush].append(record.gpu_ms / record.calls)
+        """One null bracket of the GPU clock (no model call) in each runner, in a drawn order, on the staged
+        inputs: the reference's gives the clock's constant, the candidate's may lower its own (`timing.paid_c`)."""
+        for who in self.rng.sample((Side.REF, Side.CAND), 2):
+            record = self.s.call(who, stage, flush=flush, what="the clock's null call", null=True)
+            assert record.gpu_ms is not None
+            self.nulls[(who, flush)].append(record.gpu_ms / record.calls)
+
+    def clocked(self, series: timing.PairedSeries, flush: bool) -> timing.PairedSeries:
+        cand = self.nulls[(Side.CAND, flush)]
+        return timing.gpu_clocked(series, statistics.median(self.nulls[(Side.REF, flush)]),
+                                  statistics.median(cand) if cand else None)
 
     def _verify(self, stage: dict, ref: CallRecord, cand: CallRecord, heavy: bool) -> None:
         errors = self.s.reference_errors is not None and not heavy
@@ -304,10 +313,10 @@ class Measurement:
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
         if self.s.gated:
             for flushed in {flush, False} if warm is not None else {flush}:
-                while len(self.nulls[flushed]) < NULLS_MIN:
+                while len(self.nulls[(Side.REF, flushed)]) < NULLS_MIN:
                     self.null(self.s.make_inputs(), flushed)
-            cold = timing.gpu_clocked(cold, statistics.median(self.nulls[flush]))
-            warm = timing.gpu_clocked(warm, statistics.median(self.nulls[False])) if warm is not None else None
+            cold = self.clocked(cold, flush)
+            warm = self.clocked(warm, False) if warm is not None else None
             calibration = None
         bound = timing.counted_time(cold.all(Side.CAND), calibration, device, self.cores, cold.all(Side.REF))
         floor_ms = self.floor_ms()
@@ -319,7 +328,8 @@ class Measurement:
         self.s.flags += [f for f in found if f is not None]
         self.s.facts.clock = {"clock": "host", **timing.clock_summary(cold, bound, calibration)}
         if self.s.gated:
-            self.s.facts.clock.update(timing.gpu_clock_summary(cold, self.nulls[flush], self.s.unarmed))
+            self.s.facts.clock.update(timing.gpu_clock_summary(cold, self.nulls[(Side.REF, flush)], self.s.unarmed,
+                                                                    self.nulls[(Side.CAND, flush)]))
         if cfg.record_samples:
             self.s.facts.samples = {**(self.s.facts.samples or {}), **timing.samples_record(cold)}
         stats = timing.build_stats(cold, warm, bound=bound,

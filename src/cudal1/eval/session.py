@@ -395,8 +395,8 @@ class Session:
         """One bracket of `who`'s calls on the staged inputs (module docstring, step 2). With `builds` (the
         first trial), the candidate's call may start real builds (`_note_build`). Gated (`self.gated`), the
         runner enqueues its calls behind the gate and arms; the helper stages, opens the gate and times the
-        calls on the device (`gate` module docstring). `null` (gated, the reference only): the bracket with
-        no model call, whose time is the GPU clock's constant."""
+        calls on the device (`gate` module docstring). `null` (gated): the bracket with no model call, whose
+        time is the GPU clock's constant."""
         assert self.plane is not None
         plane, runner, bell = self.plane, self.runners[who], self.plane.doorbells[who]
         self.seq += 1
@@ -405,7 +405,7 @@ class Session:
         reference_s = max(self.ref_times.get("call", 0.001), 1e-4) * self.calls
         timeout = self.deadlines.reference() if who == Side.REF else self.deadlines.candidate(reference_s)
         gate = seq if self.gated else 0
-        assert not null or (gate and who == Side.REF), "a null call is the reference's, gated"
+        assert not null or gate, "a null call is gated"
         request = Call(seq=seq, slot=slot, inputs=slot_tree, gate=gate, null=null)
         plane.open_bracket(who, slot, stage_tree, flush, timeout, gate=gate)
         armed = True

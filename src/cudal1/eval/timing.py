@@ -573,26 +573,45 @@ def clock_summary(series: PairedSeries, bound: Bound,
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def gpu_clocked(series: PairedSeries, c_ms: float) -> PairedSeries:
+def gpu_clocked(series: PairedSeries, c_ms: float, cand_c_ms: float | None = None) -> PairedSeries:
     """The series with each call's time (`ms`, `stream_ms`) made the GPU clock's: its gated bracket less the
-    clock's constant `c_ms` (the median null bracket; both per call of a bracket), never below a nanosecond.
-    The runners' reports are dropped: nothing of theirs is read."""
-    def clocked(s: Sample) -> Sample:
+    clock's constant (per call of a bracket), never below a nanosecond. The reference's calls take `c_ms`, the
+    median of the reference runner's null brackets; the candidate's take `paid_c(c_ms, cand_c_ms)`. The
+    runners' reports are dropped: nothing of theirs is read."""
+    cand_c = paid_c(c_ms, cand_c_ms)
+
+    def clocked(s: Sample, c: float) -> Sample:
         assert s.gpu_ms is not None, "a call of a gated series without its GPU time"
-        t = max(s.gpu_ms - c_ms, 1e-6)
+        t = max(s.gpu_ms - c, 1e-6)
         return dataclasses.replace(s, ms=t, stream_ms=t)
-    return PairedSeries(ref=[[clocked(s) for s in b] for b in series.ref],
-                        cand=[[clocked(s) for s in b] for b in series.cand])
+    return PairedSeries(ref=[[clocked(s, c_ms) for s in b] for b in series.ref],
+                        cand=[[clocked(s, cand_c) for s in b] for b in series.cand])
 
 
-def gpu_clock_summary(series: PairedSeries, nulls: list[float], unarmed: dict[str, int]) -> dict[str, object]:
-    """What the GPU clock measured, for the record: its constant (the null brackets' median, quartiles and
-    count, in microseconds), each model's staging on the device (leftover work of the model before delays
-    it), and how many calls of each model waited for the device before they armed (their host work after
-    that wait is inside their time)."""
-    out: dict[str, object] = {"clock": "gpu", "c_us": round(statistics.median(nulls) * 1e3, 3),
+def paid_c(c_ms: float, cand_c_ms: float | None) -> float:
+    """The constant taken from the candidate's brackets: its own runner's null median where that is smaller
+    than the reference's (the two contexts' switches can differ by a microsecond), never more. The
+    candidate runs its own null calls and may make them slow; a larger constant would pay it, a smaller one
+    only costs it."""
+    return c_ms if cand_c_ms is None else min(c_ms, cand_c_ms)
+
+
+def gpu_clock_summary(series: PairedSeries, nulls: list[float], unarmed: dict[str, int],
+                      cand_nulls: list[float] | None = None) -> dict[str, object]:
+    """What the GPU clock measured, for the record: its constant (the reference runner's null brackets'
+    median, quartiles and count, in microseconds), the candidate runner's own (`cand_c_us`) and the one its
+    calls paid (`cand_c_paid_us`), each model's staging on the device (leftover work of the model before
+    delays it), and how many calls of each model waited for the device before they armed (their host work
+    after that wait is inside their time)."""
+    c = statistics.median(nulls)
+    out: dict[str, object] = {"clock": "gpu", "c_us": round(c * 1e3, 3),
                               "c_iqr_us": round((quantile(nulls, 0.75) - quantile(nulls, 0.25)) * 1e3, 3),
                               "nulls": len(nulls), "unarmed_calls": {str(k): v for k, v in unarmed.items()}}
+    if cand_nulls:
+        cand_c = statistics.median(cand_nulls)
+        out.update(cand_c_us=round(cand_c * 1e3, 3), cand_nulls=len(cand_nulls),
+                   cand_c_iqr_us=round((quantile(cand_nulls, 0.75) - quantile(cand_nulls, 0.25)) * 1e3, 3),
+                   cand_c_paid_us=round(paid_c(c, cand_c) * 1e3, 3))
     for who in (Side.REF, Side.CAND):
         stages = [s.gpu_stage_ms for s in series.all(who) if s.gpu_stage_ms is not None]
         if stages:
