@@ -167,3 +167,49 @@ def test_a_cpu_evaluation_says_the_host_clock_paid_even_when_the_gpu_clock_is_as
                                            warm_buckets=0, skip_static=True))
     assert result.status.value == "correct", result.message
     assert result.protocol["clock"]["clock"] == "host" and result.timing.method == "host_timer"
+
+
+def test_the_null_calls_come_after_the_pairs_check_so_a_nulls_snapshot_never_stands_in_for_a_calls_output():
+    """A null bracket snapshots each output region again, and the candidate's own null runs in its process:
+    had the check come after it, a candidate could skip the work in its timed call and write the output in
+    its null. The measurement checks a pair before any null follows it."""
+    from types import SimpleNamespace
+
+    from cudal1.eval import measure
+    from cudal1.eval.config import EvalConfig
+    from cudal1.eval.session import CallRecord
+    from cudal1.eval.shared.protocol import Called
+
+    events: list[str] = []
+
+    def record(who: str) -> CallRecord:
+        return CallRecord(who=who, reply=Called(ms=0.01, stream_ms=0.01, out={}), slot_tree={}, bracket_ms=1.0,
+                          model_ms=0.5, after="", gpu_ms=0.3)
+
+    class Session(SimpleNamespace):
+        gated, reference_errors, calls = True, None, 1
+
+        def make_inputs(self, distribution="reference"):
+            return {}
+
+        def pair(self, stage, *, flush, what):
+            events.append("pair")
+            return record("ref"), record("cand")
+
+        def call(self, who, stage, *, flush, what, null=False):
+            assert null
+            events.append(f"null {who}")
+            return record(who)
+
+        def compare(self, ref, cand, **_):
+            events.append("check")
+            return SimpleNamespace(ok=True, errors=None)
+
+        def check_inputs(self, *_):
+            pass
+
+    session = Session(cfg=EvalConfig(), facts=SimpleNamespace(output_bytes=1024, reached=""))
+    m = measure.Measurement(session)  # type: ignore[arg-type]
+    m.pair(flush=True, verify=True)
+    assert events[0] == "pair" and events[1] == "check" and sorted(events[2:]) == ["null cand", "null ref"]
+    assert len(m.nulls[("ref", True)]) == len(m.nulls[("cand", True)]) == 1

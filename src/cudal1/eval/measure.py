@@ -199,12 +199,15 @@ class Measurement:
                 raise
         with self.spending("calls"):
             ref, cand = self.s.pair(stage, flush=flush, what="a timed call")
-            if self.s.gated and self.pairs % NULL_EVERY == 0:
-                self.null(stage, flush)
-            self.pairs += 1
         if verify or heavy:
             with self.spending("verify"):
                 self._verify(stage, ref, cand, heavy)
+        # The nulls after the check: a null bracket snapshots the output regions again, and what the
+        # candidate's process writes in its own null must never stand in for what its timed call wrote.
+        if self.s.gated and self.pairs % NULL_EVERY == 0:
+            with self.spending("calls"):
+                self.null(stage, flush)
+        self.pairs += 1
         return None if heavy else (sample_of(ref), sample_of(cand))
 
     def null(self, stage: dict, flush: bool) -> None:
