@@ -414,6 +414,15 @@ def test_prepare_pure_pytorch_candidate(tmp_path):
     assert value["builds"] == [] and value["log"] == ""
 
 
+
+def test_a_source_beyond_the_channels_text_limit_still_reaches_its_build(tmp_path):
+    """Published candidates run to 20-60 KB of source; the parent's own payload to the build child carries the
+    source whole (the text limit of a message binds what a sandbox sends, not what it is sent)."""
+    long = PURE_PYTORCH + "# padding line of a long candidate\n" * 1500
+    assert len(long) > 40_000
+    value = _prepare(long, tmp_path, init_inputs=[3.0])
+    assert value["ok"] is True and value["import_ok"] is True, value
+
 def test_prepare_import_error_is_one_line(tmp_path):
     value = _prepare(IMPORT_RAISES, tmp_path)
     assert value["ok"] is False and value["import_ok"] is False

@@ -400,7 +400,8 @@ class RunEntry(Message):
     OP: ClassVar[str] = "run_entry"
     REPLY: ClassVar[type] = EntryResult
     entry: str
-    payload: Annotated[dict[str, Any], Tree(nodes=500_000)] = field(default_factory=dict)
+    # The parent's own payload, whose strings may be whole sources (a candidate's, a reference's)
+    payload: Annotated[dict[str, Any], Tree(nodes=500_000, text=MAX_SOURCE_CHARS)] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
 
 

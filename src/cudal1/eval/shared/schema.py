@@ -84,6 +84,7 @@ class Tree:
 
     depth: int = MAX_TREE_DEPTH
     nodes: int = MAX_TREE_NODES
+    text: int = MAX_TEXT  # characters per string
 
 
 #: Times a step reports: finite, above zero, at most a day.
@@ -96,9 +97,10 @@ Count = Annotated[int, Range(0, MAX_INT - 1)]
 Measured = Annotated[float, NonFinite()]
 
 
-def check_tree(value: Any, where: str, depth: int = MAX_TREE_DEPTH, nodes: int = MAX_TREE_NODES) -> Any:
+def check_tree(value: Any, where: str, depth: int = MAX_TREE_DEPTH, nodes: int = MAX_TREE_NODES,
+               text: int = MAX_TEXT) -> Any:
     """`value` if it is a JSON tree (None, bool, int, float, str, list, dict with string keys) at most `depth`
-    deep and `nodes` large, with strings of at most `MAX_TEXT` characters and ints that fit 64 bits; else
+    deep and `nodes` large, with strings of at most `text` characters and ints that fit 64 bits; else
     MalformedMessage. Iterative: no recursion for the sender to exhaust. Floats may be inf or NaN (a model's
     constant may be); whoever reads a number from a tree checks it."""
     todo: list[tuple[Any, int]] = [(value, 1)]
@@ -116,8 +118,8 @@ def check_tree(value: Any, where: str, depth: int = MAX_TREE_DEPTH, nodes: int =
             if not -MAX_INT <= item < MAX_INT:
                 raise MalformedMessage(f"{where} holds an integer beyond 64 bits")
         elif isinstance(item, str):
-            if len(item) > MAX_TEXT:
-                raise MalformedMessage(f"{where} holds a string of {len(item)} characters (limit {MAX_TEXT})")
+            if len(item) > text:
+                raise MalformedMessage(f"{where} holds a string of {len(item)} characters (limit {text})")
         elif isinstance(item, list):
             todo.extend((v, level + 1) for v in item)
         elif isinstance(item, dict):
@@ -228,7 +230,7 @@ def check(value: Any, hint: Any, where: str) -> Any:
         if kind is not None and not isinstance(value, kind):
             raise _WrongType(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
         tree = spec.tree or Tree()
-        return check_tree(value, where, tree.depth, tree.nodes)
+        return check_tree(value, where, tree.depth, tree.nodes, tree.text)
     if isinstance(hint, type) and hasattr(hint, "decode"):  # a message class (`protocol.Message`) inside
         return hint.decode(value, where)
     if origin is typing.Union or origin is types.UnionType:
