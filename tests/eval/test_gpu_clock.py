@@ -213,3 +213,19 @@ def test_the_null_calls_come_after_the_pairs_check_so_a_nulls_snapshot_never_sta
     m.pair(flush=True, verify=True)
     assert events[0] == "pair" and events[1] == "check" and sorted(events[2:]) == ["null cand", "null ref"]
     assert len(m.nulls[("ref", True)]) == len(m.nulls[("cand", True)]) == 1
+
+
+def test_the_gpu_clocks_interval_holds_what_its_constants_leave_unknown():
+    """Two runners' constants a microsecond apart are 10 % of a 10 us call and 0.1 % of a 1 ms one: the
+    interval says so (on an H100, honest twins of 10 us calls came out 0.87-1.11x, of 1 ms 0.998-1.000x)."""
+    from cudal1.eval import timing
+
+    nulls = [0.2900 + 0.0001 * (i % 5) for i in range(100)]  # 290.0-290.4 us
+    cand_nulls = [x + 0.001 for x in nulls]  # 1 us apart
+    within = (0.99, 1.01)
+    lo, hi = timing.gpu_widened(1.0, within, 0.010, 0.010, nulls, cand_nulls)
+    assert lo < 0.92 and hi > 1.09 and lo < within[0] and hi > within[1]
+    lo, hi = timing.gpu_widened(1.0, within, 1.0, 1.0, nulls, cand_nulls)
+    assert within[0] - 0.001 < lo < within[0] and within[1] < hi < within[1] + 0.001
+    assert timing.gpu_widened(1.0, within, 0.010, 0.010, nulls, []) == within
+    assert timing.median_se([1.0]) == 0.0 and timing.median_se(nulls) > 0

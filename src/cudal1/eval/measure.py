@@ -341,7 +341,11 @@ class Measurement:
                                    iters=iters, round_to_one=cfg.round_toward_one, floor_ms=floor_ms,
                                    verified_calls=self.verified, estimator=cfg.estimator)
         within = timing.speedup_interval(cold, calibration, device, cores=self.cores)
-        interval = timing.widened(stats.speedup, within, calibration)
+        if self.s.gated:
+            interval = timing.gpu_widened(stats.speedup, within, stats.ref_ms, stats.candidate_ms,
+                                          self.nulls[(Side.REF, flush)], self.nulls[(Side.CAND, flush)])
+        else:
+            interval = timing.widened(stats.speedup, within, calibration)
         stats = dataclasses.replace(stats, speedup_ci=[round(interval[0], 6), round(interval[1], 6)])
         self.s.facts.clock["speedup_ci_within"] = [round(x, 6) for x in within]
         self.s.facts.timing_spent_s = {k: round(v, 4) for k, v in sorted(self.spent_s.items())}
