@@ -215,6 +215,51 @@ def test_the_null_calls_come_after_the_pairs_check_so_a_nulls_snapshot_never_sta
     assert len(m.nulls[("ref", True)]) == len(m.nulls[("cand", True)]) == 1
 
 
+def test_the_gpu_clocks_calibration_is_the_twins_null_by_which_the_interval_widens():
+    """Before the candidate's import, the reference against its twin on the GPU clock: a pair of runners that
+    times one model apart (here the twin's calls 10 us long where the reference's are 5 us) widens every
+    interval of the evaluation; the phase's nulls are not the timed phase's constants."""
+    from types import SimpleNamespace
+
+    from cudal1.eval import measure, timing
+    from cudal1.eval.config import EvalConfig
+    from cudal1.eval.session import CallRecord
+    from cudal1.eval.shared.protocol import Called
+
+    def record(who: str, gpu_ms: float) -> CallRecord:
+        return CallRecord(who=who, reply=Called(ms=0.01, stream_ms=0.01, out={}), slot_tree={}, bracket_ms=1.0,
+                          model_ms=0.5, after="", gpu_ms=gpu_ms)
+
+    class Session(SimpleNamespace):
+        gated, reference_errors, calls, device_type = True, None, 1, "cuda"
+
+        def make_inputs(self, distribution="reference"):
+            return {}
+
+        def pair(self, stage, *, flush, what):
+            return record("ref", 0.305), record("cand", 0.310)
+
+        def call(self, who, stage, *, flush, what, null=False):
+            return record(who, 0.300)
+
+        def compare(self, ref, cand, **_):
+            return SimpleNamespace(ok=True, errors=None)
+
+        def check_inputs(self, *_):
+            pass
+
+    session = Session(cfg=EvalConfig(), facts=SimpleNamespace(output_bytes=1024, reached="", calibration=None,
+                                                              samples=None), plane=SimpleNamespace(calls=4))
+    m = measure.Measurement(session)  # type: ignore[arg-type]
+    assert m.calibrate() is None
+    null, (lo, hi) = m.twin_null
+    assert null == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+    assert session.facts.calibration["clock"] == "gpu" and session.facts.calibration["pairs"] >= 24
+    assert all(not series for series in m.nulls.values()) and m.pairs == 0 and session.plane.calls == 1
+    lo, hi = timing.gpu_widened(1.0, (0.99, 1.01), 1.0, 1.0, [0.3] * 8, [0.3] * 8, m.twin_null)
+    assert lo < 0.51 and hi > 1.9
+
+
 def test_the_gpu_clocks_interval_holds_what_its_constants_leave_unknown():
     """Two runners' constants a microsecond apart are 10 % of a 10 us call and 0.1 % of a 1 ms one: the
     interval says so (on an H100, honest twins of 10 us calls came out 0.87-1.11x, of 1 ms 0.998-1.000x)."""

@@ -174,6 +174,7 @@ class Measurement:
         # was flushed (a flushed bracket's snapshot reads from memory, an unflushed one's may hit L2).
         self.nulls: dict[tuple[str, bool], list[float]] = {(w, f): [] for w in (Side.REF, Side.CAND)
                                                             for f in (True, False)}
+        self.twin_null: tuple[float, tuple[float, float]] | None = None  # the GPU clock's A/A (`gated_twin`)
         self.pairs = 0
 
     @contextmanager
@@ -256,16 +257,10 @@ class Measurement:
 
     def calibrate(self) -> timing.Calibration | None:
         """The twin series (module docstring): run after `Session.setup`, before the candidate's import. With
-        the GPU clock, only the device's warm-up (one call per bracket): nothing to calibrate."""
+        the GPU clock, the device's warm-up (one call per bracket), then the twin's A/A alone (`gated_twin`)."""
         flush = self.cfg.flush_l2
         if self.s.gated:
-            with self.spending("calibration"):
-                self.s.calls = self.s.plane.calls = 1  # type: ignore[union-attr]
-                took, t0 = 0, time.perf_counter()
-                while not took or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S and took < CALIBRATION_WARMUP_PAIRS):
-                    self.series(1, 1, flush)
-                    took += 1
-            self.s.facts.calibration = {"clock": "gpu", "warmup_pairs": took}
+            self.gated_twin(flush)
             return None
         with self.spending("calibration"):
             # The device's clocks ramp up under load (an idle H100 is found at 345 MHz): warm it for a set
@@ -296,6 +291,43 @@ class Measurement:
         self.s.facts.calibration = calibration.to_dict() | {
             "warmup_pairs": len(took), "calls_from_reference_ms": round(reference_ms, 6)}
         return calibration
+
+    def gated_twin(self, flush: bool) -> None:
+        """The GPU clock's calibration: the device warmed (one call per bracket), then the reference against its
+        twin in the candidate's runner (trusted yet), on the GPU clock, for `CALIBRATION_S`: this runner pair's
+        null ratio and its interval (`self.twin_null`), by which the speedup's interval is widened
+        (`timing.gpu_widened`): two processes can time the same model apart (memory placement, the contexts'
+        switches), and a time of 10 us feels a microsecond. The phase's nulls are dropped after it: the timed
+        calls' constants come from the timed phase alone."""
+        with self.spending("calibration"):
+            self.s.calls = self.s.plane.calls = 1  # type: ignore[union-attr]
+            took: list[float] = []
+            t0 = time.perf_counter()
+            while not took or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S and len(took) < CALIBRATION_WARMUP_PAIRS):
+                started = time.perf_counter()
+                self.series(1, 1, flush)
+                took.append(time.perf_counter() - started)
+            per_pair_s = max(statistics.median(took[len(took) // 2:]), 1e-6)  # the later pairs: the device warm
+            self.forget_nulls()  # (taken while the device's clocks ramped up)
+            lo, hi = CALIBRATION_PAIRS
+            n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
+            twin = self.series(1, n, flush)
+            while len(self.nulls[(Side.REF, flush)]) < NULLS_MIN:
+                self.null(self.s.make_inputs(), flush)
+            twin = self.clocked(twin, flush)
+            ref, cand = [s.ms for s in twin.all(Side.REF)], [s.ms for s in twin.all(Side.CAND)]
+            null = statistics.median(ref) / max(statistics.median(cand), 1e-12)
+            self.twin_null = (null, timing.bootstrap_ratio(ref, cand))
+            self.forget_nulls()
+        if self.cfg.record_samples:
+            self.s.facts.samples = {"calibration": timing.samples_record(twin)}
+        self.s.facts.calibration = {"clock": "gpu", "warmup_pairs": len(took), "pairs": n, "null": round(null, 6),
+                                    "null_ci": [round(x, 6) for x in self.twin_null[1]]}
+
+    def forget_nulls(self) -> None:
+        for series in self.nulls.values():
+            series.clear()
+        self.pairs = 0
 
     # ------------------------------------------------------------------ timing
 
@@ -343,7 +375,8 @@ class Measurement:
         within = timing.speedup_interval(cold, calibration, device, cores=self.cores)
         if self.s.gated:
             interval = timing.gpu_widened(stats.speedup, within, stats.ref_ms, stats.candidate_ms,
-                                          self.nulls[(Side.REF, flush)], self.nulls[(Side.CAND, flush)])
+                                          self.nulls[(Side.REF, flush)], self.nulls[(Side.CAND, flush)],
+                                          self.twin_null)
         else:
             interval = timing.widened(stats.speedup, within, calibration)
         stats = dataclasses.replace(stats, speedup_ci=[round(interval[0], 6), round(interval[1], 6)])

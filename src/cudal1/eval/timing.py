@@ -455,14 +455,25 @@ def speedup_interval(series: PairedSeries, calibration: Calibration | None, devi
 def widened(speedup: float, within: tuple[float, float], calibration: Calibration | None) -> tuple[float, float]:
     """The interval `within` (the calls' own), widened in log space by the runner pair's null: its distance
     from 1 or its own interval, whichever is wider (a pair of processes can time the same model apart)."""
-    if calibration is None or speedup <= 0 or within[0] <= 0:
+    if calibration is None:
         return within
-    lo_n, hi_n = calibration.null_ci
-    pair = max(abs(math.log(max(calibration.null, 1e-9))), math.log(max(hi_n, 1e-9) / max(lo_n, 1e-9)) / 2)
+    return widened_by(speedup, within, null_spread(calibration.null, calibration.null_ci))
+
+
+def null_spread(null: float, null_ci: tuple[float, float]) -> float:
+    """A runner pair's null ratio as a spread in log space: its distance from 1 or half its own interval's
+    width, whichever is wider."""
+    lo_n, hi_n = null_ci
+    return max(abs(math.log(max(null, 1e-9))), math.log(max(hi_n, 1e-9) / max(lo_n, 1e-9)) / 2)
+
+
+def widened_by(speedup: float, within: tuple[float, float], spread: float) -> tuple[float, float]:
+    """`within` widened in log space by `spread` (the two added in quadrature on each side)."""
+    if speedup <= 0 or within[0] <= 0:
+        return within
     lo = math.log(speedup / within[0])
     hi = math.log(within[1] / speedup) if math.isfinite(within[1]) else math.inf
-    return speedup * math.exp(-math.hypot(lo, pair)), speedup * math.exp(math.hypot(hi, pair))
-
+    return speedup * math.exp(-math.hypot(lo, spread)), speedup * math.exp(math.hypot(hi, spread))
 
 
 def median_se(values: list[float]) -> float:
@@ -474,19 +485,18 @@ def median_se(values: list[float]) -> float:
 
 
 def gpu_widened(speedup: float, within: tuple[float, float], ref_ms: float, cand_ms: float,
-                nulls: list[float], cand_nulls: list[float]) -> tuple[float, float]:
+                nulls: list[float], cand_nulls: list[float],
+                twin_null: tuple[float, tuple[float, float]] | None = None) -> tuple[float, float]:
     """The GPU clock's interval: `within` (the calls' own) widened in log space by what its constants leave
-    unknown, per call: the two runners' null medians apart (the same work can cost the two contexts that much
-    apart, and which runner's constant is right for a call is not known) plus each median's error, against
-    the candidate's time, and the reference's median error against its own. For a call of 10 us a
-    microsecond apart is 10 %; from 0.1 ms up it is under 1 %."""
-    if not cand_nulls or not nulls or speedup <= 0 or within[0] <= 0 or cand_ms <= 0 or ref_ms <= 0:
-        return within
-    gap = abs(statistics.median(nulls) - statistics.median(cand_nulls)) + median_se(nulls) + median_se(cand_nulls)
-    pair = math.log1p(gap / cand_ms) + math.log1p(median_se(nulls) / ref_ms)
-    lo = math.log(speedup / within[0])
-    hi = math.log(within[1] / speedup) if math.isfinite(within[1]) else math.inf
-    return speedup * math.exp(-math.hypot(lo, pair)), speedup * math.exp(math.hypot(hi, pair))
+    unknown, per call (the two runners' null medians apart, since which one is right for a call is not known,
+    plus each median's error, against the candidate's time, and the reference's median error against its
+    own), and by the runner pair's twin null where measured (`Measurement.gated_twin`), added in quadrature.
+    For a call of 10 us a microsecond is 10 %; from 0.1 ms up it is under 1 %."""
+    spread = null_spread(*twin_null) if twin_null is not None else 0.0
+    if cand_nulls and nulls and cand_ms > 0 and ref_ms > 0:
+        gap = abs(statistics.median(nulls) - statistics.median(cand_nulls)) + median_se(nulls) + median_se(cand_nulls)
+        spread = math.hypot(spread, math.log1p(gap / cand_ms) + math.log1p(median_se(nulls) / ref_ms))
+    return widened_by(speedup, within, spread) if spread > 0 else within
 
 # --------------------------------------------------------------------------- checks
 
