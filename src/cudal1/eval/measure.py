@@ -14,11 +14,12 @@ every bucket always) and check the inputs; the candidate cannot know which pairs
 with extra trials, a few pairs drawn at random get inputs beyond the reference's distribution; they are
 verified and left out of the times. The time that counts, the interval and the checks are `timing.py`'s.
 
-With the GPU clock (`Session.gated`) there is no calibration and no bound: each call's time is its gated
+With the GPU clock (`Session.gated`) there is no bound: each call's time is its gated
 bracket on the helper's events less the clock's constant `c`, the median of *null* brackets (no model call)
 interleaved with the timed pairs throughout the series (`NULL_EVERY`), so that `c` follows the device's clocks
 as the calls do. The reference's runner's nulls give `c`; the candidate's runner runs its own, and its calls
-pay the smaller of the two (`timing.paid_c`). Neither model's report is read.
+pay the smaller of the two (`timing.paid_c`). Neither model's report is read. Its calibration
+(`gated_twin`) is the twin's A/A on the same clock, which only widens the interval.
 """
 
 from __future__ import annotations
