@@ -153,7 +153,13 @@ def test_a_gated_call_that_does_not_arm_in_time_goes_on_without_killing_its_runn
     bell.ring(DONE, 1)
     assert session._wait_runner("cand", runner, bell, DONE, 1, request, "a call") is not None
     session.unarmed["cand"] = 2
-    assert session._arm_wait_s("cand") < session._arm_wait_s("ref")
+    assert session._arm_wait_s("cand") == 0.005 < session._arm_wait_s("ref") == 0.5  # it never armed
+    # A model that arms in 8 ms (a large eager one) and missed its wait twice (slow first calls) is given
+    # four times that, not a wait that would open its gate mid-enqueue.
+    session.arm_times["cand"] += [0.008, 0.007, 0.009]
+    assert session._arm_wait_s("cand") == pytest.approx(0.032)
+    session.arm_times["cand"] += [3.0] * 4  # slowed on purpose: never beyond the first wait
+    assert session._arm_wait_s("cand") == 0.5
 
 
 @needs_sandbox

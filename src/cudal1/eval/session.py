@@ -32,6 +32,7 @@ import logging
 import random
 import secrets
 import select
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,9 +92,11 @@ from cudal1.eval.shared.protocol import (
 logger = logging.getLogger(__name__)
 
 #: A gated call's runner may take this long to enqueue its calls and arm before the helper opens the gate
-#: anyway (its `forward` then waits for the device itself), and this long once it was seen not to arm twice.
+#: anyway (its `forward` then waits for the device itself); once it was seen not to arm twice, this many times
+#: the median time its armed calls took to arm, at least `ARM_WAIT_SHORT_S` (`Session._arm_wait_s`).
 ARM_WAIT_S = 0.5
 ARM_WAIT_SHORT_S = 0.005
+ARM_WAIT_MARGIN = 4.0
 #: The candidate's reply to a call may be this many times the reference's largest (they describe the same
 #: outputs; an honest reply is a few hundred bytes): beyond it, the candidate's `protocol.malformed`.
 CALL_REPLY_MARGIN = 10
@@ -231,6 +234,7 @@ class Session:
         # whose calls keep waiting for the device before they arm gets a short arm wait from then on.
         self.gated = False
         self.unarmed = {Side.REF: 0, Side.CAND: 0}
+        self.arm_times: dict[str, list[float]] = {Side.REF: [], Side.CAND: []}  # seconds, of the armed calls
 
     # ------------------------------------------------------------------ requests
 
@@ -417,9 +421,12 @@ class Session:
         try:
             flush_ms = self._cpu_flush(who, runner) if flush and self.helper is None else None
             cpu0 = runner.cpu_ns()  # the CPU clock of the call's request alone (the flush before it excluded)
+            sent = time.perf_counter()
             runner.send(request)
             armed = self._wait_runner(who, runner, bell, ARMED, seq, request, what, builds,
                                       arm_s=self._arm_wait_s(who) if gate else None) is not None
+            if gate and armed:
+                self.arm_times[who].append(time.perf_counter() - sent)
             t0 = time.perf_counter()
             plane.stage(who, slot, stage_tree, timeout)  # gated: staged, and the gate opened on the device
             t_go = time.perf_counter()
@@ -466,8 +473,15 @@ class Session:
 
     def _arm_wait_s(self, who: str) -> float:
         """How long a gated call may take to arm before the helper opens its gate anyway: a `forward` that
-        waits for the device (behind the closed gate) never arms. Short for a model seen doing so twice."""
-        return ARM_WAIT_SHORT_S if self.unarmed[who] >= 2 else ARM_WAIT_S
+        waits for the device (behind the closed gate) never arms. Short for a model seen doing so twice: a few
+        times what its armed calls took (a large eager model may take milliseconds to enqueue, and a wait
+        shorter than that would open the gate mid-enqueue and count its host work), or `ARM_WAIT_SHORT_S`
+        for one that never armed. A model that slows its arming lengthens only its own evaluation."""
+        if self.unarmed[who] < 2:
+            return ARM_WAIT_S
+        times = self.arm_times[who]
+        typical = statistics.median(times) if times else 0.0
+        return min(ARM_WAIT_S, max(ARM_WAIT_SHORT_S, ARM_WAIT_MARGIN * typical))
 
     def _check_gated(self, who: str, figures: Any, armed: bool, what: str) -> None:
         """A gated call's figures: the helper had to write a done word the model's stream never wrote (the
