@@ -4,7 +4,7 @@
 Usage: python scripts/bench_eval.py OUT_DIR [--release PATH] [--per-level 10] [--seed 0]
                                     [--precision-n 20] [--time-budget-s 500] [--profile strict]
                                     [--store STORE.sqlite] [--modes serial,overlap]
-                                    [--old-src PATH] [--null-n 10] [--runner-pairs 1]
+                                    [--old-src PATH] [--null-n 10] [--runner-pairs 1] [--set KEY=VALUE]
 
 1. Throughput: a fixed sample of a JSONL release (N tasks per level, seeded), compile included, on a cold
    build cache, per `--modes`: serial (all `load_inline` builds in parallel, then every candidate evaluated
@@ -42,6 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from cudal1.cli.options import parse_sets  # noqa: E402
+from cudal1.core.errors import ConfigError  # noqa: E402
 from cudal1.eval import EvalConfig, Status, evaluate_many  # noqa: E402
 from cudal1.tasks import load_release  # noqa: E402
 from cudal1.tasks.sources import example_candidates  # noqa: E402
@@ -254,6 +256,8 @@ def main() -> None:
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
     ap.add_argument("--gpu-clock", action="store_true", help="Time the calls on the GPU's timeline (EvalConfig.gpu_clock).")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="Any other evaluation setting (repeatable), as `cudal1 eval --set`.")
     ap.add_argument("--store", type=Path, default=None, help="Also store the throughput sample's results here.")
     ap.add_argument("--old-src", type=Path, default=None,
                     help="src/ of an earlier cudal1: the same sample through it first (old protocol against new).")
@@ -270,8 +274,11 @@ def main() -> None:
     # Each build's duration and outcome on stderr ("build KEY: ok=... in S s"): what the build phase waited for.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("cudal1.eval.compile").setLevel(logging.INFO)
-    cfg = EvalConfig(device="cuda", profile=args.profile, record_samples=args.record_samples,
-                     gpu_clock=args.gpu_clock)
+    try:
+        cfg = EvalConfig(device="cuda", profile=args.profile, record_samples=args.record_samples,
+                         gpu_clock=args.gpu_clock, **parse_sets(EvalConfig, args.sets))
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
     out: dict = {"config": cfg.to_dict()}
     pairs = sample_release(args.release, args.per_level, args.seed)
     store = None

@@ -2,7 +2,7 @@
 """The same release sample under both clocks, side by side: what the GPU clock changes in the speedups.
 
     PYTHONPATH=src python scripts/compare_clocks.py OUT_DIR [--release PATH] [--per-level 4] [--seed 0]
-        [--profile strict] [--time-budget-s 400] [--order host,gpu] [--device cuda]
+        [--profile strict] [--time-budget-s 400] [--order host,gpu] [--device cuda] [--set KEY=VALUE]
 
 The host clock times a call with the host's view of it (launch gaps included, as KernelBench's and CUDA-L1's
 events do); the GPU clock (`EvalConfig.gpu_clock`) times it on the GPU's own timeline with its launches queued
@@ -27,11 +27,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_eval import sample_release  # noqa: E402
 
+from cudal1.cli.options import parse_sets  # noqa: E402
+from cudal1.core.errors import ConfigError  # noqa: E402
 from cudal1.eval import EvalConfig, evaluate_many  # noqa: E402
 
 
-def one_clock(pairs, clock: str, profile: str, budget_s: float, device: str = "cuda") -> dict:
-    cfg = EvalConfig(device=device, profile=profile, gpu_clock=clock == "gpu")
+def one_clock(pairs, clock: str, profile: str, budget_s: float, device: str = "cuda",
+              sets: dict | None = None) -> dict:
+    cfg = EvalConfig(device=device, profile=profile, gpu_clock=clock == "gpu", **(sets or {}))
     t0 = time.monotonic()
     results = evaluate_many(pairs, cfg, force=True, label=f"clock {clock}",
                             should_stop=lambda: time.monotonic() - t0 > budget_s)
@@ -79,6 +82,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="strict")
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a check of the script; one clock there)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="Any other evaluation setting for both clocks (repeatable), as `cudal1 eval --set`.")
     ap.add_argument("--time-budget-s", type=float, default=400.0)
     ap.add_argument("--order", default="host,gpu", help="the two clocks in the order they run")
     args = ap.parse_args()
@@ -88,10 +93,14 @@ def main() -> None:
     if not args.release.is_file():
         raise SystemExit(f"--release: no file {args.release}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        sets = parse_sets(EvalConfig, args.sets)
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
     pairs = sample_release(args.release, args.per_level, args.seed)
     out: dict = {"release": str(args.release), "tasks": [t.id for t, _ in pairs], "profile": args.profile}
     for clock in order:
-        out[clock] = one_clock(pairs, clock, args.profile, args.time_budget_s / 2, args.device)
+        out[clock] = one_clock(pairs, clock, args.profile, args.time_budget_s / 2, args.device, sets)
         (args.out_dir / "compare_clocks.json").write_text(json.dumps(out, indent=1, default=str))
     table(out, order)
 
