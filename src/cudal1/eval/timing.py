@@ -498,6 +498,7 @@ def gpu_widened(speedup: float, within: tuple[float, float], ref_ms: float, cand
         spread = math.hypot(spread, math.log1p(gap / cand_ms) + math.log1p(median_se(nulls) / ref_ms))
     return widened_by(speedup, within, spread) if spread > 0 else within
 
+
 # --------------------------------------------------------------------------- checks
 
 
