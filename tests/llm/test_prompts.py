@@ -188,3 +188,24 @@ def test_exemplars_are_fenced_by_their_own_form():
     assert '```json\n{"format": 1, "steps": [\n```' in user_text(build_contrastive_prompt(REFERENCE, [broken],
                                                                                          form="kernel"))
     assert json.loads(json.dumps(RELU_SPEC)) == RELU_SPEC
+
+
+def test_a_kernel_form_exemplar_trimmed_to_fit_the_budget_stays_a_valid_spec():
+    """Over budget, a spec's CUDA source loses its comments and then its middle (a `//` marker), never the
+    JSON around it: the policy is shown a spec it could have written."""
+    import json
+
+    from cudal1.kernel_form.examples import RELU_SPEC
+
+    body = "\n".join(f"    float v{i} = x[i] * {i}.0f;  // step {i}" for i in range(400))
+    source = RELU_SPEC["source"].rstrip() + "\n// a long helper\n__device__ void helper(const float* x, int i) {\n" \
+        + body + "\n}\n"
+    spec = {**RELU_SPEC, "source": source}
+    long = ScoredCode(json.dumps(spec), 1.5, {})
+    text = user_text(build_contrastive_prompt(REFERENCE, [long], form="kernel", token_budget=2500))
+    shown = text.split("### Implementation 1 (speedup 1.50x over the reference)\n```json\n", 1)[1].split("\n```")[0]
+    trimmed = json.loads(shown)
+    assert {k: v for k, v in trimmed.items() if k != "source"} == {k: v for k, v in spec.items() if k != "source"}
+    assert "lines omitted to fit the prompt] ..." in trimmed["source"] and "// ..." in trimmed["source"]
+    assert "// a long helper" not in trimmed["source"] and "# ..." not in trimmed["source"]
+    assert trimmed["source"].startswith(RELU_SPEC["source"].strip().splitlines()[0])

@@ -14,7 +14,8 @@ candidates are evaluated (never `kernel`: it is asked for by name). Exemplars ar
 Token budgeting: tokens are counted with a tokenizer when one is given (an object with `encode`, or a
 callable returning a count), else estimated at ~4 characters per token. Over budget, exemplars are trimmed
 in this order: comments and blank-line runs are removed from all exemplar code; then the longest exemplar
-has its middle cut (a marker says how many lines went) down to `MIN_EXEMPLAR_TOKENS`; if that is not
+has its middle cut (a marker says how many lines went) down to `MIN_EXEMPLAR_TOKENS` (a kernel-form spec in its
+CUDA source only, so that it stays a valid spec); if that is not
 enough, the lowest-scored exemplar is dropped and trimming restarts from the others. The reference code,
 the instructions and the feedback are never trimmed: a prompt without exemplars that is still over budget
 is returned as is, with a warning in the log.
@@ -297,7 +298,7 @@ def build_contrastive_prompt(task_source: str, exemplars: Sequence[ScoredCode], 
 
     if size(exemplars) <= token_budget:
         return _contrastive_messages(task_source, exemplars, form, feedback)
-    stripped = [ScoredCode(strip_code_comments(e.code), e.score, e.meta) for e in exemplars]
+    stripped = [ScoredCode(strip_exemplar(e.code), e.score, e.meta) for e in exemplars]
     while stripped:
         fitted = _truncate_to_budget(stripped, size, counter, token_budget)
         if fitted is not None:
@@ -324,15 +325,53 @@ def _truncate_to_budget(exemplars: list[ScoredCode], size: Callable[[Sequence[Sc
         target = max(MIN_EXEMPLAR_TOKENS, lengths[longest] - over)
         if lengths[longest] <= MIN_EXEMPLAR_TOKENS:
             return None
-        code = truncate_middle(current[longest].code, target, counter)
+        code = truncate_exemplar(current[longest].code, target, counter)
         if code == current[longest].code:
             return None
         current[longest] = ScoredCode(code, current[longest].score, current[longest].meta)
 
 
-def truncate_middle(code: str, target_tokens: int, counter: TokenCounter) -> str:
+def _spec_of(code: str) -> dict[str, Any] | None:
+    """A kernel-form exemplar's spec with a CUDA source string, else None (a module, or a spec not valid JSON)."""
+    if not is_kernel_form(code):
+        return None
+    try:
+        data = json.loads(code)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("source"), str) else None
+
+
+def strip_exemplar(code: str) -> str:
+    """An exemplar without comments (`strip_code_comments`); a kernel-form spec stays a valid spec, its CUDA
+    source stripped of whole-line `//` comments and blank runs."""
+    spec = _spec_of(code)
+    if spec is None:
+        return strip_code_comments(code)
+    lines: list[str] = []
+    for line in spec["source"].splitlines():
+        line = line.rstrip()
+        if _CUDA_LINE_COMMENT.match(line) or (not line and lines and not lines[-1]):
+            continue
+        lines.append(line)
+    return json.dumps({**spec, "source": "\n".join(lines).strip("\n")})
+
+
+def truncate_exemplar(code: str, target_tokens: int, counter: TokenCounter) -> str:
+    """`truncate_middle` of an exemplar; for a kernel-form spec, of its CUDA source only (a `//` marker), so
+    that what the prompt shows is still a valid spec."""
+    spec = _spec_of(code)
+    if spec is None:
+        return truncate_middle(code, target_tokens, counter)
+    source = spec["source"]
+    rest = max(0, counter(code) - counter(source))
+    cut = truncate_middle(source, max(1, target_tokens - rest), counter, comment="//")
+    return code if cut == source else json.dumps({**spec, "source": cut})
+
+
+def truncate_middle(code: str, target_tokens: int, counter: TokenCounter, comment: str = "#") -> str:
     """Keep the first and last lines of `code` (about `target_tokens` in all) and replace the middle with a
-    marker line. Removes at least one line when there is more than one."""
+    marker line (a `comment` of the code's language). Removes at least one line when there is more than one."""
     lines = code.splitlines()
     if len(lines) <= 2:
         return code
@@ -343,7 +382,7 @@ def truncate_middle(code: str, target_tokens: int, counter: TokenCounter) -> str
     omitted = len(lines) - keep
     after = lines[len(lines) - tail] if tail else ""
     indent = after[:len(after) - len(after.lstrip())]  # align with the code that follows
-    marker = f"{indent}# ... [{omitted} lines omitted to fit the prompt] ..."
+    marker = f"{indent}{comment} ... [{omitted} lines omitted to fit the prompt] ..."
     return "\n".join(lines[:head] + [marker] + (lines[len(lines) - tail:] if tail else []))
 
 
