@@ -32,13 +32,35 @@ def _spec(source: str, kernel: str = "relu", args=None):
     return parse_spec(data)
 
 
-def test_the_example_builds_to_a_cubin_in_the_sandbox():
+def test_the_example_builds_to_a_cubin_in_the_sandbox(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))  # a cold build cache: a real compile
     build = build_kernel_form(parse_spec(RELU_SPEC))
     e_type, symbols = elf_symbols(build.cubin)
     assert e_type == 2 and ("relu", 2, 1) in [(n, t, b) for n, t, b, _ in symbols]
     assert build.scan.kernels == ["relu"] and build.scan.ok and build.scan.flags == []
     assert ".entry relu" in build.ptx and build.compiler.startswith("nvrtc ") and build.arch == "sm_90"
-    assert 0 < build.compile_s < build.wall_s
+    assert 0 < build.compile_s < build.wall_s and not build.cached
+
+
+def test_a_build_that_passed_is_reused_by_content_and_scanned_again(tmp_path, monkeypatch):
+    """The same source, options and arch are not compiled twice: the second build reads the first child's
+    reply from the cache (no child runs) and scans its cubin again; another source is built."""
+    import cudal1.eval.kernel_build as kernel_build
+
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
+    first = build_kernel_form(parse_spec(RELU_SPEC))
+    children = []
+    real = kernel_build.run_isolated
+    monkeypatch.setattr(kernel_build, "run_isolated", lambda *a, **k: children.append(a) or real(*a, **k))
+    again = build_kernel_form(parse_spec(RELU_SPEC))
+    assert children == [] and again.cached and again.compile_s == 0.0 and again.cubin == first.cubin
+    assert again.scan.kernels == ["relu"] and again.wall_s < first.wall_s
+    other = RELU_SPEC["source"].replace("fmaxf(x[i], 0.0f)", "fmaxf(x[i], 0.5f)")
+    assert not build_kernel_form(_spec(other)).cached and len(children) == 1
+    for entry in (tmp_path / "kernel_form").glob("*.json"):
+        entry.write_text("{not json")  # a damaged entry is built again
+    rebuilt = build_kernel_form(parse_spec(RELU_SPEC))
+    assert not rebuilt.cached and rebuilt.cubin == first.cubin and len(children) == 2
 
 
 def test_a_compile_error_comes_back_from_the_sandbox_as_the_trimmed_log():

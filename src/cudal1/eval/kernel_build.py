@@ -13,7 +13,8 @@ cudal1's own module holding the spec and the cubin as string constants. Before a
   `compile_error` with the field's one-line message (`steps[0].grid: ...`);
 - builds it with NVRTC in a sandboxed child (`run_isolated`: a compiler crash, hang or memory bomb ends the
   child): a compile error is `compile_error` with the trimmed log, a child that failed is `compile_error` too
-  (the candidate's source did it);
+  (the candidate's source did it); a build that passed is kept by content hash and reused (its cubin scanned
+  again; `kernel_build.cached`);
 - scans the cubin and the PTX (`kernel_form.scan`): a forbidden construct (a device-side launch, the device
   runtime) is `hack_detected` with `kernel.scan_rejected`, rejected under every policy; a read of %globaltimer
   or %clock is the flag `kernel.timer_read`, judged by the policy (`guarded` rejects it before any run).
@@ -29,9 +30,13 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import logging
+import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cudal1.core import flags as F
@@ -55,7 +60,10 @@ from cudal1.kernel_form.errors import KernelBuildError, KernelRejectedError, Spe
 from cudal1.kernel_form.expressions import parse_expression
 from cudal1.kernel_form.module import MAX_CUBIN_BYTES, module_source
 from cudal1.kernel_form.spec import KernelFormSpec, check_against_source, parse_spec
+from cudal1.raw_cuda.compiler import cache_key, nvrtc_version, resolve_cache_dir
 from cudal1.tasks.task import Task
+
+logger = logging.getLogger(__name__)
 
 BUILD_LIMITS = Limits(timeout_s=120.0, memory_bytes=4 * 2**30)
 
@@ -76,11 +84,51 @@ def build_kernel_form(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH, limits:
         return build_here(spec, arch=arch)
     check_arch(arch)
     started = time.perf_counter()
-    outcome = run_isolated(BUILD_ENTRY, build_payload(spec, arch), limits=limits, device=device)
+    payload = build_payload(spec, arch)
+    cached = _cached_reply(payload)
+    if cached is not None:
+        return finish_build(spec, cached, arch, started, cached=True)
+    outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, device=device)
     if not outcome.ok:
         raise KernelBuildError(f"the build child {outcome.describe_failure()}", log=outcome.stderr_tail,
                                timed_out=outcome.timed_out)
-    return finish_build(spec, outcome.value or {}, arch, started)
+    value = outcome.value or {}
+    build = finish_build(spec, value, arch, started)
+    _cache_reply(payload, value)  # (only a build that passed the scan)
+    return build
+
+
+def _cache_path(payload: dict[str, Any]) -> Path | None:
+    """Where a successful build child's reply for `payload` is kept: keyed by the source, options, arch and
+    this machine's NVRTC version (`raw_cuda.compiler.cache_key`), beside the raw-CUDA cubins; None without
+    NVRTC here. Many candidates repeat (a policy's samples, a release's kernels)."""
+    version = nvrtc_version()
+    if version is None:
+        return None
+    key = cache_key(payload["source"], payload["options"], payload["arch"], "nvrtc-kernel-form", version)
+    return resolve_cache_dir().parent / "kernel_form" / f"{key}.json"
+
+
+def _cached_reply(payload: dict[str, Any]) -> dict[str, Any] | None:
+    path = _cache_path(payload)
+    try:
+        value = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    except (OSError, ValueError):
+        return None  # an unreadable entry is built again
+    return value if isinstance(value, dict) and value.get("ok") and isinstance(value.get("cubin_b64"), str) else None
+
+
+def _cache_reply(payload: dict[str, Any], value: dict[str, Any]) -> None:
+    path = _cache_path(payload)
+    if path is None or not value.get("ok"):
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
+            json.dump(value, out)
+        os.replace(out.name, path)  # atomic: concurrent evaluations share the folder
+    except OSError as exc:
+        logger.debug("kernel_form: build cache not written (%s)", exc)
 
 
 @dataclass
@@ -97,7 +145,7 @@ class KernelCandidate:
         """The result's record of the form and its build (`EvalResult.protocol`)."""
         return {"form": FORM, "kernel_build": {
             "arch": self.build.arch, "compiler": self.build.compiler, "compile_s": round(self.build.compile_s, 4),
-            "wall_s": round(self.build.wall_s, 4), "cubin_bytes": len(self.build.cubin),
+            "wall_s": round(self.build.wall_s, 4), "cached": self.build.cached, "cubin_bytes": len(self.build.cubin),
             "kernels": list(self.build.scan.kernels), "steps": len(self.spec.steps),
             "scan": self.build.scan.to_dict()}}
 

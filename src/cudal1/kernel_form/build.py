@@ -42,9 +42,10 @@ class KernelBuild:
     log: str  # compiler warnings
     arch: str
     compiler: str  # "nvrtc 13.0"
-    compile_s: float  # NVRTC's time inside the child
+    compile_s: float  # NVRTC's time inside the child (0 when the cubin came from the build cache)
     wall_s: float  # the whole build, child start-up and scan included
     scan: ScanReport
+    cached: bool = False  # the child's reply came from the build cache (`eval.kernel_build`): no compile ran
 
 
 def _nvrtc_compile(source: str, options: list[str], arch: str) -> dict[str, Any]:
@@ -100,10 +101,12 @@ def build_payload(spec: KernelFormSpec, arch: str) -> dict[str, Any]:
     return {"source": spec.source, "options": list(spec.options), "arch": arch}
 
 
-def finish_build(spec: KernelFormSpec, value: dict[str, Any], arch: str, started: float) -> KernelBuild:
-    """The child's reply made a scanned `KernelBuild` (`started`: `time.perf_counter()` at the build's start).
-    Raises KernelBuildError (a compile error; a step naming a kernel the cubin does not define) or
-    KernelRejectedError (the scan refused the cubin)."""
+def finish_build(spec: KernelFormSpec, value: dict[str, Any], arch: str, started: float,
+                 cached: bool = False) -> KernelBuild:
+    """The child's reply made a scanned `KernelBuild` (`started`: `time.perf_counter()` at the build's start;
+    `cached`: the reply came from the build cache, scanned again all the same). Raises KernelBuildError (a
+    compile error; a step naming a kernel the cubin does not define) or KernelRejectedError (the scan refused
+    the cubin)."""
     if not value.get("ok"):
         raise KernelBuildError(str(value.get("error") or "the build failed"), log=str(value.get("log", "")))
     cubin = base64.b64decode(value["cubin_b64"])
@@ -116,7 +119,8 @@ def finish_build(spec: KernelFormSpec, value: dict[str, Any], arch: str, started
         raise KernelBuildError(f"the cubin defines no kernel {missing[0]!r} (it has: {', '.join(scan.kernels)})")
     logger.debug("kernel_form: built %d bytes for %s in %.3f s (scan %.4f s)", len(cubin), arch, wall_s, scan.seconds)
     return KernelBuild(cubin, str(value.get("ptx", "")), str(value.get("log", "")), arch,
-                       str(value.get("compiler", "nvrtc")), float(value.get("compile_s", 0.0)), wall_s, scan)
+                       str(value.get("compiler", "nvrtc")), 0.0 if cached else float(value.get("compile_s", 0.0)),
+                       wall_s, scan, cached)
 
 
 def build_here(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH) -> KernelBuild:
