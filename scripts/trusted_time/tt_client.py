@@ -392,7 +392,9 @@ class Client:
         t0 = time.perf_counter()
         ev = rig["events"]
         cfg = rig["cfg"]
-        grid, block, smem = (cfg["grid"], 1024, cfg["smem"]) if excl else (cfg["grid"], 1024, 0)
+        # Not exclusive: the same grid with only the shared memory B1 and B2 use themselves (a word per thread:
+        # with none at all, their `smem[threadIdx.x]` was an illegal address, the variant's failure in E2).
+        grid, block, smem = (cfg["grid"], 1024, cfg["smem"]) if excl else (cfg["grid"], 1024, 4 * 1024)
         try:
             for j, (r, seq) in enumerate(calls):
                 page = rig["pages"][r][0]
