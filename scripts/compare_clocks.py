@@ -46,6 +46,7 @@ def one_clock(pairs, clock: str, profile: str, budget_s: float, device: str = "c
         clock_facts = r.protocol.get("clock") or {}
         rows[task.id] = {"status": r.status.value, "speedup": r.speedup, "clock": clock_facts.get("clock"),
                          "c_us": clock_facts.get("c_us"), "cand_c_paid_us": clock_facts.get("cand_c_paid_us"),
+                         "twin_null": (r.protocol.get("calibration") or {}).get("null"),
                          "ref_ms": r.ref_ms, "candidate_ms": r.candidate_ms, "interval": r.timing.speedup_ci if r.timing else None,
                          "duration_s": r.duration_s, "message": r.message[:160]}
     return {"wall_s": round(wall_s, 1), "evaluated": len(rows),
