@@ -114,6 +114,9 @@ def test_the_gpu_clock_keys_its_results_apart_from_the_host_clocks():
 
     assert "gpu_clock" not in EvalConfig(device="cuda").protocol()
     assert EvalConfig(device="cuda", gpu_clock=True).protocol()["gpu_clock"] is True
+    # Its schedule is its own (fewer calls per bucket): part of the key only when it is used.
+    assert EvalConfig(device="cuda", gpu_clock=True, gpu_clock_max_iters=30).protocol()["gpu_clock_max_iters"] == 30
+    assert "gpu_clock_max_iters" not in EvalConfig(device="cuda", gpu_clock_max_iters=30).protocol()
     assert "gpu_clock" not in EvalConfig(device="cpu", gpu_clock=True).protocol()  # a CPU has one clock
 
 

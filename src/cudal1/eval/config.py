@@ -210,6 +210,9 @@ class EvalConfig:
                                 "the call enqueued behind a gate: no host work of the candidate inside "
                                 "(docs/sandbox.md, The GPU clock); off: the parent's clock around each bracket, "
                                 "bounded against the calibrated harness. A CPU has the host's clock only.")
+    gpu_clock_max_iters: int = _f(20, "Under the GPU clock, at most this many timed calls per model per bucket (its "
+                                      "calls scatter by about 1 us: on an H100, 20 per bucket kept the speedup "
+                                      "within 0.1 % of 100 per bucket from 0.1 ms up, docs/log.md).")
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
     noisy_stability: float = _f(0.25, "A measurement whose stability (IQR of bucket speedups / median) exceeds "
@@ -288,6 +291,8 @@ class EvalConfig:
             raise ConfigError(f"estimator must be one of {', '.join(ESTIMATORS)}, not {self.estimator!r}")
         if self.warm_buckets < 0:
             raise ConfigError("warm_buckets must be >= 0")
+        if self.gpu_clock_max_iters < self.min_iters_per_bucket:
+            raise ConfigError("gpu_clock_max_iters must be >= min_iters_per_bucket")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ConfigError("memory_bytes must be > 0 (or None: derived)")
         if self.sandbox not in SANDBOX_MODES:
@@ -344,6 +349,7 @@ class EvalConfig:
         out["version"] = PROTOCOL_VERSION
         if self.gpu_clock and self.device.startswith("cuda"):  # another clock, another measurement
             out["gpu_clock"] = True
+            out["gpu_clock_max_iters"] = self.gpu_clock_max_iters
         policy = self.policy_obj
         if policy != resolve_policy(PROFILE_POLICIES[self.profile]):  # the verdict under other rules: another result
             out["policy"] = {k: v for k, v in policy.to_dict().items() if k != "notes"}

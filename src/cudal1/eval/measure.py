@@ -342,8 +342,9 @@ class Measurement:
         ref_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all(Side.REF))
         cand_call = statistics.median(s.bracket_ms * s.calls for s in warmup.all(Side.CAND))
         self.s.ref_times["call"] = statistics.median(s.ms for s in warmup.all(Side.REF)) / 1e3
+        most = min(cfg.max_iters_per_bucket, cfg.gpu_clock_max_iters) if self.s.gated else cfg.max_iters_per_bucket
         iters = timing.iterations_per_bucket(ref_call, cand_call, cfg.target_bucket_ms, cfg.min_iters_per_bucket,
-                                             cfg.max_iters_per_bucket, cfg.buckets)
+                                             most, cfg.buckets)
         device = self.s.device_type
         cold = self.series(cfg.buckets, iters, flush)
         warm = self.series(cfg.warm_buckets, iters, False) if cfg.warm_buckets and flush else None
