@@ -117,6 +117,9 @@ def test_the_gpu_clock_keys_its_results_apart_from_the_host_clocks():
     # Its schedule is its own (fewer calls per bucket): part of the key only when it is used.
     assert EvalConfig(device="cuda", gpu_clock=True, gpu_clock_max_iters=30).protocol()["gpu_clock_max_iters"] == 30
     assert "gpu_clock_max_iters" not in EvalConfig(device="cuda", gpu_clock_max_iters=30).protocol()
+    assert EvalConfig(device="cuda", min_iters_per_bucket=30).min_iters_per_bucket == 30  # (the host clock's)
+    with pytest.raises(ValueError, match="gpu_clock_max_iters"):
+        EvalConfig(device="cuda", gpu_clock=True, min_iters_per_bucket=30)
     assert "gpu_clock" not in EvalConfig(device="cpu", gpu_clock=True).protocol()  # a CPU has one clock
 
 

@@ -291,7 +291,7 @@ class EvalConfig:
             raise ConfigError(f"estimator must be one of {', '.join(ESTIMATORS)}, not {self.estimator!r}")
         if self.warm_buckets < 0:
             raise ConfigError("warm_buckets must be >= 0")
-        if self.gpu_clock_max_iters < self.min_iters_per_bucket:
+        if self.gpu_clock and self.gpu_clock_max_iters < self.min_iters_per_bucket:
             raise ConfigError("gpu_clock_max_iters must be >= min_iters_per_bucket")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ConfigError("memory_bytes must be > 0 (or None: derived)")
