@@ -264,17 +264,9 @@ class Measurement:
             self.gated_twin(flush)
             return None
         with self.spending("calibration"):
-            # The device's clocks ramp up under load (an idle H100 is found at 345 MHz): warm it for a set
-            # wall time, one call per bracket, and take the reference's time per call from the warm-up's best
-            # call (the first calls after setting up are slow; fewer calls per bracket than ideal cost only
-            # slack). By wall time, not by a count estimated from the first pairs: those are the slowest.
-            refs, took, t0 = [], [], time.perf_counter()
-            while not took or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S
-                               and len(took) < CALIBRATION_WARMUP_PAIRS):
-                started = time.perf_counter()
-                pair = self.series(1, 1, flush)
-                took.append(time.perf_counter() - started)
-                refs += pair.all(Side.REF)
+            # The reference's time per call from the warm-up's best call (the first calls after setting up are
+            # slow; fewer calls per bracket than ideal cost only slack).
+            took, refs = self._warm_up(flush)
             reference_ms = min(s.ms for s in refs)
             if self.s.set_calls(reference_ms) > 1:  # brackets of several calls: their wall per pair is new
                 started = time.perf_counter()
@@ -282,9 +274,7 @@ class Measurement:
                 per_pair_s = (time.perf_counter() - started) / 2
             else:  # the warm-up's later pairs, the device warm by then
                 per_pair_s = statistics.median(took[len(took) // 2:])
-            per_pair_s = max(per_pair_s, 1e-6)
-            lo, hi = CALIBRATION_PAIRS
-            n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
+            n = self._twin_pairs(per_pair_s)
             twin = self.series(1, n, flush)
             calibration = timing.calibrate(twin)
         if self.cfg.record_samples:  # the twin's pairs, before the candidate's import
@@ -302,16 +292,9 @@ class Measurement:
         calls' constants come from the timed phase alone."""
         with self.spending("calibration"):
             self.s.calls = self.s.plane.calls = 1  # type: ignore[union-attr]
-            took: list[float] = []
-            t0 = time.perf_counter()
-            while not took or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S and len(took) < CALIBRATION_WARMUP_PAIRS):
-                started = time.perf_counter()
-                self.series(1, 1, flush)
-                took.append(time.perf_counter() - started)
-            per_pair_s = max(statistics.median(took[len(took) // 2:]), 1e-6)  # the later pairs: the device warm
+            took, _ = self._warm_up(flush)
             self.forget_nulls()  # (taken while the device's clocks ramped up)
-            lo, hi = CALIBRATION_PAIRS
-            n = int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / per_pair_s))))
+            n = self._twin_pairs(statistics.median(took[len(took) // 2:]))  # the later pairs: the device warm
             twin = self.series(1, n, flush)
             while len(self.nulls[(Side.REF, flush)]) < NULLS_MIN:
                 self.null(self.s.make_inputs(), flush)
@@ -324,6 +307,26 @@ class Measurement:
             self.s.facts.samples = {"calibration": timing.samples_record(twin)}
         self.s.facts.calibration = {"clock": "gpu", "warmup_pairs": len(took), "pairs": n, "null": round(null, 6),
                                     "null_ci": [round(x, 6) for x in self.twin_null[1]]}
+
+    def _warm_up(self, flush: bool) -> tuple[list[float], list[timing.Sample]]:
+        """The device warmed before the twin series (its clocks ramp up under load: an idle H100 is found at
+        345 MHz): pairs of one call per bracket for a set wall time, not a count estimated from the first
+        pairs, which are the slowest. The parent's seconds per pair, and the reference's samples."""
+        took: list[float] = []
+        refs: list[timing.Sample] = []
+        t0 = time.perf_counter()
+        while not took or (time.perf_counter() - t0 < CALIBRATION_WARMUP_S and len(took) < CALIBRATION_WARMUP_PAIRS):
+            started = time.perf_counter()
+            pair = self.series(1, 1, flush)
+            took.append(time.perf_counter() - started)
+            refs += pair.all(Side.REF)
+        return took, refs
+
+    def _twin_pairs(self, per_pair_s: float) -> int:
+        """The twin series' pairs: as many as `CALIBRATION_S` of the parent's time holds, within
+        `CALIBRATION_PAIRS`."""
+        lo, hi = CALIBRATION_PAIRS
+        return int(min(hi, max(lo, round(CALIBRATION_S[self.s.device_type] / max(per_pair_s, 1e-6)))))
 
     def forget_nulls(self) -> None:
         for series in self.nulls.values():
