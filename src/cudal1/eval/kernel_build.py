@@ -85,7 +85,8 @@ def build_kernel_form(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH, limits:
     check_arch(arch)
     started = time.perf_counter()
     payload = build_payload(spec, arch)
-    cached = _cached_reply(payload)
+    path = _cache_path(payload)
+    cached = _cached_reply(path)
     if cached is not None:
         return finish_build(spec, cached, arch, started, cached=True)
     outcome = run_isolated(BUILD_ENTRY, payload, limits=limits, device=device)
@@ -94,7 +95,7 @@ def build_kernel_form(spec: KernelFormSpec, *, arch: str = DEFAULT_ARCH, limits:
                                timed_out=outcome.timed_out)
     value = outcome.value or {}
     build = finish_build(spec, value, arch, started)
-    _cache_reply(payload, value)  # (only a build that passed the scan)
+    _cache_reply(path, value)  # (only a build that passed the scan)
     return build
 
 
@@ -109,8 +110,7 @@ def _cache_path(payload: dict[str, Any]) -> Path | None:
     return resolve_cache_dir().parent / "kernel_form" / f"{key}.json"
 
 
-def _cached_reply(payload: dict[str, Any]) -> dict[str, Any] | None:
-    path = _cache_path(payload)
+def _cached_reply(path: Path | None) -> dict[str, Any] | None:
     try:
         value = json.loads(path.read_text()) if path is not None and path.is_file() else None
     except (OSError, ValueError):
@@ -118,8 +118,7 @@ def _cached_reply(payload: dict[str, Any]) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and value.get("ok") and isinstance(value.get("cubin_b64"), str) else None
 
 
-def _cache_reply(payload: dict[str, Any], value: dict[str, Any]) -> None:
-    path = _cache_path(payload)
+def _cache_reply(path: Path | None, value: dict[str, Any]) -> None:
     if path is None or not value.get("ok"):
         return
     try:
