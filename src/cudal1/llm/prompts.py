@@ -231,11 +231,8 @@ def _feedback_text(feedback: str | None) -> str:
 def _fence(code: str) -> str:
     """A fenced block tagged by the code's form: python, or json for a kernel-form spec (pretty-printed)."""
     if is_kernel_form(code):
-        try:
-            data = json.loads(code)
-        except ValueError:
-            data = None
-        shown = spec_text(data) if isinstance(data, dict) else code.rstrip()
+        data = _spec_of(code)
+        shown = spec_text(data) if data is not None else code.rstrip()
         return f"```json\n{shown}\n```"
     return f"```python\n{code.rstrip()}\n```"
 
@@ -332,20 +329,26 @@ def _truncate_to_budget(exemplars: list[ScoredCode], size: Callable[[Sequence[Sc
 
 
 def _spec_of(code: str) -> dict[str, Any] | None:
-    """A kernel-form exemplar's spec with a CUDA source string, else None (a module, or a spec not valid JSON)."""
+    """A kernel-form text's spec as a dict, else None (a module, or a spec that is not valid JSON)."""
     if not is_kernel_form(code):
         return None
     try:
         data = json.loads(code)
     except ValueError:
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("source"), str) else None
+    return data if isinstance(data, dict) else None
+
+
+def _trimmable_spec(code: str) -> dict[str, Any] | None:
+    """A kernel-form exemplar's spec whose CUDA source (a string) can be trimmed, else None."""
+    spec = _spec_of(code)
+    return spec if spec is not None and isinstance(spec.get("source"), str) else None
 
 
 def strip_exemplar(code: str) -> str:
     """An exemplar without comments (`strip_code_comments`); a kernel-form spec stays a valid spec, its CUDA
     source stripped of whole-line `//` comments and blank runs."""
-    spec = _spec_of(code)
+    spec = _trimmable_spec(code)
     if spec is None:
         return strip_code_comments(code)
     lines: list[str] = []
@@ -360,7 +363,7 @@ def strip_exemplar(code: str) -> str:
 def truncate_exemplar(code: str, target_tokens: int, counter: TokenCounter) -> str:
     """`truncate_middle` of an exemplar; for a kernel-form spec, of its CUDA source only (a `//` marker), so
     that what the prompt shows is still a valid spec."""
-    spec = _spec_of(code)
+    spec = _trimmable_spec(code)
     if spec is None:
         return truncate_middle(code, target_tokens, counter)
     source = spec["source"]
