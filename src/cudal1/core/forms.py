@@ -36,15 +36,35 @@ def is_kernel_form(text: str) -> bool:
     return isinstance(data, dict) and any(key in data for key in SPEC_FIELDS)
 
 
+def _names_load_inline(text: str) -> bool:
+    return "cpp_extension" in text or "load_inline" in text
+
+
+def _names_raw_cuda(text: str) -> bool:
+    return "load_kernels" in text or "cudal1.raw_cuda" in text
+
+
+def uses_load_inline(text: str) -> bool:
+    """Whether the candidate is a Python module that builds with `torch.utils.cpp_extension` (never a kernel-form
+    spec, whatever its CUDA source's comments say)."""
+    return _names_load_inline(text) and not is_kernel_form(text)
+
+
+def launches_raw_cuda(text: str) -> bool:
+    """Whether the candidate is in cudal1's raw-CUDA form (`cudal1.raw_cuda.load_kernels`), never a spec."""
+    return _names_raw_cuda(text) and not is_kernel_form(text)
+
+
 def candidate_form(text: str) -> str:
     """`kernel`, `load_inline`, `raw_cuda` or `torch` (no CUDA of its own) for a candidate's text."""
     if is_kernel_form(text):
         return KERNEL
-    if "cpp_extension" in text or "load_inline" in text:
+    if _names_load_inline(text):
         return LOAD_INLINE
-    if "load_kernels" in text or "cudal1.raw_cuda" in text:
+    if _names_raw_cuda(text):
         return RAW_CUDA
     return TORCH
 
 
-__all__ = ["KERNEL", "LOAD_INLINE", "RAW_CUDA", "SPEC_FIELDS", "TORCH", "candidate_form", "is_kernel_form"]
+__all__ = ["KERNEL", "LOAD_INLINE", "RAW_CUDA", "SPEC_FIELDS", "TORCH", "candidate_form", "is_kernel_form",
+           "launches_raw_cuda", "uses_load_inline"]

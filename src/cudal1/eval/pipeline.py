@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any
 
-from cudal1.core.forms import is_kernel_form
+from cudal1.core.forms import is_kernel_form, launches_raw_cuda, uses_load_inline
 from cudal1.core.machine import describe_machine
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, KernelClass, Status
@@ -40,12 +40,6 @@ from cudal1.tasks.task import Task, size_problem, source_hash, source_problem
 logger = logging.getLogger(__name__)
 
 
-def uses_load_inline(source: str) -> bool:
-    """Whether the candidate is a Python module that builds with `torch.utils.cpp_extension` (never a kernel-form
-    spec, whatever its CUDA source's comments say)."""
-    return ("cpp_extension" in source or "load_inline" in source) and not is_kernel_form(source)
-
-
 _CUDA_BUILD = re.compile(r"cuda_sources\s*=|CUDAExtension\b|['\"][^'\"\n]*\.cu['\"]")
 
 
@@ -64,11 +58,6 @@ def builds_cuda(source: str) -> bool:
     """Whether the candidate compiles CUDA code (`load_inline(cuda_sources=...)`, `.cu` files): it cannot run
     without a GPU."""
     return uses_load_inline(source) and _CUDA_BUILD.search(source) is not None
-
-
-def launches_raw_cuda(source: str) -> bool:
-    """Whether the candidate is in cudal1's raw-CUDA form (`cudal1.raw_cuda.load_kernels`)."""
-    return ("load_kernels" in source or "cudal1.raw_cuda" in source) and not is_kernel_form(source)
 
 
 def prepare_build(task: Task, source: str, cfg: EvalConfig) -> PreparedBuild:
