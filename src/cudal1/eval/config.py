@@ -211,8 +211,9 @@ class EvalConfig:
                                 "(docs/sandbox.md, The GPU clock); off: the parent's clock around each bracket, "
                                 "bounded against the calibrated harness. A CPU has the host's clock only.")
     gpu_clock_max_iters: int = _f(20, "Under the GPU clock, at most this many timed calls per model per bucket (its "
-                                      "calls scatter by about 1 us: on an H100, 20 per bucket kept the speedup "
-                                      "within 0.1 % of 100 per bucket from 0.1 ms up, docs/log.md).")
+                                      "calls scatter by about 1 us: in one H100 run's recorded calls, 20 per bucket "
+                                      "kept the speedup within 0.1 % of 100 per bucket from 0.1 ms up, "
+                                      "docs/log.md).")
     warm_buckets: int = _f(3, "Extra buckets timed without the flush (CUDA-L1's warm condition); 0: skip.")
     round_toward_one: bool = _f(False, "CUDA-L1's conservative rounding of speedups toward 1 (2 decimals).")
     noisy_stability: float = _f(0.25, "A measurement whose stability (IQR of bucket speedups / median) exceeds "
