@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cudal1.eval.isolated import Limits, run_isolated
+from cudal1.eval.reaper import NO_OWNER_GRACE_S
 from cudal1.eval.runner_process import (
     FOLDER_PREFIX,
     RunnerFailed,
@@ -179,29 +180,42 @@ def test_pool_sizes_follow_the_cores_this_process_may_use_not_the_host():
     assert out.stdout.strip() == "1" and usable_cpu_count() >= 1
 
 
-def test_a_restart_removes_what_a_killed_parent_left():
-    import tempfile
-
+def test_a_restart_removes_what_a_killed_parent_left(tmp_path):
+    # A private root: the other test workers' evaluations reap the shared temporary folder at the same time,
+    # and one of them could take the left folder first (and its idle process before it started).
     # An owner no process can be (above the kernel's largest pid): a finished child's pid can be taken again
     # by then on a busy host, and the folder would look owned.
     dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1 if Path("/proc/sys/kernel/pid_max").exists() \
         else 2**22 + 1
-    left = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
-    (left / "owner").write_text(str(dead))
-    mine = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
-    (mine / "owner").write_text(str(os.getpid()))
+    left = tmp_path / (FOLDER_PREFIX + "left")
+    mine = tmp_path / (FOLDER_PREFIX + "mine")
+    for folder, owner in ((left, dead), (mine, os.getpid())):
+        folder.mkdir()
+        (folder / "owner").write_text(str(owner))
     # What still runs in the left folder (as bubblewrap's idle init does, naming it in its arguments) is ended.
-    idle = subprocess.Popen(["sh", "-c", "sleep 60", str(left / "scratch")])
-    bystander = subprocess.Popen(["sh", "-c", "sleep 60", str(mine / "scratch")])
+    # Python, not `sh -c`: a shell may exec its last command, and the folder would leave the command line.
+    idle_code = "import time; time.sleep(60)"
+    idle = subprocess.Popen([sys.executable, "-c", idle_code, str(left / "scratch")])
+    bystander = subprocess.Popen([sys.executable, "-c", idle_code, str(mine / "scratch")])
     try:
-        assert reap_stale_folders() >= 1
+        assert reap_stale_folders(root=tmp_path) == 1
         assert idle.wait(60) == -9 and bystander.poll() is None
     finally:
         bystander.kill()
         bystander.wait()
     assert not left.exists() and mine.exists()
-    (mine / "owner").unlink()
-    mine.rmdir()
+
+
+def test_a_folder_being_made_is_not_taken_for_a_left_one(tmp_path):
+    # A runner writes its folder's owner just after making it: a reap in between must leave it.
+    fresh = tmp_path / (FOLDER_PREFIX + "fresh")
+    fresh.mkdir()
+    old = tmp_path / (FOLDER_PREFIX + "old")
+    old.mkdir()
+    past = time.time() - 2 * NO_OWNER_GRACE_S
+    os.utime(old, (past, past))
+    assert reap_stale_folders(root=tmp_path) == 1
+    assert fresh.exists() and not old.exists()
 
 
 def test_runners_die_with_a_parent_killed_by_sigkill(tmp_path):

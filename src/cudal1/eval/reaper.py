@@ -87,6 +87,18 @@ os.register_at_fork(after_in_child=_forget_in_child)
 FOLDER_PREFIX = "cudal1-run-"
 
 
+#: How long a runner folder without a readable `owner` is taken for one being made (the owner is written just
+#: after the folder): a concurrent reap must not remove another process's folder in between.
+NO_OWNER_GRACE_S = 60.0
+
+
+def _younger_than(folder: Path, seconds: float) -> bool:
+    try:
+        return time.time() - folder.stat().st_mtime < seconds
+    except OSError:
+        return False
+
+
 def reap_stale_folders(owner_pid: int | None = None, root: str | os.PathLike | None = None) -> int:
     """Remove the runner folders of parents that are gone (a killed CLI or server), and end what still runs
     in them; returns how many folders. `owner_pid`: only that parent's, which the caller knows is gone (the
@@ -98,6 +110,8 @@ def reap_stale_folders(owner_pid: int | None = None, root: str | os.PathLike | N
             owner = int((folder / "owner").read_text())
         except (OSError, ValueError):
             owner = -1
+            if _younger_than(folder, NO_OWNER_GRACE_S):
+                continue  # another process made it a moment ago and is writing its owner now
         if owner_pid is not None:
             if owner == owner_pid:
                 stale.append(folder)
