@@ -26,50 +26,7 @@ from cudal1.policy.presets import policy_choices
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = "18"  # 2: inputs refilled before every timed pair, salted seeds; 3: reference and
-# candidate timed alike (the reference's pool switch and device wait left its timed span), and profiles with
-# `exact_fp32` (strict) run both models with TF32 off; 4: the trust boundary: reference, candidate and
-# verdict in separate processes, every timed call on fresh inputs from OS randomness, the cache flush from
-# another context, the parent's clock cross-checked, the small-output tolerance bounded by the reference's
-# own float32 error, extra trials beyond the reference's distribution (strict); 5: a bucket's time is the
-# median of its calls, not their mean; 6: an outside-clock disagreement is confirmed on a fresh series before
-# it rejects (the new series' timing is the one reported), and the first trial of a float32 task carries
-# reduced-precision evidence against a float64 run of the reference (`guard.reduced_precision`); 7: the
-# reference's runner has the candidate's GPU memory cap and frees its float64 copy before timing (both models
-# timed with like memory: cuDNN picks its algorithms from the memory it may use); 8: the speedup is the ratio
-# of the two models' medians over all their timed calls (`estimator`; the median of bucket ratios before); 9:
-# every call (trials too) in a bracket of the parent's clock, inputs staged into a random slot of the model's
-# arena by the trusted side inside it, the candidate's time bounded by its brackets less its runner's harness
-# cost (calibrated on the reference's twin in that runner before the candidate's import), the helper's idle
-# probe judging work left on the device, heavy-tailed pairs among the timed calls (strict), `speedup_ci`;
-# 10: judged by effect: a build the candidate's own code catches is no compile error (what runs is judged,
-# `runtime.custom_build_failed` says its CUDA never built), algorithm switches that keep float32 (cuDNN
-# benchmark, determinism, threads) are reported, not rejected, under every profile, and a reference failing in
-# its own runner is `infra_error` (`reference_error`), not the candidate's `runtime_error`; 11: a report the
-# brackets contradict counts up to the bound itself (it counted the bound less its slack), a capped report below
-# half the bound less its noise rejects, and on a GPU only the wall clock bounds (not the runner's CPU time);
-# 12: the calibration's error on the runners' overhead difference taken over its pairs (a host moment common to
-# both calls of a pair cancels), and its pairs sized by the parent's wall time per pair (0.8 s on a GPU, up to
-# 384 pairs; 0.3 s on a CPU, at least 24; 24-96 pairs sized by the bracket before); 13: a bracket holds as
-# many calls of a small model as fill `bracket_work_ms` of the reference's time, each on inputs of its own
-# (the harness's cost and its scatter shared by the calls: the bound's slack per call divided by their number),
-# and a second bound pairs the calls; 14: one call per bracket again by default (`bracket_work_ms` 0): with
-# several, the first call can read the later calls' inputs and answer them all in one batch (5.2x `correct`
-# measured on a CPU), so several calls per bracket are for code one trusts; the warm-up before the calibration
-# runs for a set wall time; 15: the CPU clock's harness overhead is the sandbox's CPU time less the call's own
-# CPU time (the twin's and the reference's reports), not less its wall time: a preempted calibration call made
-# the overhead negative by milliseconds and rejected honest candidates on a loaded host; 16: runners keep
-# their heap's free top (`MALLOC_TRIM_THRESHOLD_`): where a process's history put a call's temporaries at the
-# top, glibc gave them back and every call faulted them in again (an honest twin 0.80x-1.40x on a CPU); 17:
-# the guards name a guarded function whose code object was swapped and a harness method shadowed on its
-# instance (2.22x `correct` under cuda-l1 on an H100, where the clock's bound of a 0.05 ms call is too
-# coarse); with host arenas on a GPU the runner carries a call's writes into its inputs back to the slot;
-# the interference check's 90th percentile must also exceed a tenth of the candidate's call (an honest
-# kernel of milliseconds was rejected for the probe's scatter); 18: every reply of a runner checked against one
-# schema at decode (finite times above zero, bounded sizes, depth and counts) and a per-runner budget, anything
-# else the candidate's `protocol.malformed`; a runner killed twice while running candidate code is the
-# candidate's crash wherever it dies (infra only with the OOM killer's evidence); an output computed into the
-# commit's own region is moved out first, so its commit is a real copy as the calibration's is
+PROTOCOL_VERSION = "18"  # what each version changed: docs/protocol.md
 
 
 @dataclass(frozen=True)
