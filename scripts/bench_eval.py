@@ -89,6 +89,7 @@ def throughput(pairs, cfg: EvalConfig, deadline: float, store=None, overlap_buil
             "median_eval_s": statistics.median(per_eval) if per_eval else None,
             "mean_eval_s": statistics.fmean(per_eval) if per_eval else None,
             "phases": phase_medians(results), "idle_s": idle_between(evaluated, ended),
+            "bracket_ms": bracket_costs(results),
             "results": [dict(task=t.id, ended_s=ended.get(i), **r.to_dict())
                         for i, ((t, _), r) in enumerate(zip(pairs, evaluated, strict=True)) if r is not None]}
 
@@ -101,6 +102,17 @@ def phase_medians(results: list) -> dict[str, float]:
             if isinstance(seconds, float):
                 phases.setdefault(name, []).append(seconds)
     return {name: round(statistics.median(v), 3) for name, v in phases.items()}
+
+
+def bracket_costs(results: list) -> dict[str, float | None]:
+    """Median over the evaluations of what one bracket cost the parent's wall clock (`clock.ms_per_bracket`:
+    round trips, freezing and the device's part together) and, under the GPU clock, of its constant `c` (the
+    device's part of a bracket around nothing): the host's share of a bracket is the difference."""
+    def median_of(key: str) -> float | None:
+        values = [r.protocol["clock"][key] for r in results if isinstance((r.protocol.get("clock") or {}).get(key), float)]
+        return round(statistics.median(values), 3) if values else None
+    c_us = median_of("c_us")
+    return {"per_bracket": median_of("ms_per_bracket"), "gpu_c": None if c_us is None else round(c_us / 1e3, 3)}
 
 
 def idle_between(evaluated: list, ended: dict[int, float]) -> float:
@@ -360,6 +372,10 @@ def print_throughput(mode: str, tp: dict) -> None:
     print(f"per-candidate eval      median {tp['median_eval_s']} s, mean {tp['mean_eval_s']} s")
     if "phases" in tp:
         print(f"phases (median s)       {tp['phases']}; idle between evaluations {tp['idle_s']:.1f} s")
+    if tp.get("bracket_ms", {}).get("per_bracket") is not None:
+        b = tp["bracket_ms"]
+        gpu = f"; the GPU clock's constant c {b['gpu_c']} ms" if b["gpu_c"] is not None else ""
+        print(f"one bracket (median)    {b['per_bracket']} ms of the parent's wall clock{gpu}")
     kb_s = kernelbench_estimate_s(tp)
     print(f"KernelBench estimate    {kb_s:.0f} s for the same sample (its reference figures, not run here): "
           f"ours {kb_s / tp['wall_s']:.1f}x its candidates per GPU-hour", flush=True)

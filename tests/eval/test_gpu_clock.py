@@ -179,6 +179,10 @@ def test_a_cpu_evaluation_says_the_host_clock_paid_even_when_the_gpu_clock_is_as
                                            warm_buckets=0, skip_static=True))
     assert result.status.value == "correct", result.message
     assert result.protocol["clock"]["clock"] == "host" and result.timing.method == "host_timer"
+    # What a bracket cost the parent, for the throughput benchmark: every pair's two brackets in the calls step.
+    spent_ms = 1e3 * result.protocol["timing_spent_s"]["calls"]
+    pairs = result.timing.iterations  # the flushed buckets' pairs (the calibration's came on top)
+    assert 0 < result.protocol["clock"]["ms_per_bracket"] <= spent_ms / (2 * pairs)
 
 
 def test_the_null_calls_come_after_the_pairs_check_so_a_nulls_snapshot_never_stands_in_for_a_calls_output():

@@ -177,6 +177,7 @@ class Measurement:
                                                             for f in (True, False)}
         self.twin_null: tuple[float, tuple[float, float]] | None = None  # the GPU clock's A/A (`gated_twin`)
         self.pairs = 0
+        self.brackets = 0  # brackets made in the "calls" step (timed pairs and their nulls, calibration too)
 
     @contextmanager
     def spending(self, step: str) -> Iterator[None]:
@@ -201,6 +202,7 @@ class Measurement:
                 raise
         with self.spending("calls"):
             ref, cand = self.s.pair(stage, flush=flush, what="a timed call")
+        self.brackets += 2
         if verify or heavy:
             with self.spending("verify"):
                 self._verify(stage, ref, cand, heavy)
@@ -209,6 +211,7 @@ class Measurement:
         if self.s.gated and self.pairs % NULL_EVERY == 0:
             with self.spending("calls"):
                 self.null(stage, flush)
+            self.brackets += 2
         self.pairs += 1
         return None if heavy else (sample_of(ref), sample_of(cand))
 
@@ -387,6 +390,9 @@ class Measurement:
         stats = dataclasses.replace(stats, speedup_ci=[round(interval[0], 6), round(interval[1], 6)])
         self.s.facts.clock["speedup_ci_within"] = [round(x, 6) for x in within]
         self.s.facts.timing_spent_s = {k: round(v, 4) for k, v in sorted(self.spent_s.items())}
+        # What a bracket costs the parent's wall clock, all of it (round trips, freezing, the device's part):
+        # where the evaluator's throughput goes.
+        self.s.facts.clock["ms_per_bracket"] = round(1e3 * self.spent_s["calls"] / max(self.brackets, 1), 3)
         if device == "cuda" and not self.s.gated:  # (gated: neither model's report is read)
             ref_gap, cand_gap = timing.stream_escape_ms(cold)
             if cand_gap > ref_gap + max(STREAM_ESCAPE_MIN_MS, 0.1 * stats.candidate_ms):
