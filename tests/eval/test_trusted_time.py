@@ -299,3 +299,21 @@ def test_gpu_a_progress_note_inside_a_call_lifts_no_limit():
     result = evaluate_candidate(task, (TIMING / "progress_in_call.py").read_text(),
                                 EvalConfig(device="cuda", correctness_trials=2, skip_static=True))
     assert result.status is Status.RUNTIME_ERROR and time.monotonic() - started < 60, result.message
+
+
+@needs_sandbox
+def test_a_cpu_calls_cpu_time_covers_the_wall_clocks_window_only():
+    """The CPU bound subtracts each runner's CPU time beyond its calls' own, so a call's CPU time must cover
+    what its wall time covers and no harness code: read around more, it held about 47 us a call of the
+    harness on caches the flush had left cold, and the bound of every honest candidate sat that far above its
+    report (a loaded host then capped a 1.6x candidate to 0.73x). One core per runner: a call's CPU time
+    cannot exceed its wall time but by the clocks' own reads."""
+    task = load_file(Path(__file__).resolve().parents[1] / "fixtures" / "tasks" / "tiny_scale_add.py")
+    candidate = (Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "correct.py").read_text()
+    result = evaluate_candidate(task, candidate, EvalConfig(device="cpu", correctness_trials=1, buckets=2,
+                                                            warm_buckets=0, record_samples=True))
+    assert result.status is Status.CORRECT, result.message
+    for who in ("ref", "cand"):
+        calls = [row for bucket in result.protocol["samples"][who] for row in bucket]  # [ms, .., cpu_ms, call_cpu_ms, ..]
+        beyond_us = sorted(1e3 * (row[6] - row[0]) for row in calls)
+        assert beyond_us[len(beyond_us) // 2] < 10.0, (who, beyond_us[:5], beyond_us[-5:])

@@ -27,6 +27,9 @@ from cudal1.policy.presets import policy_choices
 logger = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = "18"  # what each version changed: docs/protocol.md
+#: Revisions of the host clock's CPU bound, part of a CPU result's key only (GPU results do not read it):
+#: 2: the call's CPU time read over the wall clock's own window (docs/protocol.md).
+CPU_CLOCK_REVISION = 2
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,8 @@ class EvalConfig:
         if self.gpu_clock and self.device.startswith("cuda"):  # another clock, another measurement
             out["gpu_clock"] = True
             out["gpu_clock_max_iters"] = self.gpu_clock_max_iters
+        if not self.device.startswith("cuda"):
+            out["cpu_clock"] = CPU_CLOCK_REVISION
         policy = self.policy_obj
         if policy != resolve_policy(PROFILE_POLICIES[self.profile]):  # the verdict under other rules: another result
             out["policy"] = {k: v for k, v in policy.to_dict().items() if k != "notes"}
