@@ -36,7 +36,7 @@ def gpu_clock(result: dict) -> dict:
 def test_gpu_clock_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys):
     _gpu()
     sizes = ("20us", "1ms")
-    attacks = (*FORGERS, "precompute_watch_slot.py", "leftover_after_return.py")
+    attacks = (*FORGERS, "precompute_watch_slot.py", "leftover_after_return.py", "slow_own_nulls.py")
     cases = [(size, name) for size in sizes for name in ("honest_chain.py", *attacks)]
     cases += [("launch_bound", "honest_launch_bound.py"), ("launch_bound", "lookahead_group.py")]
     results = evaluate_batch(cases, [*GATED, "--profile", profile], tmp_path, capsys)
@@ -51,6 +51,10 @@ def test_gpu_clock_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys
         assert 0.9 < honest["speedup"] < 1.1, honest["speedup"]
         for name in attacks:
             assert_bounded(by_case[(size, name)], honest, MARGIN)
+        slowed = by_case[(size, "slow_own_nulls.py")]
+        if slowed["status"] == "correct":  # its own nulls ran slower, and the reference's constant was paid
+            clock = gpu_clock(slowed)
+            assert clock["cand_c_us"] > clock["c_us"] and clock["cand_c_paid_us"] == clock["c_us"], clock
     assert_bounded(by_case[("launch_bound", "lookahead_group.py")], by_case[("launch_bound", "honest_launch_bound.py")],
                    MARGIN)
 

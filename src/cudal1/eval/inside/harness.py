@@ -307,7 +307,7 @@ class ModelSide:
         is counted; stream_ms stops at the current stream's end. No wait between the calls: each is launched
         while the previous one runs, as in a model's own loop. On a CPU, cpu_ms is the process's CPU time over
         the same window as the wall clock's (a GPU call's CPU time bounds nothing: None): read any wider, it
-        held the harness's own code on caches the flush left cold, about 47 us a call on this project's CI
+        held the harness's own code on caches the flush left cold, about 47 us a call on a 2-core development
         machine, which the parent's CPU bound then counted as the model's."""
         with model_failures(self.device), torch.no_grad():
             if self.device.type == "cuda":
