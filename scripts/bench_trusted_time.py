@@ -8,9 +8,9 @@ H200), the honest twin (`honest_chain.py`) and a forging fixture (`forge_reply.p
 of each call's real time, for f = 10, 20, 40 and 80 %, all through the real evaluator in one batch, its static
 filter off (what is measured is the clocks' bound alone). Per size: the honest twin's speedup and time that
 counts, each forgery's verdict, speedup and the time it kept hidden per call (the honest twin's time that
-counts minus the forgery's: what the forgery gained), in microseconds and as a share of the call, and
-(`uncal. us`) what the timed pairs alone say it hides, with no calibration (`clock.pair_excess_ms`). Goal: at
-most max(5 us, 10 % of the call) per call. Each `--bracket-work-ms` value is one batch (0: one call per
+counts minus the forgery's: what the forgery gained), in microseconds and as a share of the call, the
+slack of the bound that counted and that of the paired bound. Goal: at most max(5 us, 10 % of the call) per
+call. Each `--bracket-work-ms` value is one batch (0: one call per
 bracket), so that the brackets' own effect is seen side by side in one run. Full figures in
 OUT_DIR/trusted_time.json, written after each batch (with every call's figures, the calibration's included);
 last, where each bracket's time went, per model and phase (`bracket_parts`).
@@ -101,7 +101,7 @@ def batch(args: argparse.Namespace, work: float, clock: str = "host") -> dict:
     out: dict = {"clock": clock, "bracket_work_ms": work, "wall_s": round(wall, 1), "sizes": {}}
     print(f"clock {clock}, bracket_work_ms {work}: {wall:.1f} s ({len(items)} evaluations)")
     print(f"{'size':6s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
-          f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s} {'calls':>5s} {'uncal. us':>9s}")
+          f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s} {'calls':>5s}")
     for size in sizes:
         mine = [(label, r) for label, r in zip(labels, results, strict=True) if label[0] == size and r is not None]
         twins = [r for label, r in mine if label[1] == "honest" and (r.protocol.get("clock") or {}).get("counted_ms")]
@@ -117,9 +117,9 @@ def batch(args: argparse.Namespace, work: float, clock: str = "host") -> dict:
                   f"{(entry['counted_ms'] or 0) * 1e3:11.1f} {(entry['reported_ms'] or 0) * 1e3:12.1f} "
                   f"{hidden if hidden is not None else float('nan'):10.1f} "
                   f"{share if share is not None else float('nan'):9.1f} "
-                  f"{(entry['slack_ms'] or 0) * 1e3:9.1f} {(entry['clock'].get('paired_slack_ms') or 0) * 1e3:7.1f} "
-                  f"{entry['clock'].get('calls_per_bracket', 1):5d} "
-                  f"{(entry['clock'].get('pair_excess_ms') or float('nan')) * 1e3:9.1f}")
+                  f"{(entry['slack_ms'] or 0) * 1e3:9.1f} "
+                  f"{(entry['clock'].get('slacks_ms', {}).get('paired wall') or float('nan')) * 1e3:7.1f} "
+                  f"{entry['clock'].get('calls_per_bracket', 1):5d}")
         out["sizes"][size] = {"honest_counted_ms": honest_counted, "rows": rows}
     print_parts(out)
     return out

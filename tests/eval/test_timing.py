@@ -223,19 +223,6 @@ def test_a_slow_probe_after_some_calls_is_interference_only_beyond_a_tenth_of_th
     assert timing.interference_check(steady) is not None
 
 
-def test_every_result_records_what_the_pairs_alone_say_is_hidden():
-    """For study beside the bounds (the verdict does not use it): the median over timed pairs of the candidate's
-    overhead less the reference's, with no calibration."""
-    calibration = _calibration()
-    series = _series(0.1, 0.1, reported_cand=0.07)  # hides 0.03 ms of each call
-    bound = timing.counted_time(series.all("cand"), calibration, "cuda", ref_samples=series.all("ref"))
-    clock = timing.clock_summary(series, bound, calibration)
-    assert clock["pair_excess_ms"] == pytest.approx(0.03, abs=0.003) and clock["pair_excess_se_ms"] > 0
-    honest = _series(0.1, 0.1)
-    bound = timing.counted_time(honest.all("cand"), calibration, "cuda", ref_samples=honest.all("ref"))
-    assert abs(timing.clock_summary(honest, bound, calibration)["pair_excess_ms"]) < 0.003
-
-
 def test_a_reference_slowed_beside_the_candidate_is_evidence():
     calibration = _calibration()  # the reference took 0.1 ms beside its twin
     assert timing.reference_slowed(_series(0.105, 0.1), calibration, "cuda") is None
@@ -319,18 +306,6 @@ def test_the_bound_uses_the_calibrations_paired_error():
     assert calibration.overhead_diff_se_ms is not None
     assert (paired.noise_ms < unpaired.noise_ms) == \
         (calibration.overhead_diff_se_ms < (calibration.cand_overhead_se_ms ** 2 + calibration.ref_overhead_se_ms ** 2) ** 0.5)
-
-
-def test_the_pairs_own_bound_is_recorded_beside_the_bound():
-    """The paired figure: near the true time for an honest candidate, far above a forged report, with a
-    slack that shrinks when the brackets' noise is shared by both calls of a pair."""
-    series = _series(0.1, 0.1, jitter=0.01)
-    calibration = _calibration(jitter=0.01)
-    bound = timing.counted_time(series.all("cand"), calibration, "cuda", ref_samples=series.all("ref"))
-    summary = timing.clock_summary(series, bound, calibration)
-    assert summary["paired_bound_ms"] == pytest.approx(0.1, abs=0.01) and summary["paired_slack_ms"] > 0
-    forged = _series(0.1, 0.1, reported_cand=0.02, jitter=0.01)
-    assert timing.paired_bound(forged, calibration)["paired_bound_ms"] > 0.08
 
 
 def _per_call(series: PairedSeries, calls: int) -> PairedSeries:

@@ -564,18 +564,6 @@ def stream_escape_ms(series: PairedSeries) -> tuple[float, float]:
     return gap(series.all(Side.REF)), gap(series.all(Side.CAND))
 
 
-def paired_bound(series: PairedSeries, calibration: Calibration) -> dict[str, float]:
-    """The candidate's time as the pairs bound it, recorded beside `counted_time`'s bound for comparison: the
-    median over timed pairs of (candidate's bracket - reference's overhead), less the calibration's median
-    per-pair overhead difference; its slack is 3 standard errors of both medians (no floor). Where a host
-    moment slows both calls of a pair it cancels here, not in the quantiles of each model apart."""
-    diffs = [c.bracket_ms - r.overhead_ms for rb, cb in zip(series.ref, series.cand, strict=True)
-             for r, c in zip(rb, cb, strict=True)]
-    bound = statistics.median(diffs) - (calibration.pair_overhead_diff_ms or 0.0)
-    se = math.hypot(quantile_se(diffs, 0.5), calibration.pair_overhead_diff_se_ms or 0.0)
-    return {"paired_bound_ms": bound, "paired_slack_ms": SLACK_SIGMAS * se}
-
-
 def clock_summary(series: PairedSeries, bound: Bound,
                   calibration: Calibration | None) -> dict[str, float | bool | str]:
     """The bound's figures and where each model's bracket went (ms), recorded with every timed result."""
@@ -586,15 +574,6 @@ def clock_summary(series: PairedSeries, bound: Bound,
                                           "slacks_ms": {k: round(v, 6) for k, v in bound.slacks.items()}}
     if calibration is not None:
         out["cand_overhead_calibrated_ms"] = calibration.cand_overhead_ms
-        if calibration.pair_overhead_diff_ms is not None:
-            out.update(paired_bound(series, calibration))
-    # Recorded for study, unused by the verdict: what the pairs say the candidate hides if the two runners'
-    # harnesses cost alike, with no calibration. On an H100 its error on honest twins was 1.5-13 us where the
-    # calibrated bounds' was up to 43 us: the runners' costs moved between the calibration and the timed calls.
-    excess = overhead_diffs(series.all(Side.CAND), series.all(Side.REF))
-    if len(excess) >= CLOCK_MIN_PAIRS:
-        out["pair_excess_ms"] = statistics.median(excess)
-        out["pair_excess_se_ms"] = quantile_se(excess, 0.5)
     for who in (Side.REF, Side.CAND):
         samples = series.all(who)
         out[f"{who}_bracket_ms"] = statistics.median(s.bracket_ms for s in samples)
