@@ -48,6 +48,7 @@ def one_clock(pairs, clock: str, profile: str, budget_s: float, device: str = "c
                          "c_us": clock_facts.get("c_us"), "cand_c_paid_us": clock_facts.get("cand_c_paid_us"),
                          "twin_null": (r.protocol.get("calibration") or {}).get("null"),
                          "ref_ms": r.ref_ms, "candidate_ms": r.candidate_ms, "interval": r.timing.speedup_ci if r.timing else None,
+                         "ms_per_bracket": clock_facts.get("ms_per_bracket"),
                          "duration_s": r.duration_s, "message": r.message[:160]}
     return {"wall_s": round(wall_s, 1), "evaluated": len(rows),
             "candidates_per_hour": round(3600 * len(rows) / wall_s, 1) if wall_s else None, "rows": rows}
@@ -71,8 +72,10 @@ def table(out: dict, order: list[str]) -> None:
         print(f"gpu/host speedup ratio over {len(ratios)} tasks correct under both: median "
               f"{statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
     for clock in order:
+        per_bracket = [r["ms_per_bracket"] for r in out[clock]["rows"].values() if r.get("ms_per_bracket")]
+        bracket = f", one bracket {statistics.median(per_bracket):.2f} ms (median)" if per_bracket else ""
         print(f"clock {clock}: {out[clock]['evaluated']} evaluated in {out[clock]['wall_s']} s, "
-              f"{out[clock]['candidates_per_hour']} candidates/hour")
+              f"{out[clock]['candidates_per_hour']} candidates/hour{bracket}")
 
 
 def main() -> None:
