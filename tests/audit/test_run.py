@@ -145,6 +145,16 @@ def test_report_only_anywhere_reads_the_measuring_machines_results(release, stor
                                  .replace(task_id=task.id, candidate_hash=cand.hash),
                                  task_hash=task.hash, key=f"old-{i}-{copy}", label=gpu_cfg.label)
     assert stored_measurement(store, gpu_cfg.label)[0]["gpu_name"] == "NVIDIA H200"
+    # Nor CPU results from before the CPU clock's revision (their keys lack it).
+    cpu = {**H200, "gpu_name": "cpu", "device_type": "cpu"}
+    before = {k: v for k, v in dataclasses.replace(FAST, profile="strict").resolved("cpu").protocol().items()
+              if k != "cpu_clock"}
+    for i, (task, cand) in enumerate(load_release(release)):
+        for copy in range(2):
+            store.put_evaluation(synthetic(Status.CORRECT, 9.0, cpu, before)
+                                 .replace(task_id=task.id, candidate_hash=f"{cand.hash}-{copy}"),
+                                 task_hash=task.hash, key=f"cpu-{i}-{copy}", label=gpu_cfg.label)
+    assert stored_measurement(store, gpu_cfg.label)[0]["gpu_name"] == "NVIDIA H200"
 
 
 def test_report_says_which_baselines_were_measured_failed_or_left(release, store, tmp_path):

@@ -41,6 +41,7 @@ from cudal1.eval.config import (
     PROTOCOL_VERSION,
     EvalConfig,
     canonical_options,
+    current_protocol,
     profile_choices,
     resolve_device,
 )
@@ -177,7 +178,7 @@ def stored_measurement(store: Any, label: str, gpu: str | None = None) -> tuple[
     for row in store.query_evaluations(label=label, gpu_name=gpu):
         result = row["result"]
         protocol = result.get("protocol") or {}
-        if str(protocol.get("version")) != str(PROTOCOL_VERSION):
+        if not current_protocol(protocol):
             continue  # measured under another protocol version: its keys never match this one's
         group = canonical_json([key_environment(result.get("environment") or {}),
                                 {k: v for k, v in protocol.items() if k in fields}])

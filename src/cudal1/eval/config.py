@@ -32,6 +32,14 @@ PROTOCOL_VERSION = "18"  # what each version changed: docs/protocol.md
 CPU_CLOCK_REVISION = 2
 
 
+def current_protocol(protocol: dict[str, Any]) -> bool:
+    """Whether a stored result's protocol is this version's, so that a key made now can match it: its
+    version, and on a CPU its CPU clock's revision."""
+    if str(protocol.get("version")) != PROTOCOL_VERSION:
+        return False
+    return str(protocol.get("device", "")).startswith("cuda") or protocol.get("cpu_clock") == CPU_CLOCK_REVISION
+
+
 @dataclass(frozen=True)
 class Profile:
     """How to measure: tolerances per dtype, the numerics, the sandbox, the extra trials. What rejects is the
