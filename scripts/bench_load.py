@@ -101,8 +101,9 @@ class HostLoad:
         self.stop.set()
         for p in self.procs:
             p.join(timeout=10)
-            if p.is_alive():
+            if p.is_alive():  # (still starting up on a loaded host: a spawned child imports before it looks)
                 p.kill()
+                p.join()  # reaped before the block ends: a killed process reads alive until its parent waits
 
 
 def evaluate_picks(device: str, profile: str, picks: list[tuple[int, int]]) -> list[dict]:
