@@ -48,7 +48,12 @@ def test_gpu_clock_no_class_gains_over_its_honest_twin(profile, tmp_path, capsys
         honest = by_case[(size, "honest_chain.py")]
         clock = gpu_clock(honest)
         assert clock["nulls"] >= 8 and clock["cand_nulls"] >= 8 and clock["c_us"] > 0, clock
-        assert 0.9 < honest["speedup"] < 1.1, honest["speedup"]
+        # The twin's interval must hold its true 1.0 (the runner pair's null widens it: at 10 us calls
+        # evaluations of one twin were 0.87-1.11x apart); its point within 10 % from 1 ms, 20 % at 10 us.
+        lo, hi = honest["timing"]["speedup_ci"]
+        assert lo <= 1.0 <= hi, (honest["speedup"], honest["timing"]["speedup_ci"])
+        near = 0.1 if size == "1ms" else 0.2
+        assert 1 - near < honest["speedup"] < 1 + near, honest["speedup"]
         for name in attacks:
             assert_bounded(by_case[(size, name)], honest, MARGIN)
         slowed = by_case[(size, "slow_own_nulls.py")]
