@@ -476,14 +476,6 @@ def widened_by(speedup: float, within: tuple[float, float], spread: float) -> tu
     return speedup * math.exp(-math.hypot(lo, spread)), speedup * math.exp(math.hypot(hi, spread))
 
 
-def median_se(values: list[float]) -> float:
-    """The standard error of a sample's median, from its interquartile range (normal scatter assumed)."""
-    if len(values) < 2:
-        return 0.0
-    sigma = (quantile(values, 0.75) - quantile(values, 0.25)) / 1.349
-    return 1.2533 * sigma / math.sqrt(len(values))
-
-
 def gpu_widened(speedup: float, within: tuple[float, float], ref_ms: float, cand_ms: float,
                 nulls: list[float], cand_nulls: list[float],
                 twin_null: tuple[float, tuple[float, float]] | None = None) -> tuple[float, float]:
@@ -494,8 +486,9 @@ def gpu_widened(speedup: float, within: tuple[float, float], ref_ms: float, cand
     For a call of 10 us a microsecond is 10 %; from 0.1 ms up it is under 1 %."""
     spread = null_spread(*twin_null) if twin_null is not None else 0.0
     if cand_nulls and nulls and cand_ms > 0 and ref_ms > 0:
-        gap = abs(statistics.median(nulls) - statistics.median(cand_nulls)) + median_se(nulls) + median_se(cand_nulls)
-        spread = math.hypot(spread, math.log1p(gap / cand_ms) + math.log1p(median_se(nulls) / ref_ms))
+        ref_se, cand_se = quantile_se(nulls, 0.5), quantile_se(cand_nulls, 0.5)  # the medians' errors
+        gap = abs(statistics.median(nulls) - statistics.median(cand_nulls)) + ref_se + cand_se
+        spread = math.hypot(spread, math.log1p(gap / cand_ms) + math.log1p(ref_se / ref_ms))
     return widened_by(speedup, within, spread) if spread > 0 else within
 
 
