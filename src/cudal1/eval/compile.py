@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.core.errors import ConfigError
+from cudal1.core.files import write_atomically
 from cudal1.core.syntax import parse as parse_python
 from cudal1.eval.inside.build_hooks import LEVERS_ENV, RESOURCE_FAILURE, BuildLevers
 from cudal1.eval.isolated import Limits, run_isolated
@@ -260,11 +261,7 @@ def read_marker(key: str, cache_dir: str | os.PathLike | None = None) -> dict[st
 
 def write_marker(key: str, info: dict[str, Any], cache_dir: str | os.PathLike | None = None) -> None:
     """Atomically mark `key` as built (write to a temporary name, then rename)."""
-    path = marker_path(key, cache_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{MARKER_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(info, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomically(marker_path(key, cache_dir), json.dumps(info, sort_keys=True))
 
 
 # --------------------------------------------------------------------------- the service

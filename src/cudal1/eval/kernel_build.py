@@ -31,15 +31,14 @@ import ast
 import functools
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cudal1.core import flags as F
+from cudal1.core.files import write_atomically
 from cudal1.core.forms import KERNEL
 from cudal1.core.types import EvalResult, Flag, KernelClass, Status
 from cudal1.eval.config import EvalConfig
@@ -122,10 +121,7 @@ def _cache_reply(path: Path | None, value: dict[str, Any]) -> None:
     if path is None or not value.get("ok"):
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
-            json.dump(value, out)
-        os.replace(out.name, path)  # atomic: concurrent evaluations share the folder
+        write_atomically(path, json.dumps(value))  # concurrent evaluations share the folder
     except OSError as exc:
         logger.debug("kernel_form: build cache not written (%s)", exc)
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cudal1.core.errors import ConfigError, MissingDependencyError
+from cudal1.core.files import write_atomically
 from cudal1.raw_cuda.errors import RawCudaCompileError, trim_compile_log
 from cudal1.raw_cuda.shims import NVRTC_PRELUDE, NVRTC_SHIM_HEADERS
 
@@ -299,11 +300,7 @@ def _memory_put(key: str, cubin: bytes) -> None:
 
 def _disk_put(key: str, cubin: bytes, disk_dir: Path) -> None:
     try:
-        disk_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=disk_dir)
-        with os.fdopen(fd, "wb") as f:
-            f.write(cubin)
-        os.replace(tmp, disk_dir / f"{key}.cubin")
+        write_atomically(disk_dir / f"{key}.cubin", cubin)
     except OSError as exc:  # a read-only or full cache folder must not fail the build
         logger.warning("raw_cuda: could not write the CUBIN cache in %s: %s", disk_dir, exc)
 
