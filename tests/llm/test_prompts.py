@@ -209,3 +209,12 @@ def test_a_kernel_form_exemplar_trimmed_to_fit_the_budget_stays_a_valid_spec():
     assert "lines omitted to fit the prompt] ..." in trimmed["source"] and "// ..." in trimmed["source"]
     assert "// a long helper" not in trimmed["source"] and "# ..." not in trimmed["source"]
     assert trimmed["source"].startswith(RELU_SPEC["source"].strip().splitlines()[0])
+
+
+def test_a_spec_nested_past_the_json_parser_is_shown_as_text_not_a_crash():
+    """An exemplar that opens like a spec but nests deeper than the JSON parser goes (a policy can write one):
+    taken for a malformed spec, fenced as it is, trimmed like code; the prompt is built."""
+    deep = '{"format": 1, "steps": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    shown = [ScoredCode(code=deep, score=1.2, meta={})]
+    assert deep in user_text(build_contrastive_prompt(REFERENCE, shown, token_budget=None))
+    assert build_contrastive_prompt(REFERENCE, shown, token_budget=2_000)  # trimmed by lines, not parsed

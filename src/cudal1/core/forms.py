@@ -21,19 +21,37 @@ SPEC_FIELDS = ("format", "source", "buffers", "steps", "options", "workspaces")
 _SPEC_KEY = re.compile(r'"(?:format|steps)"\s*:')
 
 
+def _parsed(text: str) -> tuple[str, dict | None] | None:
+    """(the text past whitespace and a byte-order mark, its JSON object or None where it is not valid JSON), or
+    None for a text that does not open with "{" (a Python module never does)."""
+    body = text.lstrip("\ufeff \t\r\n")
+    if not body.startswith("{"):
+        return None
+    try:
+        return body, json.loads(body)  # (a JSON text that opens with "{" is an object)
+    except (json.JSONDecodeError, RecursionError):
+        return body, None
+
+
 def is_kernel_form(text: str) -> bool:
     """Whether a candidate's text is a kernel-form spec rather than a Python module: a JSON object (after
     whitespace and a byte-order mark) with one of the spec's fields (`SPEC_FIELDS`), or a text that opens with "{"
     and holds a `"format":` or `"steps":` member but is not valid JSON (its JSON error is then the verdict). A
     Python module never starts with "{"; a JSON object without any spec field (`{"a": 1}`) is not taken for one."""
-    body = text.lstrip("\ufeff \t\r\n")
-    if not body.startswith("{"):
+    parsed = _parsed(text)
+    if parsed is None:
         return False
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, RecursionError):
+    body, data = parsed
+    if data is None:
         return _SPEC_KEY.search(body) is not None
-    return isinstance(data, dict) and any(key in data for key in SPEC_FIELDS)
+    return any(key in data for key in SPEC_FIELDS)
+
+
+def kernel_spec_data(text: str) -> dict | None:
+    """A kernel-form text's spec as a JSON object, else None (a module, or a spec that is not valid JSON)."""
+    parsed = _parsed(text)
+    data = parsed[1] if parsed is not None else None
+    return data if data is not None and any(key in data for key in SPEC_FIELDS) else None
 
 
 def _names_load_inline(text: str) -> bool:
@@ -67,4 +85,4 @@ def candidate_form(text: str) -> str:
 
 
 __all__ = ["KERNEL", "LOAD_INLINE", "RAW_CUDA", "SPEC_FIELDS", "TORCH", "candidate_form", "is_kernel_form",
-           "launches_raw_cuda", "uses_load_inline"]
+           "kernel_spec_data", "launches_raw_cuda", "uses_load_inline"]

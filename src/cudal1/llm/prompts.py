@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cudal1.core.forms import is_kernel_form
+from cudal1.core.forms import is_kernel_form, kernel_spec_data
 from cudal1.exemplars.db import ScoredCode, comment_columns
 from cudal1.kernel_form.examples import RELU_SPEC
 
@@ -231,7 +231,7 @@ def _feedback_text(feedback: str | None) -> str:
 def _fence(code: str) -> str:
     """A fenced block tagged by the code's form: python, or json for a kernel-form spec (pretty-printed)."""
     if is_kernel_form(code):
-        data = _spec_of(code)
+        data = kernel_spec_data(code)
         shown = spec_text(data) if data is not None else code.rstrip()
         return f"```json\n{shown}\n```"
     return f"```python\n{code.rstrip()}\n```"
@@ -328,20 +328,9 @@ def _truncate_to_budget(exemplars: list[ScoredCode], size: Callable[[Sequence[Sc
         current[longest] = ScoredCode(code, current[longest].score, current[longest].meta)
 
 
-def _spec_of(code: str) -> dict[str, Any] | None:
-    """A kernel-form text's spec as a dict, else None (a module, or a spec that is not valid JSON)."""
-    if not is_kernel_form(code):
-        return None
-    try:
-        data = json.loads(code)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _trimmable_spec(code: str) -> dict[str, Any] | None:
     """A kernel-form exemplar's spec whose CUDA source (a string) can be trimmed, else None."""
-    spec = _spec_of(code)
+    spec = kernel_spec_data(code)
     return spec if spec is not None and isinstance(spec.get("source"), str) else None
 
 
