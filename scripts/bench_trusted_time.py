@@ -48,6 +48,7 @@ def row(result, honest_counted: float | None) -> dict:
     counted = clock.get("counted_ms")
     hidden = (honest_counted - counted) * 1e3 if (honest_counted is not None and counted is not None) else None
     return {"status": result.status.value, "speedup": result.speedup, "message": result.message[:200],
+            "speedup_ci": result.timing.speedup_ci if result.timing is not None else None,
             "counted_ms": counted, "reported_ms": clock.get("reported_ms"), "bound_ms": clock.get("bound_ms"),
             "slack_ms": clock.get("slack_ms"), "hidden_us": hidden, "clock": clock,
             "calibration": result.protocol.get("calibration"), "samples": result.protocol.get("samples"),
