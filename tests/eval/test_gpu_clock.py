@@ -132,6 +132,76 @@ def test_the_gpu_clock_keys_its_results_apart_from_the_host_clocks():
     assert "gpu_clock" not in EvalConfig(device="cpu", gpu_clock=True).protocol()  # a CPU has one clock
 
 
+def test_a_helper_failing_after_the_candidates_call_failed_does_not_take_the_candidates_verdict():
+    """A call that hangs the device may leave the helper's end wait to time out after the candidate's runner
+    has failed: the candidate's verdict stands (its failure is not made an infrastructure failure, which would
+    be retried and never stored), and the helper is marked to be replaced."""
+    from cudal1.eval import EvalConfig
+    from cudal1.eval.outcomes import InfraFailure, Verdict
+    from cudal1.eval.runner_process import RunnerFailed
+    from cudal1.eval.session import Session
+    from cudal1.eval.shared.doorbell import Doorbell
+    from cudal1.tasks.sources import load_file
+
+    class Runner:
+        def thaw(self):
+            pass
+
+        freeze = thaw
+
+        def cpu_ns(self):
+            return 0
+
+        def send(self, request):
+            raise RunnerFailed("exited with code 1", exit_code=1)
+
+    class Plane:
+        layouts = {"ref": type("L", (), {"slots": 1})(), "cand": type("L", (), {"slots": 1})()}
+        doorbells = {"ref": Doorbell.create(), "cand": Doorbell.create()}
+
+        def place(self, who, tree, slot):
+            return {}
+
+        def open_bracket(self, *args, **kwargs):
+            pass
+
+        def close_bracket(self, timeout_s):
+            raise InfraFailure("the device helper did not answer within the bracket")
+
+    task = load_file(Path(__file__).resolve().parents[1] / "fixtures" / "timing" / "chain_20us.py")
+    session = Session(task, "", EvalConfig(device="cpu", timeout_s=30.0), ref=Runner(), cand=Runner())
+    session.plane, session.candidate_imported = Plane(), True
+    with pytest.raises(Verdict, match="exited with code 1"):
+        session.call("cand", {}, flush=False, what="a timed call")
+    assert session.helper_failed
+    with pytest.raises(Verdict, match="the reference's failure"):  # the reference's own failure, as before
+        session.call("ref", {}, flush=False, what="a timed call")
+
+
+def test_a_result_the_host_clock_paid_in_place_of_the_gpu_clock_is_keyed_and_recorded_as_the_host_clocks(tmp_path):
+    """With host arenas (or no stream memory operations) the GPU clock cannot run and the host clock times
+    the calls: such a result must never be stored under, nor answer, the GPU clock's key."""
+    from cudal1.core.types import EvalResult, Status
+    from cudal1.eval import EvalConfig
+    from cudal1.eval.pipeline import keyed_by_the_clock_that_paid
+    from cudal1.store import ResultsStore
+
+    gpu = EvalConfig(device="cuda", gpu_clock=True)
+    fell_back = EvalResult(status=Status.CORRECT, speedup=1.5,
+                           protocol={**gpu.protocol(), "sandbox_level": "full", "clock": {"clock": "host"}})
+    paid, result = keyed_by_the_clock_that_paid(gpu, fell_back)
+    assert not paid.gpu_clock and result.protocol.get("gpu_clock") is not True
+    assert "gpu_clock_max_iters" not in result.protocol and result.protocol["clock"] == {"clock": "host"}
+    store = ResultsStore(tmp_path / "s.sqlite")
+    env = {"gpu_name": "H100"}
+    assert store.lookup("t", "c", paid.protocol(), env)[0] != store.lookup("t", "c", gpu.protocol(), env)[0]
+    # Gated results, and CPU ones, are keyed as asked.
+    gated = fell_back.replace(protocol={**fell_back.protocol, "clock": {"clock": "gpu"}})
+    assert keyed_by_the_clock_that_paid(gpu, gated) == (gpu, gated)
+    cpu = EvalConfig(device="cpu", gpu_clock=True)
+    assert keyed_by_the_clock_that_paid(cpu, fell_back)[0] is cpu
+
+
 def test_a_gated_call_that_does_not_arm_in_time_goes_on_without_killing_its_runner():
     """The arm wait of a gated call (`Session._wait_runner` with `arm_s`): a runner whose forward waits for
     the device never arms; the parent stops waiting after `arm_s` (None), leaves the runner alone, and the
@@ -175,6 +245,16 @@ def test_a_gated_call_that_does_not_arm_in_time_goes_on_without_killing_its_runn
     assert session._arm_wait_s("cand") == pytest.approx(0.032)
     session.arm_times["cand"] += [3.0] * 4  # slowed on purpose: never beyond the first wait
     assert session._arm_wait_s("cand") == 0.5
+    # What the twin did in the candidate's runner before the import is not the candidate's: neither its
+    # unarmed calls (the record's `unarmed_calls`) nor its arm times (the candidate's arm wait).
+    from cudal1.eval.outcomes import Verdict
+    from cudal1.eval.shared.protocol import ErrorReply
+
+    session.ask_candidate = lambda *a, **k: ErrorReply(kind="import", message="stand-in")
+    session.ref_times["setup"] = 1.0
+    with pytest.raises(Verdict):
+        session.import_candidate()
+    assert session.unarmed["cand"] == 0 and session.arm_times["cand"] == [] and session._arm_wait_s("cand") == 0.5
 
 
 @needs_sandbox

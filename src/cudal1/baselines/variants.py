@@ -18,10 +18,11 @@ Built-in kinds, in report order (`tf32` is an extra the reports leave out):
 - `torch_compile_reduce_overhead`: `torch.compile(model, mode="reduce-overhead")` (inductor + CUDA graph
   trees); each call marks a new step and returns clones of the outputs;
 - `cuda_graph`: the reference captured once per input signature with `torch.cuda.graph` after a warm-up on
-  a side stream (PyTorch's recipe). One-off inputs are copied into that graph's static buffers before a
-  replay; input buffers that the caller passes again (the evaluator's timing input sets, refilled in place)
-  get a graph bound to them (at most `MAX_BOUND_GRAPHS`), so timed replays copy nothing, as a hand-written
-  graph deployment would. With `clone_outputs` (the default) each call returns clones of the static outputs
+  a side stream (PyTorch's recipe). Inputs are copied into that graph's static buffers before a replay;
+  tensors that a caller passes again, the same objects, get a graph bound to their buffers (at most
+  `MAX_BOUND_GRAPHS`), whose replays copy nothing. The evaluator passes new tensors in every call (views of
+  a freshly staged slot), so what it measures is the copying graph: each timed call copies its inputs, as a
+  deployment that feeds a graph fresh inputs does. With `clone_outputs` (the default) each call returns clones of the static outputs
   so callers never alias graph memory; the baseline runner turns it off (CUDA-L1's convention), because the
   evaluator consumes every output before the next call. Capture errors raise
   `CudaGraphCaptureError` naming the reason (CPU sync such as `.item()`, data-dependent shapes, CPU tensors);

@@ -329,6 +329,8 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
         session.phase_s["session"] = time.perf_counter() - t0
         _unpin_evaluating_thread(pinned)
         session.close()
+        if session.helper_failed:  # (after a failed call; the next evaluation starts a fresh one)
+            discard_helper(cfg.device)
         for runner in (ref, cand):
             runner.close()
     rejecting = decide(session.flags, policy).rejected

@@ -14,6 +14,7 @@ both go through the same session.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import logging
 import re
 import time
@@ -128,11 +129,26 @@ def evaluate_candidate(task: Task, source: str, config: EvalConfig | None = None
     result = result.replace(protocol={**protocol, **cfg.limits(), **result.protocol},
                             environment={**env, **result.environment},
                             duration_s=time.monotonic() - started, task_id=task.id, candidate_hash=cand_hash)
+    paid_cfg, result = keyed_by_the_clock_that_paid(cfg, result)
+    if store is not None and paid_cfg is not cfg:
+        key, _ = store.lookup(task.hash, cand_hash, paid_cfg.protocol(), env, force=True)
     log_phases(result)
     if store is not None and result.status.is_verdict:
         # The verdict only: baselines are attached where rows are read, hack cases taken by the judge.
         store.record_evaluation(task, source, result, key=key, label=label, run_id=run_id)
     return result
+
+
+def keyed_by_the_clock_that_paid(cfg: EvalConfig, result: EvalResult) -> tuple[EvalConfig, EvalResult]:
+    """The config and result as the clock that paid them: where the GPU clock was asked for but could not run
+    (host arenas, no stream memory operations) the host clock timed the calls, and the result is recorded and
+    keyed as the host clock's, so that it never answers a later lookup for the GPU clock's."""
+    clock = (result.protocol.get("clock") or {}).get("clock")
+    if not (cfg.gpu_clock and cfg.device.startswith("cuda") and clock == "host"):
+        return cfg, result
+    paid = dataclasses.replace(cfg, gpu_clock=False)
+    kept = {k: v for k, v in result.protocol.items() if k not in ("gpu_clock", "gpu_clock_max_iters")}
+    return paid, result.replace(protocol={**kept, **paid.protocol()})
 
 
 def sizes_applied(task: Task, sizes: str) -> str:

@@ -235,6 +235,7 @@ class Session:
         self.gated = False
         self.unarmed = {Side.REF: 0, Side.CAND: 0}
         self.arm_times: dict[str, list[float]] = {Side.REF: [], Side.CAND: []}  # seconds, of the armed calls
+        self.helper_failed = False  # the device helper failed after a call that had failed (`call`)
 
     # ------------------------------------------------------------------ requests
 
@@ -349,6 +350,8 @@ class Session:
         """The candidate's code in its runner (the twin dropped); its set-up failures are its verdicts."""
         t0 = time.perf_counter()
         self.candidate_imported = True  # from here on, what its runner does is the candidate's
+        # How the twin armed in this runner is not the candidate's: its arm wait and record start afresh.
+        self.unarmed[Side.CAND], self.arm_times[Side.CAND] = 0, []
         reply = self.ask_candidate(ImportCandidate(cand_source=self.source, seed=self.cfg.seed),
                                    "importing and constructing the candidate", self.ref_times["setup"], builds=True)
         if isinstance(reply, ErrorReply):
@@ -413,7 +416,7 @@ class Session:
         request = Call(seq=seq, slot=slot, inputs=slot_tree, gate=gate, null=null)
         plane.open_bracket(who, slot, stage_tree, flush, timeout, gate=gate)
         armed = True
-        bracket_done = False
+        bracket_done = answered = False
         builds = builds and who == Side.CAND and self.build_call is None
         started = time.monotonic()
         self.call_deadline = started + timeout
@@ -425,7 +428,7 @@ class Session:
             runner.send(request)
             armed = self._wait_runner(who, runner, bell, ARMED, seq, request, what, builds,
                                       arm_s=self._arm_wait_s(who) if gate else None) is not None
-            if gate and armed:
+            if gate and armed and not null:  # (a null's arming says nothing of the model's enqueue)
                 self.arm_times[who].append(time.perf_counter() - sent)
             t0 = time.perf_counter()
             plane.stage(who, slot, stage_tree, timeout)  # gated: staged, and the gate opened on the device
@@ -439,6 +442,7 @@ class Session:
             while (reply := runner.receive(request, self._wait_limit(), notes=builds,
                                            max_bytes=self._call_reply_limit(who))) is None:
                 self._note_build(seq)  # a note read after the done word: the build ended
+            answered = True
         except RunnerFailed as failure:
             if who == Side.REF:
                 raise self._reference_failed(failure, what) from None
@@ -448,7 +452,16 @@ class Session:
                 self.deadlines.exclude_build(time.monotonic() - self.build_started)
             cpu1 = runner.cpu_ns()
             runner.freeze()
-            helper_figures = plane.close_bracket(timeout)
+            try:
+                helper_figures = plane.close_bracket(timeout)
+            except InfraFailure:
+                if answered:
+                    raise
+                # The call had already failed, and that failure (the candidate's verdict, most often) is the
+                # one on its way: a helper failing after it (a device left hung by the call) does not replace
+                # it; the helper is replaced after this evaluation (`helper_failed`).
+                logger.warning("the device helper failed after a failed call (%s)", what, exc_info=True)
+                self.helper_failed, helper_figures = True, None
             if not bracket_done:
                 self.last = ""
         if isinstance(reply, ErrorReply):
