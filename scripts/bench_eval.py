@@ -267,7 +267,8 @@ def main() -> None:
     ap.add_argument("--time-budget-s", type=float, default=500.0)
     ap.add_argument("--throughput-share", type=float, default=0.6)
     ap.add_argument("--profile", default="strict", help="Evaluator profile (strict, cuda-l1, kernelbench-v0).")
-    ap.add_argument("--gpu-clock", action="store_true", help="Time the calls on the GPU's timeline (EvalConfig.gpu_clock).")
+    ap.add_argument("--clock", choices=("gpu", "host"), default="gpu",
+                    help="On a GPU, the GPU's own timeline (the default) or the parent's host clock (EvalConfig.gpu_clock).")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="Any other evaluation setting (repeatable), as `cudal1 eval --set`.")
     ap.add_argument("--store", type=Path, default=None, help="Also store the throughput sample's results here.")
@@ -288,7 +289,7 @@ def main() -> None:
     logging.getLogger("cudal1.eval.compile").setLevel(logging.INFO)
     try:
         cfg = EvalConfig(device="cuda", profile=args.profile, record_samples=args.record_samples,
-                         gpu_clock=args.gpu_clock, **parse_sets(EvalConfig, args.sets))
+                         gpu_clock=args.clock == "gpu", **parse_sets(EvalConfig, args.sets))
     except ConfigError as exc:
         raise SystemExit(str(exc)) from None
     out: dict = {"config": cfg.to_dict()}

@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of " + ", ".join(SIZES))
     ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
                     help="hidden shares of the forgeries, comma-separated")
-    ap.add_argument("--clock", default="host",
+    ap.add_argument("--clock", default="gpu",
                     help="comma-separated clocks (host, gpu: EvalConfig.gpu_clock), one batch each per "
                          "--bracket-work-ms value")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
-"""The GPU clock (`EvalConfig.clock = "gpu"`): calls enqueued behind a gate and timed by the trusted helper's
-events on the GPU's timeline, through the real CLI, against the same red team as the host clock
-(tests/eval/test_trusted_time.py): forgers, work where no clock looks, work left running, reading ahead. What
-a forger rewrites is never read here, so each must land at its honest twin's speedup. On a GPU only."""
+"""The GPU clock (`EvalConfig.gpu_clock`, the default on a GPU): calls enqueued behind a gate and timed by the
+trusted helper's events on the GPU's timeline, through the real CLI, against the same red team as the host
+clock (tests/eval/test_trusted_time.py): forgers, work where no clock looks, work left running, reading ahead.
+What a forger rewrites is never read here, so each must land at its honest twin's speedup. On a GPU only."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.eval.test_trusted_time import (
     needs_sandbox,
 )
 
-GATED = [*GPU, "--set", "gpu_clock=true"]
+GATED = [*GPU, "--set", "gpu_clock=true"]  # (GPU pins the host clock for its own red team)
 #: The goal: no exploit `correct` above its twin's speedup times this.
 MARGIN = 1.05
 
@@ -118,18 +118,20 @@ def test_the_candidates_calls_pay_its_own_runners_constant_only_where_it_is_smal
     assert summary["cand_c_us"] == pytest.approx(68.0) and summary["cand_c_paid_us"] == pytest.approx(60.0)
     assert summary["cand_nulls"] == 8
 
-def test_the_gpu_clock_keys_its_results_apart_from_the_host_clocks():
+def test_the_gpu_clock_is_the_default_on_a_gpu_and_keys_its_results_apart_from_the_host_clocks():
     from cudal1.eval import EvalConfig
 
-    assert "gpu_clock" not in EvalConfig(device="cuda").protocol()
-    assert EvalConfig(device="cuda", gpu_clock=True).protocol()["gpu_clock"] is True
+    assert EvalConfig(device="cuda").protocol()["gpu_clock"] is True  # the default since protocol 19
+    assert EvalConfig(device="cuda", gpu_clock=False).protocol()["gpu_clock"] is False
     # Its schedule is its own (fewer calls per bucket): part of the key only when it is used.
-    assert EvalConfig(device="cuda", gpu_clock=True, gpu_clock_max_iters=30).protocol()["gpu_clock_max_iters"] == 30
-    assert "gpu_clock_max_iters" not in EvalConfig(device="cuda", gpu_clock_max_iters=30).protocol()
-    assert EvalConfig(device="cuda", min_iters_per_bucket=30).min_iters_per_bucket == 30  # (the host clock's)
+    assert EvalConfig(device="cuda", gpu_clock_max_iters=30).protocol()["gpu_clock_max_iters"] == 30
+    assert "gpu_clock_max_iters" not in EvalConfig(device="cuda", gpu_clock=False, gpu_clock_max_iters=30).protocol()
+    assert EvalConfig(device="cuda", gpu_clock=False, min_iters_per_bucket=30).min_iters_per_bucket == 30
     with pytest.raises(ValueError, match="gpu_clock_max_iters"):
-        EvalConfig(device="cuda", gpu_clock=True, min_iters_per_bucket=30)
-    assert "gpu_clock" not in EvalConfig(device="cpu", gpu_clock=True).protocol()  # a CPU has one clock
+        EvalConfig(device="cuda", min_iters_per_bucket=30)
+    # A CPU has one clock: neither the setting nor its schedule is in its key or checked.
+    assert "gpu_clock" not in EvalConfig(device="cpu").protocol()
+    assert EvalConfig(device="cpu", min_iters_per_bucket=30).min_iters_per_bucket == 30
 
 
 def test_a_helper_failing_after_the_candidates_call_failed_does_not_take_the_candidates_verdict():
