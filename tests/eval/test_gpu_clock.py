@@ -260,15 +260,19 @@ def test_a_gated_call_that_does_not_arm_in_time_goes_on_without_killing_its_runn
 
 
 @needs_sandbox
-def test_a_cpu_evaluation_says_the_host_clock_paid_even_when_the_gpu_clock_is_asked_for():
+def test_a_cpu_evaluation_says_the_host_clock_paid_even_when_the_gpu_clock_is_asked_for(caplog):
     from cudal1.eval import EvalConfig, evaluate_candidate
     from cudal1.tasks.sources import load_file
 
     timing_dir = Path(__file__).resolve().parents[1] / "fixtures" / "timing"
-    result = evaluate_candidate(load_file(timing_dir / "chain_20us.py"), (timing_dir / "honest_chain.py").read_text(),
-                                EvalConfig(device="cpu", gpu_clock=True, correctness_trials=1, buckets=2,
-                                           warm_buckets=0, skip_static=True))
+    with caplog.at_level("WARNING", logger="cudal1"):
+        result = evaluate_candidate(load_file(timing_dir / "chain_20us.py"),
+                                    (timing_dir / "honest_chain.py").read_text(),
+                                    EvalConfig(device="cpu", gpu_clock=True, correctness_trials=1, buckets=2,
+                                               warm_buckets=0, skip_static=True))
     assert result.status.value == "correct", result.message
+    # The GPU clock is the default: on a CPU, which has the host clock only, that is no cause for a warning.
+    assert not [r for r in caplog.records if "GPU clock" in r.getMessage()], caplog.text
     assert result.protocol["clock"]["clock"] == "host" and result.timing.method == "host_timer"
     # What a bracket cost the parent, for the throughput benchmark: every pair's two brackets in the calls step.
     spent_ms = 1e3 * result.protocol["timing_spent_s"]["calls"]
