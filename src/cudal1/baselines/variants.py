@@ -22,10 +22,11 @@ Built-in kinds, in report order (`tf32` is an extra the reports leave out):
   tensors that a caller passes again, the same objects, get a graph bound to their buffers (at most
   `MAX_BOUND_GRAPHS`), whose replays copy nothing. The evaluator passes new tensors in every call (views of
   a freshly staged slot), so what it measures is the copying graph: each timed call copies its inputs, as a
-  deployment that feeds a graph fresh inputs does. With `clone_outputs` (the default) each call returns clones of the static outputs
-  so callers never alias graph memory; the baseline runner turns it off (CUDA-L1's convention), because the
-  evaluator consumes every output before the next call. Capture errors raise
-  `CudaGraphCaptureError` naming the reason (CPU sync such as `.item()`, data-dependent shapes, CPU tensors);
+  deployment that feeds a graph fresh inputs does. With `clone_outputs` (the default) each call returns
+  clones of the static outputs so callers never alias graph memory; the baseline runner turns it off
+  (CUDA-L1's convention), because the evaluator consumes every output before the next call. Capture errors
+  raise `CudaGraphCaptureError` naming the reason (CPU sync such as `.item()`, data-dependent shapes, CPU
+  tensors);
 - `cudnn`: CUDA-L1's cuDNN variant: the call runs under `torch.backends.cudnn.flags(enabled=True,
   benchmark=True, deterministic=False)`; cuDNN's TF32 stays as the evaluator set it (off under profiles
   with `exact_fp32`, such as strict; PyTorch's default, on, otherwise);
