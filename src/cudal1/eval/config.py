@@ -261,7 +261,7 @@ class EvalConfig:
             raise ConfigError(f"estimator must be one of {', '.join(ESTIMATORS)}, not {self.estimator!r}")
         if self.warm_buckets < 0:
             raise ConfigError("warm_buckets must be >= 0")
-        if self.gpu_clock and self.device.startswith("cuda") and self.gpu_clock_max_iters < self.min_iters_per_bucket:
+        if self.uses_gpu_clock and self.gpu_clock_max_iters < self.min_iters_per_bucket:
             raise ConfigError("gpu_clock_max_iters must be >= min_iters_per_bucket")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ConfigError("memory_bytes must be > 0 (or None: derived)")
@@ -297,6 +297,11 @@ class EvalConfig:
         return self.profile_obj.extra_trials if self.extra_trials is None else self.extra_trials
 
     @property
+    def uses_gpu_clock(self) -> bool:
+        """Whether the GPU clock is asked for where it can be: on, and on a GPU (a CPU has the host clock only)."""
+        return self.gpu_clock and self.device.startswith("cuda")
+
+    @property
     def uses_exact_fp32(self) -> bool:
         """Whether both models run in true fp32 (this config's choice, else its profile's)."""
         return self.profile_obj.exact_fp32 if self.exact_fp32 is None else self.exact_fp32
@@ -319,7 +324,7 @@ class EvalConfig:
         out["version"] = PROTOCOL_VERSION
         if self.device.startswith("cuda"):  # another clock, another measurement
             out["gpu_clock"] = self.gpu_clock
-            if self.gpu_clock:
+            if self.uses_gpu_clock:
                 out["gpu_clock_max_iters"] = self.gpu_clock_max_iters
         else:
             out["cpu_clock"] = CPU_CLOCK_REVISION

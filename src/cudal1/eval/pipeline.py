@@ -144,7 +144,7 @@ def keyed_by_the_clock_that_paid(cfg: EvalConfig, result: EvalResult) -> tuple[E
     (host arenas, no stream memory operations) the host clock timed the calls, and the result is recorded and
     keyed as the host clock's, so that it never answers a later lookup for the GPU clock's."""
     clock = (result.protocol.get("clock") or {}).get("clock")
-    if not (cfg.gpu_clock and cfg.device.startswith("cuda") and clock == "host"):
+    if not (cfg.uses_gpu_clock and clock == "host"):
         return cfg, result
     paid = dataclasses.replace(cfg, gpu_clock=False)
     kept = {k: v for k, v in result.protocol.items() if k not in ("gpu_clock", "gpu_clock_max_iters")}

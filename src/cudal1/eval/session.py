@@ -328,7 +328,7 @@ class Session:
         self.plane = make_plane(self.runners, self.helper, self.cfg.profile_obj.tolerances)
         self.plane.give_arenas(in_bytes, out_bytes, max_calls(in_bytes, out_bytes, self.cfg.max_calls_per_bracket))
         self.facts.tensors = self.plane.kind
-        if self.cfg.gpu_clock and self.device_type == "cuda":  # (a CPU has the host clock only)
+        if self.cfg.uses_gpu_clock:
             self.gated = self.plane.kind == "device" and all(self.plane.gates.get(who) for who in (Side.REF, Side.CAND))
             if not self.gated:
                 logger.warning("the GPU clock needs device arenas and stream memory operations in both runners "
