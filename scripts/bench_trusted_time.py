@@ -1,7 +1,7 @@
 """How much time a forgery keeps: the forging room of the trusted time, per call size, printed as a table.
 
     PYTHONPATH=src python scripts/bench_trusted_time.py OUT_DIR [--device cuda] [--profile strict] [--repeat 2]
-        [--bracket-work-ms 0.5,0] [--sizes 20us,100us,1ms] [--fractions 0.1,0.2,0.4,0.8] [--clock host,gpu]
+        [--bracket-work-ms 0.5,0] [--sizes 20us,100us,1ms,launch_bound] [--fractions 0.1,0.2,0.4,0.8] [--clock host,gpu]
 
 On one task family at three sizes (tests/fixtures/timing/chain_*.py: about 0.02, 0.1 and 1 ms per call on an
 H200), the honest twin (`honest_chain.py`) and a forging fixture (`forge_reply.py`) that reports only (1 - f)
@@ -34,6 +34,9 @@ from cudal1.tasks.sources import load_file  # noqa: E402
 
 TIMING = ROOT / "tests" / "fixtures" / "timing"
 SIZES = ("20us", "100us", "1ms")
+#: Also offered: `launch_bound` (chain_launch_bound.py, twelve small ops, ~0.05-0.09 ms a call of 36 kernels),
+#: whose twin is honest_launch_bound.py: where an offset per kernel between the runners would show.
+EXTRA_SIZES = ("launch_bound",)
 FRACTIONS = (0.1, 0.2, 0.4, 0.8)
 
 #: The forgery (the red team's reply forger): the replies that report calls are rewritten on their way out to
@@ -63,7 +66,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="honest twins per size (their spread is the noise)")
     ap.add_argument("--bracket-work-ms", default=str(EvalConfig.bracket_work_ms),
                     help="comma-separated values, one batch each (0: one call per bracket)")
-    ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of " + ", ".join(SIZES))
+    ap.add_argument("--sizes", default=",".join(SIZES),
+                    help="comma-separated, of " + ", ".join(SIZES + EXTRA_SIZES))
     ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
                     help="hidden shares of the forgeries, comma-separated")
     ap.add_argument("--clock", default="gpu",
@@ -82,11 +86,11 @@ def main() -> None:
 def batch(args: argparse.Namespace, work: float, clock: str = "host") -> dict:
     """One batch of the honest twins and the forgeries at every size, with `work` ms of calls per bracket,
     timed by `clock`."""
-    honest = (TIMING / "honest_chain.py").read_text()
     items, labels = [], []
     sizes = args.sizes.split(",")
     for size in sizes:
         task = load_file(TIMING / f"chain_{size}.py")
+        honest = (TIMING / ("honest_launch_bound.py" if size == "launch_bound" else "honest_chain.py")).read_text()
         for r in range(args.repeat):
             items.append((task, honest + f"\n# twin {r}\n"))
             labels.append((size, "honest", r))
@@ -101,7 +105,7 @@ def batch(args: argparse.Namespace, work: float, clock: str = "host") -> dict:
     wall = time.monotonic() - t0
     out: dict = {"clock": clock, "bracket_work_ms": work, "wall_s": round(wall, 1), "sizes": {}}
     print(f"clock {clock}, bracket_work_ms {work}: {wall:.1f} s ({len(items)} evaluations)")
-    print(f"{'size':6s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
+    print(f"{'size':12s} {'case':12s} {'status':14s} {'speedup':>8s} {'counted us':>11s} {'reported us':>12s} "
           f"{'hidden us':>10s} {'hidden %':>9s} {'slack us':>9s} {'paired':>7s} {'calls':>5s}")
     for size in sizes:
         mine = [(label, r) for label, r in zip(labels, results, strict=True) if label[0] == size and r is not None]
@@ -114,7 +118,7 @@ def batch(args: argparse.Namespace, work: float, clock: str = "host") -> dict:
             hidden = entry["hidden_us"]
             share = (100 * hidden / (honest_counted * 1e3)) if hidden is not None and honest_counted else None
             entry["hidden_share"] = share
-            print(f"{size:6s} {label[1]:12s} {entry['status']:14s} {entry['speedup'] or 0:8.3f} "
+            print(f"{size:12s} {label[1]:12s} {entry['status']:14s} {entry['speedup'] or 0:8.3f} "
                   f"{(entry['counted_ms'] or 0) * 1e3:11.1f} {(entry['reported_ms'] or 0) * 1e3:12.1f} "
                   f"{hidden if hidden is not None else float('nan'):10.1f} "
                   f"{share if share is not None else float('nan'):9.1f} "
@@ -122,8 +126,31 @@ def batch(args: argparse.Namespace, work: float, clock: str = "host") -> dict:
                   f"{(entry['clock'].get('slacks_ms', {}).get('paired wall') or float('nan')) * 1e3:7.1f} "
                   f"{entry['clock'].get('calls_per_bracket', 1):5d}")
         out["sizes"][size] = {"honest_counted_ms": honest_counted, "rows": rows}
+    print_twins(out)
     print_parts(out)
     return out
+
+
+def print_twins(batch_out: dict) -> None:
+    """Each honest twin's speedup beside its interval (does it hold the true 1.0?) and beside what the
+    evaluation knew before the candidate's import: the twin calibration's null ratio and interval (the
+    reference against its twin in the candidate's runner). A null that tracks the twin's speedup could
+    correct it; one that does not can only widen the interval."""
+    print("honest twins: speedup [interval] holds 1.0 | calibration null [interval] | ref us, cand us | "
+          "constants c, cand c us")
+    for size, entry in batch_out["sizes"].items():
+        for r in entry["rows"]:
+            if r["case"] != "honest" or r["speedup"] is None:
+                continue
+            ci = r.get("speedup_ci") or [float("nan")] * 2
+            cal = r.get("calibration") or {}
+            null_ci = cal.get("null_ci") or [float("nan")] * 2
+            clock = r["clock"]
+            ref_us = 1e3 * r["speedup"] * (r["counted_ms"] or 0)
+            print(f"{size:12s} {r['speedup']:6.3f} [{ci[0]:.3f}, {ci[1]:.3f}] {str(ci[0] <= 1.0 <= ci[1]):5s} | "
+                  f"{cal.get('null', float('nan')):6.3f} [{null_ci[0]:.3f}, {null_ci[1]:.3f}] | "
+                  f"{ref_us:8.1f}, {1e3 * (r['counted_ms'] or 0):8.1f} | "
+                  f"{clock.get('c_us', float('nan')):7.1f}, {clock.get('cand_c_us', float('nan')):7.1f}")
 
 
 def bracket_parts(samples: dict) -> dict:
@@ -152,7 +179,7 @@ def print_parts(batch_out: dict) -> None:
             for key, p in parts.items():
                 cells = " | ".join(f"{p[k]['median_us']:7.1f} ({p[k]['iqr_us']:5.1f})"
                                    for k in ("reported", "staging", "runner", "end"))
-                print(f"{size:6s} {r['case']:12s} {key:17s} {cells}")
+                print(f"{size:12s} {r['case']:12s} {key:17s} {cells}")
 
 
 if __name__ == "__main__":

@@ -29,3 +29,17 @@ def test_samples_recorded_before_the_staging_time_are_left_out():
     bench = load_script("bench_trusted_time")
     old = [[_row(0.04, 0.80, 0.39, None)]]
     assert bench.bracket_parts({"ref": old, "cand": old}) == {}
+
+
+def test_each_honest_twin_is_printed_beside_its_calibration_null_and_whether_its_interval_holds_one(capsys):
+    bench = load_script("bench_trusted_time")
+    twin = {"case": "honest", "speedup": 0.836, "speedup_ci": [0.788, 0.884], "counted_ms": 0.010944,
+            "calibration": {"clock": "gpu", "null": 0.97, "null_ci": [0.95, 0.99]},
+            "clock": {"c_us": 294.1, "cand_c_us": 294.4}}
+    forged = {"case": "forged 50 %", "speedup": 2.0}
+    bench.print_twins({"sizes": {"20us": {"rows": [twin, forged]}}})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "forged" not in lines[1]
+    cells = lines[1].split()
+    assert cells[:5] == ["20us", "0.836", "[0.788,", "0.884]", "False"], cells
+    assert "0.970" in lines[1] and "9.1," in lines[1] and "294.4" in lines[1]  # ref 0.836 x 10.944 us
