@@ -26,7 +26,7 @@ from cudal1.policy.presets import policy_choices
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = "19"  # what each version changed: docs/protocol.md
+PROTOCOL_VERSION = "20"  # what each version changed: docs/protocol.md
 #: Revisions of the host clock's CPU bound, part of a CPU result's key only (GPU results do not read it):
 #: 2: the call's CPU time read over the wall clock's own window (docs/protocol.md).
 CPU_CLOCK_REVISION = 2

@@ -190,3 +190,26 @@ def test_an_output_computed_into_the_out_region_is_committed_by_a_real_copy():
     private = torch.ones(512)
     a.pack(private, "out")  # an output of its own memory: no extra copy
     assert len(copies) == 2
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "queued"])
+def test_packing_keeps_no_tensor_alive_once_it_returns(sync):
+    # A runner packs each call's inputs and outputs: with the cycle collector between its runs (or off, as
+    # inside a bracket), any tensor a packing kept was a call's worth of memory lost. On an H100, 2 GiB
+    # tensors kept this way ran a reference's runner out of its 35.6 GiB.
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    shared = arena(slot=1 << 14, out=1 << 14, stage=1 << 14)
+    gc.disable()
+    try:
+        x, y = torch.randn(1000), torch.randn(10)
+        alive = [StorageWeakRef(t.untyped_storage()) for t in (x, y)]
+        shared.pack([[x, (y, 3)]], "stage", sync=sync)
+        shared.pack([x], "out", sync=sync)
+        del x, y
+        assert [ref.expired() for ref in alive] == [True, True]
+    finally:
+        gc.enable()
+        shared.close()
