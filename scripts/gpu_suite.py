@@ -32,15 +32,14 @@ INTERRUPT_GRACE_S = 30.0  # for pytest to report what ran when the budget ends i
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def run_tests(out: Path, budget_s: float, selection: str) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu and not slow", "-p", "no:cacheprovider", "-rA",
-           f"--junitxml={out / 'gpu_tests.xml'}", "-s", *selection.split()]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    t0 = time.monotonic()
-    with open(out / "gpu_tests.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+def run_logged(cmd: list[str], log_path: Path, budget_s: float) -> tuple[int | str, list[str]]:
+    """Run `cmd` from the checkout with its output in `log_path`, interrupted at `budget_s` ("timeout"): its
+    exit status and the lines it printed."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log,
+                                stderr=subprocess.STDOUT)
         try:
-            rc = proc.wait(timeout=budget_s)
+            rc: int | str = proc.wait(timeout=budget_s)
         except subprocess.TimeoutExpired:
             # Interrupt rather than kill: pytest then prints the failures so far and writes its XML report.
             proc.send_signal(signal.SIGINT)
@@ -50,7 +49,17 @@ def run_tests(out: Path, budget_s: float, selection: str) -> dict:
                 proc.kill()
                 proc.wait()
             rc = "timeout"
-    lines = (out / "gpu_tests.log").read_text().strip().splitlines()
+    return rc, log_path.read_text().strip().splitlines()
+
+
+def tests_command(out: Path, selection: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-m", "gpu and not slow", "-p", "no:cacheprovider", "-rA",
+            f"--junitxml={out / 'gpu_tests.xml'}", "-s", *selection.split()]
+
+
+def run_tests(out: Path, budget_s: float, selection: str) -> dict:
+    t0 = time.monotonic()
+    rc, lines = run_logged(tests_command(out, selection), out / "gpu_tests.log", budget_s)
     tail = lines[-1:]
     failed = [ln.split(" - ")[0] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
     return {"tests_rc": rc, "tests_s": round(time.monotonic() - t0, 1),
@@ -84,20 +93,7 @@ def run_part(part: str, out: Path, budget_s: float, release: Path) -> dict:
     """One benchmark part as a child process, interrupted at its budget; its exit and the last line it printed."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with open(out / "log.txt", "w") as log:
-        proc = subprocess.Popen(part_command(part, out, budget_s, release), cwd=ROOT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            rc: int | str = proc.wait(timeout=budget_s)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=INTERRUPT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            rc = "timeout"
-    lines = (out / "log.txt").read_text().strip().splitlines()
+    rc, lines = run_logged(part_command(part, out, budget_s, release), out / "log.txt", budget_s)
     return {f"{part}_rc": rc, f"{part}_s": round(time.monotonic() - t0, 1), f"{part}_last": lines[-1] if lines else ""}
 
 
@@ -127,8 +123,8 @@ def main() -> None:
         share = max(left * WEIGHTS[part] / sum(WEIGHTS[p] for p in parts[i:]), 30.0)
         if args.dry_run:
             planned += share
-            command = "pytest -m 'gpu and not slow' " + args.tests if part == "tests" else \
-                " ".join(part_command(part, args.out_dir / part, share, args.release))
+            command = " ".join(tests_command(args.out_dir, args.tests) if part == "tests" else
+                               part_command(part, args.out_dir / part, share, args.release))
             print(f"{part:7s} {share:6.0f} s  {command}")
         elif part == "tests":
             summary.update(run_tests(args.out_dir, share, args.tests))
