@@ -120,20 +120,30 @@ def _graph_module_on_cpu(monkeypatch, source: str, clone: bool = True) -> types.
 
 
 @pytest.mark.parametrize("clone", [True, False])
-def test_cuda_graph_binds_reused_buffers_and_copies_one_off_inputs(monkeypatch, clone):
+def test_cuda_graph_binds_reused_addresses_and_copies_one_off_inputs(monkeypatch, clone):
     # The bookkeeping of the CUDA-graph wrapper, on CPU: graph capture replaced by eager calls.
     module = _graph_module_on_cpu(monkeypatch, TINY, clone)
     model = module.ModelNew(8)
 
-    for _ in range(5):  # fresh tensors every call (the correctness trials): one copying graph, nothing bound
-        model(torch.randn(4, 8))
+    kept = [torch.randn(4, 8) for _ in range(5)]  # kept alive: five distinct addresses
+    for x in kept:  # inputs seen once where they lie: one copying graph, nothing bound
+        model(x)
     assert len(model._graphs) == 1 and not model._bound
 
+    # The evaluator's calls: new tensor objects each time, views of a few fixed input slots refilled in place.
+    # A slot's address is bound from its second call on, whatever object the call passes.
+    slots = torch.empty(2, 4, 8)
+    for i in (0, 1, 0, 1, 0):
+        slots[i].normal_()
+        model(slots[i].view(4, 8))
+    assert len(model._bound) == 2 and len(model._graphs) == 1
+    assert all(graph.replays == 2 - n for n, (graph, _) in enumerate(model._bound.values()))
+
     sets = [torch.randn(4, 8) for _ in range(6)]
-    for _ in range(3):  # buffers passed again (the timed input sets): bound from their second call on
+    for _ in range(3):  # more addresses that come back than bound graphs: the rest keep the copying graph
         outs = [model(x) for x in sets]
     assert len(model._bound) == module_max_bound() and len(model._graphs) == 1
-    graph, static_out = next(iter(model._bound.values()))
+    graph, static_out = next(v for k, v in model._bound.items() if k[1] == (sets[0].data_ptr(),))
     assert graph.replays >= 1
     # Without clones the bound path hands back the graph's own output buffer, as CUDA-L1's variants do.
     assert (outs[0] is static_out) is (not clone)
@@ -212,3 +222,10 @@ def test_every_template_placeholder_is_filled(clone):
         assert "$" not in source.replace(repr(TINY), "")
         assert ("_clone_outputs(" in source.split("def _require_cuda")[1]) is (
             clone and kind in ("torch_compile_reduce_overhead", "cuda_graph"))
+
+
+def test_a_cuda_graph_can_be_bound_to_every_input_slot_of_the_evaluator():
+    from cudal1.baselines.variants import MAX_BOUND_GRAPHS
+    from cudal1.eval.planes import MAX_SLOTS
+
+    assert MAX_BOUND_GRAPHS >= MAX_SLOTS

@@ -49,3 +49,27 @@ def test_compile_warm_up_and_peak_probe_accept_cuda_without_an_index():
     assert peaks["copy_bytes_per_s"] > 1e11 and peaks["matmul_flops_per_s"]["float32"] > 1e12, peaks
     print(f"peaks: copy {peaks['copy_bytes_per_s'] / 1e9:.0f} GB/s, "
           f"fp32 matmul {peaks['matmul_flops_per_s']['float32'] / 1e12:.1f} TFLOP/s")
+
+
+def test_cuda_graph_binds_the_input_slots_and_replays_on_their_current_contents():
+    # The evaluator passes views of a few fixed input slots, new objects each call: each slot is bound from its
+    # second call on (no copy into static inputs), and a bound replay computes on what the slot holds now.
+    import torch
+
+    from cudal1.baselines.variants import baseline_source
+    from tests.baselines.test_variants import _module
+
+    task = next(t for t in BUILTIN if t.name == "leaky_relu_clamp")
+    module = _module(baseline_source(task, "cuda_graph", clone_outputs=False))
+    reference: dict = {}
+    exec(compile(task.source, "<reference>", "exec"), reference)  # noqa: S102 - a built-in task
+    torch.manual_seed(0)
+    model = module.ModelNew(*reference["get_init_inputs"]()).cuda()
+    shape = reference["get_inputs"]()[0].shape
+    slots = torch.empty((2, *shape), device="cuda")
+    for n, i in enumerate((0, 1, 0, 1, 0, 1)):
+        slots[i].normal_()
+        out = model(slots[i].view(shape))
+        torch.testing.assert_close(out, model.model(slots[i].clone()))
+        assert len(model._bound) == max(0, min(2, n - 1)), n
+    assert len(model._graphs) == 1

@@ -55,8 +55,9 @@ MEANING_KEYS: tuple[str, ...] = ("flush_l2", "exact_fp32")
 OK, FAILED = "ok", "failed"
 
 
-#: Bumped whenever a generated baseline wrapper changes what it times (2: bound CUDA graphs, no output clones).
-WRAPPER_VERSION = 3
+#: Bumped whenever a generated baseline wrapper changes what it times (2: bound CUDA graphs, no output clones;
+#: 4: a CUDA graph bound to input addresses that come back, so the evaluator's slots are read without a copy).
+WRAPPER_VERSION = 4
 
 
 def baseline_protocol_version(protocol: dict[str, Any]) -> str:

@@ -18,12 +18,12 @@ Built-in kinds, in report order (`tf32` is an extra the reports leave out):
 - `torch_compile_reduce_overhead`: `torch.compile(model, mode="reduce-overhead")` (inductor + CUDA graph
   trees); each call marks a new step and returns clones of the outputs;
 - `cuda_graph`: the reference captured once per input signature with `torch.cuda.graph` after a warm-up on
-  a side stream (PyTorch's recipe). Inputs are copied into that graph's static buffers before a replay;
-  tensors that a caller passes again, the same objects, get a graph bound to their buffers (at most
-  `MAX_BOUND_GRAPHS`), whose replays copy nothing. The evaluator passes new tensors in every call (views of
-  a freshly staged slot), so what it measures is the copying graph: each timed call copies its inputs, as a
-  deployment that feeds a graph fresh inputs does. With `clone_outputs` (the default) each call returns
-  clones of the static outputs so callers never alias graph memory; the baseline runner turns it off
+  a side stream (PyTorch's recipe). Inputs that come back to the same addresses (the evaluator's few input
+  slots, refilled each call; a caller's reused buffers) get a graph bound to those addresses from their
+  second call on (at most `MAX_BOUND_GRAPHS`), whose replays copy nothing: the graph is timed on the same
+  terms as a candidate, which reads its inputs where they lie. Inputs seen once at an address are copied
+  into the signature graph's static buffers before its replay. With `clone_outputs` (the default) each call
+  returns clones of the static outputs so callers never alias graph memory; the baseline runner turns it off
   (CUDA-L1's convention), because the evaluator consumes every output before the next call. Capture errors
   raise `CudaGraphCaptureError` naming the reason (CPU sync such as `.item()`, data-dependent shapes, CPU
   tensors);
@@ -58,7 +58,7 @@ from cudal1.tasks.task import Task
 #: Graphs kept per wrapper (one per distinct input signature).
 MAX_GRAPHS = 4
 
-#: Graphs bound to caller buffers that come back (the evaluator's rotated timing input sets).
+#: Graphs bound to input addresses that come back (the evaluator's input slots: at most 4, `planes.MAX_SLOTS`).
 MAX_BOUND_GRAPHS = 4
 
 #: Warm-up calls on a side stream before capture (PyTorch's recipe uses a few; 3 absorbs lazy init). At least

@@ -85,8 +85,6 @@ class ModelNew(nn.Module):
 '''
 
 CUDA_GRAPH = '''
-import weakref
-
 
 class CudaGraphCaptureError(RuntimeError):
     """The reference cannot be captured in a CUDA graph; the message names why."""
@@ -99,14 +97,6 @@ def _signature(inputs):
 
 def _addresses(inputs):
     return tuple(x.data_ptr() if isinstance(x, torch.Tensor) else None for x in inputs)
-
-
-def _refs(inputs):
-    return tuple(weakref.ref(x) if isinstance(x, torch.Tensor) else None for x in inputs)
-
-
-def _same_objects(refs, inputs):
-    return all(r is None or r() is x for r, x in zip(refs, inputs))
 
 
 def _tensors(value):
@@ -166,7 +156,7 @@ class ModelNew(nn.Module):
         self.model = _Model(*args, **kwargs)
         self._graphs = {}  # signature -> (graph, static inputs, static outputs): inputs are copied in
         self._bound = {}  # (signature, input addresses) -> (graph, outputs): reads the caller's buffers
-        self._seen = {}  # (signature, input addresses) -> (calls with these very tensors, weak refs)
+        self._seen = {}  # (signature, input addresses) -> calls seen there
         self._unbindable = set()  # keys whose bound capture failed
 
     def _capture(self, inputs):
@@ -225,12 +215,12 @@ class ModelNew(nn.Module):
                 raise CudaGraphCaptureError("CUDA graph baseline: more than $max_graphs input signatures "
                                             "(the task's shapes are not static)")
             entry = self._graphs[key] = self._capture(inputs)
-        # Tensors the caller passes again (the timed input sets, refilled in place) get a graph bound to
-        # their buffers, so replays skip the copy into static inputs; other tensors take the copying graph
-        # (a later call at a bound address, same signature, replays that bound graph: it reads whatever
-        # those buffers hold then, which is the caller's current input).
-        calls, refs = self._seen.get(bound_key, (0, ()))
-        calls = calls + 1 if refs and _same_objects(refs, inputs) else 1
+        # Inputs that come back to the same addresses (the evaluator's input slots, a caller's reused
+        # buffers) get a graph bound to those addresses from their second call on, so replays skip the copy
+        # into static inputs; inputs seen there once take the copying graph. A bound replay reads whatever
+        # lies at its addresses, and a call matches its key only when its own inputs lie there with the same
+        # shapes, strides and dtypes, so it always computes on the caller's current inputs.
+        calls = self._seen.get(bound_key, 0) + 1
         if calls >= 2 and len(self._bound) < $max_bound and bound_key not in self._unbindable:
             try:
                 graph, out = self._bind(inputs)
@@ -244,7 +234,7 @@ class ModelNew(nn.Module):
         if len(self._seen) >= 256:
             self._seen.clear()
             self._unbindable.clear()
-        self._seen[bound_key] = (calls, _refs(inputs))
+        self._seen[bound_key] = calls
         graph, static_in, static_out = entry
         for dst, src in zip(static_in, inputs):
             if isinstance(dst, torch.Tensor):
