@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from cudal1.eval import EvalConfig, evaluate_many  # noqa: E402
-from cudal1.eval.timing import quantile  # noqa: E402
+from cudal1.eval.clock.timing import quantile  # noqa: E402
 from cudal1.tasks.sources import load_file  # noqa: E402
 
 TIMING = ROOT / "tests" / "fixtures" / "timing"

@@ -80,8 +80,8 @@ def test_gpu_clock_a_forward_that_waits_for_the_device_is_timed_with_its_wait(ca
 
 
 def test_the_gpu_clock_counts_each_bracket_less_the_null_median_and_reads_no_report():
-    from cudal1.eval import timing
-    from cudal1.eval.timing import PairedSeries, Sample
+    from cudal1.eval.clock import timing
+    from cudal1.eval.clock.timing import PairedSeries, Sample
 
     def sample(gpu_ms: float, reported: float) -> Sample:
         return Sample(ms=reported, stream_ms=reported, bracket_ms=5.0, gpu_ms=gpu_ms, gpu_stage_ms=0.01)
@@ -103,8 +103,8 @@ def test_the_candidates_calls_pay_its_own_runners_constant_only_where_it_is_smal
     """A candidate runs its own null calls and may slow them: a larger constant than the reference's would
     pay it, so its calls take the smaller of the two; an honest context that switches faster is not billed
     the reference's switch."""
-    from cudal1.eval import timing
-    from cudal1.eval.timing import PairedSeries, Sample
+    from cudal1.eval.clock import timing
+    from cudal1.eval.clock.timing import PairedSeries, Sample
 
     def sample(gpu_ms: float) -> Sample:
         return Sample(ms=0.0, stream_ms=0.0, bracket_ms=1.0, gpu_ms=gpu_ms)
@@ -286,7 +286,7 @@ def test_the_null_calls_come_after_the_pairs_check_so_a_nulls_snapshot_never_sta
     its null. The measurement checks a pair before any null follows it."""
     from types import SimpleNamespace
 
-    from cudal1.eval import measure
+    from cudal1.eval.clock import measure
     from cudal1.eval.config import EvalConfig
     from cudal1.eval.session import CallRecord
     from cudal1.eval.shared.protocol import Called
@@ -332,7 +332,7 @@ def test_the_gpu_clocks_calibration_is_the_twins_null_by_which_the_interval_wide
     interval of the evaluation; the phase's nulls are not the timed phase's constants."""
     from types import SimpleNamespace
 
-    from cudal1.eval import measure, timing
+    from cudal1.eval.clock import measure, timing
     from cudal1.eval.config import EvalConfig
     from cudal1.eval.session import CallRecord
     from cudal1.eval.shared.protocol import Called
@@ -374,7 +374,7 @@ def test_the_gpu_clocks_calibration_is_the_twins_null_by_which_the_interval_wide
 def test_the_gpu_clocks_interval_holds_what_its_constants_leave_unknown():
     """Two runners' constants a microsecond apart are 10 % of a 10 us call and 0.1 % of a 1 ms one: the
     interval says so (on an H100, honest twins of 10 us calls came out 0.87-1.11x, of 1 ms 0.998-1.000x)."""
-    from cudal1.eval import timing
+    from cudal1.eval.clock import timing
 
     nulls = [0.2900 + 0.0001 * (i % 5) for i in range(100)]  # 290.0-290.4 us
     cand_nulls = [x + 0.001 for x in nulls]  # 1 us apart

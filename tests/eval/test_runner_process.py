@@ -67,7 +67,7 @@ def test_a_bare_runner_starts_and_serves_like_any_other():
 
 #: The parent's side of the evaluator: no runner may hold any of these modules.
 PARENT_SIDE = ("cudal1.eval.config", "cudal1.eval.pipeline", "cudal1.eval.scheduler", "cudal1.eval.evaluation",
-               "cudal1.eval.session", "cudal1.eval.measure", "cudal1.eval.timing", "cudal1.eval.planes",
+               "cudal1.eval.session", "cudal1.eval.clock.measure", "cudal1.eval.clock.timing", "cudal1.eval.planes",
                "cudal1.eval.device_helper", "cudal1.eval.compile", "cudal1.eval.sandbox", "cudal1.eval.supply",
                "cudal1.eval.runner_process", "cudal1.eval.correctness", "cudal1.eval.decoys", "cudal1.store",
                "cudal1.service", "cudal1.cli", "cudal1.policy")

@@ -24,8 +24,7 @@ from rich.progress import (
 from cudal1.cli.options import Field, finite, opt, parse_sets
 from cudal1.core.errors import SourceError
 from cudal1.core.names import RENAMED_PROFILES
-from cudal1.eval.config import PROFILES, SANDBOX_MODES, EvalConfig, profile_choices
-from cudal1.eval.timing import ESTIMATORS
+from cudal1.eval.config import ESTIMATORS, PROFILES, SANDBOX_MODES, EvalConfig, profile_choices
 from cudal1.llm.prompts import FORM_CHOICES
 from cudal1.tasks.task import MAX_SOURCE_BYTES, size_problem, source_problem
 

@@ -20,11 +20,16 @@ from cudal1.core.errors import ConfigError
 from cudal1.core.names import RENAMED_PROFILES, describe_choices
 from cudal1.core.ranges import check_ranges
 from cudal1.eval.shared.compare import Tolerance, tolerance_for
-from cudal1.eval.timing import ESTIMATORS
 from cudal1.policy import Policy, resolve_policy
 from cudal1.policy.presets import policy_choices
 
 logger = logging.getLogger(__name__)
+
+#: How a series becomes one speedup: "pooled", the median of every reference call over the median of every
+#: candidate call; "buckets", the median of per-bucket ratios (CUDA-L1's). On the H200 host, 24 null
+#: evaluations of 8 small tasks gave a median round-to-round difference of 1.5 % pooled against 3.2 % by
+#: buckets, from the same calls (docs/log.md, 2026-12-04).
+ESTIMATORS = ("pooled", "buckets")
 
 PROTOCOL_VERSION = "20"  # what each version changed: docs/protocol.md
 #: Revisions of the host clock's CPU bound, part of a CPU result's key only (GPU results do not read it):

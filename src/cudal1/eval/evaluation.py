@@ -27,10 +27,10 @@ from cudal1.core import flags as F
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Flag, Severity, Status
 from cudal1.eval.cgroups import reap_stale_groups
+from cudal1.eval.clock.measure import Measurement
 from cudal1.eval.compile import cache_root
 from cudal1.eval.config import EvalConfig
 from cudal1.eval.device_helper import discard_helper, helper_for, prestart_helper
-from cudal1.eval.measure import Measurement
 from cudal1.eval.outcomes import CandidateDied, InfraFailure, Verdict, error_hint
 from cudal1.eval.runner_process import (
     SCRATCH_INSIDE,

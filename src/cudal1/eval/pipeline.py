@@ -24,13 +24,13 @@ from cudal1.core.forms import is_kernel_form, launches_raw_cuda, uses_load_inlin
 from cudal1.core.machine import describe_machine
 from cudal1.core.syntax import parse as parse_python
 from cudal1.core.types import EvalResult, KernelClass, Status
+from cudal1.eval.clock.runner_pairs import measured_in_pairs
 from cudal1.eval.compile import CompileConfig, CompileService, json_init_inputs, local_arch
 from cudal1.eval.config import EvalConfig, resolve_device
 from cudal1.eval.decoys import reclassify
 from cudal1.eval.evaluation import PreparedBuild, evaluation_protocol, run_candidate
 from cudal1.eval.kernel_build import KernelCandidate, needs_a_gpu_result, prepare_kernel_candidate
 from cudal1.eval.outcomes import NEEDS_A_GPU
-from cudal1.eval.runner_pairs import measured_in_pairs
 from cudal1.eval.shared.compile_log import build_failure_message
 from cudal1.eval.static_checks import static_rejection, static_report
 from cudal1.eval.supply import RunnerSupply

@@ -39,7 +39,7 @@ from typing import Any
 
 from cudal1.core import flags as F
 from cudal1.core.types import Flag, Status, TimingStats
-from cudal1.eval import timing
+from cudal1.eval.clock import timing
 from cudal1.eval.outcomes import Verdict
 from cudal1.eval.session import CallRecord, Session
 from cudal1.eval.shared.protocol import Side

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 from cudal1.core import flags as F
 from cudal1.core.types import Flag, TimingStats
+from cudal1.eval.config import ESTIMATORS
 from cudal1.eval.shared.protocol import Side
 
 #: The bound compares this quantile of the candidate's brackets with the same quantile of its runner's calibrated
@@ -83,11 +84,6 @@ REFERENCE_SLOWED_REL = 0.15
 REFERENCE_SLOWED_MIN_MS = {"cuda": 0.005, "cpu": 0.1}
 #: Bootstrap resamples of the speedup's interval (a fixed generator: the interval of the same calls repeats).
 BOOTSTRAP = 300
-#: How a series becomes one speedup: "pooled", the median of every reference call over the median of every
-#: candidate call; "buckets", the median of per-bucket ratios (CUDA-L1's). On the H200 host, 24 null
-#: evaluations of 8 small tasks gave a median round-to-round difference of 1.5 % pooled against 3.2 % by
-#: buckets, from the same calls (docs/log.md, 2026-12-04).
-ESTIMATORS = ("pooled", "buckets")
 
 
 @dataclass

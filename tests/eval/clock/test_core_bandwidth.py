@@ -1,11 +1,11 @@
-"""The CPU's physical floor rests on the best one-core bandwidth this machine measured (cudal1.eval.measure)."""
+"""The CPU's physical floor rests on the best one-core bandwidth this machine measured (cudal1.eval.clock.measure)."""
 
 from __future__ import annotations
 
 import json
 import platform
 
-from cudal1.eval import measure
+from cudal1.eval.clock import measure
 
 
 def test_a_measurement_on_a_busy_moment_does_not_lower_the_machines_best(monkeypatch, tmp_path):

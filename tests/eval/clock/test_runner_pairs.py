@@ -10,10 +10,10 @@ import pytest
 from cudal1.core.errors import ConfigError
 from cudal1.core.types import EvalResult, Flag, Severity, Status, TimingStats
 from cudal1.eval import EvalConfig, evaluate_candidate
-from cudal1.eval.runner_pairs import combined, measured_in_pairs
+from cudal1.eval.clock.runner_pairs import combined, measured_in_pairs
 from cudal1.tasks.sources import load_file
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 
 def correct(speedup: float, lo: float, hi: float, *rules: str) -> EvalResult:

@@ -1,4 +1,4 @@
-"""The statistics behind every speedup, and the checks on the clocks (cudal1.eval.timing)."""
+"""The statistics behind every speedup, and the checks on the clocks (cudal1.eval.clock.timing)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import random
 import pytest
 
 from cudal1.core import flags as F
-from cudal1.eval import timing
-from cudal1.eval.timing import PairedSeries, Sample
+from cudal1.eval.clock import timing
+from cudal1.eval.clock.timing import PairedSeries, Sample
 
 
 def _series(ref_ms: float, cand_ms: float, overhead: float = 0.05, *, reported_cand: float | None = None,
