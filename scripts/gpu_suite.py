@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU tests, then the evaluator's benchmarks, in one go, within one time budget.
 
-Usage: python scripts/gpu_suite.py OUT_DIR [--parts tests,twins,eval,clocks,audit] [--tests "PATHS"]
+Usage: python scripts/gpu_suite.py OUT_DIR [--parts tests,twins,probe,eval,clocks,audit] [--tests "PATHS"]
            [--release RELEASE.jsonl] [--time-budget-s S] [--dry-run]
 
 Parts, in the order given, each a child process with its share of the budget left (its weight in `WEIGHTS`
@@ -9,6 +9,9 @@ over the parts still to run), its log and figures under OUT_DIR/PART:
 - `tests`: the `gpu`-marked tests of `--tests` (builds run in parallel inside `evaluate_many`);
 - `twins`: `bench_trusted_time.py` on the 20 us, launch-bound and 100 us families, four honest twins each
   and a 50 % forger: does each twin's interval hold 1.0, and does its calibration null predict it;
+- `probe`: `probe_twin_offset.py`, the launch-bound and 20 us twins under arms that each change one thing
+  (the reference's float64 run, the candidate's cache at import, expandable segments), each also timing
+  the twin again after the import: where the twins' offset at small calls comes from;
 - `eval`: `bench_eval.py` on `--release` (throughput, precision, the null test);
 - `clocks`: `compare_clocks.py` on `--release` (ten tasks per level under both clocks);
 - `audit`: one chunk of the release audit (`audit_release.py chunk`, h100, from `--release`'s folder).
@@ -67,7 +70,7 @@ def run_tests(out: Path, budget_s: float, selection: str) -> dict:
 
 
 #: Shares of the budget: a part gets its weight over the weights of the parts still to run.
-WEIGHTS = {"tests": 3.0, "twins": 2.0, "eval": 2.0, "clocks": 2.0, "audit": 3.0}
+WEIGHTS = {"tests": 3.0, "twins": 2.0, "probe": 2.0, "eval": 2.0, "clocks": 2.0, "audit": 3.0}
 PARTS = tuple(WEIGHTS)
 
 
@@ -77,6 +80,9 @@ def part_command(part: str, out: Path, budget_s: float, release: Path) -> list[s
     if part == "twins":
         return [py, str(scripts / "bench_trusted_time.py"), str(out), "--sizes", "20us,launch_bound,100us",
                 "--repeat", "4", "--fractions", "0.5"]
+    if part == "probe":
+        return [py, str(scripts / "probe_twin_offset.py"), str(out), "--repeat", "3",
+                "--time-budget-s", str(int(budget_s * 0.9))]
     if part == "eval":
         return [py, str(scripts / "bench_eval.py"), str(out), "--release", str(release), "--null-n", "10",
                 "--precision-n", "6", "--time-budget-s", str(int(budget_s * 0.9))]

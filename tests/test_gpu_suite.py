@@ -34,3 +34,10 @@ def test_the_audit_part_runs_one_chunk_of_the_release_named_by_its_file():
     command = suite.part_command("audit", Path("/o/audit"), 400, Path("/d/h100.jsonl"))
     assert command[2:] == ["chunk", "--release", "h100", "--data-dir", "/d", "--out", "/o/audit/chunks",
                            "--budget-s", "300"]
+
+
+def test_the_probe_part_runs_the_twin_offset_arms_within_its_share():
+    suite = load_script("gpu_suite")
+    command = suite.part_command("probe", Path("/o/probe"), 300, Path("/d/h100.jsonl"))
+    assert command[1].endswith("probe_twin_offset.py") and command[2:] == ["/o/probe", "--repeat", "3",
+                                                                            "--time-budget-s", "270"]

@@ -371,6 +371,56 @@ def test_the_gpu_clocks_calibration_is_the_twins_null_by_which_the_interval_wide
     assert lo < 0.51 and hi > 1.9
 
 
+def test_the_twin_null_measured_before_the_import_widens_the_timed_phases_interval():
+    """The calibration and the timed phase are measured by two `Measurement`s (the timing may be measured a
+    second time): the twin's null, measured by the first, must reach the interval of the second. Here the
+    twin's calls time 10 us against the reference's 5 us, and so do the candidate's: without the twin's null
+    the interval would be the point 0.5."""
+    from types import SimpleNamespace
+
+    from cudal1.eval import evaluation
+    from cudal1.eval.clock import measure
+    from cudal1.eval.config import EvalConfig
+    from cudal1.eval.session import CallRecord
+    from cudal1.eval.shared.protocol import Called
+
+    def record(who: str, gpu_ms: float) -> CallRecord:
+        return CallRecord(who=who, reply=Called(ms=0.01, stream_ms=0.01, out={}), slot_tree={}, bracket_ms=1.0,
+                          model_ms=0.5, after="", gpu_ms=gpu_ms)
+
+    class Session(SimpleNamespace):
+        gated, reference_errors, calls, device_type = True, None, 1, "cuda"
+
+        def make_inputs(self, distribution="reference"):
+            return {}
+
+        def pair(self, stage, *, flush, what):
+            return record("ref", 0.305), record("cand", 0.310)
+
+        def call(self, who, stage, *, flush, what, null=False):
+            return record(who, 0.300)
+
+        def compare(self, ref, cand, **_):
+            return SimpleNamespace(ok=True, errors=None)
+
+        def check_inputs(self, *_):
+            pass
+
+    cfg = EvalConfig(buckets=2, warm_buckets=0, gpu_clock_max_iters=5, noisy_stability=0.0)
+    facts = SimpleNamespace(output_bytes=1024, input_bytes=1024, reached="", calibration=None, samples=None,
+                            clock=None, beyond_distribution_trials=0, timing_spent_s=None)
+    session = Session(cfg=cfg, facts=facts, plane=SimpleNamespace(calls=1), ref_times={}, flags=[],
+                      unarmed={"ref": 0, "cand": 0})
+    calibrating = measure.Measurement(session)  # type: ignore[arg-type]
+    assert calibrating.calibrate() is None and calibrating.twin_null is not None
+    stats = evaluation._measure(session, None, None, calibrating.twin_null)  # type: ignore[arg-type]
+    assert stats.speedup == pytest.approx(0.5)
+    lo, hi = stats.speedup_ci
+    assert lo < 0.3 and hi > 0.9, stats.speedup_ci
+    alone = evaluation._measure(session, None, None, None)  # type: ignore[arg-type]
+    assert alone.speedup_ci == pytest.approx([0.5, 0.5])
+
+
 def test_the_gpu_clocks_interval_holds_what_its_constants_leave_unknown():
     """Two runners' constants a microsecond apart are 10 % of a 10 us call and 0.1 % of a 1 ms one: the
     interval says so (on an H100, honest twins of 10 us calls came out 0.87-1.11x, of 1 ms 0.998-1.000x)."""

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 #: buckets, from the same calls (docs/log.md, 2026-12-04).
 ESTIMATORS = ("pooled", "buckets")
 
-PROTOCOL_VERSION = "20"  # what each version changed: docs/protocol.md
+PROTOCOL_VERSION = "21"  # what each version changed: docs/protocol.md
 #: Revisions of the host clock's CPU bound, part of a CPU result's key only (GPU results do not read it):
 #: 2: the call's CPU time read over the wall clock's own window (docs/protocol.md).
 CPU_CLOCK_REVISION = 2

@@ -307,7 +307,7 @@ def _attempt(task: Any, source: str, cfg: EvalConfig, static_report: StaticRepor
             raise Verdict(Status.HACK_DETECTED, "")
         t1 = time.perf_counter()
         session.facts.reached = "timing"
-        timing = _measure(session, bandwidth, calibration, cores=len(model_cores or ()) or 1)
+        timing = _measure(session, bandwidth, calibration, measurement.twin_null, cores=len(model_cores or ()) or 1)
         session.phase_s["timing"] = time.perf_counter() - t1
         session.guard_flags("the timed calls")
         session.process_flags()
@@ -379,15 +379,16 @@ def _unpin_evaluating_thread(before: set[int] | None) -> None:
             pass
 
 
-def _measure(session: Session, bandwidth: float | None, calibration: Any, cores: int = 1) -> Any:
+def _measure(session: Session, bandwidth: float | None, calibration: Any, twin_null: Any, cores: int = 1) -> Any:
     """The timing, measured a second time when the first scattered beyond `noisy_stability` (a busy host, a
-    clock change): the steadier is kept and a `timing.noisy` flag shows both, so noise is never silent."""
-    first = Measurement(session, bandwidth, cores=cores).run(calibration)
+    clock change): the steadier is kept and a `timing.noisy` flag shows both, so noise is never silent. The
+    calibration's results (`calibration`, the GPU clock's `twin_null`) come from the calibrating measurement."""
+    first = Measurement(session, bandwidth, cores=cores).run(calibration, twin_null)
     threshold = session.cfg.noisy_stability
     if not threshold or first.stability <= threshold:
         return first
     first_clock = session.facts.clock
-    second = Measurement(session, bandwidth, cores=cores).run(calibration)
+    second = Measurement(session, bandwidth, cores=cores).run(calibration, twin_null)
     kept = second if second.stability < first.stability else first
     if kept is first and first_clock is not None:
         session.facts.clock = first_clock  # the recorded clock figures are those of the kept timing

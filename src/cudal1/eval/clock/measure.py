@@ -338,7 +338,11 @@ class Measurement:
 
     # ------------------------------------------------------------------ timing
 
-    def run(self, calibration: timing.Calibration | None) -> TimingStats:
+    def run(self, calibration: timing.Calibration | None,
+            twin_null: tuple[float, tuple[float, float]] | None = None) -> TimingStats:
+        """The timed phase (module docstring). `calibration`: the host clock's twin series (`calibrate`);
+        `twin_null`: the GPU clock's (`gated_twin`, measured by the calibrating instance), which widens the
+        speedup's interval."""
         cfg = self.cfg
         flush = cfg.flush_l2
         if cfg.extra_trial_count and (self.s.facts.beyond_distribution_trials or 0) > 0:
@@ -384,7 +388,7 @@ class Measurement:
         if self.s.gated:
             interval = timing.gpu_widened(stats.speedup, within, stats.ref_ms, stats.candidate_ms,
                                           self.nulls[(Side.REF, flush)], self.nulls[(Side.CAND, flush)],
-                                          self.twin_null)
+                                          twin_null)
         else:
             interval = timing.widened(stats.speedup, within, calibration)
         stats = dataclasses.replace(stats, speedup_ci=[round(interval[0], 6), round(interval[1], 6)])
