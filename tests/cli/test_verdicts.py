@@ -3,12 +3,14 @@ how the numbers were measured."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rich.console import Console
 
 from cudal1.cli.verdicts import print_verdicts
 from cudal1.core.types import EvalResult, KernelClass, Status, TimingStats
+from cudal1.metrics.noise import small_gpu_call
 from tests.cli._pty import run_in_terminal
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "cudal1" / "tasks" / "builtin" / "examples"
@@ -95,3 +97,17 @@ def test_eval_in_a_terminal_of_80_and_100_columns(tmp_path):
         words = " ".join(screen.split())
         assert "speedup: reference time / candidate time" in words and "warm:" in words
         assert "small sizes (SMALL_SIZES)" in words and "CPU timings are noisy" in words
+
+
+def test_gpu_clock_speedups_of_calls_under_a_tenth_of_a_millisecond_carry_their_precision():
+    def gpu(ref_ms: float, clock: str = "gpu") -> EvalResult:
+        r = _result(Status.CORRECT, 1.2, cpu=False)
+        timing = dataclasses.replace(r.timing, ref_ms=ref_ms, candidate_ms=ref_ms / 1.2)
+        return dataclasses.replace(r, timing=timing, protocol={"clock": {"clock": clock}})
+
+    words = " ".join(_printed([("a/small", gpu(0.012)), ("a/large", gpu(0.9))], 200).split())
+    assert "Calls under 0.1 ms (1 of 2 results)" in words and "+-20%" in words
+    assert "Calls under" not in _printed([("a/large", gpu(0.9))], 200)
+    assert "Calls under" not in _printed([("a/host", gpu(0.012, clock="host"))], 200)  # the host clock's own bounds
+    stored = gpu(0.012).to_dict()  # a stored result, as the report reads it
+    assert small_gpu_call(stored) and not small_gpu_call(gpu(0.9).to_dict())

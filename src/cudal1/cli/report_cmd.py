@@ -10,7 +10,7 @@ import typer
 from cudal1.audit.rows import rows_from_store, stored_labels
 from cudal1.cli import common
 from cudal1.core.errors import MissingDependencyError, SourceError
-from cudal1.metrics.noise import cpu_noise_note, measured_on_cpu
+from cudal1.metrics.noise import cpu_noise_note, measured_on_cpu, small_call_note, small_gpu_call
 from cudal1.metrics.rows import unusable
 from cudal1.report import evaluations_section, plots_available, write_report
 
@@ -27,6 +27,9 @@ def report_meta(store: Any, labels: list[str], results: list[dict[str, Any]]) ->
                             "cuda": values("cuda_version"), "evaluations": len(results)}
     if any(measured_on_cpu(r["result"]) and r["result"].get("speedup") is not None for r in results):
         meta["timing"] = cpu_noise_note()
+    small_calls = sum(small_gpu_call(r["result"]) for r in results)
+    if small_calls:
+        meta["small calls"] = small_call_note(small_calls, len(results))
     return meta
 
 

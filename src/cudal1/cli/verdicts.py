@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cudal1.core.types import EvalResult, Status
-from cudal1.metrics.noise import cpu_noise_note, measured_on_cpu
+from cudal1.metrics.noise import cpu_noise_note, measured_on_cpu, small_call_note, small_gpu_call
 
 STATUS_STYLE = {
     Status.CORRECT: "green",
@@ -170,6 +170,9 @@ def notes(rows: Sequence[tuple[str, EvalResult]]) -> list[str]:
         )
     if any(measured_on_cpu(r) and r.speedup is not None for _, r in rows):
         out.append(cpu_noise_note())
+    small_calls = sum(small_gpu_call(r) for _, r in rows)
+    if small_calls:
+        out.append(small_call_note(small_calls, len(rows)))
     return out
 
 

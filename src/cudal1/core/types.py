@@ -128,7 +128,7 @@ class TimingStats:
 
     ref_ms: float  # median per-call time of the reference (cold cache when flushed)
     candidate_ms: float
-    speedup: float  # the reference's time over the candidate's time that counts (eval/timing.py)
+    speedup: float  # the reference's time over the candidate's time that counts (eval/clock/timing.py)
     stability: float  # relative spread of bucket speedups: (p75 - p25) / median
     bucket_speedups: list[float]
     speedup_warm: float | None = None  # same protocol without the L2 flush (CUDA-L1's condition)
@@ -142,7 +142,7 @@ class TimingStats:
     candidate_outside_ms: float | None = None
     floor_ms: float | None = None  # the task's physical floor (minimum bytes / measured bandwidth), when known
     verified_calls: int = 0  # timed calls whose outputs the parent compared with the reference's
-    # 95 % interval of the speedup: the calls' bootstrap widened by the runner pair's null (eval/timing.py)
+    # 95 % interval of the speedup: the calls' bootstrap widened by the runner pair's null (eval/clock/timing.py)
     speedup_ci: list[float] | None = None
 
     @classmethod
