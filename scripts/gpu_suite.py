@@ -9,9 +9,9 @@ over the parts still to run), its log and figures under OUT_DIR/PART:
 - `tests`: the `gpu`-marked tests of `--tests` (builds run in parallel inside `evaluate_many`);
 - `twins`: `bench_trusted_time.py` on the 20 us, launch-bound and 100 us families, four honest twins each
   and a 50 % forger: does each twin's interval hold 1.0, and does its calibration null predict it;
-- `probe`: `probe_twin_offset.py`, the launch-bound and 20 us twins under arms that each change one thing
-  (the reference's float64 run, the candidate's cache at import, expandable segments), each also timing
-  the twin again after the import: where the twins' offset at small calls comes from;
+- `probe`: `probe_twin_offset.py`, the launch-bound and 20 us twins as they are and under arms that each
+  change one thing (the reference's float64 run, the candidate's cache at import, expandable segments), the
+  changed ones also timing the twin again after the import: where the twins' offset at small calls comes from;
 - `eval`: `bench_eval.py` on `--release` (throughput, precision, the null test);
 - `clocks`: `compare_clocks.py` on `--release` (ten tasks per level under both clocks);
 - `audit`: one chunk of the release audit (`audit_release.py chunk`, h100, from `--release`'s folder).

@@ -2,20 +2,22 @@
 """Why does an honest twin not time 1.0 at small calls under the GPU clock? Arms that each change one thing (GPU).
 
 Usage: python scripts/probe_twin_offset.py OUT_DIR [--sizes launch_bound,20us] [--repeat 3]
-       [--arms base,no_evidence,keep_cache,expandable] [--time-budget-s 240] [--device cuda]
+       [--arms plain,base,no_evidence,keep_cache,expandable] [--time-budget-s 240] [--device cuda]
 
 The honest twin of `chain_<size>.py` (the reference's own computation as `ModelNew`) measured 0.906 and
 0.926 on the launch-bound family (36 kernels a call, ~91 us) and 0.84-1.11 at 20 us, while the gated twin
 before the candidate's import (the same code in the same two runners) showed no such offset. Each arm runs the
 evaluator from a scratch copy of `src/` with one change:
 
-- `base`: today's code;
+- `plain`: today's code, as it is;
+- `base`: today's code with the twin timed again after the import (below);
 - `no_evidence`: `precision_evidence=false` (the reference's float64 run, and the cache emptying after it, gone);
 - `keep_cache`: the candidate's runner keeps PyTorch's allocator cache at the import (no `empty_cache()`);
 - `expandable`: both runners with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
 
-Every arm also times the twin again after the import, before the timed phase (`after_import` in the
-calibration record): if the offset appears there and not before, it comes with the import. Arms run
+Every arm but `plain` also times the twin again after the import, before the timed phase (`after_import`
+in the calibration record): if the offset appears there and not before, it comes with the import (`plain`
+shows whether those extra calls move the timed phase). Arms run
 interleaved, so drift of the card touches each alike. Per evaluation it prints the speedup, its interval, the
 twin's null before and after the import, both runners' constants, and, from the recorded calls, the speedup
 with the reference's constant paid by both (is the min() of the constants the cause?) and each model's median
@@ -51,6 +53,7 @@ AFTER_IMPORT = ("evaluation.py", """        session.trials()
 """)
 
 PATCHES: dict[str, list[tuple[str, str, str]]] = {
+    "plain": [],
     "base": [],
     "no_evidence": [],
     "keep_cache": [("inside/candidate.py", """            torch.cuda.synchronize(self.device)
@@ -70,7 +73,7 @@ def scratch_copy(arm: str, out: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(ROOT / "src", dest, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name, old, new in [AFTER_IMPORT, *PATCHES[arm]]:
+    for name, old, new in ([] if arm == "plain" else [AFTER_IMPORT]) + PATCHES[arm]:
         path = dest / "cudal1" / "eval" / name
         text = path.read_text()
         if text.count(old) != 1:
@@ -145,7 +148,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--sizes", default="launch_bound,20us")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--arms", default="base,no_evidence,keep_cache,expandable")
+    ap.add_argument("--arms", default="plain,base,no_evidence,keep_cache,expandable")
     ap.add_argument("--time-budget-s", type=float, default=240.0, help="no new evaluation starts after this")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
@@ -160,22 +163,23 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     sources = {arm: scratch_copy(arm, args.out) for arm in arms}
     started, rows = time.perf_counter(), []
+    # Alternate the arms' order between rounds: drift of the card touches every arm alike.
+    plan = [(r, size, arm) for r in range(args.repeat) for size in sizes
+            for arm in (arms if r % 2 == 0 else list(reversed(arms)))]
     with open(args.out / "results.jsonl", "a") as log:
-        for r in range(args.repeat):
-            for size in sizes:
-                for arm in arms if r % 2 == 0 else reversed(arms):  # alternate the order: drift touches all arms
-                    left = args.time_budget_s - (time.perf_counter() - started)
-                    if left < 20:
-                        print(f"budget spent: stopped before repeat {r}, {size}, {arm}", flush=True)
-                        break
-                    try:
-                        entry = evaluate(arm, sources[arm], size, args.device, timeout_s=max(left, 30))
-                    except subprocess.TimeoutExpired:
-                        entry = {"arm": arm, "size": size, "error": "timed out (budget)"}
-                    log.write(json.dumps(entry) + "\n")
-                    log.flush()
-                    rows.append(figures(entry))
-                    print(show(rows[-1]), flush=True)
+        for r, size, arm in plan:
+            left = args.time_budget_s - (time.perf_counter() - started)
+            if left < 20:
+                print(f"budget spent: stopped before round {r}, {size}, {arm}", flush=True)
+                break
+            try:
+                entry = evaluate(arm, sources[arm], size, args.device, timeout_s=max(left, 30))
+            except subprocess.TimeoutExpired:
+                entry = {"arm": arm, "size": size, "error": "timed out (budget)"}
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+            rows.append(figures(entry))
+            print(show(rows[-1]), flush=True)
     summary: dict[str, dict] = {}
     for f in rows:
         if f.get("speedup") is not None:

@@ -103,6 +103,12 @@ class _EagerGraph:
     def replay(self):
         self.replays += 1
 
+    def capture_begin(self):
+        pass
+
+    def capture_end(self):
+        pass
+
 
 def _graph_module_on_cpu(monkeypatch, source: str, clone: bool = True) -> types.ModuleType:
     """The generated CUDA-graph baseline of `source` with graph capture replaced by eager calls (CPU)."""

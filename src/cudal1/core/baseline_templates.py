@@ -91,7 +91,7 @@ class CudaGraphCaptureError(RuntimeError):
 
 
 def _signature(inputs):
-    return tuple((tuple(x.shape), str(x.dtype), str(x.device), tuple(x.stride()))
+    return tuple((tuple(x.shape), str(x.dtype), str(x.device), tuple(x.stride()), x.is_conj(), x.is_neg())
                  if isinstance(x, torch.Tensor) else ("value", repr(x)) for x in inputs)
 
 
@@ -158,6 +158,7 @@ class ModelNew(nn.Module):
         self._bound = {}  # (signature, input addresses) -> (graph, outputs): reads the caller's buffers
         self._seen = {}  # (signature, input addresses) -> calls seen there
         self._unbindable = set()  # keys whose bound capture failed
+        self._capture_stream = None  # the bound graphs' capture stream (made at the first capture)
 
     def _capture(self, inputs):
         _require_cuda(inputs, "the cuda_graph")
@@ -192,14 +193,21 @@ class ModelNew(nn.Module):
             reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:240]
             raise CudaGraphCaptureError(f"CUDA graph capture is illegal for this task: {reason}") from None
         _check_outputs(static_out)
+        self._capture_stream = self._capture_stream or torch.cuda.Stream()
         return graph, static_in, static_out
 
     def _bind(self, inputs):
         # Capture records kernels without running them, so the caller's buffers are not touched now;
-        # the model is already warm from the signature graph's capture.
+        # the model is already warm from the signature graph's capture. No device-wide sync (which
+        # torch.cuda.graph makes): the capture stream waits for nothing, so a call whose stream is held
+        # (the evaluator's gate) captures at once and only its replay waits.
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self.model(*inputs)
+        with torch.cuda.stream(self._capture_stream):
+            graph.capture_begin()
+            try:
+                out = self.model(*inputs)
+            finally:
+                graph.capture_end()
         return graph, out
 
     def forward(self, *inputs):

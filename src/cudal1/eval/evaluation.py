@@ -387,11 +387,12 @@ def _measure(session: Session, bandwidth: float | None, calibration: Any, twin_n
     threshold = session.cfg.noisy_stability
     if not threshold or first.stability <= threshold:
         return first
-    first_clock = session.facts.clock
+    facts = session.facts
+    first_facts = (facts.clock, facts.samples, facts.timing_spent_s)
     second = Measurement(session, bandwidth, cores=cores).run(calibration, twin_null)
     kept = second if second.stability < first.stability else first
-    if kept is first and first_clock is not None:
-        session.facts.clock = first_clock  # the recorded clock figures are those of the kept timing
+    if kept is first:  # the recorded clock figures, calls and spending are those of the kept timing
+        facts.clock, facts.samples, facts.timing_spent_s = first_facts
     session.flags.append(F.runtime_flag(F.NOISY, f"stability {first.stability:.0%} above {threshold:.0%}: measured again; "
                               f"{first.speedup:.2f}x (stability {first.stability:.0%}) then {second.speedup:.2f}x "
                               f"(stability {second.stability:.0%}); the {'second' if kept is second else 'first'} "
