@@ -153,6 +153,11 @@ def test_cuda_graph_binds_reused_addresses_and_copies_one_off_inputs(monkeypatch
     assert graph.replays >= 1
     # Without clones the bound path hands back the graph's own output buffer, as CUDA-L1's variants do.
     assert (outs[0] is static_out) is (not clone)
+    # The copying path's outputs are shared by every unbound input set: each call gets its own copy, so two
+    # calls' outputs held at once (a bracket of several calls) are not one buffer.
+    a, b = model(torch.randn(4, 8)), model(torch.randn(4, 8))
+    copying_out = model._graphs[next(iter(model._graphs))][2]
+    assert a is not b and a is not copying_out and b is not copying_out
 
     with pytest.raises(module.CudaGraphCaptureError, match="input signatures"):
         for n in range(2, 8):  # more distinct shapes than MAX_GRAPHS
@@ -226,8 +231,10 @@ def test_every_template_placeholder_is_filled(clone):
     for kind in baseline_kind_names():
         source = baseline_source(Task(id="t/tiny", source=TINY), kind, clone_outputs=clone)
         assert "$" not in source.replace(repr(TINY), "")
-        assert ("_clone_outputs(" in source.split("def _require_cuda")[1]) is (
-            clone and kind in ("torch_compile_reduce_overhead", "cuda_graph"))
+        body = source.split("def _require_cuda")[1]
+        cloned = kind == "cuda_graph" or (clone and kind == "torch_compile_reduce_overhead")  # (its copying path)
+        assert ("_clone_outputs(" in body) is cloned
+        assert ("return _clone_outputs(bound[1])" in body) is (clone and kind == "cuda_graph")
 
 
 def test_a_cuda_graph_can_be_bound_to_every_input_slot_of_the_evaluator():

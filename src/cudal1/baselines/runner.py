@@ -56,7 +56,8 @@ OK, FAILED = "ok", "failed"
 
 
 #: Bumped whenever a generated baseline wrapper changes what it times (2: bound CUDA graphs, no output clones;
-#: 4: a CUDA graph bound to input addresses that come back, so the evaluator's slots are read without a copy).
+#: 4: a CUDA graph bound to input addresses that come back, so the evaluator's slots are read without a copy;
+#: its copying path returns clones).
 WRAPPER_VERSION = 4
 
 

@@ -22,9 +22,11 @@ Built-in kinds, in report order (`tf32` is an extra the reports leave out):
   slots, refilled each call; a caller's reused buffers) get a graph bound to those addresses from their
   second call on (at most `MAX_BOUND_GRAPHS`), whose replays copy nothing: the graph is timed on the same
   terms as a candidate, which reads its inputs where they lie. Inputs seen once at an address are copied
-  into the signature graph's static buffers before its replay. With `clone_outputs` (the default) each call
-  returns clones of the static outputs so callers never alias graph memory; the baseline runner turns it off
-  (CUDA-L1's convention), because the evaluator consumes every output before the next call. Capture errors
+  into the signature graph's static buffers before its replay, and get clones of its outputs (which every
+  such input set shares). With `clone_outputs` (the default) a bound graph's calls return clones of its static
+  outputs too, so callers never alias graph memory; the baseline runner turns it off (CUDA-L1's convention):
+  a bound graph's outputs are its address's own, and the evaluator consumes them before that address's
+  next call. Capture errors
   raise `CudaGraphCaptureError` naming the reason (CPU sync such as `.item()`, data-dependent shapes, CPU
   tensors);
 - `cudnn`: CUDA-L1's cuDNN variant: the call runs under `torch.backends.cudnn.flags(enabled=True,

@@ -248,7 +248,9 @@ class ModelNew(nn.Module):
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
         graph.replay()
-        return $clone(static_out)
+        # Every input set that is not bound shares this graph's outputs: a caller that holds several calls'
+        # outputs at once (a bracket of several calls commits them together) gets each its own copy.
+        return _clone_outputs(static_out)
 '''
 
 CUDNN = '''
