@@ -103,8 +103,8 @@ class _EagerGraph:
     def replay(self):
         self.replays += 1
 
-    def capture_begin(self):
-        pass
+    def capture_begin(self, capture_error_mode="global"):
+        assert capture_error_mode == "thread_local"  # the harness's own threads may use CUDA meanwhile
 
     def capture_end(self):
         pass

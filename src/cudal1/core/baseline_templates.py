@@ -200,10 +200,11 @@ class ModelNew(nn.Module):
         # Capture records kernels without running them, so the caller's buffers are not touched now;
         # the model is already warm from the signature graph's capture. No device-wide sync (which
         # torch.cuda.graph makes): the capture stream waits for nothing, so a call whose stream is held
-        # (the evaluator's gate) captures at once and only its replay waits.
+        # (the evaluator's gate) captures at once and only its replay waits. Thread-local: another thread's
+        # CUDA calls during the capture are not this capture's to forbid.
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(self._capture_stream):
-            graph.capture_begin()
+            graph.capture_begin(capture_error_mode="thread_local")
             try:
                 out = self.model(*inputs)
             finally:
