@@ -60,9 +60,10 @@ def test_cuda_graph_binds_the_input_slots_and_replays_on_their_current_contents(
     from tests.baselines.test_variants import _module
 
     task = next(t for t in BUILTIN if t.name == "leaky_relu_clamp")
-    module = _module(baseline_source(task, "cuda_graph", clone_outputs=False))
+    module = _module(baseline_source(task, "cuda_graph", "small", clone_outputs=False))
     reference: dict = {}
     exec(compile(task.source, "<reference>", "exec"), reference)  # noqa: S102 - a built-in task
+    reference.update(reference["SMALL_SIZES"])  # as the module's own copy of the reference has them
     torch.manual_seed(0)
     model = module.ModelNew(*reference["get_init_inputs"]()).cuda()
     shape = reference["get_inputs"]()[0].shape
