@@ -326,14 +326,11 @@ def test_the_null_calls_come_after_the_pairs_check_so_a_nulls_snapshot_never_sta
     assert len(m.nulls[("ref", True)]) == len(m.nulls[("cand", True)]) == 1
 
 
-def test_the_gpu_clocks_calibration_is_the_twins_null_by_which_the_interval_widens():
-    """Before the candidate's import, the reference against its twin on the GPU clock: a pair of runners that
-    times one model apart (here the twin's calls 10 us long where the reference's are 5 us) widens every
-    interval of the evaluation; the phase's nulls are not the timed phase's constants."""
+def _twin_apart_session(**fields):
+    """A stand-in gated session whose second runner times the reference's model 10 us a call against the
+    reference's 5 us (brackets of 310 and 305 us over null brackets of 300 us); `fields` are its attributes."""
     from types import SimpleNamespace
 
-    from cudal1.eval.clock import measure, timing
-    from cudal1.eval.config import EvalConfig
     from cudal1.eval.session import CallRecord
     from cudal1.eval.shared.protocol import Called
 
@@ -359,8 +356,20 @@ def test_the_gpu_clocks_calibration_is_the_twins_null_by_which_the_interval_wide
         def check_inputs(self, *_):
             pass
 
-    session = Session(cfg=EvalConfig(), facts=SimpleNamespace(output_bytes=1024, reached="", calibration=None,
-                                                              samples=None), plane=SimpleNamespace(calls=4))
+    return Session(**fields)
+
+
+def test_the_gpu_clocks_calibration_is_the_twins_null_by_which_the_interval_widens():
+    """Before the candidate's import, the reference against its twin on the GPU clock: a pair of runners that
+    times one model apart (here the twin's calls 10 us long where the reference's are 5 us) widens every
+    interval of the evaluation; the phase's nulls are not the timed phase's constants."""
+    from types import SimpleNamespace
+
+    from cudal1.eval.clock import measure, timing
+    from cudal1.eval.config import EvalConfig
+
+    session = _twin_apart_session(cfg=EvalConfig(), plane=SimpleNamespace(calls=4),
+                                  facts=SimpleNamespace(output_bytes=1024, reached="", calibration=None, samples=None))
     m = measure.Measurement(session)  # type: ignore[arg-type]
     assert m.calibrate() is None
     null, (lo, hi) = m.twin_null
@@ -381,36 +390,12 @@ def test_the_twin_null_measured_before_the_import_widens_the_timed_phases_interv
     from cudal1.eval import evaluation
     from cudal1.eval.clock import measure
     from cudal1.eval.config import EvalConfig
-    from cudal1.eval.session import CallRecord
-    from cudal1.eval.shared.protocol import Called
-
-    def record(who: str, gpu_ms: float) -> CallRecord:
-        return CallRecord(who=who, reply=Called(ms=0.01, stream_ms=0.01, out={}), slot_tree={}, bracket_ms=1.0,
-                          model_ms=0.5, after="", gpu_ms=gpu_ms)
-
-    class Session(SimpleNamespace):
-        gated, reference_errors, calls, device_type = True, None, 1, "cuda"
-
-        def make_inputs(self, distribution="reference"):
-            return {}
-
-        def pair(self, stage, *, flush, what):
-            return record("ref", 0.305), record("cand", 0.310)
-
-        def call(self, who, stage, *, flush, what, null=False):
-            return record(who, 0.300)
-
-        def compare(self, ref, cand, **_):
-            return SimpleNamespace(ok=True, errors=None)
-
-        def check_inputs(self, *_):
-            pass
 
     cfg = EvalConfig(buckets=2, warm_buckets=0, gpu_clock_max_iters=5, noisy_stability=0.0)
     facts = SimpleNamespace(output_bytes=1024, input_bytes=1024, reached="", calibration=None, samples=None,
                             clock=None, beyond_distribution_trials=0, timing_spent_s=None)
-    session = Session(cfg=cfg, facts=facts, plane=SimpleNamespace(calls=1), ref_times={}, flags=[],
-                      unarmed={"ref": 0, "cand": 0})
+    session = _twin_apart_session(cfg=cfg, facts=facts, plane=SimpleNamespace(calls=1), ref_times={}, flags=[],
+                                  unarmed={"ref": 0, "cand": 0})
     calibrating = measure.Measurement(session)  # type: ignore[arg-type]
     assert calibrating.calibrate() is None and calibrating.twin_null is not None
     stats = evaluation._measure(session, None, None, calibrating.twin_null)  # type: ignore[arg-type]
